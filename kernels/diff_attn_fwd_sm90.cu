@@ -25,6 +25,8 @@
 // packed only after wait_group 0; a conditional wait_group made ptxas serialise every wgmma (warning C7514).
 #include "diff_attn_fwd_sm90.h"
 
+#include "diff_attn_fwd_sm90_ws.h"
+
 #include <cmath>
 #include <cstdlib>
 
@@ -504,17 +506,22 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   diff_attn_fwd_sm90_kernel<D, BN, VER><<<grid, THREADS, smem, stream>>>(p);
   return cudaGetLastError();
 }
-// Kernel version: DS_ATTN_SM90_VER=4 or DS_ATTN_SM90_V4=1 selects v4 (the fallback); default v5. Read at every
-// launch (the tests switch it). v5 was measured faster than v4 at every shape (bench/cuda_notes.md).
+// Kernel version, read at every launch (the tests switch it): 9 (default) is the warp-specialised kernel of
+// diff_attn_fwd_sm90_ws.cu, used whenever the TMA descriptor encoder is reachable and the tensor meets TMA's
+// alignment rules; DS_ATTN_SM90_VER=5 selects v5 (all threads load with cp.async, one barrier per tile), =4 or
+// DS_ATTN_SM90_V4=1 selects v4. Each was measured faster than the next older one (bench/cuda_notes.md).
 int sm90_version() {
   const char* v4 = std::getenv("DS_ATTN_SM90_V4");
   if (v4 && *v4 && *v4 != '0') return 4;
   const char* e = std::getenv("DS_ATTN_SM90_VER");
-  return e && std::atoi(e) == 4 ? 4 : 5;
+  const int v = e ? std::atoi(e) : 9;
+  return v == 4 || v == 5 ? v : 9;
 }
 template <int D, int BN>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
-  return sm90_version() == 4 ? launch_t<D, BN, 4>(p, stream) : launch_t<D, BN, 5>(p, stream);
+  const int v = sm90_version();
+  if (v == 9 && diff_attn_fwd_sm90_ws_usable(p)) return launch_diff_attn_fwd_sm90_ws(p, stream, BN);
+  return v == 4 ? launch_t<D, BN, 4>(p, stream) : launch_t<D, BN, 5>(p, stream);
 }
 
 }  // namespace

@@ -281,13 +281,14 @@ TEST(CudaKernels, FusedDiffAttentionSm90MatchesFloat64) {
   }
 }
 
-// The v4 wgmma kernel stays selectable (DS_ATTN_SM90_VER=4 or DS_ATTN_SM90_V4=1) as the fallback of the default v5.
+// The v5 and v4 wgmma kernels stay selectable (DS_ATTN_SM90_VER=5 / 4) as the fallbacks of the default v9 (v5 also
+// runs whenever a tensor does not meet TMA's alignment rules).
 TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   if (!ds::kern::diff_attn_fwd_sm90_available()) GTEST_SKIP() << "no sm_90 device or no sm_90a code in this build";
   const char* old = std::getenv("DS_ATTN_SM90_VER");
   const std::string saved = old ? old : "";
-  for (const char* ver : {"4"}) {
+  for (const char* ver : {"5", "4"}) {
     SCOPED_TRACE(std::string("DS_ATTN_SM90_VER=") + ver);
     setenv("DS_ATTN_SM90_VER", ver, 1);
     check_fused(Kernel::Sm90, 4321);
@@ -428,7 +429,9 @@ TEST(CudaKernels, RmsNormMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 2.f);
-  for (auto [rows, cols] : {std::pair{1, 64}, std::pair{7, 2048}, std::pair{33, 96}}) {
+  // 64, 96, 2048, 8192: the register kernel at 1, 1, 4, 8 float4 per thread; 30: the two-pass scalar kernel.
+  for (auto [rows, cols] : {std::pair{1, 64}, std::pair{7, 2048}, std::pair{33, 96}, std::pair{3, 8192},
+                            std::pair{4, 30}}) {
     std::vector<float> x(static_cast<size_t>(rows) * (cols + 8)), w(static_cast<size_t>(cols));
     for (auto& v : x) v = nd(rng);
     for (auto& v : w) v = 1.f + 0.3f * nd(rng);
@@ -497,22 +500,25 @@ TEST(CudaKernels, RopeMatchesFloat64) {
 TEST(CudaKernels, SwigluAndEmbeddingMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(21);
-  std::normal_distribution<float> nd(0.f, 3.f);
-  const int rows = 19, inter = 136;
-  std::vector<float> gu(size_t(rows) * 2 * inter);
-  for (auto& v : gu) v = nd(rng);
-  DeviceBuffer dgu = to_device(gu), dout(size_t(rows) * inter * 2, "test");
-  DS_CUDA_CHECK(ds::kern::launch_swiglu(dgu.as<float>(), dout.as<bf16>(), rows, inter, nullptr));
-  const auto o = to_host<uint16_t>(dout, size_t(rows) * inter);
-  double num = 0, den = 0;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < inter; ++c) {
-      const double g = gu[size_t(r) * 2 * inter + c], u = gu[size_t(r) * 2 * inter + inter + c];
-      const double ref = g / (1 + std::exp(-g)) * u, v = bf(o[size_t(r) * inter + c]);
-      num += (v - ref) * (v - ref);
-      den += ref * ref;
-    }
-  EXPECT_LT(std::sqrt(num / den), kBf16Rel);
+  // bf16 gate/up as the GEMM leaves them; 8200 covers a partial block, 36 (not a multiple of 8) the scalar kernel.
+  for (auto [rows, inter] : {std::pair{19, 136}, std::pair{3, 8200}, std::pair{5, 36}}) {
+    const std::vector<uint16_t> gu = random_bf16(size_t(rows) * 2 * inter, rng, 6.f);
+    DeviceBuffer dgu = to_device(gu), dout(size_t(rows) * inter * 2, "test");
+    std::vector<uint16_t> poison(size_t(rows) * inter, kBf16NaN);
+    DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(ds::kern::launch_swiglu(dgu.as<bf16>(), dout.as<bf16>(), rows, inter, nullptr));
+    const auto o = to_host<uint16_t>(dout, size_t(rows) * inter);
+    double num = 0, den = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < inter; ++c) {
+        const double g = bf(gu[size_t(r) * 2 * inter + c]), u = bf(gu[size_t(r) * 2 * inter + inter + c]);
+        const double ref = g / (1 + std::exp(-g)) * u, v = bf(o[size_t(r) * inter + c]);
+        ASSERT_TRUE(std::isfinite(v)) << rows << "x" << inter << " at " << r << "," << c;
+        num += (v - ref) * (v - ref);
+        den += ref * ref;
+      }
+    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << rows << "x" << inter;
+  }
 
   const int vocab = 50, hidden = 72, tokens = 23;
   const std::vector<uint16_t> table = random_bf16(size_t(vocab) * hidden, rng, 1.f);

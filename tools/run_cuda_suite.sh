@@ -25,7 +25,7 @@ if [ "${1:-}" = pack ]; then
   ninja -C build-cuda diffscope_tests diffscope-bench diffscope-run
   rm -rf /tmp/ds_pack && mkdir -p /tmp/ds_pack/bin /tmp/ds_pack/lib /tmp/ds_pack/obj
   cp build-cuda/diffscope_tests build-cuda/diffscope-bench build-cuda/diffscope-run /tmp/ds_pack/bin/
-  find build-cuda -name 'diff_attn_fwd.cu.o' -exec cp {} /tmp/ds_pack/obj/ \;
+  find build-cuda -name 'diff_attn_fwd*.cu.o' -exec cp {} /tmp/ds_pack/obj/ \;
   for lib in $(ldd build-cuda/diffscope_tests | awk '/=>/ {print $3}'); do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*) ;;
@@ -224,7 +224,7 @@ if has sass; then
   log "## SASS of the fused kernel"
   for o in "$DS"/obj/*.o; do
     cuobjdump -sass "$o" > "$OUT/sass.txt" 2>&1 || true
-    awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDL|STL/ {l[f]++} /LDSM/ {m[f]++} END {for (k in h) printf "%s: HMMA %d, LDSM %d, local ld/st %d\n", k, h[k], m[k], l[k]+0}' "$OUT/sass.txt" | tee -a "$SUMMARY"
+    awk '/Function :/ {f=$3} /HMMA|HGMMA/ {h[f]++} /LDL|STL/ {l[f]++} /LDSM/ {m[f]++} /UTMALDG/ {t[f]++} END {for (k in h) printf "%s: (H)MMA/HGMMA %d, LDSM %d, TMA loads %d, local ld/st %d\n", k, h[k], m[k], t[k]+0, l[k]+0}' "$OUT/sass.txt" | tee -a "$SUMMARY"
     gzip -f "$OUT/sass.txt"
   done
 fi
