@@ -8,14 +8,20 @@
 //     when tied); final_norm [E] f32; inv_freq [d/2] f32
 //   activations: hidden [L+1][T][E] f32 (input of every layer: a lambda change re-runs from a middle layer),
 //     qkv_cache [L][T][W] bf16 (post-RoPE Q/K/V of every layer: the maps are recomputed from it on demand),
-//     scratch32 [T][max(W, 2I)] f32 (QKV and gate/up GEMM outputs), x [T][E] bf16 (normed GEMM input),
-//     attn [T][H d] bf16, act [T][I] bf16, ids [T], cos_sin [n][d/2] float2
+//     scratch32 [T][max(I, E)] x 4 bytes (the gate/up GEMM's bf16 output [T][2I], and the down GEMM's f32
+//     [T][E] output while its algorithm is being timed), x [T][E] bf16 (normed
+//     GEMM input), attn [T][H d] bf16, act [T][I] bf16, ids [T], cos_sin [n][d/2] float2
+//   GEMMs: cuBLASLt, one plan (descriptors + algorithm) per shape, kept for the backend's lifetime
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <compare>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +50,48 @@ struct Activations {
   }
 };
 
+// y[tokens, out_f] = x[tokens, in_f] w[out_f, in_f]^T + beta c, all row-major; bf16 inputs, f32 accumulation.
+struct GemmArgs {
+  int64_t out_f = 0, tokens = 0, in_f = 0;
+  const bf16* w = nullptr;
+  const bf16* x = nullptr;
+  void* y = nullptr;
+  bool y_f32 = false;     // y (and c) f32, else bf16
+  float beta = 0.f;
+  const void* c = nullptr;  // the beta term, laid out like y; nullptr: y itself (accumulate in place)
+  // Row strides in elements of x and of y (and c); 0: packed (in_f, out_f). The last layer's rows-only pass uses
+  // them to pick one row per sequence out of the [batch][n] activations.
+  int64_t ldx = 0, ldy = 0;
+  // Device bytes the autotuner may overwrite. Only an in-place accumulation needs them (timing it on y would add
+  // the product into y once per run); without enough, that shape keeps the heuristic's first choice until a call
+  // that brings them.
+  void* spare = nullptr;
+  size_t spare_bytes = 0;
+};
+
+// What selects a GEMM's algorithm: the shape, the output type, whether C is read, and the operands' alignment
+// (cuBLASLt's heuristic must not offer kernels that need more than the pointers have).
+struct GemmKey {
+  int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;
+  bool d_f32 = false, accumulate = false;
+  uint32_t align_a = 0, align_b = 0, align_c = 0, align_d = 0;
+  auto operator<=>(const GemmKey&) const = default;
+};
+
+// One shape's cuBLASLt descriptors and algorithm. lt false: cuBLASLt offered no algorithm, cublasGemmEx runs it.
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // C has D's layout
+  cublasLtMatmulAlgo_t algo{};
+  bool lt = false;
+  bool tuned = false;                           // algo is final (timed, or autotuning is off)
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first, until timed
+  GemmPlan() = default;
+  ~GemmPlan();
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend();  // device 0; throws ds::Error
@@ -67,11 +115,16 @@ class CudaBackend final : public Backend {
   void load_random(const ModelConfig& cfg, uint64_t seed);
   // `batch` sequences of n tokens each (ids [batch * n], host). Layers below from_layer reuse the previous
   // run's activations when the ids and shape are unchanged. With want_logits, leaves the logits of the last
-  // position of every sequence in logits_dev() [batch, vocab].
+  // position of every sequence in logits_dev() [batch, vocab]. last_rows_only: after the last layer's attention
+  // only the last row of each sequence is carried on (o_proj, MLP: 1/L of the work when only next-token logits
+  // are wanted); every layer's Q/K/V cache, hence every map, is still complete.
   void run(const int32_t* ids, int batch, int64_t n, const std::vector<float>& lambda, int from_layer,
-           bool want_logits);
+           bool want_logits, bool last_rows_only = false);
   const float* logits_dev() const { return logits_.as<float>(); }
-  double gemm_peak_tflops();  // cuBLAS bf16 GEMM 8192^3 on random data, measured once
+  // After a run() with profiling on (and the stream synchronised): fills profile() from its marks, as forward()
+  // does for its own run. The benchmarks use it for batched runs.
+  void build_profile(double wall_ms, int64_t tokens, int from_layer, int batch, int64_t n);
+  double gemm_peak_tflops();  // the backend's bf16 GEMM path at 8192^3 on random data, measured once
   void sync();
   cudaStream_t stream() const { return stream_; }
   const ModelConfig& config() const { return cfg_; }
@@ -90,12 +143,15 @@ class CudaBackend final : public Backend {
   void reset_model();
   void ensure_activations(int64_t tokens, int64_t n);
   void ensure_logits(int64_t rows);
-  void layer_forward(int l, int batch, int64_t n, float lambda);
+  void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false);
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
   void compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadStats>* stats);
-  void gemm(int64_t out_features, int64_t tokens, int64_t in_features, const bf16* w, const bf16* x, void* y,
-            bool y_f32, float beta);
-  void build_profile(double wall_ms, int64_t tokens, int from_layer, int batch, int64_t n);
+  // Runs g inside the profiler mark `name` (none when null). The shape's plan is made first, outside the mark:
+  // the first call with a new shape times the candidates there (DS_GEMM_AUTOTUNE=0: heuristic's first choice).
+  void gemm(const char* name, int layer, const GemmArgs& g);
+  GemmPlan& gemm_plan(const GemmArgs& g);
+  void gemm_tune(GemmPlan& p, const GemmArgs& g, void* d);
+  void gemm_launch(const GemmPlan& p, const GemmArgs& g);
   int view_heads() const { return int(cfg_.is_diff() ? cfg_.heads / 2 : cfg_.heads); }
   int64_t qkv_width() const { return (cfg_.heads + 2 * cfg_.kv_heads) * cfg_.head_dim; }
   size_t bytes_per_token() const;
@@ -103,7 +159,11 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
+  cublasHandle_t blas_ = nullptr;   // only for shapes cuBLASLt has no algorithm for
+  cublasLtHandle_t lt_ = nullptr;
+  DeviceBuffer lt_ws_;              // cuBLASLt workspace (split-K partials and the like)
+  bool autotune_ = true;            // DS_GEMM_AUTOTUNE=0 turns it off
+  std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
   bool loaded_ = false;
   bool use_sm90_ = false;  // the wgmma attention kernel (Hopper, sm_90a code present)
   int block_n_ = 128;      // its key tile for d = 64: 128 measured 5-8% faster than 64 (DS_ATTN_BN=64 picks 64)
@@ -119,6 +179,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer head_ns_;      // [L][view heads] u64
   // last run
   bool has_run_ = false;
+  bool partial_last_layer_ = false;  // hidden[L] holds only the last row of each sequence
   std::vector<int32_t> last_ids_;
   std::vector<float> last_lambda_;
   int last_batch_ = 0;

@@ -28,6 +28,14 @@ namespace {
 
 constexpr int BM = 64, BN = 64, THREADS = 256;
 
+// exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
+// exp2f adds range fix-ups around the same instruction.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int D>
 struct Tile {
   static constexpr int VW = 2 * D;               // width of V and of the output of one differential head
@@ -155,14 +163,14 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_ke
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
-      alpha[r] = exp2f(m_run[r] - m_new);
+      alpha[r] = ex2_approx(m_run[r] - m_new);
       m_run[r] = m_new;
     }
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(fmaf(s[nt][e], sl2, -m_run[e >> 1]));
+        s[nt][e] = ex2_approx(fmaf(s[nt][e], sl2, -m_run[e >> 1]));
         rs[e >> 1] += s[nt][e];
       }
     l_run[0] = l_run[0] * alpha[0] + rs[0];

@@ -1,6 +1,7 @@
 // RoPE as transformers applies it: q_embed = q * cos + rotate_half(q) * sin with cos/sin = cat(freqs, freqs),
 // i.e. for i < d/2:  y[i] = x[i] cos_i - x[i + d/2] sin_i,  y[i + d/2] = x[i + d/2] cos_i + x[i] sin_i.
-// The QKV GEMM writes f32 and this kernel rounds once to bf16 after rotating (no double rounding of Q and K).
+// The QKV GEMM writes bf16 (as transformers' q/k/v_proj outputs are in a bf16 model) straight into the layer's
+// Q/K/V cache; this kernel rotates Q and K there in place, in f32, rounding once (transformers rounds each product).
 #include "rope.h"
 
 namespace ds::kern {
@@ -16,26 +17,34 @@ __global__ void rope_table_kernel(const float* inv_freq, int positions, int half
   cs[i] = make_float2(c, s);
 }
 
-// One block per token: threads walk (head, i) pairs, so x[i] and x[i + d/2] are read coalesced.
-__global__ void rope_qkv_kernel(const float* in, __nv_bfloat16* out, const float2* cs, int seq_len,
-                                int rotated_heads, int all_heads, int d) {
+// One block per token, rotating Q and K in place: threads walk (head, i) with i even, so x[i..i+1] and
+// x[i+d/2..i+d/2+1] are 4-byte loads, coalesced across the warp (one element at a time when d/2 is odd). V heads
+// are not touched.
+__global__ void rope_qk_inplace_kernel(__nv_bfloat16* qkv, const float2* cs, int seq_len, int rotated_heads,
+                                       int all_heads, int d) {
   const int half = d / 2;
   const int64_t t = blockIdx.x;
   const float2* c_row = cs + int64_t(t % seq_len) * half;
-  const float* x = in + t * int64_t(all_heads) * d;
-  __nv_bfloat16* y = out + t * int64_t(all_heads) * d;
-  for (int idx = int(threadIdx.x); idx < all_heads * half; idx += int(blockDim.x)) {
-    const int hh = idx / half, k = idx - hh * half;
-    const int off = hh * d + k;
-    const float x1 = x[off], x2 = x[off + half];
-    if (hh < rotated_heads) {
-      const float2 c = c_row[k];
-      y[off] = __float2bfloat16(x1 * c.x - x2 * c.y);
-      y[off + half] = __float2bfloat16(x2 * c.x + x1 * c.y);
-    } else {
-      y[off] = __float2bfloat16(x1);
-      y[off + half] = __float2bfloat16(x2);
+  __nv_bfloat16* x = qkv + t * int64_t(all_heads) * d;
+  if (half % 2 == 0) {
+    const int pairs = half / 2;
+    for (int idx = int(threadIdx.x); idx < rotated_heads * pairs; idx += int(blockDim.x)) {
+      const int hh = idx / pairs, k = (idx - hh * pairs) * 2;
+      __nv_bfloat162* lo = reinterpret_cast<__nv_bfloat162*>(x + hh * d + k);
+      __nv_bfloat162* hi = reinterpret_cast<__nv_bfloat162*>(x + hh * d + k + half);
+      const float2 a = __bfloat1622float2(*lo), b = __bfloat1622float2(*hi);
+      const float2 c0 = c_row[k], c1 = c_row[k + 1];
+      *lo = __floats2bfloat162_rn(a.x * c0.x - b.x * c0.y, a.y * c1.x - b.y * c1.y);
+      *hi = __floats2bfloat162_rn(b.x * c0.x + a.x * c0.y, b.y * c1.x + a.y * c1.y);
     }
+    return;
+  }
+  for (int idx = int(threadIdx.x); idx < rotated_heads * half; idx += int(blockDim.x)) {
+    const int hh = idx / half, k = idx - hh * half;
+    const float a = __bfloat162float(x[hh * d + k]), b = __bfloat162float(x[hh * d + k + half]);
+    const float2 c = c_row[k];
+    x[hh * d + k] = __float2bfloat16(a * c.x - b * c.y);
+    x[hh * d + k + half] = __float2bfloat16(b * c.x + a * c.y);
   }
 }
 
@@ -48,13 +57,12 @@ cudaError_t launch_rope_table(const float* inv_freq, int positions, int half, fl
   return cudaGetLastError();
 }
 
-cudaError_t launch_rope_qkv(const float* in, __nv_bfloat16* out, const float2* cos_sin, int64_t tokens, int seq_len,
-                            int heads, int kv_heads, int d, cudaStream_t stream) {
-  const int all = heads + 2 * kv_heads;
-  const int64_t total = tokens * all * (d / 2);
-  if (total <= 0) return cudaSuccess;
+cudaError_t launch_rope_qk_inplace(__nv_bfloat16* qkv, const float2* cos_sin, int64_t tokens, int seq_len, int heads,
+                                  int kv_heads, int d, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
   if (d % 2) return cudaErrorInvalidValue;
-  rope_qkv_kernel<<<unsigned(tokens), 256, 0, stream>>>(in, out, cos_sin, seq_len, heads + kv_heads, all, d);
+  rope_qk_inplace_kernel<<<unsigned(tokens), 256, 0, stream>>>(qkv, cos_sin, seq_len, heads + kv_heads,
+                                                               heads + 2 * kv_heads, d);
   return cudaGetLastError();
 }
 

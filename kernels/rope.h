@@ -1,5 +1,4 @@
-// Rotary position embedding (NeoX / rotate_half style) fused with the f32 -> bf16 conversion of the QKV
-// projection output.
+// Rotary position embedding (NeoX / rotate_half style), in place on the bf16 QKV projection output.
 #pragma once
 #include <cstdint>
 
@@ -12,9 +11,9 @@ namespace ds::kern {
 // the host exactly as transformers does): angle = f32(pos) * inv_freq in f32, as transformers' f32 matmul gives.
 cudaError_t launch_rope_table(const float* inv_freq, int positions, int half, float2* cos_sin, cudaStream_t stream);
 
-// in: qkv [tokens, (H + 2 Hkv) d] f32 (the QKV GEMM output); out: same layout in bf16, Q and K heads rotated,
-// V copied. Token t has position t % seq_len (sequences of equal length back to back).
-cudaError_t launch_rope_qkv(const float* in, __nv_bfloat16* out, const float2* cos_sin, int64_t tokens, int seq_len,
-                            int heads, int kv_heads, int d, cudaStream_t stream);
+// qkv [tokens, (H + 2 Hkv) d] bf16 (the QKV GEMM output): Q and K heads rotated in place, V left alone. Token t
+// has position t % seq_len (sequences of equal length back to back). d must be even.
+cudaError_t launch_rope_qk_inplace(__nv_bfloat16* qkv, const float2* cos_sin, int64_t tokens, int seq_len, int heads,
+                                  int kv_heads, int d, cudaStream_t stream);
 
 }  // namespace ds::kern

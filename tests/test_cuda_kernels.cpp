@@ -457,44 +457,53 @@ TEST(CudaKernels, RmsNormMatchesFloat64) {
   }
 }
 
+// In place on the bf16 QKV rows: Q and K heads rotated, V heads untouched (bit for bit). d = 10 takes the
+// one-element-at-a-time path (d/2 odd).
 TEST(CudaKernels, RopeMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(8);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (bool llama3 : {false, true}) {
-    ds::ModelConfig cfg;
-    cfg.head_dim = 64;
-    cfg.heads = 4;
-    cfg.kv_heads = 2;
-    cfg.rope.theta = llama3 ? 500000.0 : 10000.0;
-    if (llama3) {
-      cfg.rope.type = ds::RopeConfig::Llama3;
-      cfg.rope.factor = 8;
-      cfg.rope.original_max_position_embeddings = 16;
+  for (int d : {64, 10})
+    for (bool llama3 : {false, true}) {
+      ds::ModelConfig cfg;
+      cfg.head_dim = d;
+      cfg.heads = 4;
+      cfg.kv_heads = 2;
+      cfg.rope.theta = llama3 ? 500000.0 : 10000.0;
+      if (llama3) {
+        cfg.rope.type = ds::RopeConfig::Llama3;
+        cfg.rope.factor = 8;
+        cfg.rope.original_max_position_embeddings = 16;
+      }
+      const std::vector<float> inv = ds::rope_inv_freq(cfg);
+      const int half = d / 2, H = 4, Hkv = 2, seq = 300, batch = 2, W = (H + 2 * Hkv) * d;
+      const int64_t T = int64_t(seq) * batch;
+      const std::vector<uint16_t> x = random_bf16(size_t(T) * W, rng, 3.f);
+      DeviceBuffer dinv = to_device(inv), dx = to_device(x), dcs(size_t(seq) * half * 8, "test");
+      DS_CUDA_CHECK(ds::kern::launch_rope_table(dinv.as<float>(), seq, half, dcs.as<float2>(), nullptr));
+      DS_CUDA_CHECK(ds::kern::launch_rope_qk_inplace(dx.as<bf16>(), dcs.as<float2>(), T, seq, H, Hkv, d, nullptr));
+      const auto y = to_host<uint16_t>(dx, size_t(T) * W);
+      double num = 0, den = 0;
+      size_t v_changed = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int hh = 0; hh < H + 2 * Hkv; ++hh)
+          for (int k = 0; k < half; ++k) {
+            const size_t i1 = size_t(t) * W + size_t(hh) * d + k, i2 = i1 + size_t(half);
+            if (hh >= H + Hkv) {
+              v_changed += (y[i1] != x[i1]) + (y[i2] != x[i2]);
+              continue;
+            }
+            const float ang = float(t % seq) * inv[size_t(k)];  // f32 angle, as transformers
+            const double c = std::cos(double(ang)), s = std::sin(double(ang));
+            const double x1 = bf(x[i1]), x2 = bf(x[i2]);
+            const double r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+            const double g1 = bf(y[i1]), g2 = bf(y[i2]);
+            num += (g1 - r1) * (g1 - r1) + (g2 - r2) * (g2 - r2);
+            den += r1 * r1 + r2 * r2;
+          }
+      const std::string what = "d=" + std::to_string(d) + (llama3 ? " llama3" : " default");
+      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << what;
+      EXPECT_EQ(v_changed, 0u) << what;
     }
-    const std::vector<float> inv = ds::rope_inv_freq(cfg);
-    const int d = 64, half = 32, H = 4, Hkv = 2, seq = 300, batch = 2, W = (H + 2 * Hkv) * d;
-    const int64_t T = int64_t(seq) * batch;
-    std::vector<float> x(size_t(T) * W);
-    for (auto& v : x) v = nd(rng);
-    DeviceBuffer dinv = to_device(inv), dx = to_device(x), dcs(size_t(seq) * half * 8, "test"), dy(size_t(T) * W * 2, "test");
-    DS_CUDA_CHECK(ds::kern::launch_rope_table(dinv.as<float>(), seq, half, dcs.as<float2>(), nullptr));
-    DS_CUDA_CHECK(ds::kern::launch_rope_qkv(dx.as<float>(), dy.as<bf16>(), dcs.as<float2>(), T, seq, H, Hkv, d, nullptr));
-    const auto y = to_host<uint16_t>(dy, size_t(T) * W);
-    double num = 0, den = 0;
-    for (int64_t t = 0; t < T; ++t)
-      for (int hh = 0; hh < H + 2 * Hkv; ++hh)
-        for (int k = 0; k < half; ++k) {
-          const float ang = float(t % seq) * inv[size_t(k)];  // f32 angle, as transformers
-          const double c = hh < H + Hkv ? std::cos(double(ang)) : 1.0, s = hh < H + Hkv ? std::sin(double(ang)) : 0.0;
-          const double x1 = x[size_t(t) * W + hh * d + k], x2 = x[size_t(t) * W + hh * d + k + half];
-          const double r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
-          const double g1 = bf(y[size_t(t) * W + hh * d + k]), g2 = bf(y[size_t(t) * W + hh * d + k + half]);
-          num += (g1 - r1) * (g1 - r1) + (g2 - r2) * (g2 - r2);
-          den += r1 * r1 + r2 * r2;
-        }
-    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << (llama3 ? "llama3" : "default");
-  }
 }
 
 TEST(CudaKernels, SwigluAndEmbeddingMatchFloat64) {

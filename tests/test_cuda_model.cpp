@@ -1,6 +1,7 @@
 // The CUDA backend against the transformers fixtures (tests/gen_fixtures.py): logits, every layer's input, every
 // map, and the lambda-override run, through ds::load_model and the Backend interface directly. Also: a lambda
-// change re-run from a middle layer equals a full run, on-demand maps equal the forward's, GPU head statistics
+// change re-run from a middle layer equals a full run, next-token-only runs (the last layer on the last row alone)
+// agree with all-rows runs, on-demand maps equal the forward's, GPU head statistics
 // agree with statistics of the returned maps, and user errors (bad ids, too-long prompts) are ds::Error.
 //
 // Tolerances (issue 4): the backend keeps weights and GEMM inputs in bf16 (relative rounding 2^-9 per value) while
@@ -170,6 +171,24 @@ TEST_P(FixtureCuda, MatchesTransformers) {
     if (req.ids.size() > 1)  // one token: O1 = O2 = v_0, and the inner RMS norm removes (1 - lambda)
       EXPECT_GT(dstest::max_abs_err(partial.logits.data(), r.logits.data(), full.logits.size()), 0.0)
           << "the lambda change must change the logits";
+
+    // Next-token logits only: the last layer carries on with the last row alone after attention. Same logits as
+    // the last row of the all-rows run (GEMMs of one row may pick other algorithms: rounding-level differences).
+    q.all_logits = false;
+    ds::ForwardResult last;
+    be->forward(q, last);
+    const int64_t V = c.vocab, n = int64_t(q.ids.size());
+    ASSERT_EQ(last.logits.size(), size_t(V));
+    EXPECT_LT(dstest::rel_err(last.logits.data(), full.logits.data() + (n - 1) * V, size_t(V)), 2e-3)
+        << "rows-only last layer";
+    // ... and a following request for every row re-runs the last layer in full, even when asked to start past it.
+    q.all_logits = true;
+    q.from_layer = L;
+    ds::ForwardResult again;
+    be->forward(q, again);
+    ASSERT_EQ(again.logits.size(), full.logits.size());
+    EXPECT_EQ(dstest::max_abs_err(again.logits.data(), full.logits.data(), full.logits.size()), 0.0)
+        << "all rows after a rows-only run";
   }
 }
 

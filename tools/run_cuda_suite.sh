@@ -92,26 +92,41 @@ if has bench; then
   tail -30 "$OUT/bench.log" >> "$SUMMARY"
 fi
 
+# The whole-model benchmark again with the GEMMs on cuBLASLt's first heuristic choice (no autotuning): what the
+# timing of candidates buys. Rows go to cuda_bench_noautotune.json.
+if has bench_noautotune; then
+  log "## model benchmark with DS_GEMM_AUTOTUNE=0"
+  DS_GEMM_AUTOTUNE=0 timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only model --json "$OUT/cuda_bench_noautotune.json" 2>&1 | tail -6 | tee -a "$SUMMARY"
+fi
+
 # Attention only (issue 4 kernel work): the default wgmma kernel (process #1), then the versions in $SM90_VERS
 # (default "4", the fallback) with DS_ATTN_SM90_VER=v, one process each; their rows are merged into cuda_bench.json
 # with kernel names "... (vN #process)". Numbers move ~5% from one process to the next: alternate versions
 # (SM90_VERS="4 5 4") to compare.
 if has bench_attn; then
   log "## diffscope CUDA attention benchmark (default, then DS_ATTN_SM90_VER in ${SM90_VERS:-4})"
-  timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench.json" 2>&1 | tee -a "$SUMMARY"
-  i=1
-  for v in ${SM90_VERS:-4}; do
+  # After the bench stage (cuda_bench.json present) the default kernel gets its own process too, merged as
+  # "(default #1)"; otherwise process #1 writes cuda_bench.json itself.
+  if [ -f "$OUT/cuda_bench.json" ]; then
+    vers="default ${SM90_VERS:-4}"; i=0
+  else
+    timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench.json" 2>&1 | tee -a "$SUMMARY"
+    vers="${SM90_VERS:-4}"; i=1
+  fi
+  for v in $vers; do
     i=$((i + 1))
-    DS_ATTN_SM90_VER=$v timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench_v$v.json" 2>&1 | grep -E "wgmma" | sed "s/^/v$v #$i /" | tee -a "$SUMMARY"
+    if [ "$v" = default ]; then ver_env=; else ver_env="DS_ATTN_SM90_VER=$v"; fi
+    env $ver_env timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench_v$v.json" 2>&1 | grep -E "wgmma|mma.sync" | sed "s/^/$v #$i /" | tee -a "$SUMMARY"
     python3 - "$OUT" "$v" "$i" <<'PY'
 import json, os, sys
 out, v, i = sys.argv[1], sys.argv[2], sys.argv[3]
 a, b = (json.load(open(os.path.join(out, f))) for f in ("cuda_bench.json", f"cuda_bench_v{v}.json"))
 ca, cb = a.get("cuda", a), b.get("cuda", b)
+tag = "default" if v == "default" else f"v{v}"
 for r in cb.get("attention", []):
-    if "wgmma" in r.get("kernel", ""):
-        r["kernel"] += f" (v{v} #{i})"; r["name"] = r["name"].replace("]", f" v{v} #{i}]")
-        ca["attention"].append(r)
+    if "wgmma" in r.get("kernel", "") or v == "default":
+        r["kernel"] += f" ({tag} #{i})"; r["name"] = r["name"].replace("]", f" {tag} #{i}]")
+        ca.setdefault("attention", []).append(r)
 json.dump(a, open(os.path.join(out, "cuda_bench.json"), "w"), indent=1)
 os.remove(os.path.join(out, f"cuda_bench_v{v}.json"))
 PY
@@ -213,6 +228,10 @@ k = {(r["n"], r.get("B")): r["ms"] for r in (keep1 or {}).get("rows", []) if "pr
 for r in c.get("model", []):
     hf = k.get((r["n"], r["batch"]))
     print(f"| {r['n']} x {r['batch']} | {r['ms']:.2f} | {hf if hf else '-'} | {f'{hf / r['ms']:.2f}x' if hf else '-'} |")
+for r in c.get("model", []):
+    if r.get("kernels"):
+        print(f"  {r['n']} x {r['batch']} per kernel (profiled run, ms): " +
+              ", ".join(f"{k['name']} {k['total_ms']:.2f}" for k in r["kernels"]))
 lam = c.get("lambda")
 if lam:
     print(f"\nlambda change (n={lam['n']}, from layer {lam['from_layer']}): forward {lam['forward_ms']:.2f} ms, "
