@@ -154,8 +154,12 @@ import json, os, sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 out = sys.argv[1]; dev = "cuda"; dt = torch.bfloat16
-def bench(fn, iters=20, warm=3):
-    for _ in range(warm): fn()
+def bench(fn, iters=20, warm=3, warm_s=float(os.environ.get("DS_BENCH_WARMUP_MS", "1000")) / 1e3):
+    import time
+    t0 = time.perf_counter(); k = 0
+    while k < warm or time.perf_counter() - t0 < warm_s:  # steady state, as diffscope-bench's time_events
+        fn(); k += 1
+        if k % 8 == 0: torch.cuda.synchronize()
     torch.cuda.synchronize(); ts = []
     for _ in range(iters):
         s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
