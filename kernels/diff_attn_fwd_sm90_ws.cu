@@ -29,7 +29,7 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DS_SM90A_WS 1
-#include "wgmma_sm90.cuh"
+#include "diff_attn_sm90_common.cuh"
 #endif
 
 namespace ds::kern {
@@ -53,23 +53,7 @@ struct TileWs {
 #if defined(DS_SM90A_WS)
 constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2;  // named barriers (0 is __syncthreads)
 
-__device__ __forceinline__ uint64_t desc128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using namespace sm90;
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -212,70 +196,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto turn_pass = [&]() { named_arrive(BAR_SCHED0 + (map ^ 1), 256); };
   if (map == 1) named_arrive(BAR_SCHED0, 256);
 
-  auto issue_s = [&](float (&s)[NS], int ks) {
-    const uint32_t k_base = sK + uint32_t(ks * T::K_STAGE_BYTES + map * BN * D * 2);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t qo = uint32_t((kk >> 2) * BM * 128 + (kk & 3) * 32), ko = uint32_t((kk >> 2) * BN * 128 + (kk & 3) * 32);
-      if constexpr (BN == 64) sm90::wgmma_m64n64k16_ss(s, desc128(q_base + qo, 16, 1024), desc128(k_base + ko, 16, 1024), kk > 0);
-      else sm90::wgmma_m64n128k16_ss(s, desc128(q_base + qo, 16, 1024), desc128(k_base + ko, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int vs) {
-    const uint32_t v_base = sV + uint32_t(vs * T::V_STAGE_BYTES);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t dv = desc128(v_base + uint32_t(kk * 2048), BN * 128, 1024);
-      if constexpr (D == 128) sm90::wgmma_m64n256k16_rs_tb(acc, pa[kk], dv, 1);
-      else sm90::wgmma_m64n128k16_rs_tb(acc, pa[kk], dv, 1);
-    }
-    wgmma_commit();
-  };
-  // Online softmax of one tile in place (s becomes exp2(s*scale - m)); returns the O rescale factors.
-  auto softmax = [&](float (&s)[NS], float (&alpha)[2]) {
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
-      alpha[r] = ex2_ftz(m_run[r] - m_new);
-      m_run[r] = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      s[i] = ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
-      rs[(i >> 1) & 1] += s[i];
-    }
-    l_run[0] = l_run[0] * alpha[0] + rs[0];
-    l_run[1] = l_run[1] * alpha[1] + rs[1];
-  };
-  auto rescale = [&](const float (&alpha)[2]) {
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // late tiles rarely move a row max
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) acc[i] *= alpha[(i >> 1) & 1];
-    }
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) pin(acc[i]);
-  };
-  auto pack = [&](float (&s)[NS]) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
-    }
-  };
+  auto issue_s = [&](float (&s)[NS], int ks) { issue_qk<D, BN>(s, q_base, sK + uint32_t(ks * T::K_STAGE_BYTES + map * BN * D * 2)); };
+  auto issue_pv = [&](int vs) { sm90::issue_pv<D, BN>(acc, pa, sV + uint32_t(vs * T::V_STAGE_BYTES)); };
+  auto softmax = [&](float (&s)[NS], float (&alpha)[2]) { online_softmax<NS, true>(s, m_run, l_run, sl2, alpha); };
+  auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
+  auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
   auto pin_pv_operands = [&]() {
 #pragma unroll
     for (int i = 0; i < NACC; ++i) pin(acc[i]);
@@ -374,32 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   named_sync(BAR_CONSUMERS, 256);
   if (map == 0) {
-    const float* src = sO2 + warp * NACC * 32;
-    float ss[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) {
-      const float o = acc[i] * inv_l[(i >> 1) & 1] - p.lambda * src[i * 32 + lane];
-      acc[i] = o;
-      ss[(i >> 1) & 1] += o * o;
-    }
-    float f[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-      f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + wrow + g4 + 8 * r;
-      if (row < p.n) {
-        bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < VW / 8; ++nt)
-          *reinterpret_cast<uint32_t*>(o + nt * 8) =
-              pack_bf16x2(acc[nt * 4 + 2 * r] * f[r], acc[nt * 4 + 2 * r + 1] * f[r]);
-      }
-    }
+    combine_store(acc, inv_l, sO2 + warp * NACC * 32, lane, p, b, j, q0 + wrow + g4, t4);
     if (p.head_ns && ctid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
   }
 #else
