@@ -133,16 +133,22 @@ PY
   done
 fi
 
-# Nsight Compute on one launch of the default wgmma kernel at d = 128, 2048 x 8 (the 4th launch: after warm-up).
+# Nsight Compute on one launch of the default wgmma kernel at d = 128, 2048 x 8 (the 4th launch), sections plus the
+# per-reason stall metrics. (Selecting a later shape by --launch-skip did not work: it still met a 2048 x 8 launch.)
 if has ncu; then
-  log "## ncu: diff_attn_fwd_sm90, d = 128, 2048 x 8"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 180 "$NCU" --clock-control none -k regex:diff_attn_fwd_sm90 --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section LaunchStats --section Occupancy --section InstructionStats \
-    "$DS/bin/diffscope-bench" --backend cuda --only attention --repeat 1 >"$OUT/ncu.txt" 2>&1
-  log "ncu exit $?"
-  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Stall|Issued Ipc|Tensor|Shared|L2 Hit|Executed Ipc|Registers" "$OUT/ncu.txt" | head -40 | tee -a "$SUMMARY"
+  for spec in "2048x8 3"; do
+    set -- $spec
+    log "## ncu: diff_attn_fwd_sm90, d = 128, $1"
+    DS_BENCH_WARMUP_MS=0 timeout 200 "$NCU" --clock-control none -k regex:diff_attn_fwd_sm90 --launch-skip "$2" --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section LaunchStats --section Occupancy --section SchedulerStats \
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+      "$DS/bin/diffscope-bench" --backend cuda --only attention --repeat 1 >"$OUT/ncu_$1.txt" 2>&1
+    log "ncu exit $?"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|L2 Hit|Executed Ipc|Registers|Warp Cycles Per Issued|No Eligible|Eligible Warps|Active Warps Per|Pipe|smsp__average_warps_issue_stalled" "$OUT/ncu_$1.txt" \
+      | grep -vE "stalled_[a-z_]+_per_issue_active\.ratio +[a-z/]* +0(\.0+)?$" | head -60 | tee -a "$SUMMARY"
+  done
 fi
 
 # The attention peers alone (FlashDiffAttn_1 on cuDNN, _2 on SDPA flash; peer_baseline.py's definitions), at
