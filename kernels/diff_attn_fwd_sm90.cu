@@ -230,26 +230,14 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     {  // tile 0: the diagonal one, masked
       tile_wait();
       float s[NS];
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        s[i] = 0.f;
-        pin(s[i]);
-      }
+      zero_pinned(s);
       wgmma_fence();
       issue_s(s, 0);
       prefetch(0);
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < NS; ++i) pin(s[i]);
-      const int kt = n_kt - 1;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kt * BN + nt * 8 + 2 * t4 + (e & 1);
-          const int row = q0 + wrow + g4 + (e >> 1) * 8;
-          if (col > row) s[nt * 4 + e] = -INFINITY;
-        }
+      mask_diagonal(s, (n_kt - 1) * BN, q0 + wrow + g4, t4);
       float alpha[2];
       softmax(s, alpha);  // O is zero: no rescale
       pack(s);
@@ -257,11 +245,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     for (int it = 1; it < n_kt; ++it) {
       tile_wait();
       float s[NS];
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        s[i] = 0.f;
-        pin(s[i]);
-      }
+      zero_pinned(s);
       wgmma_fence();
       issue_s(s, it & 1);
       rescale(alpha_prev);
@@ -287,25 +271,14 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   {  // tile 0: the diagonal one, masked; nothing to overlap with yet
     tile_top(0);
     float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      s[i] = 0.f;
-      pin(s[i]);
-    }
+    zero_pinned(s);
     wgmma_fence();
     issue_s(s, 0);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
-    const int kt = n_kt - 1;  // earlier tiles end at or before q0: only this one needs the mask
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = kt * BN + nt * 8 + 2 * t4 + (e & 1);
-        const int row = q0 + wrow + g4 + (e >> 1) * 8;
-        if (col > row) s[nt * 4 + e] = -INFINITY;
-      }
+    // earlier tiles end at or before q0: only this one needs the mask
+    mask_diagonal(s, (n_kt - 1) * BN, q0 + wrow + g4, t4);
     float alpha[2];
     softmax(s, alpha);
     rescale_and_pack(s, alpha);
@@ -313,11 +286,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   for (int it = 1; it < n_kt; ++it) {
     tile_top(it);
     float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      s[i] = 0.f;
-      pin(s[i]);
-    }
+    zero_pinned(s);
     wgmma_fence();
     issue_s(s, it & 1);
     issue_pv((it - 1) & 1);

@@ -214,11 +214,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   float alpha_prev[2] = {1.f, 1.f};
   {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
     float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      s[i] = 0.f;
-      pin(s[i]);
-    }
+    zero_pinned(s);
     mbar_wait(bar_full_k(0), 0);
     turn_wait();
     wgmma_fence();
@@ -228,15 +224,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
     mbar_arrive(bar_empty_k(0));
-    const int kt = n_kt - 1;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = kt * BN + nt * 8 + 2 * t4 + (e & 1);
-        const int row = q0 + wrow + g4 + (e >> 1) * 8;
-        if (col > row) s[nt * 4 + e] = -INFINITY;
-      }
+    mask_diagonal(s, (n_kt - 1) * BN, q0 + wrow + g4, t4);
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
     pack(s);
@@ -246,11 +234,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int it = 1; it < n_kt; ++it) {
     const int ks = it % KS, vs = (it - 1) % VS;
     float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      s[i] = 0.f;
-      pin(s[i]);
-    }
+    zero_pinned(s);
     mbar_wait(bar_full_k(ks), uint32_t((it / KS) & 1));
     turn_wait();
     wgmma_fence();

@@ -59,6 +59,29 @@ __device__ __forceinline__ void issue_pv(float (&acc)[D], const uint32_t (&pa)[B
   wgmma_commit();
 }
 
+// Fresh S accumulators (the first wgmma of a tile overwrites them; the zeros keep the registers defined), pinned.
+template <int NS>
+__device__ __forceinline__ void zero_pinned(float (&s)[NS]) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    s[i] = 0.f;
+    pin(s[i]);
+  }
+}
+// Causal mask of the diagonal tile: key column > query row gets -inf. col0: the tile's first key; row0: the
+// thread's first query row (q0 + warp row + g4).
+template <int NS>
+__device__ __forceinline__ void mask_diagonal(float (&s)[NS], int col0, int row0, int t4) {
+#pragma unroll
+  for (int nt = 0; nt < NS / 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + nt * 8 + 2 * t4 + (e & 1);
+      const int row = row0 + (e >> 1) * 8;
+      if (col > row) s[nt * 4 + e] = -INFINITY;
+    }
+}
+
 // Online softmax of one tile in place (s becomes exp2(s * sl2 - m)); updates the running max and sum of the
 // thread's two rows and returns the O rescale factors. FAST: ex2.approx.ftz, else exp2f (v4).
 template <int NS, bool FAST>
