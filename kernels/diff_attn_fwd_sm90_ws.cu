@@ -9,7 +9,9 @@
 //     once both maps' S product is done, a V stage once both P V products are done, so nothing waits on a
 //     CTA-wide barrier and the two warpgroups may drift apart;
 //   - ping-pong: the two consumers take turns issuing their products (named barriers 2 and 3), so one warpgroup's
-//     softmax runs while the other's wgmmas use the tensor cores.
+//     softmax runs while the other's wgmmas use the tensor cores;
+//   - epilogue: map 1 hands O1/l1 to map 2 through shared memory while map 2's last product runs; map 2 combines,
+//     normalises and writes the bf16 tile to shared memory, and a TMA store writes it out.
 // Why (v5 measurements, bench/cuda_notes.md): the tensor pipe was busy 39% of the time with every thread issuing
 // cp.async and both warpgroups meeting at __syncthreads once per tile; a v8 ping-pong with a private K/V copy
 // per warpgroup gained the ordering (+8-12%) but lost more to the second V copy. Here V is loaded once.
@@ -24,6 +26,13 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#if defined(DS_ATTN_TRACE)
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <tuple>
+#include <vector>
+#endif
 
 #include "mma_sm80.cuh"
 
@@ -37,6 +46,37 @@ namespace {
 
 constexpr int BM = 64, THREADS = 384, KS = 2, VS = 2;
 
+#if defined(DS_ATTN_TRACE)
+// Diagnostic build only (-DDS_ATTN_TRACE; tools/attn_trace.py reads the dump): per-CTA timestamps (SM clock) of the
+// phases of one launch per shape, written by the launcher to $DS_ATTN_TRACE_OUT. Slots: 0 smid, 1 n_kt, 2 entry,
+// 3 Q landed (map 1), 4 diagonal tile's softmax done (map 1), 5 map 1 loop done, 6 map 2 loop done, 7 tile stored.
+constexpr int TRACE_CTAS = 65536, TRACE_SLOTS = 8;
+__device__ unsigned long long g_trace[TRACE_CTAS * TRACE_SLOTS];
+#if defined(DS_SM90A_WS)
+__device__ __forceinline__ unsigned long long clk64() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+#endif
+#define DS_TRACE_AT(idx, slot, value)                                                  \
+  do {                                                                                 \
+    const int i_ = (idx);                                                              \
+    if (i_ < TRACE_CTAS) g_trace[i_ * TRACE_SLOTS + (slot)] = (value);                 \
+  } while (0)
+#define DS_TRACE(slot, value) DS_TRACE_AT(int(blockIdx.y * gridDim.x + blockIdx.x), slot, value)
+#else
+#define DS_TRACE_AT(idx, slot, value) \
+  do {                                \
+  } while (0)
+#define DS_TRACE(slot, value) DS_TRACE_AT(0, slot, value)
+#endif
+
 template <int D, int BN>
 struct TileWs {
   static constexpr int VW = 2 * D;
@@ -46,12 +86,13 @@ struct TileWs {
   static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, BAR_OFF = V_OFF + VS * V_STAGE_BYTES;
   static constexpr int N_BARS = 1 + 2 * KS + 2 * VS;
   static constexpr int SMEM_BYTES = BAR_OFF + N_BARS * 8 + 1024;  // + alignment slack
-  static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O2 staging must fit in the K stages");
+  static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O1 staging must fit in the K stages");
+  static_assert(BM * VW * 2 <= Q_BYTES, "the bf16 output tile must fit in Q's space");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
 #if defined(DS_SM90A_WS)
-constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2;  // named barriers (0 is __syncthreads)
+constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE = 4;  // named barriers (0 is __syncthreads)
 
 using namespace sm90;
 
@@ -94,7 +135,7 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
 template <int D, int BN>
 __global__ void __launch_bounds__(THREADS, 1)
     diff_attn_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
-                                 const AttnParams p) {
+                                 const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
 #if defined(DS_SM90A_WS)
   using T = TileWs<D, BN>;
   constexpr int NS = BN / 2;  // S accumulators per thread
@@ -120,6 +161,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int n_kt = (q0 + BM - 1) / BN + 1;  // kv tiles up to the one holding the diagonal
 
   if (tid == 0) {
+    DS_TRACE(0, smid());
+    DS_TRACE(1, (unsigned long long)n_kt);
+    DS_TRACE(2, clk64());
     mbar_init(bar_q, 1);
     for (int s = 0; s < KS; ++s) {
       mbar_init(bar_full_k(s), 1);
@@ -138,6 +182,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_out)) : "memory");
       // Tensor coordinates (column, token, batch); head h's D columns start at off + h * D, 64 per box.
       mbar_expect_tx(bar_q, T::Q_BYTES);
 #pragma unroll
@@ -178,7 +223,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int map = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31;
   const int wrow = warp * 16, g4 = lane >> 2, t4 = lane & 3;
   unsigned long long t_start = 0;
-  if (p.head_ns && ctid == 0 && map == 0) t_start = global_timer_ns();
+  if (p.head_ns && ctid == 0 && map == 1) t_start = global_timer_ns();
 
   float acc[NACC];
 #pragma unroll
@@ -211,6 +256,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
 
   mbar_wait(bar_q, 0);
+  if (ctid == 0 && map == 0) DS_TRACE(3, clk64());
   float alpha_prev[2] = {1.f, 1.f};
   {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
     float s[NS];
@@ -228,6 +274,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
     pack(s);
+    if (ctid == 0 && map == 0) DS_TRACE(4, clk64());
   }
   // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1) V(it-1)
   // | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
@@ -266,25 +313,66 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin_pv_operands();
     mbar_arrive(bar_empty_v(vs));
   }
+  if (ctid == 0) DS_TRACE(5 + map, clk64());
 
-  // Epilogue: map 2 stages O2 / l2 in the K stages (every S product of both maps is done: map 2 passed its last
-  // turn, which map 1 handed over after its own last S had completed), map 1 combines, normalises and stores.
+  // Epilogue. Map 1 finishes first (it issues every tile's products first): it parks O1/l1 in the K stages as soon
+  // as map 2's last S product is done (the last K stage's release completes), while map 2's last P V still runs.
+  // Map 2 then forms O = O1/l1 - lambda O2/l2, normalises over the 2d columns, writes the bf16 tile into Q's space
+  // (every S product is done) and one thread stores it with TMA: whole 128-byte lines instead of 16-byte pieces
+  // of 8 rows per store instruction; rows past n are clipped by the copy engine. Per-CTA timestamps (bench/
+  // cuda_notes.md): 6.0k SM cycles from the end of the loop to the stored tile with map 1 storing from registers.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
-  float* sO2 = reinterpret_cast<float*>(smem + T::K_OFF);  // [4 warps][NACC][32 lanes]
-  if (map == 1) {
-    float* dst = sO2 + warp * NACC * 32;
+  // [4 warps][NACC / 4][32 lanes] float4: thread (warp, lane) of both maps holds the same elements of O.
+  float4* x = reinterpret_cast<float4*>(smem + T::K_OFF) + warp * (NACC / 4) * 32 + lane;
+  if (map == 0) {
+    mbar_wait(bar_empty_k((n_kt - 1) % KS), uint32_t(((n_kt - 1) / KS) & 1));
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) dst[i * 32 + lane] = acc[i] * inv_l[(i >> 1) & 1];
+    for (int q = 0; q < NACC / 4; ++q)
+      x[q * 32] = make_float4(acc[4 * q] * inv_l[0], acc[4 * q + 1] * inv_l[0], acc[4 * q + 2] * inv_l[1],
+                              acc[4 * q + 3] * inv_l[1]);
   }
   named_sync(BAR_CONSUMERS, 256);
-  if (map == 0) {
-    combine_store(acc, inv_l, sO2 + warp * NACC * 32, lane, p, b, j, q0 + wrow + g4, t4);
-    if (p.head_ns && ctid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+  if (map == 1) {
+    float ss[2] = {0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < NACC / 4; ++q) {
+      const float4 o1 = x[q * 32];
+      float* o = acc + 4 * q;
+      o[0] = o1.x - p.lambda * o[0] * inv_l[0];
+      o[1] = o1.y - p.lambda * o[1] * inv_l[0];
+      o[2] = o1.z - p.lambda * o[2] * inv_l[1];
+      o[3] = o1.w - p.lambda * o[3] * inv_l[1];
+      ss[0] += o[0] * o[0] + o[1] * o[1];
+      ss[1] += o[2] * o[2] + o[3] * o[3];
+    }
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+      f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
+    }
+    stage_out_tile(acc, f, sQ, wrow + g4, t4);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_sync(BAR_EPILOGUE, 128);
+    if (ctid == 0) {
+#pragma unroll
+      for (int sl = 0; sl < VW / 64; ++sl)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                reinterpret_cast<uint64_t>(&tm_out)),
+            "r"(j * VW + sl * 64), "r"(q0), "r"(b), "r"(sQ + uint32_t(sl * BM * 128))
+            : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory must outlive the reads
+      if (p.head_ns) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+      DS_TRACE(7, clk64());
+    }
   }
 #else
   __trap();  // built without sm_90a: never launched (diff_attn_fwd_sm90_available() is false)
@@ -306,40 +394,69 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// The [batch][n][row_stride] bf16 tensor as a 3-D TMA map (column, token, batch) with boxes of 64 columns x rows
-// tokens, 128-byte swizzle; tokens past n read as zeros.
-bool make_map(CUtensorMap& m, const AttnParams& p, int rows) {
+// A [batch][n][row_stride] bf16 tensor (the QKV input or the output) as a 3-D TMA map (column, token, batch) with
+// boxes of 64 columns x rows tokens, 128-byte swizzle; loads of tokens past n read zeros, stores there are dropped.
+bool make_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
+              int rows) {
   auto fn = encode_fn();
   if (!fn) return false;
-  const cuuint64_t dims[3] = {cuuint64_t(p.row_stride), cuuint64_t(p.n), cuuint64_t(p.batch)};
-  const cuuint64_t bstride = p.batch > 1 ? cuuint64_t(p.batch_stride) : cuuint64_t(p.n) * cuuint64_t(p.row_stride);
-  const cuuint64_t strides[2] = {cuuint64_t(p.row_stride) * 2, bstride * 2};
+  const cuuint64_t dims[3] = {cuuint64_t(row_stride), cuuint64_t(p.n), cuuint64_t(p.batch)};
+  const cuuint64_t bstride = p.batch > 1 ? cuuint64_t(batch_stride) : cuuint64_t(p.n) * cuuint64_t(row_stride);
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, bstride * 2};
   const cuuint32_t box[3] = {64, cuuint32_t(rows), 1}, estride[3] = {1, 1, 1};
-  return fn(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p.qkv), dims, strides, box, estride,
+  return fn(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides, box, estride,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+#if defined(DS_ATTN_TRACE)
+// Dumps the trace of the 400th launch of each shape (warm, not the first) to $DS_ATTN_TRACE_OUT, one line per CTA.
+void trace_dump(const AttnParams& p, unsigned ctas, cudaStream_t stream) {
+  static std::map<std::tuple<int, int, int>, int> launches;
+  const char* path = std::getenv("DS_ATTN_TRACE_OUT");
+  if (!path || ++launches[{p.n, p.batch, p.d}] != 400 || ctas > unsigned(TRACE_CTAS)) return;
+  std::vector<unsigned long long> h(size_t(ctas) * TRACE_SLOTS);
+  if (cudaStreamSynchronize(stream) != cudaSuccess ||
+      cudaMemcpyFromSymbol(h.data(), g_trace, h.size() * sizeof(h[0])) != cudaSuccess)
+    return;
+  FILE* f = std::fopen(path, "a");
+  if (!f) return;
+  std::fprintf(f, "# n %d batch %d d %d heads %d ctas %u qtiles %d\n", p.n, p.batch, p.d, p.heads, ctas,
+               (p.n + BM - 1) / BM);
+  for (unsigned c = 0; c < ctas; ++c) {
+    for (int k = 0; k < TRACE_SLOTS; ++k) std::fprintf(f, "%llu%c", h[size_t(c) * TRACE_SLOTS + k], k + 1 < TRACE_SLOTS ? ' ' : '\n');
+  }
+  std::fclose(f);
+}
+#endif
+
 template <int D, int BN>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
-  CUtensorMap tq, tkv;
-  if (!make_map(tq, p, BM) || !make_map(tkv, p, BN)) return cudaErrorNotSupported;
+  CUtensorMap tq, tkv, tout;
+  if (!make_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
+      !make_map(tkv, p.qkv, p.row_stride, p.batch_stride, p, BN) ||
+      !make_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
+    return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  cudaError_t e =
-      cudaFuncSetAttribute(diff_attn_fwd_sm90_ws_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const auto kernel = diff_attn_fwd_sm90_ws_kernel<D, BN>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((p.n + BM - 1) / BM), unsigned((p.heads / 2) * p.batch));
-  diff_attn_fwd_sm90_ws_kernel<D, BN><<<grid, THREADS, smem, stream>>>(tq, tkv, p);
+  kernel<<<grid, THREADS, smem, stream>>>(tq, tkv, tout, p);
+#if defined(DS_ATTN_TRACE)
+  trace_dump(p, grid.x * grid.y, stream);
+#endif
   return cudaGetLastError();
 }
 
 }  // namespace
 
 bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p) {
-  const auto a = reinterpret_cast<uintptr_t>(p.qkv);
+  const auto a = reinterpret_cast<uintptr_t>(p.qkv), o = reinterpret_cast<uintptr_t>(p.out);
   return encode_fn() != nullptr && a % 16 == 0 && (p.row_stride * 2) % 16 == 0 &&
          (p.batch <= 1 || (p.batch_stride * 2) % 16 == 0) && p.q_off % 8 == 0 && p.k_off % 8 == 0 &&
-         p.v_off % 8 == 0 && p.batch_stride >= 0;
+         p.v_off % 8 == 0 && p.batch_stride >= 0 && o % 16 == 0 && (p.out_row_stride * 2) % 16 == 0 &&
+         (p.batch <= 1 || (p.out_batch_stride * 2) % 16 == 0) && p.out_batch_stride >= 0;
 }
 
 cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n) {

@@ -169,4 +169,22 @@ __device__ __forceinline__ void combine_store(float (&acc)[NACC], const float (&
   }
 }
 
+// Rows row0 and row0 + 8 of a 64-row output tile, O * f per row in bf16, into `dst`: [2d/64 slabs][64 rows][64
+// columns] with the SW128 XOR (one 64 x 64 box of a TMA store per slab). Per store instruction the warp's 8 rows
+// hit 8 different 16-byte chunks: no bank conflicts.
+template <int NACC>
+__device__ __forceinline__ void stage_out_tile(const float (&o)[NACC], const float (&f)[2], uint32_t dst, int row0, int t4) {
+  constexpr int VW = 2 * NACC;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+#pragma unroll
+    for (int nt = 0; nt < VW / 8; ++nt) {
+      const uint32_t a = dst + uint32_t((nt >> 3) * 64 * 128 + row * 128 + (((nt & 7) ^ (row & 7)) << 4) + 4 * t4);
+      const uint32_t v = pack_bf16x2(o[nt * 4 + 2 * r] * f[r], o[nt * 4 + 2 * r + 1] * f[r]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+    }
+  }
+}
+
 }  // namespace ds::kern::sm90
