@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_ke
   const int map = warp >> 2, wrow = (warp & 3) * 16;
   const int g4 = lane >> 2, t4 = lane & 3;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
-  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest (longest causal row) tiles first
-  const int j = int(blockIdx.y) % hv, b = int(blockIdx.y) / hv;
+  const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
+  const int qt = ct.qt, j = ct.bh % hv, b = ct.bh / hv;  // heaviest (longest causal row) tiles first
   const int g = j / (p.heads / p.kv_heads);
   const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
   unsigned long long t_start = 0;
@@ -252,8 +252,10 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   constexpr int smem = Tile<D>::SMEM_BYTES;
   cudaError_t e = cudaFuncSetAttribute(diff_attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((p.n + BM - 1) / BM), unsigned((p.heads / 2) * p.batch));
-  diff_attn_fwd_kernel<D><<<grid, THREADS, smem, stream>>>(p);
+  AttnParams q = p;
+  q.tile_major = attn_tile_major(p);
+  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  diff_attn_fwd_kernel<D><<<ctas, THREADS, smem, stream>>>(q);
   return cudaGetLastError();
 }
 

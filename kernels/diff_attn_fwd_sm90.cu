@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   const int map = warp >> 2, wrow = (warp & 3) * 16;
   const int g4 = lane >> 2, t4 = lane & 3;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
-  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int j = int(blockIdx.y) % hv, b = int(blockIdx.y) / hv;
+  const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
+  const int qt = ct.qt, j = ct.bh % hv, b = ct.bh / hv;
   const int g = j / (p.heads / p.kv_heads);
   const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
   unsigned long long t_start = 0;
@@ -355,8 +355,10 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   cudaError_t e =
       cudaFuncSetAttribute(diff_attn_fwd_sm90_kernel<D, BN, VER>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((p.n + BM - 1) / BM), unsigned((p.heads / 2) * p.batch));
-  diff_attn_fwd_sm90_kernel<D, BN, VER><<<grid, THREADS, smem, stream>>>(p);
+  AttnParams q = p;
+  q.tile_major = attn_tile_major(p);
+  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  diff_attn_fwd_sm90_kernel<D, BN, VER><<<ctas, THREADS, smem, stream>>>(q);
   return cudaGetLastError();
 }
 // Kernel version, read at every launch (the tests switch it): 9 (default) is the warp-specialised kernel of

@@ -69,7 +69,7 @@ __device__ __forceinline__ unsigned smid() {
     const int i_ = (idx);                                                              \
     if (i_ < TRACE_CTAS) g_trace[i_ * TRACE_SLOTS + (slot)] = (value);                 \
   } while (0)
-#define DS_TRACE(slot, value) DS_TRACE_AT(int(blockIdx.y * gridDim.x + blockIdx.x), slot, value)
+#define DS_TRACE(slot, value) DS_TRACE_AT(int(blockIdx.x), slot, value)
 #else
 #define DS_TRACE_AT(idx, slot, value) \
   do {                                \
@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   const int tid = threadIdx.x, wg = tid >> 7;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
-  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest (longest causal row) tiles first
-  const int j = int(blockIdx.y) % hv, b = int(blockIdx.y) / hv;
+  const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
+  const int qt = ct.qt, j = ct.bh % hv, b = ct.bh / hv;
   const int g = j / (p.heads / p.kv_heads);
   const int q0 = qt * BM;
   const int n_kt = (q0 + BM - 1) / BN + 1;  // kv tiles up to the one holding the diagonal
@@ -441,10 +441,12 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   const auto kernel = diff_attn_fwd_sm90_ws_kernel<D, BN>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((p.n + BM - 1) / BM), unsigned((p.heads / 2) * p.batch));
-  kernel<<<grid, THREADS, smem, stream>>>(tq, tkv, tout, p);
+  AttnParams q = p;
+  q.tile_major = attn_tile_major(p);
+  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, q);
 #if defined(DS_ATTN_TRACE)
-  trace_dump(p, grid.x * grid.y, stream);
+  trace_dump(p, ctas, stream);
 #endif
   return cudaGetLastError();
 }

@@ -281,6 +281,37 @@ TEST(CudaKernels, FusedDiffAttentionSm90MatchesFloat64) {
   }
 }
 
+// Both CTA orders (tile-major for launches whose K/V fit in L2, which every case above is, head-major otherwise)
+// cover every (query tile, head) exactly once, heaviest tile first within a head or within a wave of heads.
+TEST(CudaKernels, CtaOrdersArePermutationsHeaviestFirst) {
+  for (bool tile_major : {false, true})
+    for (auto [n_qt, n_bh] : {std::pair{1, 1}, std::pair{5, 3}, std::pair{16, 12}, std::pair{32, 96}}) {
+      std::vector<int> seen(size_t(n_qt) * n_bh, 0);
+      int prev_qt = n_qt, prev_bh = -1;
+      for (int cta = 0; cta < n_qt * n_bh; ++cta) {
+        const ds::kern::CtaTile t = ds::kern::cta_tile(cta, n_qt, n_bh, tile_major);
+        ASSERT_TRUE(t.qt >= 0 && t.qt < n_qt && t.bh >= 0 && t.bh < n_bh) << cta;
+        seen[size_t(t.qt) * n_bh + t.bh]++;
+        if (tile_major) EXPECT_LE(t.qt, prev_qt) << cta;                      // query tiles never get heavier
+        else if (t.bh == prev_bh) EXPECT_EQ(t.qt, prev_qt - 1) << cta;         // within a head: heaviest first
+        prev_qt = t.qt;
+        prev_bh = t.bh;
+      }
+      for (int c : seen) EXPECT_EQ(c, 1);
+    }
+}
+
+TEST(CudaKernels, FusedDiffAttentionHeadMajorOrderMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  setenv("DS_ATTN_ORDER", "head", 1);
+  check_fused(Kernel::Mma, 1357);
+  if (ds::kern::diff_attn_fwd_sm90_available()) {
+    check_fused(Kernel::Sm90, 2468);
+    check_fused(Kernel::Sm90, 3579, 128);
+  }
+  unsetenv("DS_ATTN_ORDER");
+}
+
 // The v5 and v4 wgmma kernels stay selectable (DS_ATTN_SM90_VER=5 / 4) as the fallbacks of the default v9 (v5 also
 // runs whenever a tensor does not meet TMA's alignment rules).
 TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
