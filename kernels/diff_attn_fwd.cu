@@ -227,12 +227,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_ke
         ss[e >> 1] += o * o;
       }
     float f[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-      f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
-    }
+    quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = q0 + wrow + g4 + 8 * r;

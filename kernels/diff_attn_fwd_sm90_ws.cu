@@ -351,12 +351,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       ss[1] += o[2] * o[2] + o[3] * o[3];
     }
     float f[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-      f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
-    }
+    quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
     stage_out_tile(acc, f, sQ, wrow + g4, t4);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     named_sync(BAR_EPILOGUE, 128);

@@ -151,12 +151,7 @@ __device__ __forceinline__ void combine_store(float (&acc)[NACC], const float (&
     ss[(i >> 1) & 1] += o * o;
   }
   float f[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-    f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
-  }
+  quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;

@@ -7,6 +7,19 @@
 
 namespace ds::kern {
 
+// Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
+// thread's two rows of an mma/wgmma accumulator: `ss` holds this thread's partial sums of squares, and the quad of
+// lanes sharing the rows adds its four.
+template <int WIDTH>
+__device__ __forceinline__ void quad_rms_factors(float (&ss)[2], float eps, float out_scale, float (&f)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+    f[r] = rsqrtf(ss[r] * (1.f / WIDTH) + eps) * out_scale;
+  }
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
