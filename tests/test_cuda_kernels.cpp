@@ -20,6 +20,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include <vector>
 
 #include "engine/backend_cuda_memory.h"
+#include "test_cuda_util.h"
 #include "engine/config.h"
 #include "engine/dtype.h"
 #include "engine/rope.h"
@@ -37,27 +38,6 @@ namespace {
 using ds::cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 constexpr uint16_t kBf16NaN = 0x7fc0;
-
-bool device_present(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) {
-    *why = "cudaGetDeviceCount returned 0";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_DEVICE()                                              \
-  do {                                                                     \
-    std::string why_;                                                      \
-    if (!device_present(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 // Under compute-sanitizer (slow) the suite runs a reduced set of sizes.
 bool small_run() { return std::getenv("DS_CUDA_TEST_SMALL") != nullptr; }

@@ -26,29 +26,12 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include "engine/error.h"
 #include "engine/model.h"
 #include "test_util.h"
+#include "test_cuda_util.h"
 
 namespace {
 
 constexpr double kLogitsRel = 2e-2, kMapsAbsBf16 = 1e-2, kMapsAbsF32 = 1.5e-2;
 double kMapsAbs = kMapsAbsBf16;  // set per fixture from the checkpoint's dtype
-
-bool device_present(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) *why = "cudaGetDeviceCount returned 0";
-  return count > 0;
-}
-
-#define SKIP_WITHOUT_DEVICE()                                              \
-  do {                                                                     \
-    std::string why_;                                                      \
-    if (!device_present(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 using dstest::Expected;
 
