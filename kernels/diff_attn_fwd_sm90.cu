@@ -257,12 +257,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
       for (int i = 0; i < NS; ++i) pin(s[i]);
       softmax(s, alpha_prev);
       wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) pin(acc[i]);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
+      pin_pv_operands(acc, pa);
       pack(s);
     }
     tile_wait();
@@ -296,12 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     float alpha[2];
     softmax(s, alpha);
     wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) pin(acc[i]);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
+    pin_pv_operands(acc, pa);
     rescale_and_pack(s, alpha);
   }
   // the last tile's P V

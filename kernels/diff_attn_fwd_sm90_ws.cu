@@ -246,14 +246,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto softmax = [&](float (&s)[NS], float (&alpha)[2]) { online_softmax<NS, true>(s, m_run, l_run, sl2, alpha); };
   auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
   auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
-  auto pin_pv_operands = [&]() {
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) pin(acc[i]);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
-  };
 
   mbar_wait(bar_q, 0);
   if (ctid == 0 && map == 0) DS_TRACE(3, clk64());
@@ -297,7 +289,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(bar_empty_k(ks));
     softmax(s, alpha_prev);
     wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
-    pin_pv_operands();
+    pin_pv_operands(acc, pa);
     mbar_arrive(bar_empty_v(vs));
     pack(s);
   }
@@ -310,7 +302,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     issue_pv(vs);
     if (map == 0) turn_pass();
     wgmma_wait<0>();
-    pin_pv_operands();
+    pin_pv_operands(acc, pa);
     mbar_arrive(bar_empty_v(vs));
   }
   if (ctid == 0) DS_TRACE(5 + map, clk64());

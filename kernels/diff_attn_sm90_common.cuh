@@ -59,6 +59,17 @@ __device__ __forceinline__ void issue_pv(float (&acc)[D], const uint32_t (&pa)[B
   wgmma_commit();
 }
 
+// Pins O and the P registers of the P V product once it is complete (wait_group), before they are written again.
+template <int NACC, int KK>
+__device__ __forceinline__ void pin_pv_operands(float (&acc)[NACC], uint32_t (&pa)[KK][4]) {
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) pin(acc[i]);
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
+}
+
 // Fresh S accumulators (the first wgmma of a tile overwrites them; the zeros keep the registers defined), pinned.
 template <int NS>
 __device__ __forceinline__ void zero_pinned(float (&s)[NS]) {
