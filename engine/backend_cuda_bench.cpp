@@ -104,8 +104,12 @@ json bench_attention(CudaBackend& cb, int repeat) {
     bool sm90;
     int block_n;
   };
-  std::vector<Kind> kinds = {{false, 64}};
-  if (kern::diff_attn_fwd_sm90_available()) kinds.insert(kinds.begin(), {Kind{true, 64}, Kind{true, 128}});
+  // DS_BENCH_ATTN_KERNEL=mma or =wgmma times one kernel family only (A/B runs of one kernel).
+  const char* only_kernel = std::getenv("DS_BENCH_ATTN_KERNEL");
+  const std::string only = only_kernel ? only_kernel : "";
+  std::vector<Kind> kinds;
+  if (kern::diff_attn_fwd_sm90_available() && only != "mma") kinds = {Kind{true, 64}, Kind{true, 128}};
+  if (only != "wgmma") kinds.push_back({false, 64});
   for (Kind kind : kinds)
   for (Cfg c : {Cfg{12, 128}, Cfg{16, 64}}) {
     if (kind.block_n != 64 && c.d != 64) continue;

@@ -4,7 +4,8 @@
 
 namespace ds::kern {
 
-// head_dim values the fused kernel is built for (64 and 128); others take attn_fwd_generic.
+// head_dim values the fused kernel is built for (64 and 128) and whose shared memory fits the current device;
+// others take attn_fwd_generic.
 bool diff_attn_fwd_supported(int d);
 // p.diff must be true; returns the launch error (cudaSuccess when queued).
 cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream);
