@@ -4,29 +4,30 @@
 // in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
 // folded in, rescale on a new row maximum).
 //
-// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 hold map 1,
-// warps 4-7 map 2; each warp owns 16 rows of its map and all 2d output columns, so each accumulator is
-// 16 x 2d f32 = 2d/8 * 4 registers per thread (128 for d = 128, FA2's budget for its d = 256 path). Splitting
-// the two maps across warps (rather than giving one warp both) keeps the register file under 255 without
-// recomputing any QK^T product; the price is that V is read from shared memory by both warp groups.
-// Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it
-// needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
+// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 compute
+// map 1's S = Q1 K1^T and softmax, warps 4-7 map 2's, 16 rows each; a 16-row x 2d-wide f32 accumulator is 2d/8 * 4
+// registers per thread (128 at d = 128, FA2's budget for its d = 256 path), so a warp cannot hold both maps' full
+// accumulators. Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes
+// first (it needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
+// Copies: every thread copies fixed 16-byte column chunks (TileCopy), cp.async, two stages of K1 | K2 | V, one
+// __syncthreads per key tile; the next tile's copies go out once the S products are issued. The O rescale is
+// skipped when no row of the warp found a new maximum.
 //
-// Two schedules of the same arithmetic (the skewed one where its shared memory fits, see mma_schedule):
-//  1 lockstep: K1/K2/V double-buffered with cp.async, one __syncthreads per key tile; all eight warps compute S,
-//    then their softmax, then P V at the same time, so the tensor pipes idle through every softmax.
-//  2 skewed: map 2 runs half a tile behind map 1 inside the same per-tile barrier. In iteration t map 1 computes
-//    S(t), its softmax, then P(t) V(t); map 2 computes P(t-1) V(t-1), then S(t) and its softmax. On each SM
-//    sub-partition one warp of each map shares the scheduler, so one warp's softmax now runs while the other
-//    issues mma.sync. V needs a third stage (map 2 still reads V(t-1) while V(t+1) loads). Measured on the H200:
-//    +4-5% at d = 128 over lockstep, equal at d = 64 (two CTAs per SM already overlap there). A ping-pong with
-//    strict turns (FA3 style, named barriers, mbarrier-tracked cp.async) was 4-30% slower than lockstep: one warp
-//    alone cannot keep the tensor pipe busy with mma.sync, two interleaved warps can (bench/cuda_notes.md).
-// Epilogue (both): map-2 warps park O2/l2 in shared memory (reusing the K/V stages) in fragment order; map-1 warps
-// combine, reduce the sum of squares over 2d inside each quad, scale and store.
+// Two schedules of the P V products (mma_schedule picks by the device's shared memory):
+//  1 lockstep: each warp accumulates its own map over all 2d columns of V (O1 or O2 whole); at the end map 2
+//    parks O2/l2 in shared memory and map 1 combines, normalises and stores.
+//  2 V-split: warps w and w + 4 own the same 16 rows (map 1 and map 2). After the softmax they swap P and the
+//    rescale factors through shared memory, and each accumulates BOTH maps over half of V's columns (warp w columns
+//    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
+//    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
+//    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
+// Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
+// 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64. Tried and not kept:
+// map 2 skewed half a tile behind map 1 so that one warp's softmax overlaps the other's products (+4-5% at
+// d = 128, below V-split, and the two do not combine: V-split couples the two warps of a scheduler), and an
+// FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep mma.sync's pipe busy).
 //
-// Shared memory: lockstep: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64;
-//                skewed: Q + 2 x (K1, K2) + 3 x V = 192 KB at d = 128 (one CTA per SM), 96 KB at d = 64 (two).
+// Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -38,7 +39,6 @@ namespace ds::kern {
 namespace {
 
 constexpr int BM = 64, BN = 64, THREADS = 256;
-constexpr int SK_VS = 3;  // skewed: V stages (map 2 reads V(t-1) while V(t+1) loads)
 
 // exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
 // exp2f adds range fix-ups around the same instruction.
@@ -57,12 +57,13 @@ struct Tile {
   // lockstep: [Q][2 stages][K1 | K2 | V]
   static constexpr int STAGE_ELEMS = 2 * K_ELEMS + V_ELEMS;
   static constexpr int SMEM_LOCKSTEP = (Q_ELEMS + 2 * STAGE_ELEMS) * 2;
-  // skewed: [Q][2 stages][K1 | K2][SK_VS stages][V]
-  static constexpr int SK_K_OFF = Q_ELEMS, SK_V_OFF = SK_K_OFF + 2 * 2 * K_ELEMS;
-  static constexpr int SMEM_SKEWED = (SK_V_OFF + SK_VS * V_ELEMS) * 2;
   static constexpr int MIN_BLOCKS = D == 64 ? 2 : 1;
   static_assert(BM * VW * 4 <= 2 * STAGE_ELEMS * 2, "O2 staging must fit in the K/V stages");
-  static_assert(MIN_BLOCKS * SMEM_SKEWED <= 227 * 1024, "shared memory");
+  // V-split: the lockstep stages, then the exchange area [4 row groups][2 maps]: P fragments (4 x 32 lanes x 16 B)
+  // and per-lane pairs of floats (alpha, later l and the sums of squares).
+  static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
+  static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
+  static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
 };
 
 // A thread's share of copying a ROWS x W bf16 tile into a swizzled shared tile with NTHR threads: one 16-byte
@@ -325,17 +326,19 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
+// V-split schedule (see the top of the file).
 template <int D>
-__global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_skewed_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vsplit_kernel(const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NT = VW / 8;
+  constexpr int VW = T::VW, NH = D / 8;  // n8 tiles per column half
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
-  bf16* sK = sQ + T::SK_K_OFF;               // [2 stages][K1 | K2]
-  bf16* sV = sQ + T::SK_V_OFF;               // [SK_VS stages][BN][VW]
+  bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
+  uint4* xp = reinterpret_cast<uint4*>(smem + T::SMEM_LOCKSTEP);                  // [4][2 maps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + T::SMEM_LOCKSTEP + T::XP_BYTES);  // [4][2 maps][32]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int map = warp >> 2, wrow = (warp & 3) * 16;
+  const int map = warp >> 2, grp = warp & 3, wrow = grp * 16;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
   const CtaWork w = cta_work(p);
   const int qt = w.qt, j = w.j, b = w.b, g = w.g;
@@ -354,50 +357,118 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_sk
   const bf16* q_src = base + (q0 + qk_copy.r) * rs + p.q_off + qk_copy.c * 8;
   qk_copy.issue(sQ, q_src + int64_t(j) * D, rs, p.n - q0, base);
   qk_copy.issue(sQ + BM * D, q_src + int64_t(j + hv) * D, rs, p.n - q0, base);
-  auto load_kv = [&](int it) {  // K(it) into K stage it % 2, V(it) into V stage it % SK_VS
+  auto load_kv = [&](int it) {
     const int k0 = (qt - it) * BN;
-    bf16* k = sK + (it & 1) * 2 * T::K_ELEMS;
+    bf16* k = sStage + (it & 1) * T::STAGE_ELEMS;
     qk_copy.issue(k, k_src0 + int64_t(k0) * rs, rs, p.n - k0, base);
     qk_copy.issue(k + T::K_ELEMS, k_src1 + int64_t(k0) * rs, rs, p.n - k0, base);
-    v_copy.issue(sV + (it % SK_VS) * T::V_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
+    v_copy.issue(k + 2 * T::K_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
   };
   load_kv(0);
   cp_async_commit();
 
-  float acc[NT][4];
+  float acc_own[NH][4], acc_oth[NH][4];  // this warp's V columns [map * D, map * D + D) of its own and the other map
 #pragma unroll
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < NH; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_own[i][e] = acc_oth[i][e] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const float sl2 = p.scale * 1.4426950408889634f;  // softmax in base 2: exp(x*s) = exp2(x*s*log2 e)
+  const float sl2 = p.scale * 1.4426950408889634f;
   const bf16* sQm = sQ + map * BM * D;
-  uint32_t pa[BN / 16][4];
+  uint4* xp_own = xp + (grp * 2 + map) * (BN / 16) * 32;
+  const uint4* xp_oth = xp + (grp * 2 + (map ^ 1)) * (BN / 16) * 32;
+  float2* xf_own = xf + (grp * 2 + map) * 32;
+  const float2* xf_oth = xf + (grp * 2 + (map ^ 1)) * 32;
 
   for (int it = 0; it < n_kt; ++it) {
     cp_async_wait<0>();
-    __syncthreads();  // tile `it` landed; every warp finished iteration it-1 (K(it-1), V(it-2) stages are free)
-    if (map == 1 && it > 0) warp_pv<VW>(acc, pa, sV + ((it - 1) % SK_VS) * T::V_ELEMS, lane);  // map 2, one behind
+    __syncthreads();  // tile `it` landed; every warp finished iteration it-1 (its stage and the exchange are free)
     float s[BN / 8][4];
-    warp_qk<D>(s, sQm, sK + ((it & 1) * 2 + map) * T::K_ELEMS, wrow, lane);
+    warp_qk<D>(s, sQm, sStage + (it & 1) * T::STAGE_ELEMS + map * T::K_ELEMS, wrow, lane);
     if (it + 1 < n_kt) load_kv(it + 1);
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
     float alpha[2];
     online_softmax(s, m_run, l_run, alpha, sl2);
+    uint32_t pa[BN / 16][4];
     pack_p(s, pa);
-    rescale(acc, alpha);  // map 2: after P(it-1) V(it-1) above
-    if (map == 0) warp_pv<VW>(acc, pa, sV + (it % SK_VS) * T::V_ELEMS, lane);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) xp_own[kk * 32 + lane] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    xf_own[lane] = make_float2(alpha[0], alpha[1]);
+    __syncthreads();  // both maps' P and alpha of this tile are in shared memory
+    const float2 ao = xf_oth[lane];
+    const float alpha_o[2] = {ao.x, ao.y};
+    rescale(acc_own, alpha);
+    rescale(acc_oth, alpha_o);
+    const bf16* sV = sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint4 x = xp_oth[kk * 32 + lane];
+      const uint32_t po[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        uint32_t bb[4];
+        ldmatrix_x4_trans(bb, smem_addr(sV + swz<VW>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                     map * D + nn * 16 + (lane >> 4) * 8)));
+        mma_16816(acc_own[2 * nn], pa[kk], bb[0], bb[1]);
+        mma_16816(acc_own[2 * nn + 1], pa[kk], bb[2], bb[3]);
+        mma_16816(acc_oth[2 * nn], po, bb[0], bb[1]);
+        mma_16816(acc_oth[2 * nn + 1], po, bb[2], bb[3]);
+      }
+    }
   }
-  if (map == 1) warp_pv<VW>(acc, pa, sV + ((n_kt - 1) % SK_VS) * T::V_ELEMS, lane);
 
+  // Epilogue: swap l, combine this warp's column half, swap the sums of squares, normalise, store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
   cp_async_wait<0>();
-  __syncthreads();  // all warps are done with the stages: reuse them for O2
-  combine_store<VW>(acc, l_run, reinterpret_cast<float*>(sK), warp, lane, p, q0, b, j);
+  __syncthreads();  // every warp is done with the exchange area of the last tile
+  xf_own[lane] = make_float2(l_run[0], l_run[1]);
+  __syncthreads();
+  const float2 lo = xf_oth[lane];
+  const float inv_own[2] = {1.f / l_run[0], 1.f / l_run[1]}, inv_oth[2] = {1.f / lo.x, 1.f / lo.y};
+  const float c_own = map == 0 ? 1.f : -p.lambda, c_oth = map == 0 ? -p.lambda : 1.f;  // O1/l1 - lambda O2/l2
+  float ss[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float o = c_own * acc_own[nt][e] * inv_own[e >> 1] + c_oth * acc_oth[nt][e] * inv_oth[e >> 1];
+      acc_own[nt][e] = o;
+      ss[e >> 1] += o * o;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+  }
+  __syncthreads();  // both warps read l
+  xf_own[lane] = make_float2(ss[0], ss[1]);
+  __syncthreads();
+  const float2 so = xf_oth[lane];
+  const float f[2] = {rsqrtf((ss[0] + so.x) * (1.f / VW) + p.eps) * p.out_scale,
+                      rsqrtf((ss[1] + so.y) * (1.f / VW) + p.eps) * p.out_scale};
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = q0 + wrow + g4 + 8 * r;
+    if (row < p.n) {
+      bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW +
+                map * D + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < NH; ++nt)
+        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc_own[nt][2 * r] * f[r], acc_own[nt][2 * r + 1] * f[r]);
+    }
+  }
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// The schedule for head_dim D on the current device: 2 (skewed) where its shared memory fits MIN_BLOCKS CTAs per
-// SM (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else
-// 0 (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
+// The schedule for head_dim D on the current device: 2 (V-split) where its shared memory fits MIN_BLOCKS CTAs per SM
+// (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else 0
+// (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
@@ -414,7 +485,7 @@ int mma_schedule() {
     if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
       cudaGetLastError();
-    else if (T::SMEM_SKEWED <= per_block && T::MIN_BLOCKS * (T::SMEM_SKEWED + reserved) <= per_sm)
+    else if (T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
       schedule = 2;
     else if (T::SMEM_LOCKSTEP <= per_block)
       schedule = 1;
@@ -427,8 +498,8 @@ template <int D>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   const int schedule = mma_schedule<D>();
   if (schedule == 0) return cudaErrorInvalidConfiguration;
-  const auto kernel = schedule == 2 ? diff_attn_fwd_skewed_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
-  const int smem = schedule == 2 ? Tile<D>::SMEM_SKEWED : Tile<D>::SMEM_LOCKSTEP;
+  const auto kernel = schedule == 2 ? diff_attn_fwd_vsplit_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
+  const int smem = schedule == 2 ? Tile<D>::SMEM_VSPLIT : Tile<D>::SMEM_LOCKSTEP;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   AttnParams q = p;
