@@ -251,6 +251,37 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
   return {ct.qt, j, ct.bh / hv, j / (p.heads / p.kv_heads)};
 }
 
+// A CTA's copies (all 256 threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
+// then descending) into a [K1 | K2 | V] stage. Sources are this thread's first chunks (kv head g, DiffLlama mapping).
+template <int D>
+struct CtaCopies {
+  const TileCopy<BN, D, THREADS> qk;
+  const TileCopy<BN, 2 * D, THREADS> v;
+  const bf16* base;
+  const bf16 *k_src0, *k_src1, *v_src;
+  int64_t rs;
+  int n, qt;
+  __device__ __forceinline__ CtaCopies(const AttnParams& p, const CtaWork& w, int tid)
+      : qk(tid), v(tid), base(p.qkv + int64_t(w.b) * p.batch_stride), rs(p.row_stride), n(p.n), qt(w.qt) {
+    const int half_kv = p.kv_heads / 2;
+    k_src0 = base + qk.r * rs + p.k_off + int64_t(w.g) * D + qk.c * 8;
+    k_src1 = base + qk.r * rs + p.k_off + int64_t(half_kv + w.g) * D + qk.c * 8;
+    v_src = base + v.r * rs + p.v_off + int64_t(v.c < D / 8 ? w.g : half_kv + w.g) * D + (v.c % (D / 8)) * 8;
+  }
+  __device__ __forceinline__ void issue_q(bf16* sQ, const AttnParams& p, int j) const {
+    const int q0 = qt * BM;
+    const bf16* q_src = base + (q0 + qk.r) * rs + p.q_off + qk.c * 8;
+    qk.issue(sQ, q_src + int64_t(j) * D, rs, n - q0, base);
+    qk.issue(sQ + BM * D, q_src + int64_t(j + p.heads / 2) * D, rs, n - q0, base);
+  }
+  __device__ __forceinline__ void issue_kv(bf16* stage, int it) const {
+    const int k0 = (qt - it) * BN;
+    qk.issue(stage, k_src0 + int64_t(k0) * rs, rs, n - k0, base);
+    qk.issue(stage + BN * D, k_src1 + int64_t(k0) * rs, rs, n - k0, base);
+    v.issue(stage + 2 * BN * D, v_src + int64_t(k0) * rs, rs, n - k0, base);
+  }
+};
+
 template <int D>
 __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lockstep_kernel(const AttnParams p) {
   using T = Tile<D>;
@@ -261,34 +292,15 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp >> 2, wrow = (warp & 3) * 16;
-  const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
   const CtaWork w = cta_work(p);
-  const int qt = w.qt, j = w.j, b = w.b, g = w.g;
-  const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
-  const int64_t rs = p.row_stride;
+  const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
-  const TileCopy<BN, D, THREADS> qk_copy(tid);
-  const TileCopy<BN, VW, THREADS> v_copy(tid);
-  const bf16* k_src0 = base + qk_copy.r * rs + p.k_off + int64_t(g) * D + qk_copy.c * 8;
-  const bf16* k_src1 = base + qk_copy.r * rs + p.k_off + int64_t(half_kv + g) * D + qk_copy.c * 8;
-  const bf16* v_src =
-      base + v_copy.r * rs + p.v_off + int64_t(v_copy.c < D / 8 ? g : half_kv + g) * D + (v_copy.c % (D / 8)) * 8;
-
+  const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM;
-  const bf16* q_src = base + (q0 + qk_copy.r) * rs + p.q_off + qk_copy.c * 8;
-  qk_copy.issue(sQ, q_src + int64_t(j) * D, rs, p.n - q0, base);
-  qk_copy.issue(sQ + BM * D, q_src + int64_t(j + hv) * D, rs, p.n - q0, base);
-  auto load_kv = [&](int kt, int stage) {
-    bf16* sK = sStage + stage * T::STAGE_ELEMS;
-    const int k0 = kt * BN;
-    qk_copy.issue(sK, k_src0 + int64_t(k0) * rs, rs, p.n - k0, base);
-    qk_copy.issue(sK + T::K_ELEMS, k_src1 + int64_t(k0) * rs, rs, p.n - k0, base);
-    v_copy.issue(sK + 2 * T::K_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
-  };
-
-  load_kv(qt, 0);
+  copies.issue_q(sQ, p, j);
+  copies.issue_kv(sStage, 0);
   cp_async_commit();
 
   float acc[NT][4];
@@ -300,7 +312,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
   const int n_kt = qt + 1;
 
   for (int it = 0; it < n_kt; ++it) {
-    const int kt = qt - it, stage = it & 1;
+    const int stage = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed for everyone, and everyone finished tile it-1 (its stage is reused next)
     const bf16* sK = sStage + stage * T::STAGE_ELEMS + map * T::K_ELEMS;
@@ -309,7 +321,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
     warp_qk<D>(s, sQm, sK, wrow, lane);
     // The next tile's loads go out once this warp's S products are issued, so the tensor pipes are busy while the
     // copies are issued (the other stage is free: every warp passed the barrier after finishing tile it-1).
-    if (it + 1 < n_kt) load_kv(kt - 1, stage ^ 1);
+    if (it + 1 < n_kt) copies.issue_kv(sStage + (stage ^ 1) * T::STAGE_ELEMS, it + 1);
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
     float alpha[2];
@@ -339,32 +351,15 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp >> 2, grp = warp & 3, wrow = grp * 16;
-  const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
   const CtaWork w = cta_work(p);
-  const int qt = w.qt, j = w.j, b = w.b, g = w.g;
-  const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
-  const int64_t rs = p.row_stride;
+  const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
-  const TileCopy<BN, D, THREADS> qk_copy(tid);
-  const TileCopy<BN, VW, THREADS> v_copy(tid);
-  const bf16* k_src0 = base + qk_copy.r * rs + p.k_off + int64_t(g) * D + qk_copy.c * 8;
-  const bf16* k_src1 = base + qk_copy.r * rs + p.k_off + int64_t(half_kv + g) * D + qk_copy.c * 8;
-  const bf16* v_src =
-      base + v_copy.r * rs + p.v_off + int64_t(v_copy.c < D / 8 ? g : half_kv + g) * D + (v_copy.c % (D / 8)) * 8;
+  const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM, n_kt = qt + 1;
-  const bf16* q_src = base + (q0 + qk_copy.r) * rs + p.q_off + qk_copy.c * 8;
-  qk_copy.issue(sQ, q_src + int64_t(j) * D, rs, p.n - q0, base);
-  qk_copy.issue(sQ + BM * D, q_src + int64_t(j + hv) * D, rs, p.n - q0, base);
-  auto load_kv = [&](int it) {
-    const int k0 = (qt - it) * BN;
-    bf16* k = sStage + (it & 1) * T::STAGE_ELEMS;
-    qk_copy.issue(k, k_src0 + int64_t(k0) * rs, rs, p.n - k0, base);
-    qk_copy.issue(k + T::K_ELEMS, k_src1 + int64_t(k0) * rs, rs, p.n - k0, base);
-    v_copy.issue(k + 2 * T::K_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
-  };
-  load_kv(0);
+  copies.issue_q(sQ, p, j);
+  copies.issue_kv(sStage, 0);
   cp_async_commit();
 
   float acc_own[NH][4], acc_oth[NH][4];  // this warp's V columns [map * D, map * D + D) of its own and the other map
@@ -385,7 +380,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     __syncthreads();  // tile `it` landed; every warp finished iteration it-1 (its stage and the exchange are free)
     float s[BN / 8][4];
     warp_qk<D>(s, sQm, sStage + (it & 1) * T::STAGE_ELEMS + map * T::K_ELEMS, wrow, lane);
-    if (it + 1 < n_kt) load_kv(it + 1);
+    if (it + 1 < n_kt) copies.issue_kv(sStage + ((it + 1) & 1) * T::STAGE_ELEMS, it + 1);
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
     float alpha[2];
