@@ -73,7 +73,7 @@ struct Tile {
 template <int ROWS, int W, int NTHR>
 struct TileCopy {
   static constexpr int CPR = W / 8, RPP = NTHR / CPR, PASSES = ROWS / RPP;
-  static_assert(NTHR % CPR == 0 && ROWS % RPP == 0, "copy plan");
+  static_assert(NTHR % CPR == 0 && ROWS % RPP == 0 && RPP % 8 == 0, "copy plan (rows r + i * RPP share r's swizzle)");
   int c, r;
   __device__ explicit TileCopy(int t) : c(t % CPR), r(t / CPR) {}
   // src: this thread's first chunk, i.e. column c * 8 of the tile's row r (row stride rs elements); rows >=
@@ -83,8 +83,7 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const bool ok = r + i * RPP < rows_left;
-      const int d = i * RPP * W + (RPP % 8 == 0 ? 0 : (((c ^ ((r + i * RPP) & 7)) - (c ^ (r & 7))) * 8));
-      cp_async_16(smem_addr(dst + d), ok ? src + i * RPP * rs : any, ok ? 16 : 0);
+      cp_async_16(smem_addr(dst + i * RPP * W), ok ? src + i * RPP * rs : any, ok ? 16 : 0);
     }
   }
 };
