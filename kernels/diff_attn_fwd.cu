@@ -462,19 +462,19 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
 // The schedule for head_dim D on the current device: 2 (V-split) where its shared memory fits MIN_BLOCKS CTAs per SM
 // (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else 0
-// (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
+// (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 asks for one (tests, benchmarks);
+// it is granted when it fits (lockstep fits wherever V-split does).
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
-  if (const char* e = std::getenv("DS_ATTN_MMA_VER"); e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
-  static int cached[64] = {};  // per device: schedule + 1 once known
-  int dev = 0, per_block = 0, per_sm = 0;
+  static int cached[64] = {};  // per device: the best schedule that fits, + 1 once known
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     cudaGetLastError();
     return 0;
   }
   if (cached[dev] == 0) {
-    int schedule = 0;
+    int schedule = 0, per_block = 0, per_sm = 0;
     constexpr int reserved = 1024;  // per CTA, by the driver
     if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
@@ -485,7 +485,10 @@ int mma_schedule() {
       schedule = 1;
     cached[dev] = schedule + 1;
   }
-  return cached[dev] - 1;
+  const int best = cached[dev] - 1;
+  const char* e = std::getenv("DS_ATTN_MMA_VER");
+  const int asked = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+  return asked && asked <= best ? asked : best;
 }
 
 template <int D>
@@ -505,9 +508,9 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool diff_attn_fwd_supported(int d) {
-  return (d == 64 && mma_schedule<64>() != 0) || (d == 128 && mma_schedule<128>() != 0);
-}
+int diff_attn_fwd_schedule(int d) { return d == 64 ? mma_schedule<64>() : d == 128 ? mma_schedule<128>() : 0; }
+
+bool diff_attn_fwd_supported(int d) { return diff_attn_fwd_schedule(d) != 0; }
 
 cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream) {
   if (!p.diff || p.n <= 0 || p.heads % 2 || p.kv_heads % 2 || p.heads % p.kv_heads) return cudaErrorInvalidValue;

@@ -13,6 +13,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -238,8 +239,8 @@ void check_fused(Kernel k, unsigned seed, int block_n = 64) {
   }
 }
 
-// Many key tiles (a software pipeline's steady state; most tiles move no row maximum, so the mma.sync kernel skips
-// their O rescale) at both head widths, and both tile widths at d = 64 for the wgmma kernel.
+// Many key tiles (a software pipeline's steady state; later tiles often move no row maximum of a warp, and the
+// mma.sync kernel then skips the O rescale) at both head widths, and both tile widths at d = 64 for the wgmma kernel.
 void check_fused_long(Kernel k, unsigned seed) {
   if (small_run()) return;
   std::mt19937 rng(seed);
@@ -314,6 +315,25 @@ TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
   }
   if (old) setenv("DS_ATTN_SM90_VER", saved.c_str(), 1);
   else unsetenv("DS_ATTN_SM90_VER");
+}
+
+// Both schedules of the mma.sync kernel (DS_ATTN_MMA_VER=1 lockstep, =2 V-split; the default is the one that fits).
+TEST(CudaKernels, FusedDiffAttentionMmaSchedulesMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  const char* old = std::getenv("DS_ATTN_MMA_VER");
+  const std::string saved = old ? old : "";
+  for (int ver : {1, 2}) {
+    SCOPED_TRACE("DS_ATTN_MMA_VER=" + std::to_string(ver));
+    setenv("DS_ATTN_MMA_VER", std::to_string(ver).c_str(), 1);
+    if (ds::kern::diff_attn_fwd_schedule(64) != ver || ds::kern::diff_attn_fwd_schedule(128) != ver) {
+      std::printf("[   NOTE   ] mma.sync schedule %d does not fit this device's shared memory: not run\n", ver);
+      continue;
+    }
+    check_fused(Kernel::Mma, 1234 + ver);
+    check_fused_long(Kernel::Mma, 8642 + ver);
+  }
+  if (old) setenv("DS_ATTN_MMA_VER", saved.c_str(), 1);
+  else unsetenv("DS_ATTN_MMA_VER");
 }
 
 TEST(CudaKernels, FusedDiffAttentionIsDeterministic) {
