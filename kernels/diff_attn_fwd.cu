@@ -149,8 +149,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float (&m_
 }
 
 // O *= alpha, only when one of the warp's 16 rows found a new maximum (alpha = 1 otherwise): on long causal rows
-// most tiles move no maximum, and the 2d/2 multiplies per row cost as many issue slots as a third of the P V
-// products.
+// later tiles often move none, and the 4 * 2d/8 multiplies per thread (128 at d = 128) are as many instructions
+// as the tile's P V products.
 template <int NT>
 __device__ __forceinline__ void rescale(float (&acc)[NT][4], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -190,6 +190,23 @@ __device__ __forceinline__ void warp_pv(float (&acc)[VW / 8][4], const uint32_t 
     }
 }
 
+// Stores a warp's 16 rows (from row0; rows past n are skipped) x NT n8 tiles (from column col0) of sequence b,
+// scaled by the per-row factor f, in bf16.
+template <int NT>
+__device__ __forceinline__ void store_rows(const float (&acc)[NT][4], const float (&f)[2], const AttnParams& p,
+                                           int row0, int b, int64_t col0, int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + (lane >> 2) + 8 * r;
+    if (row < p.n) {
+      bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + col0 + 2 * (lane & 3);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc[nt][2 * r] * f[r], acc[nt][2 * r + 1] * f[r]);
+    }
+  }
+}
+
 // Epilogue, entered by all 256 threads once no warp reads the K/V stages any more (sO2 points into them): map 2
 // parks O2/l2, map 1 combines, normalises and stores rows q0.. of differential head j, sequence b.
 template <int VW>
@@ -197,11 +214,7 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
                                               int lane, const AttnParams& p, int q0, int b, int j) {
   constexpr int NT = VW / 8;
   const int map = warp >> 2, wrow = (warp & 3) * 16;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
   // [4 warps][NT][4][32 lanes]: each access is 32 consecutive words
   if (map == 1) {
@@ -225,17 +238,7 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
       }
     float f[2];
     quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
-    const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + wrow + g4 + 8 * r;
-      if (row < p.n) {
-        bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc[nt][2 * r] * f[r], acc[nt][2 * r + 1] * f[r]);
-      }
-    }
+    store_rows(acc, f, p, q0 + wrow, b, int64_t(j) * VW, lane);
   }
 }
 
@@ -413,11 +416,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   }
 
   // Epilogue: swap l, combine this warp's column half, swap the sums of squares, normalise, store.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  quad_sum(l_run);
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the exchange area of the last tile
   xf_own[lane] = make_float2(l_run[0], l_run[1]);
@@ -434,29 +433,14 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
       acc_own[nt][e] = o;
       ss[e >> 1] += o * o;
     }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-  }
+  quad_sum(ss);
   __syncthreads();  // both warps read l
   xf_own[lane] = make_float2(ss[0], ss[1]);
   __syncthreads();
   const float2 so = xf_oth[lane];
   const float f[2] = {rsqrtf((ss[0] + so.x) * (1.f / VW) + p.eps) * p.out_scale,
                       rsqrtf((ss[1] + so.y) * (1.f / VW) + p.eps) * p.out_scale};
-  const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = q0 + wrow + g4 + 8 * r;
-    if (row < p.n) {
-      bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW +
-                map * D + 2 * t4;
-#pragma unroll
-      for (int nt = 0; nt < NH; ++nt)
-        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc_own[nt][2 * r] * f[r], acc_own[nt][2 * r + 1] * f[r]);
-    }
-  }
+  store_rows(acc_own, f, p, q0 + wrow, b, int64_t(j) * VW + map * D, lane);
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 

@@ -311,11 +311,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
 
   cp_async_wait<0>();
   __syncthreads();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
   float* sO2 = reinterpret_cast<float*>(sStage);  // [4 warps][NACC][32 lanes]
   if (map == 1) {

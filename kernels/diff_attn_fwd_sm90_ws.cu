@@ -313,11 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // (every S product is done) and one thread stores it with TMA: whole 128-byte lines instead of 16-byte pieces
   // of 8 rows per store instruction; rows past n are clipped by the copy engine. Per-CTA timestamps (bench/
   // cuda_notes.md): 6.0k SM cycles from the end of the loop to the stored tile with map 1 storing from registers.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
   // [4 warps][NACC / 4][32 lanes] float4: thread (warp, lane) of both maps holds the same elements of O.
   float4* x = reinterpret_cast<float4*>(smem + T::K_OFF) + warp * (NACC / 4) * 32 + lane;

@@ -7,17 +7,23 @@
 
 namespace ds::kern {
 
+// Sums a value over the quad of lanes that share an mma accumulator row, for the thread's two rows.
+__device__ __forceinline__ void quad_sum(float (&v)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    v[r] += __shfl_xor_sync(0xffffffffu, v[r], 1);
+    v[r] += __shfl_xor_sync(0xffffffffu, v[r], 2);
+  }
+}
+
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
 // thread's two rows of an mma/wgmma accumulator: `ss` holds this thread's partial sums of squares, and the quad of
 // lanes sharing the rows adds its four.
 template <int WIDTH>
 __device__ __forceinline__ void quad_rms_factors(float (&ss)[2], float eps, float out_scale, float (&f)[2]) {
+  quad_sum(ss);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-    f[r] = rsqrtf(ss[r] * (1.f / WIDTH) + eps) * out_scale;
-  }
+  for (int r = 0; r < 2; ++r) f[r] = rsqrtf(ss[r] * (1.f / WIDTH) + eps) * out_scale;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
