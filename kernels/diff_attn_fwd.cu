@@ -27,8 +27,9 @@
 // Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
 // 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
 // V-split at d = 128 (269-331 TFLOP/s). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA
-// per SM, 114 KB) was 6-9% slower. Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one
-// warp alone does not keep mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower).
+// per SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower.
+// Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
+// mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // the skew needs a third V stage (210 KB at d = 128).
