@@ -99,6 +99,12 @@ struct TileCopy {
   }
 };
 
+template <int N>
+__device__ __forceinline__ void zero(float (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
+}
+
 // S = Q K^T for this warp's 16 rows x BN keys. after_step(kk) runs once each k step's products are issued: the
 // kernels issue two of the next tile's copies there, between dependent ldmatrix and mma, rather than as a block of
 // their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute; measured
@@ -106,8 +112,7 @@ struct TileCopy {
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
                                         AfterStep&& after_step) {
-#pragma unroll
-  for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+  zero(s);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[4];
@@ -377,6 +382,12 @@ struct CtaCopies {
     qk.issue(sQ, q_src + int64_t(j) * D, rs, n - q0, base);
     qk.issue(sQ + BM * D, q_src + int64_t(j + p.heads / 2) * D, rs, n - q0, base);
   }
+  // Q and the diagonal key tile, as the first cp.async group.
+  __device__ __forceinline__ void issue_first(bf16* sQ, bf16* sK, bf16* sV, const AttnParams& p, int j) const {
+    issue_q(sQ, p, j);
+    issue_kv(sK, sV, 0);
+    cp_async_commit();
+  }
   __device__ __forceinline__ void issue_kv(bf16* sK, bf16* sV, int it) const {
     const int k0 = (qt - it) * BN;
     qk.issue(sK, k_src0 + int64_t(k0) * rs, rs, n - k0, base);
@@ -417,13 +428,10 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
 
   const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM;
-  copies.issue_q(sQ, p, j);
-  copies.issue_kv(sStage, sStage + 2 * T::K_ELEMS, 0);
-  cp_async_commit();
+  copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
 
   float acc[NT][4];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  zero(acc);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float sl2 = p.scale * 1.4426950408889634f;  // softmax in base 2: exp(x*s) = exp2(x*s*log2 e)
   const bf16* sQm = sQ + map * BM * D;
@@ -483,15 +491,11 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
   const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM, n_kt = qt + 1;
-  copies.issue_q(sQ, p, j);
-  copies.issue_kv(sStage, sStage + 2 * T::K_ELEMS, 0);
-  cp_async_commit();
+  copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
 
   float acc_own[NH][4], acc_oth[NH][4];  // this warp's V columns [map * D, map * D + D) of its own and the other map
-#pragma unroll
-  for (int i = 0; i < NH; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_own[i][e] = acc_oth[i][e] = 0.f;
+  zero(acc_own);
+  zero(acc_oth);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float sl2 = p.scale * 1.4426950408889634f;
   const bf16* sQm = sQ + map * BM * D;
@@ -561,15 +565,11 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
 
   const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM, n_kt = qt + 1;
-  copies.issue_q(sQ, p, j);
-  copies.issue_kv(sK, sV, 0);
-  cp_async_commit();
+  copies.issue_first(sQ, sK, sV, p, j);
 
   float acc_own[NH][4], acc_oth[NH][4];
-#pragma unroll
-  for (int i = 0; i < NH; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_own[i][e] = acc_oth[i][e] = 0.f;
+  zero(acc_own);
+  zero(acc_oth);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float sl2 = p.scale * 1.4426950408889634f;
   const bf16* sQm = sQ + map * BM * D;
