@@ -98,13 +98,8 @@ __device__ __forceinline__ void mask_diagonal(float (&s)[NS], int col0, int row0
 template <int NS, bool FAST>
 __device__ __forceinline__ void online_softmax(float (&s)[NS], float (&m_run)[2], float (&l_run)[2], float sl2,
                                                float (&alpha)[2]) {
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int nt = 0; nt < NS / 4; ++nt) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
-  }
-  float rs[2] = {0.f, 0.f};
+  float mx[2], rs[2];
+  rows_tree(s, mx, max_op);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -114,10 +109,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NS], float (&m_run)[2]
     m_run[r] = m_new;
   }
 #pragma unroll
-  for (int i = 0; i < NS; ++i) {
+  for (int i = 0; i < NS; ++i)
     s[i] = FAST ? ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1])) : exp2f(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
-    rs[(i >> 1) & 1] += s[i];
-  }
+  rows_tree(s, rs, add_op);
   l_run[0] = l_run[0] * alpha[0] + rs[0];
   l_run[1] = l_run[1] * alpha[1] + rs[1];
 }

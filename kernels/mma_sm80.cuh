@@ -16,6 +16,34 @@ __device__ __forceinline__ void quad_sum(float (&v)[2]) {
   }
 }
 
+// Reduces with `op` the N values a thread holds of its two rows in the mma.sync / wgmma accumulator layout (value i
+// belongs to row (i >> 1) & 1) as a pairwise tree: log2(N) - 1 dependent steps per row instead of a chain of N / 2
+// (the online softmax's row maxima and sums: +1-3% on the mma.sync V-split kernel at d = 64 and +1-4% on the wgmma
+// kernels at n <= 8192 on the H200, bench/cuda_notes.md).
+template <int N, class Op>
+__device__ __forceinline__ void rows_tree(const float (&v)[N], float (&out)[2], Op op) {
+  static_assert(N >= 4 && (N & (N - 1)) == 0, "a power of two");
+  float t[2][N / 4];
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    t[0][i] = op(v[4 * i], v[4 * i + 1]);
+    t[1][i] = op(v[4 * i + 2], v[4 * i + 3]);
+  }
+  constexpr int LEVELS = __builtin_ctz(N / 4);  // fixed trip counts, so that t stays in registers
+#pragma unroll
+  for (int l = 0; l < LEVELS; ++l)
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i)
+      if (i < (N / 8 >> l)) {
+        t[0][i] = op(t[0][i], t[0][i + (N / 8 >> l)]);
+        t[1][i] = op(t[1][i], t[1][i + (N / 8 >> l)]);
+      }
+  out[0] = t[0][0];
+  out[1] = t[1][0];
+}
+__device__ __forceinline__ float max_op(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float add_op(float a, float b) { return a + b; }
+
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
 // thread's two rows of an mma/wgmma accumulator: `ss` holds this thread's partial sums of squares, and the quad of
 // lanes sharing the rows adds its four.
