@@ -162,7 +162,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float (&m_
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
+    const float m_new = lazy_max(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
     alpha[r] = ex2_approx(m_run[r] - m_new);
     m_run[r] = m_new;
   }

@@ -104,7 +104,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NS], float (&m_run)[2]
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
+    const float m_new = lazy_max(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
     alpha[r] = FAST ? ex2_ftz(m_run[r] - m_new) : exp2f(m_run[r] - m_new);
     m_run[r] = m_new;
   }

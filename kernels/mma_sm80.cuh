@@ -42,6 +42,12 @@ __device__ __forceinline__ void rows_tree(const float (&v)[N], float (&out)[2], 
   out[1] = t[1][0];
 }
 __device__ __forceinline__ float max_op(float a, float b) { return fmaxf(a, b); }
+// The running row maximum that a tile's exponentials are taken against (log2 units, scale folded in). It moves only
+// when the tile's maximum exceeds it by more than 8, so P <= 2^8 (bf16 keeps its relative precision there; the f32
+// sums are far from overflow) and the O rescale, skipped while no row's maximum moves, runs on few tiles. The
+// result is the same up to rounding: O and l share the reference. Measured on the H200 (bench/cuda_notes.md): +5-8%
+// on the wgmma kernel at d = 128, +2-4% at d = 64, 0-2% on the mma.sync kernels.
+__device__ __forceinline__ float lazy_max(float m_run, float m_tile) { return m_tile > m_run + 8.f ? m_tile : m_run; }
 __device__ __forceinline__ float add_op(float a, float b) { return a + b; }
 
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
