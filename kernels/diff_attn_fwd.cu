@@ -2,7 +2,7 @@
 // differential head one pass over the K/V tiles computes both online softmaxes (Q1 K1^T and Q2 K2^T) and both
 // accumulations against the shared 2d-wide V tile, then writes  (1 - lambda_init) * RMSNorm_2d(O1/l1 - lambda O2/l2)
 // in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
-// folded in, rescale on a new row maximum).
+// folded in; the running maximum moves, and O is rescaled, only when a tile exceeds it by more than 2^8).
 //
 // Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps; a warp computes one
 // map's S = Q K^T and softmax for 16 rows. A 16-row x 2d-wide f32 accumulator is 2d/8 * 4 registers per thread (128
@@ -44,14 +44,6 @@ namespace ds::kern {
 namespace {
 
 constexpr int BM = 64, BN = 64, THREADS = 256;
-
-// exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
-// exp2f adds range fix-ups around the same instruction.
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int D>
 struct Tile {
@@ -140,42 +132,11 @@ __device__ __forceinline__ void mask_diagonal(float (&s)[BN / 8][4], int wrow, i
     }
 }
 
-// Online softmax of one tile for rows lane/4 (r = 0) and lane/4 + 8 (r = 1): s becomes P (f32, unnormalised),
-// m_run / l_run move on, alpha is the factor for the accumulator. TREE: row maxima and sums as pairwise trees
-// (rows_tree): +1-3% on the V-split kernel at d = 64, 1% slower in the skewed one, whose other warp covers the
-// softmax's latency (bench/cuda_notes.md); else one dependent chain per row.
+// The online softmax (mma_sm80.cuh) over a warp's S tile: value 4 nt + e belongs to row (lane / 4) + 8 (e >> 1).
 template <bool TREE>
-__device__ __forceinline__ void online_softmax(float (&s)[BN / 8][4], float (&m_run)[2], float (&l_run)[2],
+__device__ __forceinline__ void warp_softmax(float (&s)[BN / 8][4], float (&m_run)[2], float (&l_run)[2],
                                                float (&alpha)[2], float sl2) {
-  const auto& flat = reinterpret_cast<const float(&)[BN / 2]>(s);  // value 4 nt + e, row e >> 1
-  float mx[2] = {-INFINITY, -INFINITY}, rs[2] = {0.f, 0.f};
-  if constexpr (TREE) {
-    rows_tree(flat, mx, max_op);
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = lazy_max(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
-    alpha[r] = ex2_approx(m_run[r] - m_new);
-    m_run[r] = m_new;
-  }
-#pragma unroll
-  for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[nt][e] = ex2_approx(fmaf(s[nt][e], sl2, -m_run[e >> 1]));
-      if constexpr (!TREE) rs[e >> 1] += s[nt][e];
-    }
-  if constexpr (TREE) rows_tree(flat, rs, add_op);
-  l_run[0] = l_run[0] * alpha[0] + rs[0];
-  l_run[1] = l_run[1] * alpha[1] + rs[1];
+  online_softmax<BN / 2, true, TREE>(reinterpret_cast<float(&)[BN / 2]>(s), m_run, l_run, sl2, alpha);
 }
 
 // O *= alpha, only when one of the warp's 16 rows found a new maximum (alpha = 1 otherwise): on long causal rows
@@ -467,7 +428,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
     float alpha[2];
-    online_softmax<true>(s, m_run, l_run, alpha, sl2);
+    warp_softmax<true>(s, m_run, l_run, alpha, sl2);
     rescale(acc, alpha);
     uint32_t pa[BN / 16][4];
     pack_p(s, pa);
@@ -529,7 +490,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
     float alpha[2], alpha_o[2];
-    online_softmax<true>(s, m_run, l_run, alpha, sl2);
+    warp_softmax<true>(s, m_run, l_run, alpha, sl2);
     uint32_t pa[BN / 16][4], po[BN / 16][4];
     pack_p(s, pa);
     exchange_p(pa, alpha, po, alpha_o, xp_own, xp_oth, xf_own, xf_oth, lane, cta_sync);
@@ -622,7 +583,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
         }
       });
       if (u == 0) mask_diagonal(s, wrow, lane);
-      online_softmax<false>(s, m_run, l_run, al, sl2);
+      warp_softmax<false>(s, m_run, l_run, al, sl2);
       pack_p(s, pa);
       exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
     }

@@ -28,11 +28,6 @@ __device__ __forceinline__ void wgmma_wait() {
 // move across the fence/wait instructions).
 __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // S = Q K^T for the warpgroup's 64 query rows x BN keys: Q (64 rows) and K (BN rows) K-major SW128 tiles in
 // [D/64 slabs][rows][64] layout; one commit group.
@@ -91,29 +86,6 @@ __device__ __forceinline__ void mask_diagonal(float (&s)[NS], int col0, int row0
       const int row = row0 + (e >> 1) * 8;
       if (col > row) s[nt * 4 + e] = -INFINITY;
     }
-}
-
-// Online softmax of one tile in place (s becomes exp2(s * sl2 - m)); updates the running max and sum of the
-// thread's two rows and returns the O rescale factors. FAST: ex2.approx.ftz, else exp2f (v4).
-template <int NS, bool FAST>
-__device__ __forceinline__ void online_softmax(float (&s)[NS], float (&m_run)[2], float (&l_run)[2], float sl2,
-                                               float (&alpha)[2]) {
-  float mx[2], rs[2];
-  rows_tree(s, mx, max_op);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = lazy_max(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
-    alpha[r] = FAST ? ex2_ftz(m_run[r] - m_new) : exp2f(m_run[r] - m_new);
-    m_run[r] = m_new;
-  }
-#pragma unroll
-  for (int i = 0; i < NS; ++i)
-    s[i] = FAST ? ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1])) : exp2f(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
-  rows_tree(s, rs, add_op);
-  l_run[0] = l_run[0] * alpha[0] + rs[0];
-  l_run[1] = l_run[1] * alpha[1] + rs[1];
 }
 
 // O *= alpha per row; skipped when no row of the warp moved its maximum (late tiles rarely do).

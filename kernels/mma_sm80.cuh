@@ -1,6 +1,8 @@
 // Device helpers for the tensor-core kernels: cp.async (16-byte, zero-filling), ldmatrix, mma.sync m16n8k16 bf16
-// with f32 accumulation, and the 128-byte XOR swizzle used for every shared-memory tile. sm_80 and newer.
+// with f32 accumulation, the 128-byte XOR swizzle used for every shared-memory tile, and the online softmax over
+// accumulator rows shared by the mma.sync and wgmma attention kernels. sm_80 and newer.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -42,13 +44,58 @@ __device__ __forceinline__ void rows_tree(const float (&v)[N], float (&out)[2], 
   out[1] = t[1][0];
 }
 __device__ __forceinline__ float max_op(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float add_op(float a, float b) { return a + b; }
+
 // The running row maximum that a tile's exponentials are taken against (log2 units, scale folded in). It moves only
 // when the tile's maximum exceeds it by more than 8, so P <= 2^8 (bf16 keeps its relative precision there; the f32
 // sums are far from overflow) and the O rescale, skipped while no row's maximum moves, runs on few tiles. The
 // result is the same up to rounding: O and l share the reference. Measured on the H200 (bench/cuda_notes.md): +5-8%
 // on the wgmma kernel at d = 128, +2-4% at d = 64, 0-2% on the mma.sync kernels.
 __device__ __forceinline__ float lazy_max(float m_run, float m_tile) { return m_tile > m_run + 8.f ? m_tile : m_run; }
-__device__ __forceinline__ float add_op(float a, float b) { return a + b; }
+
+// exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
+// exp2f adds range fix-ups around the same instruction.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Online softmax of one tile in place, in the mma.sync / wgmma accumulator layout (value i belongs to the thread's
+// row (i >> 1) & 1; the quad of lanes sharing a row holds its columns): s becomes P = exp2(s * sl2 - m) (f32,
+// unnormalised), m_run and l_run (this thread's partial row sum) move on, alpha is the factor for O. FAST:
+// ex2.approx.ftz, else exp2f (wgmma v4). TREE: row maxima and sums as pairwise trees (rows_tree), else one
+// dependent chain per row (the skewed mma.sync kernel, whose other warp covers the softmax's latency: 1% faster).
+template <int N, bool FAST = true, bool TREE = true>
+__device__ __forceinline__ void online_softmax(float (&s)[N], float (&m_run)[2], float (&l_run)[2], float sl2,
+                                               float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY}, rs[2] = {0.f, 0.f};
+  if constexpr (TREE) {
+    rows_tree(s, mx, max_op);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = lazy_max(m_run[r], mx[r] * sl2);  // finite: the diagonal tile comes first
+    alpha[r] = FAST ? ex2_ftz(m_run[r] - m_new) : exp2f(m_run[r] - m_new);
+    m_run[r] = m_new;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    s[i] = FAST ? ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1])) : exp2f(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
+    if constexpr (!TREE) rs[(i >> 1) & 1] += s[i];
+  }
+  if constexpr (TREE) rows_tree(s, rs, add_op);
+  l_run[0] = l_run[0] * alpha[0] + rs[0];
+  l_run[1] = l_run[1] * alpha[1] + rs[1];
+}
 
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
 // thread's two rows of an mma/wgmma accumulator: `ss` holds this thread's partial sums of squares, and the quad of
