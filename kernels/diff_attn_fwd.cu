@@ -13,7 +13,7 @@
 // tile is full and goes out two copies per k step of the S products. One CTA barrier per key tile. The O rescale
 // is skipped when no row of the warp found a new maximum.
 //
-// Three schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
+// Four schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
 //  1 lockstep: warps 0-3 take map 1, 4-7 map 2; each accumulates its own map over all 2d columns of V (O1 or O2
 //    whole); at the end map 2 parks O2/l2 in shared memory and map 1 combines, normalises and stores.
 //  2 V-split: warps w and w + 4 own the same 16 rows (map 1 and map 2). After the softmax they swap P and the
@@ -24,15 +24,20 @@
 //  3 V-split with skew (d = 128): the pairs are warps 2i and 2i + 1, so that each scheduler holds a warp of the
 //    first two pairs ("early") and one of the last two ("late"), and the late warps run half a tile behind: one
 //    warp's ldmatrix-bound S products and softmax overlap the other's P V products (see the kernel).
+//  4 both maps per warp (d = 64): a 4-warp CTA, each warp owns 16 rows of both maps: both S products and softmaxes,
+//    then P V of both maps over all 2d columns (every V fragment feeds two mma.sync, as in V-split) with nothing
+//    exchanged; two CTAs per SM at 255 registers (2 x 64 accumulator registers, 2 x 32 for S).
 // Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
 // 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
 // V-split at d = 128 (269-331 TFLOP/s). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA
-// per SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower.
+// per SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower;
+// schedule 4 is 8-10% faster than V-split there (256-300 -> 275-329 TFLOP/s: no exchange, no 128-register cap).
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
-// mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower).
+// mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower); schedule 4 with three
+// stages (equal) or with the diagonal tile as a separate copy of the loop body (4% slower).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
-// the skew needs a third V stage (210 KB at d = 128).
+// the skew needs a third V stage (210 KB at d = 128). Schedule 4 at d = 128 would need 256 accumulator registers.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -97,27 +102,39 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
   for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 }
 
-// S = Q K^T for this warp's 16 rows x BN keys. after_step(kk) runs once each k step's products are issued: the
-// kernels issue two of the next tile's copies there, between dependent ldmatrix and mma, rather than as a block of
-// their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute; measured
-// equal speed, bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
+// S = Q K^T for this warp's 16 rows x BN keys of M maps (map m: Q at sQ + m * BM * D, K at sK + m * BN * D; the
+// maps' products interleave). after_step(kk) runs once each k step's products are issued: the kernels issue the
+// next tile's copies there, between dependent ldmatrix and mma, rather than as a block of their own after the
+// products (which held 10% of the V-split kernel's stall samples in Nsight Compute; measured equal speed,
+// bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
+template <int D, int M, class AfterStep>
+__device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
+                                             int lane, AfterStep&& after_step) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) zero(s[m]);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[M][4];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      ldmatrix_x4(a[m], smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
+#pragma unroll
+    for (int nn = 0; nn < BN / 16; ++nn)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        uint32_t bb[4];
+        ldmatrix_x4(bb, smem_addr(sK + m * BN * D +
+                                  swz<D>(nn * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8)));
+        mma_16816(s[m][2 * nn], a[m], bb[0], bb[1]);
+        mma_16816(s[m][2 * nn + 1], a[m], bb[2], bb[3]);
+      }
+    after_step(kk);
+  }
+}
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
                                         AfterStep&& after_step) {
-  zero(s);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, smem_addr(sQm + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
-#pragma unroll
-    for (int nn = 0; nn < BN / 16; ++nn) {
-      uint32_t bb[4];
-      ldmatrix_x4(bb, smem_addr(sK + swz<D>(nn * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8)));
-      mma_16816(s[2 * nn], a, bb[0], bb[1]);
-      mma_16816(s[2 * nn + 1], a, bb[2], bb[3]);
-    }
-    after_step(kk);
-  }
+  warp_qk_maps<D, 1>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
 }
 
 // Diagonal tile (key tile == query tile): key column > query row is masked.
@@ -322,17 +339,17 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
   return {ct.qt, j, ct.bh / hv, j / (p.heads / p.kv_heads)};
 }
 
-// A CTA's copies (all 256 threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
+// A CTA's copies (all NTHR threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
 // then descending) into a [K1 | K2 | V] stage. Sources are this thread's first chunks (kv head g, DiffLlama mapping).
 // Tile 0 goes out whole (issue_kv: rows past n are zero-filled); every later tile is full (its keys end at or before
-// the query tile's first row), and goes out one copy at a time (KvSrc::copy, NCOPY per thread, two per k step of
-// the S products) without bounds checks.
-template <int D>
+// the query tile's first row), and goes out one copy at a time (KvSrc::copy, NCOPY per thread, PER_STEP after each
+// k step of the S products) without bounds checks.
+template <int D, int NTHR = THREADS>
 struct CtaCopies {
-  using QK = TileCopy<BN, D, THREADS>;
-  using VC = TileCopy<BN, 2 * D, THREADS>;
-  static constexpr int NCOPY = 2 * QK::PASSES + VC::PASSES;
-  static_assert(NCOPY == 2 * (D / 16), "two copies per k step of the S products");
+  using QK = TileCopy<BN, D, NTHR>;
+  using VC = TileCopy<BN, 2 * D, NTHR>;
+  static constexpr int NCOPY = 2 * QK::PASSES + VC::PASSES, PER_STEP = NCOPY / (D / 16);
+  static_assert(NCOPY % (D / 16) == 0, "the same number of copies per k step of the S products");
   const QK qk;
   const VC v;
   const bf16* base;
@@ -373,6 +390,17 @@ struct CtaCopies {
       if (i < QK::PASSES) c.qk.pass(sK, k0, c.rs, i);
       else if (i < 2 * QK::PASSES) c.qk.pass(sK + BN * D, k1, c.rs, i - QK::PASSES);
       else c.v.pass(sV, vv, c.rs, i - 2 * QK::PASSES);
+    }
+    // The copies that go out after k step kk of the S products (written out: the loop form changed the register
+    // allocation of the 256-thread kernels).
+    __device__ __forceinline__ void step(int kk) const {
+      static_assert(PER_STEP == 2 || PER_STEP == 4, "copies per k step");
+      copy(PER_STEP * kk);
+      copy(PER_STEP * kk + 1);
+      if constexpr (PER_STEP == 4) {
+        copy(PER_STEP * kk + 2);
+        copy(PER_STEP * kk + 3);
+      }
     }
   };
   __device__ __forceinline__ KvSrc tile(int it, bf16* sK, bf16* sV) const {
@@ -420,10 +448,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
     const auto next = copies.tile(it + 1, next_stage, next_stage + 2 * T::K_ELEMS);
     float s[BN / 8][4];
     warp_qk<D>(s, sQm, sK, wrow, lane, [&](int kk) {
-      if (has_next) {
-        next.copy(2 * kk);
-        next.copy(2 * kk + 1);
-      }
+      if (has_next) next.step(kk);
     });
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
@@ -482,10 +507,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     const auto next = copies.tile(it + 1, next_stage, next_stage + 2 * T::K_ELEMS);
     float s[BN / 8][4];
     warp_qk<D>(s, sQm, sStage + (it & 1) * T::STAGE_ELEMS + map * T::K_ELEMS, wrow, lane, [&](int kk) {
-      if (has_next) {
-        next.copy(2 * kk);
-        next.copy(2 * kk + 1);
-      }
+      if (has_next) next.step(kk);
     });
     cp_async_commit();
     if (it == 0) mask_diagonal(s, wrow, lane);
@@ -577,10 +599,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
       const auto next = copies.tile(u + 1, sK + ((u + 1) & 1) * 2 * T::K_ELEMS, sV + (vs == 2 ? 0 : vs + 1) * T::V_ELEMS);
       float s[BN / 8][4];
       warp_qk<D>(s, sQm, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, wrow, lane, [&](int kk) {
-        if (has_next) {
-          next.copy(2 * kk);
-          next.copy(2 * kk + 1);
-        }
+        if (has_next) next.step(kk);
       });
       if (u == 0) mask_diagonal(s, wrow, lane);
       warp_softmax<false>(s, m_run, l_run, al, sl2);
@@ -599,38 +618,134 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
   }
 }
 
-// The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): 3 (V-split with
-// skew, d = 128 only: 210 KB per CTA; at d = 64 two V-split CTAs per SM measured faster),
-// 2 (V-split) where its shared memory fits MIN_BLOCKS CTAs per SM (H100/H200: 227 KB per block, 228 KB per SM), 1
-// (lockstep: 160 KB at d = 128 fits an A100's 163 KB), or 0 (none fits: the caller takes the generic kernel).
-// DS_ATTN_MMA_VER=1, 2 or 3 asks for one (tests, benchmarks); it is granted when it fits, else the best that does.
+// Schedule 4 (d = 64): each warp owns 16 rows of BOTH maps, so nothing is exchanged. A CTA is 4 warps (BM = 64 rows)
+// and two CTAs share an SM at 255 registers per thread: the 2 x 2d-wide accumulators take 128, both S tiles 64. The
+// S products of the two maps interleave, every V fragment feeds both maps' P V, and the epilogue needs no partner.
+constexpr int THREADS_W = 128;
+template <int D>
+struct TileW {
+  static constexpr int VW = 2 * D, Q_ELEMS = 2 * BM * D, K_ELEMS = BN * D, STAGE_ELEMS = 2 * K_ELEMS + BN * VW;
+  static constexpr int SMEM = (Q_ELEMS + 2 * STAGE_ELEMS) * 2;  // Q, 2 stages of K1 | K2 | V: 80 KB at d = 64
+};
+
+// One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
+// the rescale, P V. The diagonal tile (diag) needs the causal mask. (A loop body without the mask's selects, the
+// diagonal tile peeled off, measured 4% slower: twice the code.)
+template <int D, class Next>
+__device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
+                                           const bf16* sQ, const bf16* stage, const Next& next, bool has_next,
+                                           float sl2, int wrow, int lane, bool diag) {
+  constexpr int NH = D / 8;
+  float s[2][BN / 8][4];
+  warp_qk_maps<D, 2>(s, sQ, stage, wrow, lane, [&](int kk) {
+    if (has_next) next.step(kk);
+  });
+  cp_async_commit();
+  uint32_t pa[2][BN / 16][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    if (diag) mask_diagonal(s[m], wrow, lane);
+    float alpha[2];
+    warp_softmax<true>(s[m], m_run[m], l_run[m], alpha, sl2);
+    rescale(acc[m], alpha);
+    pack_p(s[m], pa[m]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    warp_pv_both<D>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
+                    pa[0], pa[1], stage + 2 * BN * D, h, lane);
+}
+
+template <int D>
+__global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const AttnParams p) {
+  using T = TileW<D>;
+  constexpr int VW = T::VW, NT = VW / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
+  bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
+  const CtaWork w = cta_work(p);
+  const int qt = w.qt, j = w.j, b = w.b;
+  unsigned long long t_start = 0;
+  if (p.head_ns && tid == 0) t_start = global_timer_ns();
+
+  const CtaCopies<D, THREADS_W> copies(p, w, tid);
+  const int q0 = qt * BM, n_kt = qt + 1;
+  copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
+
+  float acc[2][NT][4];  // [map][V column n8 tile]
+  zero(acc[0]);
+  zero(acc[1]);
+  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {};
+  const float sl2 = p.scale * 1.4426950408889634f;
+  for (int it = 0; it < n_kt; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` landed; every warp finished tile it-1 (whose stage the next copies overwrite)
+    bf16* next_stage = sStage + ((it + 1) & 1) * T::STAGE_ELEMS;
+    const auto next = copies.tile(it + 1, next_stage, next_stage + 2 * T::K_ELEMS);
+    const bf16* stage = sStage + (it & 1) * T::STAGE_ELEMS;
+    warp2_tile<D>(acc, m_run, l_run, sQ, stage, next, it + 1 < n_kt, sl2, wrow, lane, it == 0);
+  }
+
+  // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
+  quad_sum(l_run[0]);
+  quad_sum(l_run[1]);
+  const float inv1[2] = {1.f / l_run[0][0], 1.f / l_run[0][1]};
+  const float inv2[2] = {p.lambda / l_run[1][0], p.lambda / l_run[1][1]};
+  float ss[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float o = acc[0][nt][e] * inv1[e >> 1] - acc[1][nt][e] * inv2[e >> 1];
+      acc[0][nt][e] = o;
+      ss[e >> 1] += o * o;
+    }
+  float f[2];
+  quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
+  store_rows(acc[0], f, p, q0 + wrow, b, int64_t(j) * VW, lane);
+  if (p.head_ns) {
+    __syncthreads();  // the CTA's time ends with its last warp
+    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+  }
+}
+
+// The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
+// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with skew, 210 KB per CTA); then 2 (V-split, where
+// its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB); 0: none
+// fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is granted
+// when it is built for D and fits, else the default runs.
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
-  static int cached[64] = {};  // per device: the best schedule that fits, + 1 once known
+  static int fits[64] = {};  // per device: bit s set when schedule s fits; bit 0 once known
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     cudaGetLastError();
     return 0;
   }
-  if (cached[dev] == 0) {
-    int schedule = 0, per_block = 0, per_sm = 0;
+  if (fits[dev] == 0) {
+    int mask = 1, per_block = 0, per_sm = 0;
     constexpr int reserved = 1024;  // per CTA, by the driver
     if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
       cudaGetLastError();
-    else if (D == 128 && T::SMEM_VSKEW <= per_block && T::SMEM_VSKEW + reserved <= per_sm)
-      schedule = 3;
-    else if (T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
-      schedule = 2;
-    else if (T::SMEM_LOCKSTEP <= per_block)
-      schedule = 1;
-    cached[dev] = schedule + 1;
+    } else {
+      const auto fit = [&](int smem, int ctas) { return smem <= per_block && ctas * (smem + reserved) <= per_sm; };
+      if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
+      if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
+      if (D == 128 && fit(T::SMEM_VSKEW, 1)) mask |= 1 << 3;
+      if (D == 64 && fit(TileW<D>::SMEM, 2)) mask |= 1 << 4;
+    }
+    fits[dev] = mask;
   }
-  const int best = cached[dev] - 1;
   const char* e = std::getenv("DS_ATTN_MMA_VER");
-  const int asked = e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 0;
-  return asked && asked <= best ? asked : best;
+  const int asked = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
+  if (asked && (fits[dev] >> asked & 1)) return asked;
+  for (int s : {4, 3, 2, 1})
+    if (fits[dev] >> s & 1) return s;
+  return 0;
 }
 
 template <int D>
@@ -644,6 +759,14 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
     kernel = diff_attn_fwd_vsplit_kernel<D>;
     smem = T::SMEM_VSPLIT;
   }
+  unsigned threads = THREADS;
+  if constexpr (D == 64) {  // schedule 4 is built for d = 64 only (mma_schedule)
+    if (schedule == 4) {
+      kernel = diff_attn_fwd_warp2_kernel<D>;
+      smem = TileW<D>::SMEM;
+      threads = THREADS_W;
+    }
+  }
   if constexpr (D == 128) {  // the skewed schedule is built for d = 128 only (mma_schedule)
     if (schedule == 3) {
       kernel = diff_attn_fwd_vskew_kernel<D>;
@@ -655,7 +778,7 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   AttnParams q = p;
   q.tile_major = attn_tile_major(p);
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  kernel<<<ctas, THREADS, smem, stream>>>(q);
+  kernel<<<ctas, threads, smem, stream>>>(q);
   return cudaGetLastError();
 }
 
