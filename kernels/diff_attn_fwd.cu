@@ -156,20 +156,25 @@ __device__ __forceinline__ void warp_softmax(float (&s)[BN / 8][4], float (&m_ru
   online_softmax<BN / 2, true, TREE>(reinterpret_cast<float(&)[BN / 2]>(s), m_run, l_run, sl2, alpha);
 }
 
+// O *= alpha for the thread's two rows.
+template <int NT>
+__device__ __forceinline__ void scale_rows(float (&acc)[NT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    acc[i][0] *= alpha[0];
+    acc[i][1] *= alpha[0];
+    acc[i][2] *= alpha[1];
+    acc[i][3] *= alpha[1];
+  }
+}
+__device__ __forceinline__ bool moved(const float (&alpha)[2]) { return alpha[0] != 1.f || alpha[1] != 1.f; }
+
 // O *= alpha, only when one of the warp's 16 rows found a new maximum (alpha = 1 otherwise): on long causal rows
 // later tiles often move none, and the 4 * 2d/8 multiplies per thread (128 at d = 128) are as many instructions
 // as the tile's P V products.
 template <int NT>
 __device__ __forceinline__ void rescale(float (&acc)[NT][4], const float (&alpha)[2]) {
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      acc[i][0] *= alpha[0];
-      acc[i][1] *= alpha[0];
-      acc[i][2] *= alpha[1];
-      acc[i][3] *= alpha[1];
-    }
-  }
+  if (__any_sync(0xffffffffu, moved(alpha))) scale_rows(acc, alpha);
 }
 
 // The S accumulators of n-tiles 2kk, 2kk+1 are exactly the A fragment of key chunk kk of P V.
@@ -629,26 +634,29 @@ struct TileW {
 };
 
 // One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
-// the rescale, P V. The diagonal tile (diag) needs the causal mask. (A loop body without the mask's selects, the
-// diagonal tile peeled off, measured 4% slower: twice the code.)
+// the rescale, P V. The diagonal tile (diag) needs the causal mask. The copies go out on every tile, the last one
+// included (then they copy the current tile into the free stage): without a branch among the S products, and with
+// one rescale branch for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop
+// body without the mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
 template <int D, class Next>
 __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
-                                           const bf16* sQ, const bf16* stage, const Next& next, bool has_next,
-                                           float sl2, int wrow, int lane, bool diag) {
+                                           const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
+                                           int lane, bool diag) {
   constexpr int NH = D / 8;
   float s[2][BN / 8][4];
-  warp_qk_maps<D, 2>(s, sQ, stage, wrow, lane, [&](int kk) {
-    if (has_next) next.step(kk);
-  });
+  warp_qk_maps<D, 2>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
   cp_async_commit();
   uint32_t pa[2][BN / 16][4];
+  float alpha[2][2];
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     if (diag) mask_diagonal(s[m], wrow, lane);
-    float alpha[2];
-    warp_softmax<true>(s[m], m_run[m], l_run[m], alpha, sl2);
-    rescale(acc[m], alpha);
+    warp_softmax<true>(s[m], m_run[m], l_run[m], alpha[m], sl2);
     pack_p(s[m], pa[m]);
+  }
+  if (__any_sync(0xffffffffu, moved(alpha[0]) || moved(alpha[1]))) {
+    scale_rows(acc[0], alpha[0]);
+    scale_rows(acc[1], alpha[1]);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -683,10 +691,10 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; every warp finished tile it-1 (whose stage the next copies overwrite)
     bf16* next_stage = sStage + ((it + 1) & 1) * T::STAGE_ELEMS;
-    const auto next = copies.tile(it + 1, next_stage, next_stage + 2 * T::K_ELEMS);
-    const bf16* stage = sStage + (it & 1) * T::STAGE_ELEMS;
-    warp2_tile<D>(acc, m_run, l_run, sQ, stage, next, it + 1 < n_kt, sl2, wrow, lane, it == 0);
+    const auto next = copies.tile(it + 1 < n_kt ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
+    warp2_tile<D>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
   }
+  cp_async_wait<0>();  // the last tile's copies (into the free stage)
 
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
   quad_sum(l_run[0]);
