@@ -90,9 +90,9 @@ struct TileCopy {
       cp_async_16(smem_addr(tile + dst + i * RPP * W), ok ? src + i * RPP * rs : any, ok ? 16 : 0);
     }
   }
-  // Pass i of a tile whose rows all exist.
-  __device__ __forceinline__ void pass(bf16* tile, const bf16* src, int64_t rs, int i) const {
-    cp_async_16(smem_addr(tile + dst + i * RPP * W), src + i * RPP * rs, 16);
+  // Pass i of a tile whose rows all exist (bytes = 0: zero-fill, read nothing).
+  __device__ __forceinline__ void pass(bf16* tile, const bf16* src, int64_t rs, int i, int bytes = 16) const {
+    cp_async_16(smem_addr(tile + dst + i * RPP * W), src + i * RPP * rs, bytes);
   }
 };
 
@@ -391,10 +391,11 @@ struct CtaCopies {
     const CtaCopies& c;
     const bf16 *k0, *k1, *vv;
     bf16 *sK, *sV;
+    int bytes = 16;  // 0: the copies read nothing and zero-fill (schedule 4 after the last tile)
     __device__ __forceinline__ void copy(int i) const {
-      if (i < QK::PASSES) c.qk.pass(sK, k0, c.rs, i);
-      else if (i < 2 * QK::PASSES) c.qk.pass(sK + BN * D, k1, c.rs, i - QK::PASSES);
-      else c.v.pass(sV, vv, c.rs, i - 2 * QK::PASSES);
+      if (i < QK::PASSES) c.qk.pass(sK, k0, c.rs, i, bytes);
+      else if (i < 2 * QK::PASSES) c.qk.pass(sK + BN * D, k1, c.rs, i - QK::PASSES, bytes);
+      else c.v.pass(sV, vv, c.rs, i - 2 * QK::PASSES, bytes);
     }
     // The copies that go out after k step kk of the S products (written out: the loop form changed the register
     // allocation of the 256-thread kernels).
@@ -635,7 +636,7 @@ struct TileW {
 
 // One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
 // the rescale, P V. The diagonal tile (diag) needs the causal mask. The copies go out on every tile, the last one
-// included (then they copy the current tile into the free stage): without a branch among the S products, and with
+// included (then they zero-fill the free stage): without a branch among the S products, and with
 // one rescale branch for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop
 // body without the mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
 template <int D, class Next>
@@ -691,10 +692,12 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; every warp finished tile it-1 (whose stage the next copies overwrite)
     bf16* next_stage = sStage + ((it + 1) & 1) * T::STAGE_ELEMS;
-    const auto next = copies.tile(it + 1 < n_kt ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
+    const bool has_next = it + 1 < n_kt;
+    auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
+    if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
     warp2_tile<D>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
   }
-  cp_async_wait<0>();  // the last tile's copies (into the free stage)
+  cp_async_wait<0>();  // the last tile's zero-fill of the free stage
 
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
   quad_sum(l_run[0]);
