@@ -4,14 +4,15 @@
 // in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
 // folded in; the running maximum moves, and O is rescaled, only when a tile exceeds it by more than 2^8).
 //
-// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps; a warp computes one
-// map's S = Q K^T and softmax for 16 rows. A 16-row x 2d-wide f32 accumulator is 2d/8 * 4 registers per thread (128
-// at d = 128, FA2's budget for its d = 256 path), so a warp cannot hold both maps' full accumulators. Every tile is
+// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps (schedules 1-3); a warp
+// computes one map's S = Q K^T and softmax for 16 rows. A 16-row x 2d-wide f32 accumulator is 2d/8 * 4 registers per
+// thread (128 at d = 128, FA2's budget for its d = 256 path), so at d = 128 a warp cannot hold both maps' full
+// accumulators; at d = 64 it can (64 each), which schedule 4 uses with 4-warp CTAs. Every tile is
 // XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it needs the causal
 // mask and guarantees a finite row maximum), query tiles are launched heaviest first. Copies: every thread copies
 // fixed 16-byte column chunks (TileCopy) with cp.async; the diagonal tile goes out whole with bounds, every later
-// tile is full and goes out two copies per k step of the S products. One CTA barrier per key tile. The O rescale
-// is skipped when no row of the warp found a new maximum.
+// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile. The O
+// rescale is skipped when no row of the warp found a new maximum.
 //
 // Four schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
 //  1 lockstep: warps 0-3 take map 1, 4-7 map 2; each accumulates its own map over all 2d columns of V (O1 or O2
@@ -636,9 +637,9 @@ struct TileW {
 
 // One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
 // the rescale, P V. The diagonal tile (diag) needs the causal mask. The copies go out on every tile, the last one
-// included (then they zero-fill the free stage): without a branch among the S products, and with
-// one rescale branch for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop
-// body without the mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
+// included (then they zero-fill the free stage): without a branch among the S products, and with one rescale branch
+// for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop body without the
+// mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
 template <int D, class Next>
 __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
                                            const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
