@@ -628,12 +628,8 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
 // Schedule 4 (d = 64): each warp owns 16 rows of BOTH maps, so nothing is exchanged. A CTA is 4 warps (BM = 64 rows)
 // and two CTAs share an SM at 255 registers per thread: the 2 x 2d-wide accumulators take 128, both S tiles 64. The
 // S products of the two maps interleave, every V fragment feeds both maps' P V, and the epilogue needs no partner.
+// Shared memory: the lockstep layout, Q and 2 stages of K1 | K2 | V (Tile<D>::SMEM_LOCKSTEP, 80 KB at d = 64).
 constexpr int THREADS_W = 128;
-template <int D>
-struct TileW {
-  static constexpr int VW = 2 * D, Q_ELEMS = 2 * BM * D, K_ELEMS = BN * D, STAGE_ELEMS = 2 * K_ELEMS + BN * VW;
-  static constexpr int SMEM = (Q_ELEMS + 2 * STAGE_ELEMS) * 2;  // Q, 2 stages of K1 | K2 | V: 80 KB at d = 64
-};
 
 // One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
 // the rescale, P V. The diagonal tile (diag) needs the causal mask. The copies go out on every tile, the last one
@@ -668,7 +664,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
 
 template <int D>
 __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const AttnParams p) {
-  using T = TileW<D>;
+  using T = Tile<D>;
   constexpr int VW = T::VW, NT = VW / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
@@ -748,7 +744,7 @@ int mma_schedule() {
       if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
       if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
       if (D == 128 && fit(T::SMEM_VSKEW, 1)) mask |= 1 << 3;
-      if (D == 64 && fit(TileW<D>::SMEM, 2)) mask |= 1 << 4;
+      if (D == 64 && fit(T::SMEM_LOCKSTEP, 2)) mask |= 1 << 4;
     }
     fits[dev] = mask;
   }
@@ -775,7 +771,7 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {  // schedule 4 is built for d = 64 only (mma_schedule)
     if (schedule == 4) {
       kernel = diff_attn_fwd_warp2_kernel<D>;
-      smem = TileW<D>::SMEM;
+      smem = T::SMEM_LOCKSTEP;
       threads = THREADS_W;
     }
   }
