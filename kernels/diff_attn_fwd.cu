@@ -30,12 +30,14 @@
 //    exchanged; two CTAs per SM at 255 registers (2 x 64 accumulator registers, 2 x 32 for S).
 // Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
 // 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
-// V-split at d = 128 (269-331 TFLOP/s). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA
-// per SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower;
+// V-split at d = 128 (269-331 TFLOP/s), and its warps holding their Q fragments in registers +1-3% (275-342: it
+// has the registers, 246 of 255 before). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA per
+// SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower;
 // schedule 4 is 8-10% faster than V-split there (256-300 -> 275-329 TFLOP/s: no exchange, no 128-register cap).
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower); schedule 4 with three
-// stages (equal) or with the diagonal tile as a separate copy of the loop body (4% slower).
+// stages (equal), with the diagonal tile as a separate copy of the loop body (4% slower) or with Q in registers
+// (spills in the loop, 12-14% slower).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // the skew needs a third V stage (210 KB at d = 128). Schedule 4 at d = 128 would need 256 accumulator registers.
@@ -103,22 +105,22 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
   for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 }
 
-// S = Q K^T for this warp's 16 rows x BN keys of M maps (map m: Q at sQ + m * BM * D, K at sK + m * BN * D; the
-// maps' products interleave). after_step(kk) runs once each k step's products are issued: the kernels issue the
-// next tile's copies there, between dependent ldmatrix and mma, rather than as a block of their own after the
-// products (which held 10% of the V-split kernel's stall samples in Nsight Compute; measured equal speed,
-// bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
-template <int D, int M, class AfterStep>
-__device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
-                                             int lane, AfterStep&& after_step) {
+// S = Q K^T for this warp's 16 rows x BN keys of M maps (map m: K at sK + m * BN * D; the maps' products
+// interleave). q_frag(m, kk, a) puts map m's A fragment of k step kk in a: read from shared memory with ldmatrix
+// (warp_qk_maps) or taken from registers (warp_qk_reg). after_step(kk) runs once each k step's products are
+// issued: the kernels issue the next tile's copies there, between dependent ldmatrix and mma, rather than as a
+// block of their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute;
+// measured equal speed, bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
+template <int D, int M, class QFrag, class AfterStep>
+__device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q_frag, const bf16* sK, int lane,
+                                             AfterStep&& after_step) {
 #pragma unroll
   for (int m = 0; m < M; ++m) zero(s[m]);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[M][4];
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      ldmatrix_x4(a[m], smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
+    for (int m = 0; m < M; ++m) q_frag(m, kk, a[m]);
 #pragma unroll
     for (int nn = 0; nn < BN / 16; ++nn)
 #pragma unroll
@@ -131,6 +133,29 @@ __device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf1
       }
     after_step(kk);
   }
+}
+// Map m's Q rows wrow.. at sQ + m * BM * D: the A fragment of k step kk.
+template <int D>
+__device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const bf16* sQ, int m, int kk, int wrow, int lane) {
+  ldmatrix_x4(a, smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
+}
+template <int D, int M, class AfterStep>
+__device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
+                                             int lane, AfterStep&& after_step) {
+  warp_qk_core<D, M>(
+      s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D>(a, sQ, m, kk, wrow, lane); }, sK, lane, after_step);
+}
+// One map, Q's fragments held in registers (qf[kk]: k step kk).
+template <int D, class AfterStep>
+__device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_t (&qf)[D / 16][4], const bf16* sK,
+                                            int lane, AfterStep&& after_step) {
+  warp_qk_core<D, 1>(
+      reinterpret_cast<float(&)[1][BN / 8][4]>(s),
+      [&](int, int kk, uint32_t(&a)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+      },
+      sK, lane, after_step);
 }
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
@@ -586,6 +611,11 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
   uint32_t pa[BN / 16][4], po[BN / 16][4];
   float al[2], ao[2];
   int vs = 2;  // at the top of iteration t: the V stage of tile t (t % 3)
+  // This warp's Q rows stay in registers (32 per thread): 8 of the 72 ldmatrix per key tile, +1-3%.
+  uint32_t qf[D / 16][4];
+  wait_all();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQm, 0, kk, wrow, lane);
   for (int t = -1; t < n_kt; ++t) {
     // Early warps: P V(t), barrier; late warps: barrier, P V(t). Written as two passes so that every warp meets the
     // barrier at the same instruction (bar.sync is .aligned: synccheck flagged the first version, which had one
@@ -605,7 +635,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
       const bool has_next = u + 1 < n_kt;
       const auto next = copies.tile(u + 1, sK + ((u + 1) & 1) * 2 * T::K_ELEMS, sV + (vs == 2 ? 0 : vs + 1) * T::V_ELEMS);
       float s[BN / 8][4];
-      warp_qk<D>(s, sQm, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, wrow, lane, [&](int kk) {
+      warp_qk_reg<D>(s, qf, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, lane, [&](int kk) {
         if (has_next) next.step(kk);
       });
       if (u == 0) mask_diagonal(s, wrow, lane);
