@@ -11,8 +11,8 @@
 // XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it needs the causal
 // mask and guarantees a finite row maximum), query tiles are launched heaviest first. Copies: every thread copies
 // fixed 16-byte column chunks (TileCopy) with cp.async; the diagonal tile goes out whole with bounds, every later
-// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile. The O
-// rescale is skipped when no row of the warp found a new maximum.
+// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile
+// (schedule 3: mbarriers per stage instead). The O rescale is skipped when no row of the warp found a new maximum.
 //
 // Four schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
 //  1 lockstep: warps 0-3 take map 1, 4-7 map 2; each accumulates its own map over all 2d columns of V (O1 or O2
@@ -22,25 +22,25 @@
 //    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
 //    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
 //    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
-//  3 V-split with skew (d = 128): the pairs are warps 2i and 2i + 1, so that each scheduler holds a warp of the
-//    first two pairs ("early") and one of the last two ("late"), and the late warps run half a tile behind: one
-//    warp's ldmatrix-bound S products and softmax overlap the other's P V products (see the kernel).
+//  3 V-split with mbarriers (d = 128): as 2, but three stages guarded by mbarriers replace the CTA barrier per tile,
+//    so warps drift apart by up to a tile (one warp's ldmatrix-bound S products and softmax overlap another's P V)
+//    instead of meeting at every tile; each warp holds its Q fragments in registers (see the kernel).
 //  4 both maps per warp (d = 64): a 4-warp CTA, each warp owns 16 rows of both maps: both S products and softmaxes,
 //    then P V of both maps over all 2d columns (every V fragment feeds two mma.sync, as in V-split) with nothing
 //    exchanged; two CTAs per SM at 255 registers (2 x 64 accumulator registers, 2 x 32 for S).
 // Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
 // 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
-// V-split at d = 128 (269-331 TFLOP/s), and its warps holding their Q fragments in registers +1-3% (275-342: it
-// has the registers, 246 of 255 before). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA per
+// V-split at d = 128 (269-331 TFLOP/s; warps 4-7 half a tile behind 0-3, held there by the CTA barrier), Q
+// fragments in registers +1-3% (275-342), and mbarriers instead of that barrier +5-6% (290-358). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA per
 // SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower;
 // schedule 4 is 8-10% faster than V-split there (256-300 -> 275-329 TFLOP/s: no exchange, no 128-register cap).
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
-// mma.sync's pipe busy); the late warps issuing their copies during P V (1% slower); schedule 4 with three
+// mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
 // stages (equal), with the diagonal tile as a separate copy of the loop body (4% slower) or with Q in registers
 // (spills in the loop, 12-14% slower).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
-// the skew needs a third V stage (210 KB at d = 128). Schedule 4 at d = 128 would need 256 accumulator registers.
+// schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need 256 accumulator registers.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -69,9 +69,12 @@ struct Tile {
   static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
   static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
   static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
-  // V-split with skew (one CTA per SM): Q, 2 stages of K1 | K2, 3 stages of V, then the exchange area.
-  static constexpr int SKEW_XP = (Q_ELEMS + 4 * K_ELEMS + 3 * V_ELEMS) * 2;
-  static constexpr int SMEM_VSKEW = SKEW_XP + XP_BYTES + XF_BYTES;
+  // V-split with mbarriers (one CTA per SM): Q (later K stage 2), K stages 0 and 1, 3 stages of V, the exchange
+  // area, 6 mbarriers.
+  static constexpr int MBAR_XP = (Q_ELEMS + 4 * K_ELEMS + 3 * V_ELEMS) * 2;
+  static constexpr int MBAR_BARS = MBAR_XP + XP_BYTES + XF_BYTES;
+  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8;
+  static_assert(Q_ELEMS == 2 * K_ELEMS, "the Q area holds one K stage");
 };
 
 // A thread's share of copying a ROWS x W bf16 tile into a swizzled shared tile with NTHR threads: one 16-byte
@@ -357,7 +360,7 @@ __device__ __forceinline__ void pair_epilogue(float (&acc_own)[D / 8][4], const 
 
 __device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 0;\n" ::: "memory"); }
 // Named barrier `id` (1..15) for the 64 threads of two warps.
-__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void pair_sync(int id) { named_sync(id, 64); }
 
 // Which (query tile, differential head, sequence) a CTA computes, and the matching kv head (DiffLlama mapping).
 struct CtaWork {
@@ -560,97 +563,98 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// V-split with the two row groups half a tile apart (schedule 3; see the top of the file). Warps 2i and 2i + 1 own
-// rows 16i.. (map 1 and map 2) and exchange P through a named barrier of their own; warps 0-3 ("early") and 4-7
-// ("late") meet at one CTA barrier per key tile, which sits between P V and the next S products for the early
-// warps and between the S products and P V for the late ones. Each scheduler holds one early and one late warp, so
-// one warp's ldmatrix-bound S products and softmax overlap the other's P V products. Between barriers t and t + 1
-// the early warps run S(t) then P V(t), the late ones P V(t - 1) then S(t): two tiles of V are read at once and a
-// third is loading, so V has three stages (K two). The next tile's copies go out between the S products, as in the
-// other schedules; one half-tile of skew is lost at each end of a CTA.
+// V-split without a CTA barrier in the loop (schedule 3, d = 128). Warps 2i and 2i + 1 own rows 16i.. (map 1 and
+// map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages are guarded
+// by mbarriers instead of one CTA barrier per tile: full[s] completes when every thread's copies of the tile in
+// stage s have landed (cp.async arrives on it), empty[s] when all 8 warps have finished that tile's P V. With three
+// stages a warp waits only for tile u's data and, before it copies tile u + 1 into the stage of tile u - 2, for
+// every warp to be done with u - 2, so warps drift apart by up to a tile instead of meeting every tile (the CTA
+// barrier held 8.5% of the stall samples in Nsight Compute). The partners' exchange slots are reused one tile later
+// only once the partner has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P.
+// Each warp keeps its Q fragments in registers (it has the registers: 246 of 255 before), so the Q area is K stage 2
+// after the prologue.
 template <int D>
-__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NH = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
-  bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][K1 | K2]
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D], then K stage 2
+  bf16* sK = sQ + T::Q_ELEMS;                // K stages 0, 1: [K1 | K2]
   bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][V]
-  uint4* xp = reinterpret_cast<uint4*>(smem + T::SKEW_XP);                  // [8 warps][BN/16][32]
-  float2* xf = reinterpret_cast<float2*>(smem + T::SKEW_XP + T::XP_BYTES);  // [8 warps][32]
+  uint4* xp = reinterpret_cast<uint4*>(smem + T::MBAR_XP);                  // [8 warps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + T::MBAR_XP + T::XP_BYTES);  // [8 warps][32]
+  const uint32_t bars = smem_addr(smem + T::MBAR_BARS);                    // full[3], empty[3]
+  const auto full = [bars](int s) { return bars + 8 * s; };
+  const auto empty = [bars](int s) { return bars + 24 + 8 * s; };
+  const auto k_stage = [sQ, sK](int s) { return s == 2 ? sQ : sK + s * 2 * T::K_ELEMS; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp & 1, pair = warp >> 1, wrow = pair * 16;
-  const int late = __shfl_sync(0xffffffffu, warp, 0) >> 2;  // warps 4-7 (warp-uniform, and the compiler knows it)
   const CtaWork w = cta_work(p);
   const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
+  if (tid == 0)
+    for (int s = 0; s < 3; ++s) {
+      mbar_init(full(s), THREADS);
+      mbar_init(empty(s), THREADS / 32);
+    }
+  __syncthreads();
   const CtaCopies<D> copies(p, w, tid);
   const int q0 = qt * BM, n_kt = qt + 1;
   copies.issue_first(sQ, sK, sV, p, j);
+  mbar_arrive_cp_async(full(0));
 
   float acc_own[NH][4], acc_oth[NH][4];
   zero(acc_own);
   zero(acc_oth);
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float sl2 = p.scale * 1.4426950408889634f;
-  const bf16* sQm = sQ + map * BM * D;
   uint4* xp_own = xp + warp * (BN / 16) * 32;
   const uint4* xp_oth = xp + (warp ^ 1) * (BN / 16) * 32;
   float2* xf_own = xf + warp * 32;
   const float2* xf_oth = xf + (warp ^ 1) * 32;
   const auto sync_pair = [pair] { pair_sync(1 + pair); };
-  const auto wait_all = [] {
-    cp_async_wait<0>();
-    cta_sync();  // tile t landed for everyone; every warp is done with the stages the next copies overwrite
-  };
+  const int read_own = 5 + warp, read_oth = 5 + (warp ^ 1);  // named barriers: "the partner has read my slots"
 
-  // P of tile t (own and partner's) and the rescale factors, from the S products to P V.
+  uint32_t qf[D / 16][4];
+  mbar_wait(full(0), 0);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQ + map * BM * D, 0, kk, wrow, lane);
+  __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
+
   uint32_t pa[BN / 16][4], po[BN / 16][4];
   float al[2], ao[2];
-  int vs = 2;  // at the top of iteration t: the V stage of tile t (t % 3)
-  // This warp's Q rows stay in registers (32 per thread): 8 of the 72 ldmatrix per key tile, +1-3%.
-  uint32_t qf[D / 16][4];
-  wait_all();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQm, 0, kk, wrow, lane);
-  for (int t = -1; t < n_kt; ++t) {
-    // Early warps: P V(t), barrier; late warps: barrier, P V(t). Written as two passes so that every warp meets the
-    // barrier at the same instruction (bar.sync is .aligned: synccheck flagged the first version, which had one
-    // barrier per group) and P V is one copy of the code.
-#pragma unroll 1
-    for (int h = 0; h < 2; ++h) {
-      if (h == 1) wait_all();
-      if (t >= 0 && h == late) {
-        rescale(acc_own, al);
-        rescale(acc_oth, ao);
-        warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + vs * T::V_ELEMS, map, lane);
-      }
-    }
-    vs = vs == 2 ? 0 : vs + 1;  // now tile t + 1's
-    const int u = t + 1;
-    if (u < n_kt) {
-      const bool has_next = u + 1 < n_kt;
-      const auto next = copies.tile(u + 1, sK + ((u + 1) & 1) * 2 * T::K_ELEMS, sV + (vs == 2 ? 0 : vs + 1) * T::V_ELEMS);
-      float s[BN / 8][4];
-      warp_qk_reg<D>(s, qf, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, lane, [&](int kk) {
-        if (has_next) next.step(kk);
-      });
-      if (u == 0) mask_diagonal(s, wrow, lane);
-      warp_softmax<false>(s, m_run, l_run, al, sl2);
-      pack_p(s, pa);
-      exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
-    }
-    cp_async_commit();
+  for (int u = 0; u < n_kt; ++u) {
+    const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
+    mbar_wait(full(st), (u / 3) & 1);
+    const bool has_next = u + 1 < n_kt;
+    if (has_next && u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
+    const auto next = copies.tile(u + 1, k_stage(ns), sV + ns * T::V_ELEMS);
+    float s[BN / 8][4];
+    warp_qk_reg<D>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [&](int kk) {
+      if (has_next) next.step(kk);
+    });
+    if (has_next) mbar_arrive_cp_async(full(ns));
+    if (u == 0) mask_diagonal(s, wrow, lane);
+    warp_softmax<false>(s, m_run, l_run, al, sl2);
+    pack_p(s, pa);
+    if (u > 0) named_sync(read_own, 64);  // the partner has read P(u - 1)
+    exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
+    named_arrive(read_oth, 64);
+    rescale(acc_own, al);
+    rescale(acc_oth, ao);
+    warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(st));
   }
 
-  // The partner read this warp's last P and alpha before the last CTA barrier (early) or before its P V (late).
+  named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
   pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
                    sync_pair);
   if (p.head_ns) {
-    cta_sync();  // the CTA's time ends with its late warps
+    cta_sync();  // the CTA's time ends with its last warp
     if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
   }
 }
@@ -750,7 +754,7 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 }
 
 // The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
-// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with skew, 210 KB per CTA); then 2 (V-split, where
+// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers, 210 KB per CTA); then 2 (V-split, where
 // its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB); 0: none
 // fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is granted
 // when it is built for D and fits, else the default runs.
@@ -773,7 +777,7 @@ int mma_schedule() {
       const auto fit = [&](int smem, int ctas) { return smem <= per_block && ctas * (smem + reserved) <= per_sm; };
       if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
       if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
-      if (D == 128 && fit(T::SMEM_VSKEW, 1)) mask |= 1 << 3;
+      if (D == 128 && fit(T::SMEM_VMBAR, 1)) mask |= 1 << 3;
       if (D == 64 && fit(T::SMEM_LOCKSTEP, 2)) mask |= 1 << 4;
     }
     fits[dev] = mask;
@@ -805,10 +809,10 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
       threads = THREADS_W;
     }
   }
-  if constexpr (D == 128) {  // the skewed schedule is built for d = 128 only (mma_schedule)
+  if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
     if (schedule == 3) {
-      kernel = diff_attn_fwd_vskew_kernel<D>;
-      smem = T::SMEM_VSKEW;
+      kernel = diff_attn_fwd_vmbar_kernel<D>;
+      smem = T::SMEM_VMBAR;
     }
   }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

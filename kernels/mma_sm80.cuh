@@ -1,6 +1,7 @@
-// Device helpers for the tensor-core kernels: cp.async (16-byte, zero-filling), ldmatrix, mma.sync m16n8k16 bf16
-// with f32 accumulation, the 128-byte XOR swizzle used for every shared-memory tile, and the online softmax over
-// accumulator rows shared by the mma.sync and wgmma attention kernels. sm_80 and newer.
+// Device helpers for the tensor-core kernels: cp.async (16-byte, zero-filling), named barriers and mbarriers,
+// ldmatrix, mma.sync m16n8k16 bf16 with f32 accumulation, the 128-byte XOR swizzle used for every shared-memory
+// tile, and the online softmax over accumulator rows shared by the mma.sync and wgmma attention kernels. sm_80 and
+// newer.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -119,6 +120,45 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Named barriers: `count` threads (a multiple of 32) of the CTA meet at barrier `id`; bar.arrive marks this warp's
+// arrival without waiting (a producer's half of a producer/consumer pair).
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// mbarriers in shared memory (sm_80 and newer).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once every cp.async this thread issued before has landed (noinc: the barrier's count includes it).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed (a fresh barrier counts the phase before its first,
+// parity 1, as completed).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+#else
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+#endif
+  } while (!done);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
