@@ -31,16 +31,18 @@
 // Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
 // 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
 // V-split at d = 128 (269-331 TFLOP/s; warps 4-7 half a tile behind 0-3, held there by the CTA barrier), Q
-// fragments in registers +1-3% (275-342), and mbarriers instead of that barrier +5-6% (290-358). At d = 64 two V-split CTAs share an SM and the skewed kernel (one CTA per
-// SM, 114 KB) was 6-9% slower, and with two V stages (two CTAs per SM, the late warps loading V) 5-7% slower;
-// schedule 4 is 8-10% faster than V-split there (256-300 -> 275-329 TFLOP/s: no exchange, no 128-register cap).
+// fragments in registers +1-3% (275-342), and mbarriers instead of that barrier +5-7% (290-358). At d = 64 two
+// V-split CTAs share an SM and the skewed kernel (one CTA per SM, 114 KB) was 6-9% slower, and with two V stages
+// (two CTAs per SM, the late warps loading V) 5-7% slower; schedule 4 is 8-10% faster than V-split there (256-300
+// -> 275-329 TFLOP/s: no exchange, no 128-register cap).
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
-// stages (equal), with the diagonal tile as a separate copy of the loop body (4% slower) or with Q in registers
-// (spills in the loop, 12-14% slower).
+// stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
+// with Q in registers (spills in the loop, 8-14% slower); schedule 3 with copies on every tile (equal).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
-// schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need 256 accumulator registers.
+// schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need
+// 256 accumulator registers.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -754,10 +756,10 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 }
 
 // The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
-// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers, 210 KB per CTA); then 2 (V-split, where
-// its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB); 0: none
-// fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is granted
-// when it is built for D and fits, else the default runs.
+// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers, 210 KB per CTA); then 2 (V-split,
+// where its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB);
+// 0: none fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is
+// granted when it is built for D and fits, else the default runs.
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
