@@ -151,7 +151,8 @@ json bench_attention(CudaBackend& cb, int repeat) {
       const std::string kname = sm90 ? (kind.block_n == 128 ? "sm90a wgmma bn128" : "sm90a wgmma") : "mma.sync";
       json r = {{"name", "diffscope_diff_attn_fwd[" + kname + "]"}, {"kernel", kname}, {"diff_heads", c.diff_heads}, {"d", c.d},
                 {"n", n}, {"batch", B}, {"ms", ms}, {"tok_s", toks}, {"tflops", tflops}};
-      // which mma.sync schedule ran (1 lockstep, 2 V-split, 3 V-split with skew; kernels/diff_attn_fwd.cu)
+      // which mma.sync schedule ran (1 lockstep, 2 V-split, 3 V-split with mbarriers, 4 both maps per warp;
+      // kernels/diff_attn_fwd.cu)
       if (!sm90) r["schedule"] = kern::diff_attn_fwd_schedule(c.d);
       std::printf("%-30s %6d %5d %10.3f %12.0f %10.1f\n",
                   (std::string(sm90 ? (kind.block_n == 128 ? "wgmma/bn128" : "wgmma") : "mma.sync") + " d=" + std::to_string(c.d) + " h=" + std::to_string(c.diff_heads)).c_str(), n, B,

@@ -8,7 +8,7 @@ namespace ds::kern {
 // others take attn_fwd_generic.
 bool diff_attn_fwd_supported(int d);
 // The schedule launch_diff_attn_fwd uses for head_dim d on the current device: 4 both maps per warp (d = 64),
-// 3 V-split with skew (d = 128), 2 V-split, 1 lockstep, 0 none (diff_attn_fwd.cu; DS_ATTN_MMA_VER asks for one).
+// 3 V-split with mbarriers (d = 128), 2 V-split, 1 lockstep, 0 none (diff_attn_fwd.cu; DS_ATTN_MMA_VER asks for one).
 int diff_attn_fwd_schedule(int d);
 // p.diff must be true; returns the launch error (cudaSuccess when queued).
 cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream);

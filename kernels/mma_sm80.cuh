@@ -66,7 +66,8 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 // row (i >> 1) & 1; the quad of lanes sharing a row holds its columns): s becomes P = exp2(s * sl2 - m) (f32,
 // unnormalised), m_run and l_run (this thread's partial row sum) move on, alpha is the factor for O. FAST:
 // ex2.approx.ftz, else exp2f (wgmma v4). TREE: row maxima and sums as pairwise trees (rows_tree), else one
-// dependent chain per row (the skewed mma.sync kernel, whose other warp covers the softmax's latency: 1% faster).
+// dependent chain per row (the d = 128 mma.sync kernel, whose other warps cover the softmax's latency: trees
+// measured 1% slower when it was skewed, equal since it uses mbarriers).
 template <int N, bool FAST = true, bool TREE = true>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m_run)[2], float (&l_run)[2], float sl2,
                                                float (&alpha)[2]) {
