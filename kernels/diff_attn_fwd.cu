@@ -38,9 +38,9 @@
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
 // stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
-// with Q in registers (spills in the loop, 8-14% slower); schedule 3 with copies on every tile (equal), or
-// software-pipelined (S of tile u + 1 before P V of tile u, whose softmax ptxas then interleaves with the P V
-// products: 7-10% slower).
+// with Q in registers (spills in the loop, 8-14% slower), or with the maps' S products one after the other instead
+// of interleaved (5-7% slower); schedule 3 with copies on every tile (equal), or software-pipelined (S of tile u + 1
+// before P V of tile u: 7-14% slower, whether the softmax goes in among the P V products or after them).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need
