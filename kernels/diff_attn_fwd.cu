@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   uint32_t qf[D / 16][4];
   mbar_wait(full(0), 0);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQ + map * BM * D, 0, kk, wrow, lane);
+  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQ, map, kk, wrow, lane);
   __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
 
   uint32_t pa[BN / 16][4], po[BN / 16][4];
