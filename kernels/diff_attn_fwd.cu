@@ -42,7 +42,8 @@
 // of interleaved (5-7% slower); schedule 3 with copies on every tile (equal), or software-pipelined (S of tile u + 1
 // before P V of tile u: 7-14% slower, whether the softmax goes in among the P V products or after them), or
 // persistent (one CTA per SM over a snake of the heaviest-first list, the stage ring carried across items: 1-2%
-// slower than the same order launched normally; head-major, the default here, is 2-9% faster than that order).
+// slower than the same tile-major order launched normally, which itself is 2-9% slower than the head-major order
+// of long launches).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need
