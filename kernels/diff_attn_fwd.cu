@@ -115,17 +115,39 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
   for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 }
 
+// One lane's ldmatrix addresses in a swizzled tile of WIDTH-element rows, without arithmetic per read. The swizzle
+// XORs a 16-byte chunk index with row % 8, which touches only the chunk's low three bits, and the rows a lane reads
+// all share row % 8 (they step by 8), so chunk c0 + 8 h + 2 i (c0 < 2 or c0 % 8 < 2, i < 4) of row r0 + 8 k lies at
+// at(i) + 128 h + 8 k * WIDTH * 2 bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i (rows
+// are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read cost 4-5
+// dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's instructions
+// (+1.5-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster)
+// instead of one and an XOR per use (the other schedules have no registers to spare: with four, the lockstep
+// kernel spilled 24 bytes at d = 128 and 148 instead of 44 at d = 64).
+template <int WIDTH, bool HOLD>
+struct LaneChunks {
+  uint32_t off[HOLD ? 4 : 1];
+  __device__ __forceinline__ LaneChunks(int r0, int c0) {
+#pragma unroll
+    for (int i = 0; i < (HOLD ? 4 : 1); ++i) off[i] = uint32_t(r0 * WIDTH * 2 + (((c0 + 2 * i) ^ (r0 & 7)) << 4));
+  }
+  __device__ __forceinline__ uint32_t at(int i) const { return HOLD ? off[i] : off[0] ^ uint32_t(i << 5); }
+};
+
 // S = Q K^T for this warp's 16 rows x BN keys of M maps (map m: K at sK + m * BN * D; the maps' products
 // interleave). q_frag(m, kk, a) puts map m's A fragment of k step kk in a: read from shared memory with ldmatrix
 // (warp_qk_maps) or taken from registers (warp_qk_reg). after_step(kk) runs once each k step's products are
 // issued: the kernels issue the next tile's copies there, between dependent ldmatrix and mma, rather than as a
 // block of their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute;
 // measured equal speed, bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
-template <int D, int M, class QFrag, class AfterStep>
+template <int D, int M, bool HOLD, class QFrag, class AfterStep>
 __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q_frag, const bf16* sK, int lane,
                                              AfterStep&& after_step) {
 #pragma unroll
   for (int m = 0; m < M; ++m) zero(s[m]);
+  // this lane reads rows nn * 16 + lane % 8 + 8 (lane / 16), chunks 2 kk + lane / 8 % 2
+  const uint32_t k_base = smem_addr(sK);
+  const LaneChunks<D, HOLD> kc((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[M][4];
@@ -136,8 +158,7 @@ __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         uint32_t bb[4];
-        ldmatrix_x4(bb, smem_addr(sK + m * BN * D +
-                                  swz<D>(nn * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8)));
+        ldmatrix_x4(bb, k_base + m * BN * D * 2 + nn * 16 * D * 2 + (kk >> 2) * 128 + kc.at(kk & 3));
         mma_16816(s[m][2 * nn], a[m], bb[0], bb[1]);
         mma_16816(s[m][2 * nn + 1], a[m], bb[2], bb[3]);
       }
@@ -149,17 +170,17 @@ template <int D>
 __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const bf16* sQ, int m, int kk, int wrow, int lane) {
   ldmatrix_x4(a, smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
 }
-template <int D, int M, class AfterStep>
+template <int D, int M, bool HOLD, class AfterStep>
 __device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
                                              int lane, AfterStep&& after_step) {
-  warp_qk_core<D, M>(
+  warp_qk_core<D, M, HOLD>(
       s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D>(a, sQ, m, kk, wrow, lane); }, sK, lane, after_step);
 }
 // One map, Q's fragments held in registers (qf[kk]: k step kk).
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_t (&qf)[D / 16][4], const bf16* sK,
                                             int lane, AfterStep&& after_step) {
-  warp_qk_core<D, 1>(
+  warp_qk_core<D, 1, false>(
       reinterpret_cast<float(&)[1][BN / 8][4]>(s),
       [&](int, int kk, uint32_t(&a)[4]) {
 #pragma unroll
@@ -170,7 +191,7 @@ __device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
                                         AfterStep&& after_step) {
-  warp_qk_maps<D, 1>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
+  warp_qk_maps<D, 1, false>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
 }
 
 // Diagonal tile (key tile == query tile): key column > query row is masked.
@@ -228,12 +249,15 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 8][4], uint32_t (&p
 template <int VW>
 __device__ __forceinline__ void warp_pv(float (&acc)[VW / 8][4], const uint32_t (&pa)[BN / 16][4], const bf16* sV,
                                         int lane) {
+  // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks 2 nn + lane / 16
+  const uint32_t v_base = smem_addr(sV);
+  const LaneChunks<VW, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
     for (int nn = 0; nn < VW / 16; ++nn) {
       uint32_t bb[4];
-      ldmatrix_x4_trans(bb, smem_addr(sV + swz<VW>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nn * 16 + (lane >> 4) * 8)));
+      ldmatrix_x4_trans(bb, v_base + kk * 16 * VW * 2 + (nn >> 2) * 128 + vc.at(nn & 3));
       mma_16816(acc[2 * nn], pa[kk], bb[0], bb[1]);
       mma_16816(acc[2 * nn + 1], pa[kk], bb[2], bb[3]);
     }
@@ -293,17 +317,19 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
 
 // V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
 // (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D>
+template <int D, bool HOLD = false>
 __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
                                              const bf16* sV, int map, int lane) {
+  // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks map * D / 8 + 2 nn + lane / 16
+  const uint32_t v_base = smem_addr(sV);
+  const LaneChunks<2 * D, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, map * D / 8 + (lane >> 4));
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
     for (int nn = 0; nn < D / 16; ++nn) {
       uint32_t bb[4];
-      ldmatrix_x4_trans(bb, smem_addr(sV + swz<2 * D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                      map * D + nn * 16 + (lane >> 4) * 8)));
+      ldmatrix_x4_trans(bb, v_base + kk * 16 * 4 * D + (nn >> 2) * 128 + vc.at(nn & 3));
       mma_16816(acc_own[2 * nn], pa[kk], bb[0], bb[1]);
       mma_16816(acc_own[2 * nn + 1], pa[kk], bb[2], bb[3]);
       mma_16816(acc_oth[2 * nn], po[kk], bb[0], bb[1]);
@@ -683,7 +709,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
                                            int lane, bool diag) {
   constexpr int NH = D / 8;
   float s[2][BN / 8][4];
-  warp_qk_maps<D, 2>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
+  warp_qk_maps<D, 2, true>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
   cp_async_commit();
   uint32_t pa[2][BN / 16][4];
   float alpha[2][2];
@@ -699,7 +725,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    warp_pv_both<D>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
+    warp_pv_both<D, true>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
                     pa[0], pa[1], stage + 2 * BN * D, h, lane);
 }
 
