@@ -34,7 +34,8 @@
 // fragments in registers +1-3% (275-342), and mbarriers instead of that barrier +5-7% (290-358). At d = 64 two
 // V-split CTAs share an SM and the skewed kernel (one CTA per SM, 114 KB) was 6-9% slower, and with two V stages
 // (two CTAs per SM, the late warps loading V) 5-7% slower; schedule 4 is 8-10% faster than V-split there (256-300
-// -> 275-329 TFLOP/s: no exchange, no 128-register cap).
+// -> 275-329 TFLOP/s: no exchange, no 128-register cap). ldmatrix at lane-constant offsets (LaneChunks) +2-3% on
+// schedules 3 and 4.
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
 // stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
@@ -43,7 +44,8 @@
 // before P V of tile u: 7-14% slower, whether the softmax goes in among the P V products or after them), or
 // persistent (one CTA per SM over a snake of the heaviest-first list, the stage ring carried across items: 1-2%
 // slower than the same tile-major order launched normally, which itself is 2-9% slower than the head-major order
-// of long launches).
+// of long launches); a tile's copies from one 64-bit base and 32-bit offsets (2-4% slower), and the row sums l by
+// mma.sync against ones (equal at d = 128, 6% slower at d = 64).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need
