@@ -123,7 +123,7 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
 // at(i) + 128 h + 8 k * WIDTH * 2 bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i (rows
 // are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read cost 4-5
 // dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's instructions
-// (+1.5-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster)
+// (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster)
 // instead of one and an XOR per use (the other schedules have no registers to spare: with four, the lockstep
 // kernel spilled 24 bytes at d = 128 and 148 instead of 44 at d = 64).
 template <int WIDTH, bool HOLD>
