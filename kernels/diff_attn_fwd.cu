@@ -319,7 +319,7 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
 
 // V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
 // (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D, bool HOLD = false>
+template <int D, bool HOLD>
 __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
                                              const bf16* sV, int map, int lane) {
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     exchange_p(pa, alpha, po, alpha_o, xp_own, xp_oth, xf_own, xf_oth, lane, cta_sync);
     rescale(acc_own, alpha);
     rescale(acc_oth, alpha_o);
-    warp_pv_both<D>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map, lane);
+    warp_pv_both<D, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map, lane);
   }
 
   cp_async_wait<0>();
@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
     named_arrive(read_oth, 64);
     rescale(acc_own, al);
     rescale(acc_oth, ao);
-    warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
+    warp_pv_both<D, false>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(st));
   }
