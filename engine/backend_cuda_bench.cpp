@@ -104,15 +104,18 @@ json bench_attention(CudaBackend& cb, int repeat) {
     bool sm90;
     int block_n;
   };
-  // DS_BENCH_ATTN_KERNEL=mma or =wgmma times one kernel family only (A/B runs of one kernel).
+  // DS_BENCH_ATTN_KERNEL=mma or =wgmma times one kernel family only, DS_BENCH_ATTN_D=64 or =128 one head dim (A/B
+  // runs of one kernel).
   const char* only_kernel = std::getenv("DS_BENCH_ATTN_KERNEL");
   const std::string only = only_kernel ? only_kernel : "";
+  const char* only_d_env = std::getenv("DS_BENCH_ATTN_D");
+  const int only_d = only_d_env ? std::atoi(only_d_env) : 0;
   std::vector<Kind> kinds;
   if (kern::diff_attn_fwd_sm90_available() && only != "mma") kinds = {Kind{true, 64}, Kind{true, 128}};
   if (only != "wgmma") kinds.push_back({false, 64});
   for (Kind kind : kinds)
   for (Cfg c : {Cfg{12, 128}, Cfg{16, 64}}) {
-    if (kind.block_n != 64 && c.d != 64) continue;
+    if ((kind.block_n != 64 && c.d != 64) || (only_d && c.d != only_d)) continue;
     const bool sm90 = kind.sm90;
     for (auto [n, B] : {std::pair{2048, 8}, std::pair{4096, 4}, std::pair{8192, 2}, std::pair{16384, 1}}) {
       // Like the peers: independent K1, K2 per differential head (Hkv = H), V of 2d.

@@ -11,8 +11,9 @@
 // XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it needs the causal
 // mask and guarantees a finite row maximum), query tiles are launched heaviest first. Copies: every thread copies
 // fixed 16-byte column chunks (TileCopy) with cp.async; the diagonal tile goes out whole with bounds, every later
-// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile
-// (schedule 3: mbarriers per stage instead). The O rescale is skipped when no row of the warp found a new maximum.
+// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile.
+// Schedule 3 (sm_90) instead has one thread load each tile with TMA into mbarrier-guarded stages. The O rescale is
+// skipped when no row of the warp found a new maximum.
 //
 // Four schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
 //  1 lockstep: warps 0-3 take map 1, 4-7 map 2; each accumulates its own map over all 2d columns of V (O1 or O2
@@ -22,9 +23,10 @@
 //    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
 //    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
 //    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
-//  3 V-split with mbarriers (d = 128): as 2, but three stages guarded by mbarriers replace the CTA barrier per tile,
-//    so warps drift apart by up to a tile (one warp's ldmatrix-bound S products and softmax overlap another's P V)
-//    instead of meeting at every tile; each warp holds its Q fragments in registers (see the kernel).
+//  3 V-split with mbarriers and TMA (d = 128, sm_90): as 2, but three stages guarded by mbarriers replace the CTA
+//    barrier per tile, so warps drift apart by up to a tile (one warp's ldmatrix-bound S products and softmax
+//    overlap another's P V) instead of meeting at every tile; one thread loads the tiles with TMA, so the other
+//    threads spend no instructions or registers on copies; each warp holds its Q fragments in registers.
 //  4 both maps per warp (d = 64): a 4-warp CTA, each warp owns 16 rows of both maps: both S products and softmaxes,
 //    then P V of both maps over all 2d columns (every V fragment feeds two mma.sync, as in V-split) with nothing
 //    exchanged; two CTAs per SM at 255 registers (2 x 64 accumulator registers, 2 x 32 for S).
@@ -35,7 +37,8 @@
 // V-split CTAs share an SM and the skewed kernel (one CTA per SM, 114 KB) was 6-9% slower, and with two V stages
 // (two CTAs per SM, the late warps loading V) 5-7% slower; schedule 4 is 8-10% faster than V-split there (256-300
 // -> 275-329 TFLOP/s: no exchange, no 128-register cap). ldmatrix at lane-constant offsets (LaneChunks) +2-3% on
-// schedules 3 and 4.
+// schedules 3 and 4; TMA loads in schedule 3 (instead of 16 cp.async per thread and tile) +2-4.5% (297-363 ->
+// 311-376 TFLOP/s in one run), of which the registers they freed, spent on holding the ldmatrix offsets, +1-2%.
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
 // stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
@@ -48,14 +51,15 @@
 // mma.sync against ones (equal at d = 128, 6% slower at d = 64).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
-// schedule 3 a third V stage (its third K stage is Q's area: 210 KB at d = 128). Schedule 4 at d = 128 would need
-// 256 accumulator registers.
+// schedule 3 a third V stage (its third K stage is Q's area) and 1 KB to align TMA's tiles: 211 KB at d = 128.
+// Schedule 4 at d = 128 would need 256 accumulator registers.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
 #include <cstdlib>
 
 #include "mma_sm80.cuh"
+#include "tma_sm90.cuh"
 
 namespace ds::kern {
 namespace {
@@ -78,11 +82,12 @@ struct Tile {
   static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
   static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
   static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
-  // V-split with mbarriers (one CTA per SM): Q (later K stage 2), K stages 0 and 1, 3 stages of V, the exchange
-  // area, 6 mbarriers.
+  // V-split with mbarriers and TMA (one CTA per SM): Q (later K stage 2), K stages 0 and 1, 3 stages of V, the
+  // exchange area, 6 mbarriers; 1 KB more to align the start to 1024 bytes.
   static constexpr int MBAR_XP = (Q_ELEMS + 4 * K_ELEMS + 3 * V_ELEMS) * 2;
   static constexpr int MBAR_BARS = MBAR_XP + XP_BYTES + XF_BYTES;
-  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8;
+  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8 + 1024;
+  static_assert(SMEM_VMBAR <= 227 * 1024, "shared memory");
   static_assert(Q_ELEMS == 2 * K_ELEMS, "the Q area holds one K stage");
 };
 
@@ -117,21 +122,32 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
   for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 }
 
+// Where a swizzled tile of ROWS x WIDTH bf16 puts its rows and its 64-column groups (8 chunks of 16 bytes), in bytes.
+// Row-major (the cp.async schedules): a row is WIDTH * 2 bytes, the groups lie side by side in it. Slabs (SLAB, the
+// TMA schedule): the tile is WIDTH / 64 slabs of [ROWS][64], as a TMA box of 64 columns with 128-byte swizzle
+// lands. The swizzle is the same XOR of the chunk index with row % 8 in both.
+template <int WIDTH, int ROWS, bool SLAB>
+struct SwzLayout {
+  static constexpr int ROW = SLAB ? 128 : WIDTH * 2, GROUP = SLAB ? ROWS * 128 : 128;
+};
+
 // One lane's ldmatrix addresses in a swizzled tile of WIDTH-element rows, without arithmetic per read. The swizzle
 // XORs a 16-byte chunk index with row % 8, which touches only the chunk's low three bits, and the rows a lane reads
-// all share row % 8 (they step by 8), so chunk c0 + 8 h + 2 i (c0 < 2 or c0 % 8 < 2, i < 4) of row r0 + 8 k lies at
-// at(i) + 128 h + 8 k * WIDTH * 2 bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i (rows
-// are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read cost 4-5
+// all share row % 8 (they step by 8), so chunk c0 + 8 h + 2 i (c0 % 8 < 2, i < 4) of row r0 + 8 k lies at
+// at(i) + h * L::GROUP + 8 k * L::ROW bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i
+// (rows and groups are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read cost 4-5
 // dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's instructions
-// (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster)
-// instead of one and an XOR per use (the other schedules have no registers to spare: with four, the lockstep
-// kernel spilled 24 bytes at d = 128 and 148 instead of 44 at d = 64).
-template <int WIDTH, bool HOLD>
+// (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster;
+// schedule 3, whose TMA copies left registers free: 1-2%) instead of one and an XOR per use (the cp.async
+// schedules 1 and 2 have no registers to spare: with four, the lockstep kernel spilled 24 bytes at d = 128 and 148
+// instead of 44 at d = 64).
+template <class L, bool HOLD>
 struct LaneChunks {
   uint32_t off[HOLD ? 4 : 1];
   __device__ __forceinline__ LaneChunks(int r0, int c0) {
 #pragma unroll
-    for (int i = 0; i < (HOLD ? 4 : 1); ++i) off[i] = uint32_t(r0 * WIDTH * 2 + (((c0 + 2 * i) ^ (r0 & 7)) << 4));
+    for (int i = 0; i < (HOLD ? 4 : 1); ++i)
+      off[i] = uint32_t(r0 * L::ROW + (c0 >> 3) * L::GROUP + ((((c0 & 7) + 2 * i) ^ (r0 & 7)) << 4));
   }
   __device__ __forceinline__ uint32_t at(int i) const { return HOLD ? off[i] : off[0] ^ uint32_t(i << 5); }
 };
@@ -142,14 +158,15 @@ struct LaneChunks {
 // issued: the kernels issue the next tile's copies there, between dependent ldmatrix and mma, rather than as a
 // block of their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute;
 // measured equal speed, bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
-template <int D, int M, bool HOLD, class QFrag, class AfterStep>
+template <int D, int M, bool HOLD, bool SLAB, class QFrag, class AfterStep>
 __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q_frag, const bf16* sK, int lane,
                                              AfterStep&& after_step) {
 #pragma unroll
   for (int m = 0; m < M; ++m) zero(s[m]);
   // this lane reads rows nn * 16 + lane % 8 + 8 (lane / 16), chunks 2 kk + lane / 8 % 2
+  using L = SwzLayout<D, BN, SLAB>;
   const uint32_t k_base = smem_addr(sK);
-  const LaneChunks<D, HOLD> kc((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
+  const LaneChunks<L, HOLD> kc((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[M][4];
@@ -160,7 +177,7 @@ __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         uint32_t bb[4];
-        ldmatrix_x4(bb, k_base + m * BN * D * 2 + nn * 16 * D * 2 + (kk >> 2) * 128 + kc.at(kk & 3));
+        ldmatrix_x4(bb, k_base + m * BN * D * 2 + nn * 16 * L::ROW + (kk >> 2) * L::GROUP + kc.at(kk & 3));
         mma_16816(s[m][2 * nn], a[m], bb[0], bb[1]);
         mma_16816(s[m][2 * nn + 1], a[m], bb[2], bb[3]);
       }
@@ -175,14 +192,14 @@ __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const bf16* sQ, in
 template <int D, int M, bool HOLD, class AfterStep>
 __device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
                                              int lane, AfterStep&& after_step) {
-  warp_qk_core<D, M, HOLD>(
+  warp_qk_core<D, M, HOLD, false>(
       s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D>(a, sQ, m, kk, wrow, lane); }, sK, lane, after_step);
 }
 // One map, Q's fragments held in registers (qf[kk]: k step kk).
-template <int D, class AfterStep>
+template <int D, bool HOLD, bool SLAB, class AfterStep>
 __device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_t (&qf)[D / 16][4], const bf16* sK,
                                             int lane, AfterStep&& after_step) {
-  warp_qk_core<D, 1, false>(
+  warp_qk_core<D, 1, HOLD, SLAB>(
       reinterpret_cast<float(&)[1][BN / 8][4]>(s),
       [&](int, int kk, uint32_t(&a)[4]) {
 #pragma unroll
@@ -253,7 +270,7 @@ __device__ __forceinline__ void warp_pv(float (&acc)[VW / 8][4], const uint32_t 
                                         int lane) {
   // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks 2 nn + lane / 16
   const uint32_t v_base = smem_addr(sV);
-  const LaneChunks<VW, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  const LaneChunks<SwzLayout<VW, BN, false>, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -319,19 +336,20 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
 
 // V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
 // (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D, bool HOLD>
+template <int D, bool HOLD, bool SLAB>
 __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
                                              const bf16* sV, int map, int lane) {
   // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks map * D / 8 + 2 nn + lane / 16
+  using L = SwzLayout<2 * D, BN, SLAB>;
   const uint32_t v_base = smem_addr(sV);
-  const LaneChunks<2 * D, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, map * D / 8 + (lane >> 4));
+  const LaneChunks<L, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, map * D / 8 + (lane >> 4));
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
     for (int nn = 0; nn < D / 16; ++nn) {
       uint32_t bb[4];
-      ldmatrix_x4_trans(bb, v_base + kk * 16 * 4 * D + (nn >> 2) * 128 + vc.at(nn & 3));
+      ldmatrix_x4_trans(bb, v_base + kk * 16 * L::ROW + (nn >> 2) * L::GROUP + vc.at(nn & 3));
       mma_16816(acc_own[2 * nn], pa[kk], bb[0], bb[1]);
       mma_16816(acc_own[2 * nn + 1], pa[kk], bb[2], bb[3]);
       mma_16816(acc_oth[2 * nn], po[kk], bb[0], bb[1]);
@@ -588,7 +606,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     exchange_p(pa, alpha, po, alpha_o, xp_own, xp_oth, xf_own, xf_oth, lane, cta_sync);
     rescale(acc_own, alpha);
     rescale(acc_oth, alpha_o);
-    warp_pv_both<D, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map, lane);
+    warp_pv_both<D, false, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map, lane);
   }
 
   cp_async_wait<0>();
@@ -598,24 +616,31 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// V-split without a CTA barrier in the loop (schedule 3, d = 128). Warps 2i and 2i + 1 own rows 16i.. (map 1 and
-// map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages are guarded
-// by mbarriers instead of one CTA barrier per tile: full[s] completes when every thread's copies of the tile in
-// stage s have landed (cp.async arrives on it), empty[s] when all 8 warps have finished that tile's P V. With three
-// stages a warp waits only for tile u's data and, before it copies tile u + 1 into the stage of tile u - 2, for
-// every warp to be done with u - 2, so warps drift apart by up to a tile instead of meeting every tile (the CTA
-// barrier held 8.5% of the stall samples in Nsight Compute). The partners' exchange slots are reused one tile later
-// only once the partner has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P.
-// Each warp keeps its Q fragments in registers (it has the registers: 246 of 255 before), so the Q area is K stage 2
-// after the prologue.
+// V-split without a CTA barrier in the loop (schedule 3, d = 128, sm_90: TMA). Warps 2i and 2i + 1 own rows 16i..
+// (map 1 and map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages
+// are guarded by mbarriers instead of one CTA barrier per tile: full[s] completes when the tile in stage s has
+// landed, empty[s] when all 8 warps have finished that tile's P V. One thread (thread 0) loads the tiles with TMA
+// (cp.async.bulk.tensor, boxes of 64 columns x 64 tokens, 128-byte swizzle, tokens past n zero-filled by the copy
+// engine): tile u + 1 goes out as thread 0 starts tile u, into the stage of tile u - 2 once every warp is done with
+// that. So warps drift apart by up to a tile instead of meeting every tile (the CTA barrier held 8.5% of the stall
+// samples in Nsight Compute), and no other thread spends instructions or registers on copies: with cp.async every
+// thread issued 16 copies per tile, about 100 of a warp's 630 instructions per tile with their 64-bit address
+// arithmetic (bench/cuda_notes.md). The partners' exchange slots are reused one tile later only once the partner
+// has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P. Each warp keeps its Q
+// fragments in registers, so the Q area is K stage 2 after the prologue. Tiles are slabs of [64 rows][64 columns]
+// (SwzLayout<.., true>), as TMA writes them.
 template <int D>
-__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(THREADS, 1)
+    diff_attn_fwd_vmbar_kernel(const __grid_constant__ CUtensorMap tm, const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NH = D / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D], then K stage 2
-  bf16* sK = sQ + T::Q_ELEMS;                // K stages 0, 1: [K1 | K2]
-  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][V]
+  constexpr int VW = T::VW, NH = D / 8, SLABS = D / 64;
+  constexpr uint32_t Q_BYTES = T::Q_ELEMS * 2, KV_BYTES = (2 * T::K_ELEMS + T::V_ELEMS) * 2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the 128-byte swizzle of TMA is a function of the address: tiles start 1024-byte aligned
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][SLABS][BM][64], then K stage 2
+  bf16* sK = sQ + T::Q_ELEMS;                // K stages 0, 1: [K1 | K2], each [SLABS][BN][64]
+  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][2 SLABS][BN][64]
   uint4* xp = reinterpret_cast<uint4*>(smem + T::MBAR_XP);                  // [8 warps][BN/16][32]
   float2* xf = reinterpret_cast<float2*>(smem + T::MBAR_XP + T::XP_BYTES);  // [8 warps][32]
   const uint32_t bars = smem_addr(smem + T::MBAR_BARS);                    // full[3], empty[3]
@@ -629,17 +654,39 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
+  const int q0 = qt * BM, n_kt = qt + 1;
 
-  if (tid == 0)
+  // Thread 0: key tile it (0 is the diagonal tile, then descending) into stage s. Tensor coordinates are (column,
+  // token, sequence); kv head g's D columns start at k_off + g * D (K2, V2: kv head kv_heads / 2 + g), 64 per box.
+  const auto load_kv = [&](int it, int s) {
+    const int k0 = (qt - it) * BN, g2 = p.kv_heads / 2 + w.g;
+    const uint32_t dk = smem_addr(k_stage(s)), dv = smem_addr(sV + s * T::V_ELEMS);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int sl = 0; sl < SLABS; ++sl) {
+        const int col = (m == 0 ? w.g : g2) * D + sl * 64;
+        tma_load_3d(dk + (m * SLABS + sl) * BN * 128, &tm, int(p.k_off) + col, k0, b, full(s));
+        tma_load_3d(dv + (m * SLABS + sl) * BN * 128, &tm, int(p.v_off) + col, k0, b, full(s));
+      }
+  };
+  if (tid == 0) {
     for (int s = 0; s < 3; ++s) {
-      mbar_init(full(s), THREADS);
+      mbar_init(full(s), 1);
       mbar_init(empty(s), THREADS / 32);
     }
-  __syncthreads();
-  const CtaCopies<D> copies(p, w, tid);
-  const int q0 = qt * BM, n_kt = qt + 1;
-  copies.issue_first(sQ, sK, sV, p, j);
-  mbar_arrive_cp_async(full(0));
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm);
+    mbar_expect_tx(full(0), Q_BYTES + KV_BYTES);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int sl = 0; sl < SLABS; ++sl)
+        tma_load_3d(smem_addr(sQ) + (m * SLABS + sl) * BM * 128, &tm,
+                    int(p.q_off) + (m == 0 ? j : j + p.heads / 2) * D + sl * 64, q0, b, full(0));
+    load_kv(0, 0);
+  }
+  __syncthreads();  // the barriers are initialised
 
   float acc_own[NH][4], acc_oth[NH][4];
   zero(acc_own);
@@ -656,22 +703,26 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   uint32_t qf[D / 16][4];
   mbar_wait(full(0), 0);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQ, map, kk, wrow, lane);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int row = wrow + (lane & 15), chunk = 2 * kk + (lane >> 4);
+    ldmatrix_x4(qf[kk], smem_addr(sQ + map * BM * D) + (chunk >> 3) * BM * 128 + row * 128 +
+                            (((chunk & 7) ^ (row & 7)) << 4));
+  }
   __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
 
   uint32_t pa[BN / 16][4], po[BN / 16][4];
   float al[2], ao[2];
   for (int u = 0; u < n_kt; ++u) {
     const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
+    if (tid == 0 && u + 1 < n_kt) {
+      if (u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
+      mbar_expect_tx(full(ns), KV_BYTES);
+      load_kv(u + 1, ns);
+    }
+    __syncwarp();
     mbar_wait(full(st), (u / 3) & 1);
-    const bool has_next = u + 1 < n_kt;
-    if (has_next && u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
-    const auto next = copies.tile(u + 1, k_stage(ns), sV + ns * T::V_ELEMS);
     float s[BN / 8][4];
-    warp_qk_reg<D>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [&](int kk) {
-      if (has_next) next.step(kk);
-    });
-    if (has_next) mbar_arrive_cp_async(full(ns));
+    warp_qk_reg<D, true, true>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [](int) {});
     if (u == 0) mask_diagonal(s, wrow, lane);
     warp_softmax<false>(s, m_run, l_run, al, sl2);
     pack_p(s, pa);
@@ -680,7 +731,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
     named_arrive(read_oth, 64);
     rescale(acc_own, al);
     rescale(acc_oth, ao);
-    warp_pv_both<D, false>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
+    warp_pv_both<D, true, true>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(st));
   }
@@ -727,7 +778,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    warp_pv_both<D, true>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
+    warp_pv_both<D, true, false>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
                     pa[0], pa[1], stage + 2 * BN * D, h, lane);
 }
 
@@ -789,7 +840,8 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 }
 
 // The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
-// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers, 210 KB per CTA); then 2 (V-split,
+// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers and TMA, 211 KB per CTA, sm_90 and
+// newer; launch() falls back to 2 where TMA cannot read the tensor); then 2 (V-split,
 // where its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB);
 // 0: none fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is
 // granted when it is built for D and fits, else the default runs.
@@ -812,7 +864,13 @@ int mma_schedule() {
       const auto fit = [&](int smem, int ctas) { return smem <= per_block && ctas * (smem + reserved) <= per_sm; };
       if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
       if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
-      if (D == 128 && fit(T::SMEM_VMBAR, 1)) mask |= 1 << 3;
+      if constexpr (D == 128) {  // and the kernel was built for sm_90 or newer (TMA), not JIT-compiled from sm_80 PTX
+        cudaFuncAttributes fa{};
+        if (fit(T::SMEM_VMBAR, 1) && cudaFuncGetAttributes(&fa, diff_attn_fwd_vmbar_kernel<D>) == cudaSuccess &&
+            fa.ptxVersion >= 90)
+          mask |= 1 << 3;
+        cudaGetLastError();
+      }
       if (D == 64 && fit(T::SMEM_LOCKSTEP, 2)) mask |= 1 << 4;
     }
     fits[dev] = mask;
@@ -828,7 +886,23 @@ int mma_schedule() {
 template <int D>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   using T = Tile<D>;
-  const int schedule = mma_schedule<D>();
+  AttnParams q = p;
+  q.tile_major = attn_tile_major(p);
+  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  int schedule = mma_schedule<D>();
+  if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
+    if (schedule == 3) {
+      CUtensorMap tm;
+      if (attn_tma_usable(p) && make_attn_tma_map(tm, p.qkv, p.row_stride, p.batch_stride, p, BN)) {
+        const auto kernel = diff_attn_fwd_vmbar_kernel<D>;
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM_VMBAR);
+        if (e != cudaSuccess) return e;
+        kernel<<<ctas, THREADS, T::SMEM_VMBAR, stream>>>(tm, q);
+        return cudaGetLastError();
+      }
+      schedule = 2;  // fits wherever 3 does
+    }
+  }
   if (schedule == 0) return cudaErrorInvalidConfiguration;
   void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D>;
   int smem = T::SMEM_LOCKSTEP;
@@ -844,17 +918,8 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
       threads = THREADS_W;
     }
   }
-  if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
-    if (schedule == 3) {
-      kernel = diff_attn_fwd_vmbar_kernel<D>;
-      smem = T::SMEM_VMBAR;
-    }
-  }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  AttnParams q = p;
-  q.tile_major = attn_tile_major(p);
-  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
   kernel<<<ctas, threads, smem, stream>>>(q);
   return cudaGetLastError();
 }

@@ -35,6 +35,7 @@
 #endif
 
 #include "mma_sm80.cuh"
+#include "tma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DS_SM90A_WS 1
@@ -95,17 +96,6 @@ struct TileWs {
 constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE = 4;  // named barriers (0 is __syncthreads)
 
 using namespace sm90;
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
 #endif
 
 template <int D, int BN>
@@ -149,16 +139,16 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(bar_full_v(s), 1);
       mbar_init(bar_empty_v(s), 256);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // producer: one thread issues every copy, the rest of the warpgroup leaves at once
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_out)) : "memory");
+      prefetch_tensormap(&tm_q);
+      prefetch_tensormap(&tm_kv);
+      prefetch_tensormap(&tm_out);
       // Tensor coordinates (column, token, batch); head h's D columns start at off + h * D, 64 per box.
       mbar_expect_tx(bar_q, T::Q_BYTES);
 #pragma unroll
@@ -338,36 +328,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    cudaGetLastError();
-  });
-  return fn;
-}
-
-// A [batch][n][row_stride] bf16 tensor (the QKV input or the output) as a 3-D TMA map (column, token, batch) with
-// boxes of 64 columns x rows tokens, 128-byte swizzle; loads of tokens past n read zeros, stores there are dropped.
-bool make_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
-              int rows) {
-  auto fn = encode_fn();
-  if (!fn) return false;
-  const cuuint64_t dims[3] = {cuuint64_t(row_stride), cuuint64_t(p.n), cuuint64_t(p.batch)};
-  const cuuint64_t bstride = p.batch > 1 ? cuuint64_t(batch_stride) : cuuint64_t(p.n) * cuuint64_t(row_stride);
-  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, bstride * 2};
-  const cuuint32_t box[3] = {64, cuuint32_t(rows), 1}, estride[3] = {1, 1, 1};
-  return fn(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides, box, estride,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 #if defined(DS_ATTN_TRACE)
 // Dumps the trace of the 400th launch of each shape (warm, not the first) to $DS_ATTN_TRACE_OUT, one line per CTA.
 void trace_dump(const AttnParams& p, unsigned ctas, cudaStream_t stream) {
@@ -392,9 +352,9 @@ void trace_dump(const AttnParams& p, unsigned ctas, cudaStream_t stream) {
 template <int D, int BN>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
-  if (!make_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
-      !make_map(tkv, p.qkv, p.row_stride, p.batch_stride, p, BN) ||
-      !make_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
+  if (!make_attn_tma_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
+      !make_attn_tma_map(tkv, p.qkv, p.row_stride, p.batch_stride, p, BN) ||
+      !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
   const auto kernel = diff_attn_fwd_sm90_ws_kernel<D, BN>;
@@ -412,13 +372,45 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p) {
+namespace {
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    cudaGetLastError();
+  });
+  return fn;
+}
+}  // namespace
+
+bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
+                       int rows) {
+  auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[3] = {cuuint64_t(row_stride), cuuint64_t(p.n), cuuint64_t(p.batch)};
+  const cuuint64_t bstride = p.batch > 1 ? cuuint64_t(batch_stride) : cuuint64_t(p.n) * cuuint64_t(row_stride);
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, bstride * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(rows), 1}, estride[3] = {1, 1, 1};
+  return fn(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides, box, estride,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool attn_tma_usable(const AttnParams& p) {
   const auto a = reinterpret_cast<uintptr_t>(p.qkv), o = reinterpret_cast<uintptr_t>(p.out);
   return encode_fn() != nullptr && a % 16 == 0 && (p.row_stride * 2) % 16 == 0 &&
          (p.batch <= 1 || (p.batch_stride * 2) % 16 == 0) && p.q_off % 8 == 0 && p.k_off % 8 == 0 &&
          p.v_off % 8 == 0 && p.batch_stride >= 0 && o % 16 == 0 && (p.out_row_stride * 2) % 16 == 0 &&
          (p.batch <= 1 || (p.out_batch_stride * 2) % 16 == 0) && p.out_batch_stride >= 0;
 }
+
+bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p) { return attn_tma_usable(p); }
 
 cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n) {
   if (p.d == 64) return block_n == 128 ? launch_t<64, 128>(p, stream) : launch_t<64, 64>(p, stream);

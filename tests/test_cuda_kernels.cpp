@@ -317,10 +317,10 @@ TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
   else unsetenv("DS_ATTN_SM90_VER");
 }
 
-// Every schedule of the mma.sync kernel (DS_ATTN_MMA_VER=1 lockstep, =2 V-split, =3 V-split with mbarriers, d = 128
-// only, =4 both maps per warp, d = 64 only; the default is the fastest that fits). A head width the asked schedule is
-// not built for, or whose shared memory does not fit, runs its default; a schedule neither width gets is reported and
-// not run.
+// Every schedule of the mma.sync kernel (DS_ATTN_MMA_VER=1 lockstep, =2 V-split, =3 V-split with mbarriers and TMA,
+// d = 128 on sm_90 only, =4 both maps per warp, d = 64 only; the default is the fastest that fits). A head width the
+// asked schedule is not built for, or whose shared memory does not fit, runs its default; a schedule neither width
+// gets is reported and not run.
 TEST(CudaKernels, FusedDiffAttentionMmaSchedulesMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   const char* old = std::getenv("DS_ATTN_MMA_VER");
