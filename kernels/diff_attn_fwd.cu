@@ -38,7 +38,8 @@
 // (two CTAs per SM, the late warps loading V) 5-7% slower; schedule 4 is 8-10% faster than V-split there (256-300
 // -> 275-329 TFLOP/s: no exchange, no 128-register cap). ldmatrix at lane-constant offsets (LaneChunks) +2-3% on
 // schedules 3 and 4; TMA loads in schedule 3 (instead of 16 cp.async per thread and tile) +2-4.5% (297-363 ->
-// 311-376 TFLOP/s in one run), of which the registers they freed, spent on holding the ldmatrix offsets, +1-2%.
+// 311-376 TFLOP/s in one run), of which the registers they freed, spent on holding the ldmatrix offsets, +1-2%;
+// the loading thread rotating over the warps instead of thread 0 loading every tile, +3-7% (316-383 -> 325-403).
 // Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
 // mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
 // stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
@@ -48,7 +49,9 @@
 // persistent (one CTA per SM over a snake of the heaviest-first list, the stage ring carried across items: 1-2%
 // slower than the same tile-major order launched normally, which itself is 2-9% slower than the head-major order
 // of long launches); a tile's copies from one 64-bit base and 32-bit offsets (2-4% slower), and the row sums l by
-// mma.sync against ones (equal at d = 128, 6% slower at d = 64).
+// mma.sync against ones (equal at d = 128, 6% slower at d = 64); schedule 3 loading tile u + 2 already at the start
+// of tile u where its stage is free (4-6% slower), schedule 4 with TMA (1-5% slower: it saved 20 of ~700
+// instructions per tile, and the CTA barrier per tile stays).
 //
 // Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
 // schedule 3 a third V stage (its third K stage is Q's area) and 1 KB to align TMA's tiles: 211 KB at d = 128.
@@ -619,13 +622,15 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 // V-split without a CTA barrier in the loop (schedule 3, d = 128, sm_90: TMA). Warps 2i and 2i + 1 own rows 16i..
 // (map 1 and map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages
 // are guarded by mbarriers instead of one CTA barrier per tile: full[s] completes when the tile in stage s has
-// landed, empty[s] when all 8 warps have finished that tile's P V. One thread (thread 0) loads the tiles with TMA
+// landed, empty[s] when all 8 warps have finished that tile's P V. One thread loads each tile with TMA
 // (cp.async.bulk.tensor, boxes of 64 columns x 64 tokens, 128-byte swizzle, tokens past n zero-filled by the copy
-// engine): tile u + 1 goes out as thread 0 starts tile u, into the stage of tile u - 2 once every warp is done with
-// that. So warps drift apart by up to a tile instead of meeting every tile (the CTA barrier held 8.5% of the stall
-// samples in Nsight Compute), and no other thread spends instructions or registers on copies: with cp.async every
-// thread issued 16 copies per tile, about 100 of a warp's 630 instructions per tile with their 64-bit address
-// arithmetic (bench/cuda_notes.md). The partners' exchange slots are reused one tile later only once the partner
+// engine): tile u + 1 goes out as lane 0 of warp u % 8 starts tile u, into the stage of tile u - 2 once every warp
+// is done with that. So warps drift apart by up to a tile instead of meeting every tile (the CTA barrier held 8.5%
+// of the stall samples in Nsight Compute), and the threads spend no instructions or registers on copies: with
+// cp.async every thread issued 16 copies per tile, about 100 of a warp's 630 instructions per tile with their
+// 64-bit address arithmetic (bench/cuda_notes.md). The loading warp rotates: with thread 0 loading every tile,
+// warp 0 (8 TMA and the wait for tile u - 2 each tile) was the slowest and every warp waited for its loads, 3-7%
+// slower. The partners' exchange slots are reused one tile later only once the partner
 // has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P. Each warp keeps its Q
 // fragments in registers, so the Q area is K stage 2 after the prologue. Tiles are slabs of [64 rows][64 columns]
 // (SwzLayout<.., true>), as TMA writes them.
@@ -714,7 +719,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   float al[2], ao[2];
   for (int u = 0; u < n_kt; ++u) {
     const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
-    if (tid == 0 && u + 1 < n_kt) {
+    if (tid == ((u & 7) << 5) && u + 1 < n_kt) {  // lane 0 of warp u % 8
       if (u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
       mbar_expect_tx(full(ns), KV_BYTES);
       load_kv(u + 1, ns);
