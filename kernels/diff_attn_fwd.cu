@@ -138,9 +138,9 @@ struct SwzLayout {
 // XORs a 16-byte chunk index with row % 8, which touches only the chunk's low three bits, and the rows a lane reads
 // all share row % 8 (they step by 8), so chunk c0 + 8 h + 2 i (c0 % 8 < 2, i < 4) of row r0 + 8 k lies at
 // at(i) + h * L::GROUP + 8 k * L::ROW bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i
-// (rows and groups are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read cost 4-5
-// dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's instructions
-// (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster;
+// (rows and groups are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read
+// cost 4-5 dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's
+// instructions (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster;
 // schedule 3, whose TMA copies left registers free: 1-2%) instead of one and an XOR per use (the cp.async
 // schedules 1 and 2 have no registers to spare: with four, the lockstep kernel spilled 24 bytes at d = 128 and 148
 // instead of 44 at d = 64).
@@ -609,7 +609,8 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     exchange_p(pa, alpha, po, alpha_o, xp_own, xp_oth, xf_own, xf_oth, lane, cta_sync);
     rescale(acc_own, alpha);
     rescale(acc_oth, alpha_o);
-    warp_pv_both<D, false, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map, lane);
+    warp_pv_both<D, false, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map,
+                                  lane);
   }
 
   cp_async_wait<0>();
@@ -630,9 +631,9 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 // cp.async every thread issued 16 copies per tile, about 100 of a warp's 630 instructions per tile with their
 // 64-bit address arithmetic (bench/cuda_notes.md). The loading warp rotates: with thread 0 loading every tile,
 // warp 0 (8 TMA and the wait for tile u - 2 each tile) was the slowest and every warp waited for its loads, 3-7%
-// slower. The partners' exchange slots are reused one tile later only once the partner
-// has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P. Each warp keeps its Q
-// fragments in registers, so the Q area is K stage 2 after the prologue. Tiles are slabs of [64 rows][64 columns]
+// slower. The partners' exchange slots are reused one tile later only once the partner has read them: named
+// barrier 5 + w gets the partner's bar.arrive after it read warp w's P. Each warp keeps its Q fragments in
+// registers, so the Q area is K stage 2 after the prologue. Tiles are slabs of [64 rows][64 columns]
 // (SwzLayout<.., true>), as TMA writes them.
 template <int D>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -661,8 +662,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
   const int q0 = qt * BM, n_kt = qt + 1;
 
-  // Thread 0: key tile it (0 is the diagonal tile, then descending) into stage s. Tensor coordinates are (column,
-  // token, sequence); kv head g's D columns start at k_off + g * D (K2, V2: kv head kv_heads / 2 + g), 64 per box.
+  // The loading thread: key tile it (0 is the diagonal tile, then descending) into stage s. Tensor coordinates are
+  // (column, token, sequence); kv head g's D columns start at k_off + g * D (K2, V2: kv head kv_heads / 2 + g), 64
+  // per box.
   const auto load_kv = [&](int it, int s) {
     const int k0 = (qt - it) * BN, g2 = p.kv_heads / 2 + w.g;
     const uint32_t dk = smem_addr(k_stage(s)), dv = smem_addr(sV + s * T::V_ELEMS);
@@ -783,8 +785,9 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    warp_pv_both<D, true, false>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
-                    pa[0], pa[1], stage + 2 * BN * D, h, lane);
+    warp_pv_both<D, true, false>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
+                                 reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]), pa[0], pa[1], stage + 2 * BN * D, h,
+                                 lane);
 }
 
 template <int D>
