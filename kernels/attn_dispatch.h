@@ -1,0 +1,73 @@
+// Which attention kernel runs: one pure function from explicit inputs (the device's capabilities, the shape, the
+// options) to one implementation, with the reason for each rule beside it, and one launcher that takes the choice.
+// Kernels read no environment; the CUDA backend parses its overrides once (README, "Choosing the attention kernel").
+//
+// What ships, and which hardware reaches it by default (d = head_dim):
+//   Sm90        attn_fwd_sm90.cu: wgmma + TMA, a producer warpgroup and two consumer warpgroups taking turns.
+//               Hopper (compute capability 9.0, this build's sm_90a code), d = 64 or 128, differential heads and
+//               plain heads (two plain heads per CTA, one per consumer warpgroup; H even).
+//   MmaBoth     diff_attn_fwd.cu schedule 4: mma.sync, each warp both maps of 16 rows. d = 64, differential, sm_80+
+//               with room for two 80 KB CTAs per SM (A100; every Hopper/Blackwell without the sm_90a path).
+//   MmaVsplit   schedule 2: mma.sync, the two maps' warps swap P and split V's columns. d = 128 where 178 KB per CTA
+//               fits (sm_90 without sm_90a code, sm_100), or d = 64 where schedule 4's two CTAs do not fit.
+//   MmaLockstep schedule 1: mma.sync, each warp one map over all of V. Where V-split does not fit: d = 128 on an
+//               A100 (163 KB), d = 64 on consumer Ampere/Ada (99 KB).
+//   Generic     attn_fwd_generic.cu: f32 on CUDA cores, one warp per query row. Any d that is a multiple of 8 up to
+//               256, and plain attention wherever no fused kernel runs it (pre-Hopper GPUs, odd H); also the
+//               reference the tests hold the fused kernels against.
+#pragma once
+#include <string>
+
+#include "attn_params.h"
+
+namespace ds::kern {
+
+enum class AttnImpl { Auto, Sm90, MmaBoth, MmaVsplit, MmaLockstep, Generic, None };
+
+// "auto", "wgmma", "mma-both", "mma-vsplit", "mma-lockstep", "generic", "none": the names DS_ATTN_KERNEL takes.
+const char* attn_impl_name(AttnImpl impl);
+// false when `name` names no implementation.
+bool parse_attn_impl(const std::string& name, AttnImpl* out);
+
+// What select_attn reads of a device, queried once per device (query_attn_device).
+struct AttnDevice {
+  int cc = 0;                // compute capability, major * 10 + minor
+  int smem_block = 0;        // opt-in shared memory per block, bytes
+  int smem_sm = 0;           // shared memory per SM, bytes
+  int l2_bytes = 0;
+  bool sm90a = false;        // this build's sm_90a code runs here (a probe kernel says so)
+  bool tma = false;          // the driver's tensor-map encoder is reachable
+};
+// Throws nothing: on a failed query the fields stay 0/false (and only Generic is chosen).
+AttnDevice query_attn_device(int device);
+
+struct AttnShape {
+  int d = 0, heads = 0, kv_heads = 0;
+  bool diff = true;
+  int n = 0, batch = 1;  // tokens per sequence and sequences of the launch (the CTA order depends on them)
+};
+
+enum class CtaOrder { Auto, HeadMajor, TileMajor };
+
+// Overrides for benchmarks and tests; the defaults are what users get.
+struct AttnOptions {
+  AttnImpl impl = AttnImpl::Auto;  // DS_ATTN_KERNEL
+  int block_n = 0;                 // DS_ATTN_BN: keys per tile of Sm90 at d = 64 (64 or 128; 0 = the rule's)
+  CtaOrder order = CtaOrder::Auto; // DS_ATTN_ORDER
+};
+
+struct AttnChoice {
+  AttnImpl impl = AttnImpl::None;
+  int block_n = 64;         // Sm90 at d = 64: 64 or 128 keys per tile; every other kernel 64
+  bool tile_major = false;  // CTA order (attn_params.h, CtaTile)
+  std::string why;          // the rule that decided, or why nothing can run the shape (impl None)
+};
+
+// Pure: the same inputs give the same choice. A forced impl that cannot run the shape gives None with the reason.
+AttnChoice select_attn(const AttnDevice& dev, const AttnShape& shape, const AttnOptions& opt = {});
+
+// Launches the chosen kernel for p (whose shape must be the one the choice was made for); p.tile_major is taken
+// from the choice. cudaErrorInvalidValue for None or a shape the kernel does not take.
+cudaError_t launch_attn(const AttnChoice& choice, const AttnParams& p, cudaStream_t stream);
+
+}  // namespace ds::kern
