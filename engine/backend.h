@@ -78,8 +78,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0 = all cores
-// Throws ds::Error saying why when CUDA is not compiled in or no usable device is present.
-std::unique_ptr<Backend> make_cuda_backend();
-bool cuda_backend_available(std::string* why_not);
+// The CUDA backend on GPU `device` (0 = the first); every entry point of it runs on that device, whichever thread
+// calls it. Throws ds::Error saying why when CUDA is not compiled in or no usable device is present.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+bool cuda_backend_available(std::string* why_not, int device = 0);
 
 }  // namespace ds

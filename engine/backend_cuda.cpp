@@ -9,9 +9,9 @@
 //                                          epilogue's beta term, and the stream is never copied)
 //   x = RMSNorm(hidden[l+1]) -> gu = x Wgu^T (bf16) -> act = silu(g) * u (bf16)
 //   hidden[l+1] += act Wdown^T            (beta = 1, C = D)
-// Differential attention with head_dim 64 or 128 takes the fused kernel: the wgmma one on Hopper built with sm_90a
-// (kernels/diff_attn_fwd_sm90.cu), else the mma.sync one (kernels/diff_attn_fwd.cu; DS_ATTN_MMA=1 forces it);
-// other head sizes and plain Llama take kernels/attn_fwd_generic.cu.
+// Attention takes the kernel kernels/attn_dispatch.h chooses for this device and shape: on Hopper the fused wgmma
+// kernel for differential and plain heads alike (head_dim 64 or 128), elsewhere the mma.sync kernel for
+// differential heads, and the generic kernel for everything else.
 #include "backend_cuda_impl.h"
 
 #include <algorithm>
@@ -22,8 +22,6 @@
 
 #include "kernels/attn_fwd_generic.h"
 #include "kernels/attn_maps.h"
-#include "kernels/diff_attn_fwd.h"
-#include "kernels/diff_attn_fwd_sm90.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/rmsnorm.h"
@@ -44,40 +42,97 @@ constexpr size_t kReserve = size_t(768) << 20;       // cuBLAS workspace, maps, 
 constexpr size_t kLtWorkspace = size_t(32) << 20;    // cuBLASLt workspace: room for its split-K kernels
 constexpr int kGemmCandidates = 8;                   // heuristic candidates timed per GEMM shape
 
-double lambda_init_of(int layer) { return 0.8 - 0.6 * std::exp(-0.3 * double(layer)); }
+// Profiler names of the attention kernels (the profiler sums every mark with "attn" in it, except attn_maps).
+const char* attn_mark_name(kern::AttnImpl impl) {
+  switch (impl) {
+    case kern::AttnImpl::Sm90: return "attn_fwd_sm90";
+    case kern::AttnImpl::MmaBoth: return "diff_attn_mma_both";
+    case kern::AttnImpl::MmaVsplit: return "diff_attn_mma_vsplit";
+    case kern::AttnImpl::MmaLockstep: return "diff_attn_mma_lockstep";
+    default: return "attn_fwd_generic";
+  }
+}
 
 }  // namespace
 
-CudaBackend::CudaBackend() {
+// The overrides of the attention kernel choice (README, "Choosing the attention kernel"), read once here.
+kern::AttnOptions attn_options_from_env() {
+  kern::AttnOptions o;
+  if (const char* e = std::getenv("DS_ATTN_KERNEL"); e && *e && !kern::parse_attn_impl(e, &o.impl))
+    throw Error(std::string("DS_ATTN_KERNEL=") + e +
+                ": unknown attention kernel; HINT: use auto, wgmma, mma-both, mma-vsplit, mma-lockstep or generic");
+  if (const char* e = std::getenv("DS_ATTN_BN"); e && *e) {
+    if (std::strcmp(e, "64") && std::strcmp(e, "128"))
+      throw Error(std::string("DS_ATTN_BN=") + e + ": keys per tile must be 64 or 128");
+    o.block_n = std::atoi(e);
+  }
+  if (const char* e = std::getenv("DS_ATTN_ORDER"); e && *e) {
+    if (!std::strcmp(e, "head")) o.order = kern::CtaOrder::HeadMajor;
+    else if (!std::strcmp(e, "tile")) o.order = kern::CtaOrder::TileMajor;
+    else throw Error(std::string("DS_ATTN_ORDER=") + e + ": CTA order must be head or tile");
+  }
+  return o;
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
   int count = 0;
   DS_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (count == 0) throw Error("CUDA: no CUDA device found");
-  DS_CUDA_CHECK(cudaSetDevice(device_));
+  if (device < 0 || device >= count)
+    throw Error("CUDA: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                " device(s) found); HINT: pick a device index from 0 to " + std::to_string(count - 1));
+  const DeviceGuard on(device_);
   cudaDeviceProp prop{};
   DS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   device_name_ = prop.name;
-  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  DS_CUBLAS_CHECK(cublasCreate(&blas_));
-  DS_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-  DS_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  cudaStream_t st = nullptr;
+  DS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  stream_.reset(st);
+  cublasHandle_t bh = nullptr;
+  DS_CUBLAS_CHECK(cublasCreate(&bh));
+  blas_.reset(bh);
+  DS_CUBLAS_CHECK(cublasSetStream(blas_.get(), stream()));
+  cublasLtHandle_t lh = nullptr;
+  DS_CUBLAS_CHECK(cublasLtCreate(&lh));
+  lt_.reset(lh);
   lt_ws_ = DeviceBuffer(kLtWorkspace, "cuBLASLt workspace");
   if (const char* at = std::getenv("DS_GEMM_AUTOTUNE")) autotune_ = std::strcmp(at, "0") != 0;
-  use_sm90_ = kern::diff_attn_fwd_sm90_available();
-  if (const char* bn = std::getenv("DS_ATTN_BN")) block_n_ = std::atoi(bn) == 64 ? 64 : 128;
+  attn_opt_ = attn_options_from_env();
+  attn_dev_ = kern::query_attn_device(device_);
 }
 
 CudaBackend::~CudaBackend() {
-  if (stream_) cudaStreamSynchronize(stream_);
-  reset_model();
-  act_ = Activations{};
-  gemm_plans_.clear();
-  lt_ws_.reset();
-  if (lt_) cublasLtDestroy(lt_);
-  if (blas_) cublasDestroy(blas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  try {
+    const DeviceGuard on(device_);
+    if (stream_) cudaStreamSynchronize(stream());
+    reset_model();
+    act_ = Activations{};
+    gemm_plans_.clear();
+    lt_ws_.reset();
+    events_.clear();
+    lt_.reset();
+    blas_.reset();
+    stream_.reset();
+  } catch (...) {  // a destructor must not throw; the owners below still release what they hold
+  }
 }
 
-void CudaBackend::sync() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+kern::AttnChoice CudaBackend::attn_choice(const kern::AttnParams& p) const {
+  kern::AttnChoice c = kern::select_attn(attn_dev_, kern::attn_shape(p), attn_opt_);
+  if (c.impl == kern::AttnImpl::None) throw Error("CUDA backend: " + c.why);
+  return c;
+}
+
+std::string CudaBackend::name() const {
+  std::string n = "CUDA: " + device_name_;
+  if (attn_dev_.sm90a && attn_dev_.tma) n += " (sm_90a kernels)";
+  return n;
+}
+
+void CudaBackend::sync() {
+  const DeviceGuard on(device_);
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
 
 void CudaBackend::reset_model() {
   layers_.clear();
@@ -102,13 +157,16 @@ void CudaBackend::reset_model() {
 
 namespace {
 
-void check_supported(const ModelConfig& c) {
-  if (!kern::attn_fwd_generic_supported(int(c.head_dim)))
-    throw Error("CUDA backend: head_dim " + std::to_string(c.head_dim) +
-                " is not supported (needs a multiple of 8 up to 256); HINT: run with --backend cpu");
-  if (c.is_diff() && (c.heads % 2 || c.kv_heads % 2))
-    throw Error("CUDA backend: DiffLlama needs even num_attention_heads and num_key_value_heads");
-  if (c.heads % c.kv_heads) throw Error("CUDA backend: num_attention_heads must be a multiple of num_key_value_heads");
+// Refuses, before any upload, a model that no attention kernel (or a forced one) can run on this device.
+void check_supported(const ModelConfig& c, const kern::AttnDevice& dev, const kern::AttnOptions& opt) {
+  kern::AttnShape shape;
+  shape.d = int(c.head_dim);
+  shape.heads = int(c.heads);
+  shape.kv_heads = int(c.kv_heads);
+  shape.diff = c.is_diff();
+  shape.n = 1;
+  const kern::AttnChoice choice = kern::select_attn(dev, shape, opt);
+  if (choice.impl == kern::AttnImpl::None) throw Error("CUDA backend: " + choice.why + "; HINT: run with --backend cpu");
 }
 
 void upload_f32(const std::vector<float>& v, DeviceBuffer& dst, const char* what, cudaStream_t s) {
@@ -120,10 +178,11 @@ void upload_f32(const std::vector<float>& v, DeviceBuffer& dst, const char* what
 }  // namespace
 
 void CudaBackend::load(const Model& model, const ProgressFn& progress) {
-  DS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const DeviceGuard on(device_);
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
   reset_model();
   const ModelConfig& c = model.cfg;
-  check_supported(c);
+  check_supported(c, attn_dev_, attn_opt_);
   const int64_t E = c.hidden, d = c.head_dim, H = c.heads, Hkv = c.kv_heads, I = c.intermediate;
   // bf16 bytes of everything we keep (norms are f32 but tiny)
   size_t need = size_t(c.vocab * E) * 2 * (c.tie_embeddings || model.lm_head == model.embed ? 1 : 2);
@@ -133,7 +192,7 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   if (need + kReserve > free_b)
     throw Error("CUDA: the model needs " + gib(need) + " of GPU memory as bf16 but only " + gib(free_b) + " of " +
                 gib(total_b) + " are free on " + device_name_ + "; HINT: run with --backend cpu or close other GPU programs");
-  WeightUploader up(stream_, progress, need);
+  WeightUploader up(stream(), progress, need);
   cfg_ = c;
   layers_.resize(size_t(c.layers));
   for (int64_t l = 0; l < c.layers; ++l) {
@@ -150,8 +209,8 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
     up.to_bf16(*t.up, w.gate_up.as<bf16>() + I * E);
     w.down = DeviceBuffer(size_t(E * I) * 2, "weights");
     up.to_bf16(*t.down, w.down.as<bf16>());
-    upload_f32(tensor_to_f32(*t.ln1), w.ln1, "weights", stream_);
-    upload_f32(tensor_to_f32(*t.ln2), w.ln2, "weights", stream_);
+    upload_f32(tensor_to_f32(*t.ln1), w.ln1, "weights", stream());
+    upload_f32(tensor_to_f32(*t.ln2), w.ln2, "weights", stream());
   }
   embed_ = DeviceBuffer(size_t(c.vocab * E) * 2, "weights");
   up.to_bf16(*model.embed, embed_.as<bf16>());
@@ -162,28 +221,29 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   } else {
     lm_head_ptr_ = embed_.as<bf16>();
   }
-  upload_f32(tensor_to_f32(*model.final_norm), final_norm_, "weights", stream_);
-  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream_);
+  upload_f32(tensor_to_f32(*model.final_norm), final_norm_, "weights", stream());
+  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
   up.finish();
   weight_bytes_ = need;
   loaded_ = true;
 }
 
 void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
-  DS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const DeviceGuard on(device_);
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
   reset_model();
-  check_supported(c);
+  check_supported(c, attn_dev_, attn_opt_);
   cfg_ = c;
   const int64_t E = c.hidden, d = c.head_dim, H = c.heads, Hkv = c.kv_heads, I = c.intermediate;
   const float amp = 0.02f * std::sqrt(3.f);  // uniform with std 0.02, transformers' initializer_range
   auto rnd = [&](DeviceBuffer& b, int64_t count) {
     b = DeviceBuffer(size_t(count) * 2, "weights");
-    DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(b.as<bf16>(), count, seed++, amp, stream_));
+    DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(b.as<bf16>(), count, seed++, amp, stream()));
     weight_bytes_ += size_t(count) * 2;
   };
   auto ones = [&](DeviceBuffer& b, int64_t count) {
     b = DeviceBuffer(size_t(count) * 4, "weights");
-    DS_CUDA_CHECK(kern::launch_fill_f32(b.as<float>(), count, 1.f, stream_));
+    DS_CUDA_CHECK(kern::launch_fill_f32(b.as<float>(), count, 1.f, stream()));
   };
   layers_.resize(size_t(c.layers));
   for (auto& w : layers_) {
@@ -202,7 +262,7 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
     lm_head_ptr_ = lm_head_.as<bf16>();
   }
   ones(final_norm_, E);
-  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream_);
+  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
   sync();
   loaded_ = true;
 }
@@ -218,12 +278,14 @@ size_t CudaBackend::bytes_per_token() const {
 }
 
 int64_t CudaBackend::device_memory_used() const {
+  const DeviceGuard on(device_);
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
   return int64_t(total_b - free_b);
 }
 
 int64_t CudaBackend::max_tokens() const {
+  const DeviceGuard on(device_);
   if (!loaded_) return 0;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
@@ -275,10 +337,10 @@ void CudaBackend::timed(const char* name, int layer, F&& f) {
     return;
   }
   const size_t a = next_event();
-  DS_CUDA_CHECK(cudaEventRecord(events_[a].get(), stream_));
+  DS_CUDA_CHECK(cudaEventRecord(events_[a].get(), stream()));
   f();
   const size_t b = next_event();
-  DS_CUDA_CHECK(cudaEventRecord(events_[b].get(), stream_));
+  DS_CUDA_CHECK(cudaEventRecord(events_[b].get(), stream()));
   marks_.push_back({name, layer, a, b});
 }
 
@@ -327,29 +389,21 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.out_f), g.in_f));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.tokens), ld_x(g)));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, uint64_t(g.out_f), uint64_t(g.tokens), ld_y(g)));
-    cublasLtMatmulPreference_t pref = nullptr;
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    PreferencePtr pref = make_preference();
     std::vector<cublasLtMatmulHeuristicResult_t> res(kGemmCandidates);
     int count = 0;
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    try {
-      const uint64_t ws = lt_ws_.bytes();
-      DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                           sizeof ws));
-      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
-      for (const auto& [attr, v] : aligns)
-        DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->d, p->d, pref, kGemmCandidates, res.data(),
-                                          &count);
-    } catch (...) {
-      cublasLtMatmulPreferenceDestroy(pref);
-      throw;
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
+    const uint64_t ws = lt_ws_.bytes();
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                         sizeof ws));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attr, v] : aligns)
+      DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &v, sizeof v));
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_.get(), p->op, p->a, p->b, p->d, p->d, pref.get(),
+                                                             kGemmCandidates, res.data(), &count);
     // NOT_SUPPORTED: no cuBLASLt kernel for this shape/alignment; cublasGemmEx still runs it (its own fallbacks).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) DS_CUBLAS_CHECK(st);
     for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < count; ++i)
@@ -383,8 +437,8 @@ void CudaBackend::gemm_tune(GemmPlan& p, const GemmArgs& g, void* d) {
   int runnable = 0;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
     auto launch = [&] {
-      return cublasLtMatmul(lt_, p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, d, p.d, &algo, lt_ws_.get(),
-                            lt_ws_.bytes(), stream_);
+      return cublasLtMatmul(lt_.get(), p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, d, p.d, &algo, lt_ws_.get(),
+                            lt_ws_.bytes(), stream());
     };
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     for (int i = 0; i < kWarm && st == CUBLAS_STATUS_SUCCESS; ++i) st = launch();
@@ -392,9 +446,9 @@ void CudaBackend::gemm_tune(GemmPlan& p, const GemmArgs& g, void* d) {
       cudaGetLastError();  // a candidate that cannot run here must not leave an error for the next kernel's check
       continue;
     }
-    DS_CUDA_CHECK(cudaEventRecord(e0.get(), stream_));
+    DS_CUDA_CHECK(cudaEventRecord(e0.get(), stream()));
     for (int i = 0; i < kRuns; ++i) DS_CUBLAS_CHECK(launch());
-    DS_CUDA_CHECK(cudaEventRecord(e1.get(), stream_));
+    DS_CUDA_CHECK(cudaEventRecord(e1.get(), stream()));
     DS_CUDA_CHECK(cudaEventSynchronize(e1.get()));
     float ms = 0;
     DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
@@ -422,17 +476,17 @@ void CudaBackend::gemm_launch(const GemmPlan& p, const GemmArgs& g) {
   static const bool mark = std::getenv("DS_CUDA_INITCHECK_MARK_GEMM") != nullptr;
   if (mark && (g.beta == 0.f || c != g.y))
     DS_CUDA_CHECK(cudaMemset2DAsync(g.y, size_t(ld_y(g)) * elem_y(g), 0, size_t(g.out_f) * elem_y(g),
-                                    size_t(g.tokens), stream_));
+                                    size_t(g.tokens), stream()));
   if (p.lt) {
-    DS_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, g.y, p.d, &p.algo,
-                                   lt_ws_.get(), lt_ws_.bytes(), stream_));
+    DS_CUBLAS_CHECK(cublasLtMatmul(lt_.get(), p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, g.y, p.d, &p.algo,
+                                   lt_ws_.get(), lt_ws_.bytes(), stream()));
     return;
   }
   // cublasGemmEx has no separate C: bring the beta term into y first.
   if (g.beta != 0.f && c != g.y)
     DS_CUDA_CHECK(cudaMemcpy2DAsync(g.y, size_t(ld_y(g)) * elem_y(g), c, size_t(ld_y(g)) * elem_y(g),
-                                    size_t(g.out_f) * elem_y(g), size_t(g.tokens), cudaMemcpyDeviceToDevice, stream_));
-  DS_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(g.out_f), int(g.tokens), int(g.in_f), &alpha, g.w,
+                                    size_t(g.out_f) * elem_y(g), size_t(g.tokens), cudaMemcpyDeviceToDevice, stream()));
+  DS_CUBLAS_CHECK(cublasGemmEx(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(g.out_f), int(g.tokens), int(g.in_f), &alpha, g.w,
                                CUDA_R_16BF, int(g.in_f), g.x, CUDA_R_16BF, int(ld_x(g)), &g.beta, g.y,
                                g.y_f32 ? CUDA_R_32F : CUDA_R_16BF, int(ld_y(g)), CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
@@ -480,29 +534,24 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   const float eps = float(cfg_.rms_eps);
 
   timed("rmsnorm", l, [&] {
-    DS_CUDA_CHECK(kern::launch_rmsnorm(h_in, E, w.ln1.as<float>(), x, E, T, int(E), eps, stream_));
+    DS_CUDA_CHECK(kern::launch_rmsnorm(h_in, E, w.ln1.as<float>(), x, E, T, int(E), eps, stream()));
   });
   // Q, K, V leave the GEMM in bf16 (as q/k/v_proj's outputs in a bf16 transformers model), straight into this
   // layer's cache, where RoPE rotates Q and K in place.
   gemm("gemm_qkv", l, {.out_f = W, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
   timed("rope", l, [&] {
     DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
-                                               stream_));
+                                               stream()));
   });
   kern::AttnParams p = attn_params(cfg_, qkv, n, batch, lambda);
-  p.out_scale = float(1.0 - lambda_init_of(l));
+  p.out_scale = float(1.0 - kern::lambda_init(l));
   p.eps = eps;
   p.out = act_.attn.as<bf16>();
   p.out_row_stride = H * d;
   p.out_batch_stride = n * H * d;
   p.head_ns = profiling_ ? head_ns_.as<unsigned long long>() + size_t(l) * size_t(view_heads()) : nullptr;
-  const bool fused = p.diff && kern::diff_attn_fwd_supported(p.d);
-  const char* kname = fused ? (use_sm90_ ? "diff_attn_fwd_sm90" : "diff_attn_fwd_mma")
-                            : (p.diff ? "diff_attn_generic" : "attn_generic");
-  timed(kname, l, [&] {
-    DS_CUDA_CHECK(fused ? (use_sm90_ ? kern::launch_diff_attn_fwd_sm90(p, stream_, block_n_) : kern::launch_diff_attn_fwd(p, stream_))
-                        : kern::launch_attn_fwd_generic(p, stream_));
-  });
+  const kern::AttnChoice choice = attn_choice(p);
+  timed(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
   // After attention every row is independent. When only the next-token logits are wanted, the last layer goes on
   // with the last row of each sequence (rows n - 1, 2n - 1, ...: strided GEMM operands); its other rows of
   // hidden[L] are left unwritten and run() remembers that.
@@ -516,13 +565,13 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
                      .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
                      .c = h_in_r, .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
   timed("rmsnorm", l, [&] {
-    DS_CUDA_CHECK(kern::launch_rmsnorm(h_out_r, hs, w.ln2.as<float>(), x, E, R, int(E), eps, stream_));
+    DS_CUDA_CHECK(kern::launch_rmsnorm(h_out_r, hs, w.ln2.as<float>(), x, E, R, int(E), eps, stream()));
   });
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
   // SwiGLU then reads half the bytes it would read in f32.
   bf16* gu = act_.scratch32.as<bf16>();
   gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-  timed("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream_)); });
+  timed("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
   // scratch32 is dead once SwiGLU has read it: the spare that timing this in-place accumulation writes into.
   gemm("gemm_down", l, {.out_f = E, .tokens = R, .in_f = I, .w = w.down.as<bf16>(), .x = act_.act.as<bf16>(),
                         .y = h_out_r, .y_f32 = true, .beta = 1.f, .ldy = hs, .spare = act_.scratch32.get(),
@@ -537,7 +586,7 @@ void CudaBackend::final_logits(int64_t count, int64_t row_stride_tokens, int64_t
   const float* h = act_.hidden.as<float>() + size_t(L) * size_t(act_.cap) * size_t(E) + size_t(first_token * E);
   timed("rmsnorm", int(L), [&] {
     DS_CUDA_CHECK(kern::launch_rmsnorm(h, row_stride_tokens * E, final_norm_.as<float>(), xf_.as<bf16>(), E, count,
-                                       int(E), float(cfg_.rms_eps), stream_));
+                                       int(E), float(cfg_.rms_eps), stream()));
   });
   gemm("gemm_lm_head", int(L), {.out_f = cfg_.vocab, .tokens = count, .in_f = E, .w = lm_head_ptr_,
                                  .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});
@@ -545,6 +594,7 @@ void CudaBackend::final_logits(int64_t count, int64_t row_stride_tokens, int64_t
 
 void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vector<float>& lambda, int from_layer,
                       bool want_logits, bool last_rows_only) {
+  const DeviceGuard on(device_);
   if (!loaded_) throw Error("CUDA backend: no model loaded");
   const int L = int(cfg_.layers);
   const int64_t T = int64_t(batch) * n;
@@ -566,16 +616,16 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   events_used_ = 0;
   marks_.clear();
   has_run_ = false;  // until this run completes
-  if (profiling_) DS_CUDA_CHECK(cudaMemsetAsync(head_ns_.get(), 0, head_ns_.bytes(), stream_));
+  if (profiling_) DS_CUDA_CHECK(cudaMemsetAsync(head_ns_.get(), 0, head_ns_.bytes(), stream()));
   if (from == 0) {
-    DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+    DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream()));
     timed("rope_table", -1, [&] {
       DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
-                                            act_.cos_sin.as<float2>(), stream_));
+                                            act_.cos_sin.as<float2>(), stream()));
     });
     timed("embedding", -1, [&] {
       DS_CUDA_CHECK(kern::launch_embedding(act_.ids.as<int32_t>(), embed_.as<bf16>(), act_.hidden.as<float>(), T,
-                                           int(cfg_.hidden), stream_));
+                                           int(cfg_.hidden), stream()));
     });
     last_ids_.assign(ids, ids + T);
   }
@@ -589,6 +639,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
 }
 
 void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
+  const DeviceGuard on(device_);
   const auto t0 = Clock::now();
   if (!loaded_) throw Error("CUDA backend: no model loaded");
   const int64_t n = int64_t(req.ids.size());
@@ -615,13 +666,13 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
         const int64_t rows = std::min(chunk, n - r0);
         final_logits(rows, 1, r0);
         DS_CUDA_CHECK(cudaMemcpyAsync(out.logits.data() + r0 * V, logits_.get(), size_t(rows * V) * 4,
-                                      cudaMemcpyDeviceToHost, stream_));
+                                      cudaMemcpyDeviceToHost, stream()));
       }
     } else {
       out.logit_rows = 1;
       out.logits.resize(size_t(V));
       DS_CUDA_CHECK(
-          cudaMemcpyAsync(out.logits.data(), logits_.get(), size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+          cudaMemcpyAsync(out.logits.data(), logits_.get(), size_t(V) * 4, cudaMemcpyDeviceToHost, stream()));
     }
     out.hidden.clear();
     if (req.keep_hidden) {
@@ -631,7 +682,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
         out.hidden[size_t(l)].resize(size_t(n * E));
         DS_CUDA_CHECK(cudaMemcpyAsync(out.hidden[size_t(l)].data(),
                                       act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E),
-                                      size_t(n * E) * 4, cudaMemcpyDeviceToHost, stream_));
+                                      size_t(n * E) * 4, cudaMemcpyDeviceToHost, stream()));
       }
     }
     sync();
@@ -641,7 +692,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
       if (req.want_maps[size_t(l)]) compute_maps(l, &out.maps[size_t(l)], nullptr);
   } catch (...) {
     has_run_ = false;
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream());
     cudaGetLastError();
     throw;
   }
@@ -680,22 +731,22 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadSt
   for (int64_t r0 = 0; r0 < n; r0 += rpc) {
     const int rows = int(std::min(rpc, n - r0));
     timed("attn_maps", layer, [&] {
-      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream_));
-      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream_));
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream()));
     });
     if (out)
       for (int h = 0; h < Hv; ++h) {
         DS_CUDA_CHECK(cudaMemcpyAsync(out->a1.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
                                       buf + (size_t(h) * nmaps + 0) * size_t(rows) * size_t(n),
-                                      size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+                                      size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
         if (nmaps == 2)
           DS_CUDA_CHECK(cudaMemcpyAsync(out->a2.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
                                         buf + (size_t(h) * nmaps + 1) * size_t(rows) * size_t(n),
-                                        size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+                                        size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
       }
     if (stats) {
       DS_CUDA_CHECK(cudaMemcpyAsync(host_st.data(), map_stats_.get(), size_t(Hv) * size_t(rows) * kern::MAP_NSTAT * 4,
-                                    cudaMemcpyDeviceToHost, stream_));
+                                    cudaMemcpyDeviceToHost, stream()));
       sync();
       for (int h = 0; h < Hv; ++h)
         for (int r = 0; r < rows; ++r) {
@@ -730,9 +781,13 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadSt
   }
 }
 
-void CudaBackend::layer_maps(int layer, LayerMaps& out) { compute_maps(layer, &out, nullptr); }
+void CudaBackend::layer_maps(int layer, LayerMaps& out) {
+  const DeviceGuard on(device_);
+  compute_maps(layer, &out, nullptr);
+}
 
 std::vector<CudaHeadStats> CudaBackend::head_stats(int layer) {
+  const DeviceGuard on(device_);
   std::vector<CudaHeadStats> s;
   compute_maps(layer, nullptr, &s);
   return s;
@@ -776,8 +831,7 @@ void CudaBackend::build_profile(double wall_ms, int64_t tokens, int, int batch, 
   const int Hv = view_heads(), L = int(cfg_.layers);
   std::vector<unsigned long long> ns(size_t(L) * size_t(Hv));
   DS_CUDA_CHECK(cudaMemcpy(ns.data(), head_ns_.get(), ns.size() * 8, cudaMemcpyDeviceToHost));
-  const double d = double(cfg_.head_dim), nn = double(n);
-  const double flops = (cfg_.is_diff() ? 12.0 : 4.0) * nn * nn * d / 2.0 * double(batch);
+  const double flops = kern::attn_flops(cfg_.is_diff(), 1, cfg_.head_dim, n, batch);  // per view head
   for (int l = 0; l < L; ++l) {
     if (!ran[size_t(l)]) continue;
     double total = 0;
@@ -808,20 +862,21 @@ Profile CudaBackend::profile() const {
 }
 
 double CudaBackend::gemm_peak_tflops() {
+  const DeviceGuard on(device_);
   if (peak_tflops_ > 0) return peak_tflops_;
   const int N = 8192;
   DeviceBuffer a(size_t(N) * N * 2, "GEMM peak measurement"), b(size_t(N) * N * 2, "GEMM peak measurement"),
       c(size_t(N) * N * 2, "GEMM peak measurement");
-  DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(a.as<bf16>(), int64_t(N) * N, 11, 1.f, stream_));
-  DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(b.as<bf16>(), int64_t(N) * N, 12, 1.f, stream_));
+  DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(a.as<bf16>(), int64_t(N) * N, 11, 1.f, stream()));
+  DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(b.as<bf16>(), int64_t(N) * N, 12, 1.f, stream()));
   const GemmArgs g{.out_f = N, .tokens = N, .in_f = N, .w = a.as<bf16>(), .x = b.as<bf16>(), .y = c.get()};
   gemm(nullptr, -1, g);  // plans (and tunes) the shape outside the timed runs
   CudaEvent e0, e1;
   std::vector<float> t;
   for (int i = 0; i < 13; ++i) {
-    DS_CUDA_CHECK(cudaEventRecord(e0.get(), stream_));
+    DS_CUDA_CHECK(cudaEventRecord(e0.get(), stream()));
     gemm(nullptr, -1, g);
-    DS_CUDA_CHECK(cudaEventRecord(e1.get(), stream_));
+    DS_CUDA_CHECK(cudaEventRecord(e1.get(), stream()));
     DS_CUDA_CHECK(cudaEventSynchronize(e1.get()));
     float ms = 0;
     DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
@@ -843,7 +898,7 @@ CudaBackend& as_cuda(Backend& b) {
 // ---------------------------------------------------------------------------------------------------------------
 // public entry points
 
-bool cuda_backend_available(std::string* why_not) {
+bool cuda_backend_available(std::string* why_not, int device) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -855,20 +910,26 @@ bool cuda_backend_available(std::string* why_not) {
     if (why_not) *why_not = "no CUDA device found";
     return false;
   }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major < 8) {
+  if (device < 0 || device >= count) {
     if (why_not)
-      *why_not = std::string("the CUDA backend needs compute capability 8.0 or newer; device 0 (") + prop.name +
+      *why_not = "there is no CUDA device " + std::to_string(device) + " (" + std::to_string(count) + " found)";
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || prop.major < 8) {
+    if (why_not)
+      *why_not = "the CUDA backend needs compute capability 8.0 or newer; device " + std::to_string(device) + " (" + prop.name +
                  ") has " + std::to_string(prop.major) + "." + std::to_string(prop.minor);
     return false;
   }
   return true;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
-  if (!cuda_backend_available(&why)) throw Error("CUDA backend unavailable: " + why + "; HINT: run with --backend cpu");
-  return std::make_unique<cuda::CudaBackend>();
+  if (!cuda_backend_available(&why, device))
+    throw Error("CUDA backend unavailable: " + why + "; HINT: run with --backend cpu");
+  return std::make_unique<cuda::CudaBackend>(device);
 }
 
 std::vector<CudaHeadStats> cuda_layer_head_stats(Backend& b, int layer) { return cuda::as_cuda(b).head_stats(layer); }

@@ -12,8 +12,7 @@
 
 #include "backend_cuda_impl.h"
 #include "cuda_bench.h"
-#include "kernels/diff_attn_fwd.h"
-#include "kernels/diff_attn_fwd_sm90.h"
+#include "kernels/attn_dispatch.h"
 #include "kernels/fill.h"
 #include "model.h"
 
@@ -111,7 +110,8 @@ json bench_attention(CudaBackend& cb, int repeat) {
   const char* only_d_env = std::getenv("DS_BENCH_ATTN_D");
   const int only_d = only_d_env ? std::atoi(only_d_env) : 0;
   std::vector<Kind> kinds;
-  if (kern::diff_attn_fwd_sm90_available() && only != "mma") kinds = {Kind{true, 64}, Kind{true, 128}};
+  const kern::AttnDevice dev = kern::query_attn_device(cb.device());
+  if (dev.sm90a && dev.tma && only != "mma") kinds = {Kind{true, 64}, Kind{true, 128}};
   if (only != "wgmma") kinds.push_back({false, 64});
   for (Kind kind : kinds)
   for (Cfg c : {Cfg{12, 128}, Cfg{16, 64}}) {
@@ -145,9 +145,15 @@ json bench_attention(CudaBackend& cb, int repeat) {
       p.out = out.as<bf16>();
       p.out_row_stride = int64_t(H) * c.d;
       p.out_batch_stride = int64_t(n) * H * c.d;
+      p.qkv = in[0].as<bf16>();
+      kern::AttnOptions opt;
+      opt.impl = sm90 ? kern::AttnImpl::Sm90 : c.d == 64 ? kern::AttnImpl::MmaBoth : kern::AttnImpl::MmaVsplit;
+      opt.block_n = kind.block_n;
+      const kern::AttnChoice choice = kern::select_attn(dev, kern::attn_shape(p), opt);
+      if (choice.impl == kern::AttnImpl::None) throw Error("attention benchmark: " + choice.why);
       const double ms = time_events(s, 3, repeat, [&](int i) {
         p.qkv = in[i & 1].as<bf16>();
-        DS_CUDA_CHECK(sm90 ? kern::launch_diff_attn_fwd_sm90(p, s, kind.block_n) : kern::launch_diff_attn_fwd(p, s));
+        DS_CUDA_CHECK(kern::launch_attn(choice, p, s));
       });
       const double flops = 12.0 * double(n) * n * c.d / 2.0 * c.diff_heads * B;
       const double tflops = flops / ms / 1e9, toks = double(T) / ms * 1e3;
@@ -156,7 +162,7 @@ json bench_attention(CudaBackend& cb, int repeat) {
                 {"n", n}, {"batch", B}, {"ms", ms}, {"tok_s", toks}, {"tflops", tflops}};
       // which mma.sync schedule ran (1 lockstep, 2 V-split, 3 V-split with mbarriers, 4 both maps per warp;
       // kernels/diff_attn_fwd.cu)
-      if (!sm90) r["schedule"] = kern::diff_attn_fwd_schedule(c.d);
+      r["impl"] = kern::attn_impl_name(choice.impl);
       std::printf("%-30s %6d %5d %10.3f %12.0f %10.1f\n",
                   (std::string(sm90 ? (kind.block_n == 128 ? "wgmma/bn128" : "wgmma") : "mma.sync") + " d=" + std::to_string(c.d) + " h=" + std::to_string(c.diff_heads)).c_str(), n, B,
                   ms, toks, tflops);

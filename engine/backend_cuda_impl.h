@@ -29,6 +29,7 @@
 #include "backend_cuda.h"
 #include "backend_cuda_memory.h"
 #include "config.h"
+#include "kernels/attn_dispatch.h"
 #include "model.h"
 
 namespace ds::cuda {
@@ -94,12 +95,12 @@ struct GemmPlan {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();  // device 0; throws ds::Error
+  explicit CudaBackend(int device = 0);  // throws ds::Error
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  std::string name() const override { return "CUDA: " + device_name_ + (use_sm90_ ? " (sm_90a kernels)" : ""); }
+  std::string name() const override;
   std::string kind() const override { return "cuda"; }
   void load(const Model& model, const ProgressFn& progress) override;
   void forward(const ForwardRequest& req, ForwardResult& out) override;
@@ -126,7 +127,14 @@ class CudaBackend final : public Backend {
   void build_profile(double wall_ms, int64_t tokens, int from_layer, int batch, int64_t n);
   double gemm_peak_tflops();  // the backend's bf16 GEMM path at 8192^3 on random data, measured once
   void sync();
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  int device() const { return device_; }
+  // The attention kernel layer_forward runs for p (select_attn with this device and the options parsed at
+  // construction); throws ds::Error when none can run it.
+  kern::AttnChoice attn_choice(const kern::AttnParams& p) const;
+  // Overrides for tests and benchmarks (the environment's DS_ATTN_* are read once, at construction).
+  void set_attn_options(const kern::AttnOptions& o) { attn_opt_ = o; }
+  const kern::AttnDevice& attn_device() const { return attn_dev_; }
   const ModelConfig& config() const { return cfg_; }
   size_t weight_bytes() const { return weight_bytes_; }
   const std::string& device_name() const { return device_name_; }
@@ -158,15 +166,16 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   std::string device_name_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;   // only for shapes cuBLASLt has no algorithm for
-  cublasLtHandle_t lt_ = nullptr;
+  // Owners first, so that they are destroyed last (after every buffer that uses the stream).
+  StreamPtr stream_;
+  CublasPtr blas_;   // only for shapes cuBLASLt has no algorithm for
+  CublasLtPtr lt_;
   DeviceBuffer lt_ws_;              // cuBLASLt workspace (split-K partials and the like)
   bool autotune_ = true;            // DS_GEMM_AUTOTUNE=0 turns it off
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
   bool loaded_ = false;
-  bool use_sm90_ = false;  // the wgmma attention kernel (Hopper, sm_90a code present)
-  int block_n_ = 128;      // its key tile for d = 64: 128 measured 5-8% faster than 64 (DS_ATTN_BN=64 picks 64)
+  kern::AttnDevice attn_dev_;  // what select_attn reads of this device, queried once
+  kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER, parsed once
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
   DeviceBuffer embed_, lm_head_, final_norm_, inv_freq_;

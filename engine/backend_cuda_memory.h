@@ -1,9 +1,13 @@
-// Move-only RAII owners for the CUDA backend's resources: device buffers, pinned host buffers, events.
+// Move-only RAII owners for the CUDA backend's resources: device buffers, pinned host buffers, events, streams,
+// cuBLAS and cuBLASLt handles, and the current device.
 // Allocation failures become ds::Error saying what was being allocated, how much, and how much was free.
 #pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -114,6 +118,51 @@ class CudaEvent {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// Owners of the C handles: one deleter each, so that nothing leaks when a constructor throws half-way.
+struct StreamDeleter {
+  void operator()(cudaStream_t s) const {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+};
+using StreamPtr = std::unique_ptr<CUstream_st, StreamDeleter>;
+struct CublasDeleter {
+  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+};
+using CublasPtr = std::unique_ptr<cublasContext, CublasDeleter>;
+struct CublasLtDeleter {
+  void operator()(cublasLtHandle_t h) const { cublasLtDestroy(h); }
+};
+using CublasLtPtr = std::unique_ptr<cublasLtContext, CublasLtDeleter>;
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+inline PreferencePtr make_preference() {
+  cublasLtMatmulPreference_t p = nullptr;
+  DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
+  return PreferencePtr(p);
+}
+
+// Makes `device` current for a scope and restores the previous one: every entry point of a backend that owns a
+// device other than 0 runs on its device, whichever thread calls it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    DS_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) DS_CUDA_CHECK(cudaSetDevice(device));
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
 };
 
 }  // namespace ds::cuda

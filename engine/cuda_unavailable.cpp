@@ -6,12 +6,12 @@
 
 namespace ds {
 
-bool cuda_backend_available(std::string* why_not) {
+bool cuda_backend_available(std::string* why_not, int) {
   if (why_not) *why_not = "this build has no CUDA backend (no CUDA compiler was found when it was configured)";
   return false;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(int) {
   throw Error("CUDA backend unavailable: this build has no CUDA backend (no CUDA compiler at configure time)");
 }
 

@@ -44,8 +44,11 @@ AttnDevice query_attn_device(int device);
 struct AttnShape {
   int d = 0, heads = 0, kv_heads = 0;
   bool diff = true;
-  int n = 0, batch = 1;  // tokens per sequence and sequences of the launch (the CTA order depends on them)
+  int n = 0, batch = 1;   // tokens per sequence and sequences of the launch (the CTA order depends on them)
+  bool aligned16 = true;  // input and output pointers and strides 16-byte aligned (TMA's rule)
 };
+// The shape of a launch as select_attn needs it.
+AttnShape attn_shape(const AttnParams& p);
 
 enum class CtaOrder { Auto, HeadMajor, TileMajor };
 

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "mma_sm80.cuh"
+#include "warp_reduce.cuh"
 
 namespace ds::kern {
 namespace {
@@ -16,33 +17,17 @@ constexpr int WARPS = 4;
 constexpr int DMAX = 256;            // largest head_dim
 constexpr int MAXV = 2 * DMAX / 32;  // output columns per lane per map (V of a differential head is 2d wide)
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const AttnParams p) {
   __shared__ float sq[WARPS][2][DMAX];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = int(blockIdx.x) * WARPS + warp;
   const int h = int(blockIdx.y), b = int(blockIdx.z);
-  const int d = p.d, n_rep = p.heads / p.kv_heads;
-  const int nmaps = p.diff ? 2 : 1, VW = p.diff ? 2 * d : d;
-  int qh[2], kh[2];
-  if (p.diff) {
-    const int g = h / n_rep;
-    qh[0] = h, qh[1] = h + p.heads / 2;
-    kh[0] = g, kh[1] = p.kv_heads / 2 + g;  // also the two V halves
-  } else {
-    qh[0] = qh[1] = h;
-    kh[0] = kh[1] = h / n_rep;
-  }
+  const int d = p.d;
+  const int nmaps = p.diff ? 2 : 1, VW = view_width(p.diff, d);
+  const ViewHeadMap hm = view_head_map(p.diff, h, p.heads, p.kv_heads);
+  const int* qh = hm.q;
+  const int* kh = hm.k;
   unsigned long long t_start = 0;
   if (p.head_ns && threadIdx.x == 0) t_start = global_timer_ns();
   const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
@@ -98,7 +83,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
         for (int i = 0; i < MAXV; ++i) {
           const int e = lane + 32 * i;
           if (e < VW) {
-            const int vh = e < d ? kh[0] : kh[1];
+            const int vh = hm.v[e < d ? 0 : 1];
             const float v = __bfloat162float(vr[int64_t(vh) * d + (e < d ? e : e - d)]);
             acc[0][i] = fmaf(p0, v, acc[0][i]);
             acc[1][i] = fmaf(p1, v, acc[1][i]);

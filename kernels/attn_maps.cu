@@ -7,36 +7,18 @@
 
 #include <cmath>
 
+#include "warp_reduce.cuh"
+
 namespace ds::kern {
 namespace {
 
 constexpr int MQ = 8, MK = 32;
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_min(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
+// Map m (0, or 1 for differential heads) of view head h: its query head and the kv head of its K.
 __device__ __forceinline__ void head_map(const AttnParams& p, int h, int m, int& qh, int& kh) {
-  const int n_rep = p.heads / p.kv_heads;
-  if (p.diff) {
-    qh = m == 0 ? h : h + p.heads / 2;
-    kh = m == 0 ? h / n_rep : p.kv_heads / 2 + h / n_rep;
-  } else {
-    qh = h;
-    kh = h / n_rep;
-  }
+  const ViewHeadMap hm = view_head_map(p.diff, h, p.heads, p.kv_heads);
+  qh = hm.q[m];
+  kh = hm.k[m];
 }
 
 __global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p, int row0, int rows, float* maps) {

@@ -1,68 +1,35 @@
-// Fused differential attention, forward, causal, on mma.sync (sm_80 and newer; the portable kernel): for each
+// Fused differential attention, forward, causal, on mma.sync (sm_80 and newer; the portable fused kernel): for each
 // differential head one pass over the K/V tiles computes both online softmaxes (Q1 K1^T and Q2 K2^T) and both
 // accumulations against the shared 2d-wide V tile, then writes  (1 - lambda_init) * RMSNorm_2d(O1/l1 - lambda O2/l2)
-// in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
-// folded in; the running maximum moves, and O is rescaled, only when a tile exceeds it by more than 2^8).
+// in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale folded
+// in; the running maximum moves, and O is rescaled, only when a tile exceeds it by more than 2^8).
 //
-// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps (schedules 1-3); a warp
-// computes one map's S = Q K^T and softmax for 16 rows. A 16-row x 2d-wide f32 accumulator is 2d/8 * 4 registers per
-// thread (128 at d = 128, FA2's budget for its d = 256 path), so at d = 128 a warp cannot hold both maps' full
-// accumulators; at d = 64 it can (64 each), which schedule 4 uses with 4-warp CTAs. Every tile is
-// XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it needs the causal
-// mask and guarantees a finite row maximum), query tiles are launched heaviest first. Copies: every thread copies
-// fixed 16-byte column chunks (TileCopy) with cp.async; the diagonal tile goes out whole with bounds, every later
-// tile is full and goes out a few copies after each k step of the S products. One CTA barrier per key tile.
-// Schedule 3 (sm_90) instead has one thread load each tile with TMA into mbarrier-guarded stages. The O rescale is
-// skipped when no row of the warp found a new maximum.
+// Work split: a CTA owns BM = 64 query rows of one differential head. A 16-row x 2d-wide f32 accumulator is
+// 2d/8 * 4 registers per thread (128 at d = 128), so at d = 128 a warp cannot hold both maps' accumulators; at d = 64
+// it can (schedule 4). Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile
+// comes first (it needs the causal mask and guarantees a finite row maximum); query tiles are launched heaviest
+// first. Every thread copies fixed 16-byte column chunks (TileCopy) with cp.async; later tiles go out a few copies
+// after each k step of the S products. One CTA barrier per key tile. The O rescale is skipped when no row of the
+// warp found a new maximum.
 //
-// Four schedules of the P V products (mma_schedule picks the fastest that the device's shared memory fits):
-//  1 lockstep: warps 0-3 take map 1, 4-7 map 2; each accumulates its own map over all 2d columns of V (O1 or O2
-//    whole); at the end map 2 parks O2/l2 in shared memory and map 1 combines, normalises and stores.
-//  2 V-split: warps w and w + 4 own the same 16 rows (map 1 and map 2). After the softmax they swap P and the
-//    rescale factors through shared memory, and each accumulates BOTH maps over half of V's columns (warp w columns
-//    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
-//    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
-//    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
-//  3 V-split with mbarriers and TMA (d = 128, sm_90): as 2, but three stages guarded by mbarriers replace the CTA
-//    barrier per tile, so warps drift apart by up to a tile (one warp's ldmatrix-bound S products and softmax
-//    overlap another's P V) instead of meeting at every tile; one thread loads the tiles with TMA, so the other
-//    threads spend no instructions or registers on copies; each warp holds its Q fragments in registers.
-//  4 both maps per warp (d = 64): a 4-warp CTA, each warp owns 16 rows of both maps: both S products and softmaxes,
-//    then P V of both maps over all 2d columns (every V fragment feeds two mma.sync, as in V-split) with nothing
-//    exchanged; two CTAs per SM at 255 registers (2 x 64 accumulator registers, 2 x 32 for S).
-// Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
-// 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64; the skew +3-5% over
-// V-split at d = 128 (269-331 TFLOP/s; warps 4-7 half a tile behind 0-3, held there by the CTA barrier), Q
-// fragments in registers +1-3% (275-342), and mbarriers instead of that barrier +5-7% (290-358). At d = 64 two
-// V-split CTAs share an SM and the skewed kernel (one CTA per SM, 114 KB) was 6-9% slower, and with two V stages
-// (two CTAs per SM, the late warps loading V) 5-7% slower; schedule 4 is 8-10% faster than V-split there (256-300
-// -> 275-329 TFLOP/s: no exchange, no 128-register cap). ldmatrix at lane-constant offsets (LaneChunks) +2-3% on
-// schedules 3 and 4; TMA loads in schedule 3 (instead of 16 cp.async per thread and tile) +2-4.5% (297-363 ->
-// 311-376 TFLOP/s in one run), of which the registers they freed, spent on holding the ldmatrix offsets, +1-2%;
-// the loading thread rotating over the warps instead of thread 0 loading every tile, +3-7% (316-383 -> 325-403).
-// Tried and not kept: an FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep
-// mma.sync's pipe busy); the skew's late warps issuing their copies during P V (1% slower); schedule 4 with three
-// stages (equal, also with mbarriers), with the diagonal tile as a separate copy of the loop body (4% slower) or
-// with Q in registers (spills in the loop, 8-14% slower), or with the maps' S products one after the other instead
-// of interleaved (5-7% slower); schedule 3 with copies on every tile (equal), or software-pipelined (S of tile u + 1
-// before P V of tile u: 7-14% slower, whether the softmax goes in among the P V products or after them), or
-// persistent (one CTA per SM over a snake of the heaviest-first list, the stage ring carried across items: 1-2%
-// slower than the same tile-major order launched normally, which itself is 2-9% slower than the head-major order
-// of long launches); a tile's copies from one 64-bit base and 32-bit offsets (2-4% slower), and the row sums l by
-// mma.sync against ones (equal at d = 128, 6% slower at d = 64); schedule 3 loading tile u + 2 already at the start
-// of tile u where its stage is free (4-6% slower), schedule 4 with TMA (1-5% slower: it saved 20 of ~700
-// instructions per tile, and the CTA barrier per tile stays).
-//
-// Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB;
-// schedule 3 a third V stage (its third K stage is Q's area) and 1 KB to align TMA's tiles: 211 KB at d = 128.
-// Schedule 4 at d = 128 would need 256 accumulator registers.
+// Schedules of the P V products (attn_dispatch.cu picks the fastest that the device's shared memory fits):
+//  1 lockstep (8 warps): warps 0-3 take map 1, 4-7 map 2, each accumulates its own map over all 2d columns of V;
+//    at the end map 2 parks O2/l2 in shared memory and map 1 combines, normalises and stores. 160 KB at d = 128:
+//    fits an A100.
+//  2 V-split (8 warps): warps w and w + 4 own the same 16 rows (map 1 and map 2); after the softmax they swap P and
+//    the rescale factors through shared memory and each accumulates BOTH maps over half of V's columns, so every V
+//    fragment read with ldmatrix feeds two mma.sync (72 instead of 104 ldmatrix per warp and key tile at d = 128).
+//    +5-9% over lockstep at d = 128; 178 KB.
+//  4 both maps per warp (d = 64, 4 warps): each warp owns 16 rows of both maps, nothing is exchanged; two 80 KB
+//    CTAs per SM at 255 registers. 8-10% faster than V-split at d = 64.
+// Why the details (H200, bench/cuda_notes.md): the fixed copy plans and the skipped rescale +23-28%; ldmatrix at
+// lane-constant offsets (LaneChunks) +2-3%. What was tried and not kept: bench/EXPERIMENTS.md.
 #include "diff_attn_fwd.h"
 
 #include <cmath>
-#include <cstdlib>
 
+#include "attn_heads.h"
 #include "mma_sm80.cuh"
-#include "tma_sm90.cuh"
 
 namespace ds::kern {
 namespace {
@@ -85,13 +52,6 @@ struct Tile {
   static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
   static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
   static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
-  // V-split with mbarriers and TMA (one CTA per SM): Q (later K stage 2), K stages 0 and 1, 3 stages of V, the
-  // exchange area, 6 mbarriers; 1 KB more to align the start to 1024 bytes.
-  static constexpr int MBAR_XP = (Q_ELEMS + 4 * K_ELEMS + 3 * V_ELEMS) * 2;
-  static constexpr int MBAR_BARS = MBAR_XP + XP_BYTES + XF_BYTES;
-  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8 + 1024;
-  static_assert(SMEM_VMBAR <= 227 * 1024, "shared memory");
-  static_assert(Q_ELEMS == 2 * K_ELEMS, "the Q area holds one K stage");
 };
 
 // A thread's share of copying a ROWS x W bf16 tile into a swizzled shared tile with NTHR threads: one 16-byte
@@ -125,13 +85,11 @@ __device__ __forceinline__ void zero(float (&a)[N][4]) {
   for (int i = 0; i < N; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
 }
 
-// Where a swizzled tile of ROWS x WIDTH bf16 puts its rows and its 64-column groups (8 chunks of 16 bytes), in bytes.
-// Row-major (the cp.async schedules): a row is WIDTH * 2 bytes, the groups lie side by side in it. Slabs (SLAB, the
-// TMA schedule): the tile is WIDTH / 64 slabs of [ROWS][64], as a TMA box of 64 columns with 128-byte swizzle
-// lands. The swizzle is the same XOR of the chunk index with row % 8 in both.
-template <int WIDTH, int ROWS, bool SLAB>
+// Where a swizzled row-major tile of ROWS x WIDTH bf16 puts its rows and its 64-column groups (8 chunks of 16
+// bytes), in bytes: a row is WIDTH * 2 bytes, the groups lie side by side in it.
+template <int WIDTH>
 struct SwzLayout {
-  static constexpr int ROW = SLAB ? 128 : WIDTH * 2, GROUP = SLAB ? ROWS * 128 : 128;
+  static constexpr int ROW = WIDTH * 2, GROUP = 128;
 };
 
 // One lane's ldmatrix addresses in a swizzled tile of WIDTH-element rows, without arithmetic per read. The swizzle
@@ -140,10 +98,9 @@ struct SwzLayout {
 // at(i) + h * L::GROUP + 8 k * L::ROW bytes: a lane-constant offset plus an immediate, where at(i) = at(0) ^ 32 i
 // (rows and groups are multiples of 128 bytes, so bits 5-6 hold only the chunk's). Computing the swizzle per read
 // cost 4-5 dependent integer instructions in front of each group of ldmatrix, 10% of the S and P V loop's
-// instructions (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1% faster;
-// schedule 3, whose TMA copies left registers free: 1-2%) instead of one and an XOR per use (the cp.async
-// schedules 1 and 2 have no registers to spare: with four, the lockstep kernel spilled 24 bytes at d = 128 and 148
-// instead of 44 at d = 64).
+// instructions (+2-3% on the H200, bench/cuda_notes.md). HOLD keeps all four at(i) in registers (schedule 4: 1%
+// faster) instead of one and an XOR per use (schedules 1 and 2 have no registers to spare: with four, the lockstep
+// kernel spilled).
 template <class L, bool HOLD>
 struct LaneChunks {
   uint32_t off[HOLD ? 4 : 1];
@@ -161,13 +118,13 @@ struct LaneChunks {
 // issued: the kernels issue the next tile's copies there, between dependent ldmatrix and mma, rather than as a
 // block of their own after the products (which held 10% of the V-split kernel's stall samples in Nsight Compute;
 // measured equal speed, bench/cuda_notes.md, and it drops the bounds checks of every tile after the first).
-template <int D, int M, bool HOLD, bool SLAB, class QFrag, class AfterStep>
+template <int D, int M, bool HOLD, class QFrag, class AfterStep>
 __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q_frag, const bf16* sK, int lane,
                                              AfterStep&& after_step) {
 #pragma unroll
   for (int m = 0; m < M; ++m) zero(s[m]);
   // this lane reads rows nn * 16 + lane % 8 + 8 (lane / 16), chunks 2 kk + lane / 8 % 2
-  using L = SwzLayout<D, BN, SLAB>;
+  using L = SwzLayout<D>;
   const uint32_t k_base = smem_addr(sK);
   const LaneChunks<L, HOLD> kc((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
 #pragma unroll
@@ -195,20 +152,8 @@ __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const bf16* sQ, in
 template <int D, int M, bool HOLD, class AfterStep>
 __device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
                                              int lane, AfterStep&& after_step) {
-  warp_qk_core<D, M, HOLD, false>(
+  warp_qk_core<D, M, HOLD>(
       s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D>(a, sQ, m, kk, wrow, lane); }, sK, lane, after_step);
-}
-// One map, Q's fragments held in registers (qf[kk]: k step kk).
-template <int D, bool HOLD, bool SLAB, class AfterStep>
-__device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_t (&qf)[D / 16][4], const bf16* sK,
-                                            int lane, AfterStep&& after_step) {
-  warp_qk_core<D, 1, HOLD, SLAB>(
-      reinterpret_cast<float(&)[1][BN / 8][4]>(s),
-      [&](int, int kk, uint32_t(&a)[4]) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
-      },
-      sK, lane, after_step);
 }
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
@@ -273,7 +218,7 @@ __device__ __forceinline__ void warp_pv(float (&acc)[VW / 8][4], const uint32_t 
                                         int lane) {
   // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks 2 nn + lane / 16
   const uint32_t v_base = smem_addr(sV);
-  const LaneChunks<SwzLayout<VW, BN, false>, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  const LaneChunks<SwzLayout<VW>, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -339,12 +284,12 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
 
 // V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
 // (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D, bool HOLD, bool SLAB>
+template <int D, bool HOLD>
 __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
                                              const bf16* sV, int map, int lane) {
   // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks map * D / 8 + 2 nn + lane / 16
-  using L = SwzLayout<2 * D, BN, SLAB>;
+  using L = SwzLayout<2 * D>;
   const uint32_t v_base = smem_addr(sV);
   const LaneChunks<L, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, map * D / 8 + (lane >> 4));
 #pragma unroll
@@ -415,18 +360,17 @@ __device__ __forceinline__ void pair_epilogue(float (&acc_own)[D / 8][4], const 
 }
 
 __device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 0;\n" ::: "memory"); }
-// Named barrier `id` (1..15) for the 64 threads of two warps.
-__device__ __forceinline__ void pair_sync(int id) { named_sync(id, 64); }
 
-// Which (query tile, differential head, sequence) a CTA computes, and the matching kv head (DiffLlama mapping).
+// Which (query tile, differential head, sequence) a CTA computes, and the heads it reads (attn_heads.h).
 struct CtaWork {
-  int qt, j, b, g;
+  int qt, j, b;
+  ViewHeadMap heads;
 };
 __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
   const int hv = p.heads / 2;
   const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
   const int j = ct.bh % hv;
-  return {ct.qt, j, ct.bh / hv, j / (p.heads / p.kv_heads)};
+  return {ct.qt, j, ct.bh / hv, view_head_map(true, j, p.heads, p.kv_heads)};
 }
 
 // A CTA's copies (all NTHR threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
@@ -448,16 +392,17 @@ struct CtaCopies {
   int n, qt;
   __device__ __forceinline__ CtaCopies(const AttnParams& p, const CtaWork& w, int tid)
       : qk(tid), v(tid), base(p.qkv + int64_t(w.b) * p.batch_stride), rs(p.row_stride), n(p.n), qt(w.qt) {
-    const int half_kv = p.kv_heads / 2;
-    k_src0 = base + qk.r * rs + p.k_off + int64_t(w.g) * D + qk.c * 8;
-    k_src1 = base + qk.r * rs + p.k_off + int64_t(half_kv + w.g) * D + qk.c * 8;
-    v_src = base + v.r * rs + p.v_off + int64_t(v.c < D / 8 ? w.g : half_kv + w.g) * D + (v.c % (D / 8)) * 8;
+    k_src0 = base + qk.r * rs + p.k_off + int64_t(w.heads.k[0]) * D + qk.c * 8;
+    k_src1 = base + qk.r * rs + p.k_off + int64_t(w.heads.k[1]) * D + qk.c * 8;
+    v_src = base + v.r * rs + p.v_off + int64_t(w.heads.v[v.c < D / 8 ? 0 : 1]) * D + (v.c % (D / 8)) * 8;
+    q1 = w.heads.q[0], q2 = w.heads.q[1];
   }
-  __device__ __forceinline__ void issue_q(bf16* sQ, const AttnParams& p, int j) const {
+  int q1, q2;  // query heads of map 1 and map 2
+  __device__ __forceinline__ void issue_q(bf16* sQ, const AttnParams& p, int) const {
     const int q0 = qt * BM;
     const bf16* q_src = base + (q0 + qk.r) * rs + p.q_off + qk.c * 8;
-    qk.issue(sQ, q_src + int64_t(j) * D, rs, n - q0, base);
-    qk.issue(sQ + BM * D, q_src + int64_t(j + p.heads / 2) * D, rs, n - q0, base);
+    qk.issue(sQ, q_src + int64_t(q1) * D, rs, n - q0, base);
+    qk.issue(sQ + BM * D, q_src + int64_t(q2) * D, rs, n - q0, base);
   }
   // Q and the diagonal key tile, as the first cp.async group.
   __device__ __forceinline__ void issue_first(bf16* sQ, bf16* sK, bf16* sV, const AttnParams& p, int j) const {
@@ -609,7 +554,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
     exchange_p(pa, alpha, po, alpha_o, xp_own, xp_oth, xf_own, xf_oth, lane, cta_sync);
     rescale(acc_own, alpha);
     rescale(acc_oth, alpha_o);
-    warp_pv_both<D, false, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map,
+    warp_pv_both<D, false>(acc_own, acc_oth, pa, po, sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS, map,
                                   lane);
   }
 
@@ -618,138 +563,6 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
                    cta_sync);
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
-}
-
-// V-split without a CTA barrier in the loop (schedule 3, d = 128, sm_90: TMA). Warps 2i and 2i + 1 own rows 16i..
-// (map 1 and map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages
-// are guarded by mbarriers instead of one CTA barrier per tile: full[s] completes when the tile in stage s has
-// landed, empty[s] when all 8 warps have finished that tile's P V. One thread loads each tile with TMA
-// (cp.async.bulk.tensor, boxes of 64 columns x 64 tokens, 128-byte swizzle, tokens past n zero-filled by the copy
-// engine): tile u + 1 goes out as lane 0 of warp u % 8 starts tile u, into the stage of tile u - 2 once every warp
-// is done with that. So warps drift apart by up to a tile instead of meeting every tile (the CTA barrier held 8.5%
-// of the stall samples in Nsight Compute), and the threads spend no instructions or registers on copies: with
-// cp.async every thread issued 16 copies per tile, about 100 of a warp's 630 instructions per tile with their
-// 64-bit address arithmetic (bench/cuda_notes.md). The loading warp rotates: with thread 0 loading every tile,
-// warp 0 (8 TMA and the wait for tile u - 2 each tile) was the slowest and every warp waited for its loads, 3-7%
-// slower. The partners' exchange slots are reused one tile later only once the partner has read them: named
-// barrier 5 + w gets the partner's bar.arrive after it read warp w's P. Each warp keeps its Q fragments in
-// registers, so the Q area is K stage 2 after the prologue. Tiles are slabs of [64 rows][64 columns]
-// (SwzLayout<.., true>), as TMA writes them.
-template <int D>
-__global__ void __launch_bounds__(THREADS, 1)
-    diff_attn_fwd_vmbar_kernel(const __grid_constant__ CUtensorMap tm, const AttnParams p) {
-  using T = Tile<D>;
-  constexpr int VW = T::VW, NH = D / 8, SLABS = D / 64;
-  constexpr uint32_t Q_BYTES = T::Q_ELEMS * 2, KV_BYTES = (2 * T::K_ELEMS + T::V_ELEMS) * 2;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the 128-byte swizzle of TMA is a function of the address: tiles start 1024-byte aligned
-  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][SLABS][BM][64], then K stage 2
-  bf16* sK = sQ + T::Q_ELEMS;                // K stages 0, 1: [K1 | K2], each [SLABS][BN][64]
-  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][2 SLABS][BN][64]
-  uint4* xp = reinterpret_cast<uint4*>(smem + T::MBAR_XP);                  // [8 warps][BN/16][32]
-  float2* xf = reinterpret_cast<float2*>(smem + T::MBAR_XP + T::XP_BYTES);  // [8 warps][32]
-  const uint32_t bars = smem_addr(smem + T::MBAR_BARS);                    // full[3], empty[3]
-  const auto full = [bars](int s) { return bars + 8 * s; };
-  const auto empty = [bars](int s) { return bars + 24 + 8 * s; };
-  const auto k_stage = [sQ, sK](int s) { return s == 2 ? sQ : sK + s * 2 * T::K_ELEMS; };
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int map = warp & 1, pair = warp >> 1, wrow = pair * 16;
-  const CtaWork w = cta_work(p);
-  const int qt = w.qt, j = w.j, b = w.b;
-  unsigned long long t_start = 0;
-  if (p.head_ns && tid == 0) t_start = global_timer_ns();
-  const int q0 = qt * BM, n_kt = qt + 1;
-
-  // The loading thread: key tile it (0 is the diagonal tile, then descending) into stage s. Tensor coordinates are
-  // (column, token, sequence); kv head g's D columns start at k_off + g * D (K2, V2: kv head kv_heads / 2 + g), 64
-  // per box.
-  const auto load_kv = [&](int it, int s) {
-    const int k0 = (qt - it) * BN, g2 = p.kv_heads / 2 + w.g;
-    const uint32_t dk = smem_addr(k_stage(s)), dv = smem_addr(sV + s * T::V_ELEMS);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl) {
-        const int col = (m == 0 ? w.g : g2) * D + sl * 64;
-        tma_load_3d(dk + (m * SLABS + sl) * BN * 128, &tm, int(p.k_off) + col, k0, b, full(s));
-        tma_load_3d(dv + (m * SLABS + sl) * BN * 128, &tm, int(p.v_off) + col, k0, b, full(s));
-      }
-  };
-  if (tid == 0) {
-    for (int s = 0; s < 3; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), THREADS / 32);
-    }
-    fence_mbarrier_init();
-    prefetch_tensormap(&tm);
-    mbar_expect_tx(full(0), Q_BYTES + KV_BYTES);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl)
-        tma_load_3d(smem_addr(sQ) + (m * SLABS + sl) * BM * 128, &tm,
-                    int(p.q_off) + (m == 0 ? j : j + p.heads / 2) * D + sl * 64, q0, b, full(0));
-    load_kv(0, 0);
-  }
-  __syncthreads();  // the barriers are initialised
-
-  float acc_own[NH][4], acc_oth[NH][4];
-  zero(acc_own);
-  zero(acc_oth);
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const float sl2 = p.scale * 1.4426950408889634f;
-  uint4* xp_own = xp + warp * (BN / 16) * 32;
-  const uint4* xp_oth = xp + (warp ^ 1) * (BN / 16) * 32;
-  float2* xf_own = xf + warp * 32;
-  const float2* xf_oth = xf + (warp ^ 1) * 32;
-  const auto sync_pair = [pair] { pair_sync(1 + pair); };
-  const int read_own = 5 + warp, read_oth = 5 + (warp ^ 1);  // named barriers: "the partner has read my slots"
-
-  uint32_t qf[D / 16][4];
-  mbar_wait(full(0), 0);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int row = wrow + (lane & 15), chunk = 2 * kk + (lane >> 4);
-    ldmatrix_x4(qf[kk], smem_addr(sQ + map * BM * D) + (chunk >> 3) * BM * 128 + row * 128 +
-                            (((chunk & 7) ^ (row & 7)) << 4));
-  }
-  __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
-
-  uint32_t pa[BN / 16][4], po[BN / 16][4];
-  float al[2], ao[2];
-  for (int u = 0; u < n_kt; ++u) {
-    const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
-    if (tid == ((u & 7) << 5) && u + 1 < n_kt) {  // lane 0 of warp u % 8
-      if (u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
-      mbar_expect_tx(full(ns), KV_BYTES);
-      load_kv(u + 1, ns);
-    }
-    __syncwarp();
-    mbar_wait(full(st), (u / 3) & 1);
-    float s[BN / 8][4];
-    warp_qk_reg<D, true, true>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [](int) {});
-    if (u == 0) mask_diagonal(s, wrow, lane);
-    warp_softmax<false>(s, m_run, l_run, al, sl2);
-    pack_p(s, pa);
-    if (u > 0) named_sync(read_own, 64);  // the partner has read P(u - 1)
-    exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
-    named_arrive(read_oth, 64);
-    rescale(acc_own, al);
-    rescale(acc_oth, ao);
-    warp_pv_both<D, true, true>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(st));
-  }
-
-  named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
-  pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
-                   sync_pair);
-  if (p.head_ns) {
-    cta_sync();  // the CTA's time ends with its last warp
-    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
-  }
 }
 
 // Schedule 4 (d = 64): each warp owns 16 rows of BOTH maps, so nothing is exchanged. A CTA is 4 warps (BM = 64 rows)
@@ -785,7 +598,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    warp_pv_both<D, true, false>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
+    warp_pv_both<D, true>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
                                  reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]), pa[0], pa[1], stage + 2 * BN * D, h,
                                  lane);
 }
@@ -847,101 +660,48 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   }
 }
 
-// The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
-// warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with mbarriers and TMA, 211 KB per CTA, sm_90 and
-// newer; launch() falls back to 2 where TMA cannot read the tensor); then 2 (V-split,
-// where its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB);
-// 0: none fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is
-// granted when it is built for D and fits, else the default runs.
 template <int D>
-int mma_schedule() {
+cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
   using T = Tile<D>;
-  static int fits[64] = {};  // per device: bit s set when schedule s fits; bit 0 once known
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (fits[dev] == 0) {
-    int mask = 1, per_block = 0, per_sm = 0;
-    constexpr int reserved = 1024;  // per CTA, by the driver
-    if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-      cudaGetLastError();
-    } else {
-      const auto fit = [&](int smem, int ctas) { return smem <= per_block && ctas * (smem + reserved) <= per_sm; };
-      if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
-      if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
-      if constexpr (D == 128) {  // and the kernel was built for sm_90 or newer (TMA), not JIT-compiled from sm_80 PTX
-        cudaFuncAttributes fa{};
-        if (fit(T::SMEM_VMBAR, 1) && cudaFuncGetAttributes(&fa, diff_attn_fwd_vmbar_kernel<D>) == cudaSuccess &&
-            fa.ptxVersion >= 90)
-          mask |= 1 << 3;
-        cudaGetLastError();
-      }
-      if (D == 64 && fit(T::SMEM_LOCKSTEP, 2)) mask |= 1 << 4;
-    }
-    fits[dev] = mask;
-  }
-  const char* e = std::getenv("DS_ATTN_MMA_VER");
-  const int asked = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
-  if (asked && (fits[dev] >> asked & 1)) return asked;
-  for (int s : {4, 3, 2, 1})
-    if (fits[dev] >> s & 1) return s;
-  return 0;
-}
-
-template <int D>
-cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
-  using T = Tile<D>;
-  AttnParams q = p;
-  q.tile_major = attn_tile_major(p);
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  int schedule = mma_schedule<D>();
-  if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
-    if (schedule == 3) {
-      CUtensorMap tm;
-      if (attn_tma_usable(p) && make_attn_tma_map(tm, p.qkv, p.row_stride, p.batch_stride, p, BN)) {
-        const auto kernel = diff_attn_fwd_vmbar_kernel<D>;
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM_VMBAR);
-        if (e != cudaSuccess) return e;
-        kernel<<<ctas, THREADS, T::SMEM_VMBAR, stream>>>(tm, q);
-        return cudaGetLastError();
-      }
-      schedule = 2;  // fits wherever 3 does
-    }
-  }
-  if (schedule == 0) return cudaErrorInvalidConfiguration;
   void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D>;
   int smem = T::SMEM_LOCKSTEP;
-  if (schedule == 2) {
+  unsigned threads = THREADS;
+  if (schedule == MMA_VSPLIT) {
     kernel = diff_attn_fwd_vsplit_kernel<D>;
     smem = T::SMEM_VSPLIT;
-  }
-  unsigned threads = THREADS;
-  if constexpr (D == 64) {  // schedule 4 is built for d = 64 only (mma_schedule)
-    if (schedule == 4) {
-      kernel = diff_attn_fwd_warp2_kernel<D>;
-      smem = T::SMEM_LOCKSTEP;
-      threads = THREADS_W;
-    }
+  } else if (schedule == MMA_BOTH) {
+    if constexpr (D != 64) return cudaErrorInvalidValue;  // 2 x 2d-wide accumulators per warp fit only at d = 64
+    kernel = diff_attn_fwd_warp2_kernel<64>;
+    threads = THREADS_W;
+  } else if (schedule != MMA_LOCKSTEP) {
+    return cudaErrorInvalidValue;
   }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  kernel<<<ctas, threads, smem, stream>>>(q);
+  kernel<<<ctas, threads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-int diff_attn_fwd_schedule(int d) { return d == 64 ? mma_schedule<64>() : d == 128 ? mma_schedule<128>() : 0; }
+MmaFootprint diff_attn_mma_footprint(int schedule, int d) {
+  const auto pick = [&](auto t) -> MmaFootprint {
+    using T = decltype(t);
+    if (schedule == MMA_LOCKSTEP) return {T::SMEM_LOCKSTEP, 1};
+    if (schedule == MMA_VSPLIT) return {T::SMEM_VSPLIT, T::MIN_BLOCKS};
+    if (schedule == MMA_BOTH && d == 64) return {T::SMEM_LOCKSTEP, 2};
+    return {};
+  };
+  if (d == 64) return pick(Tile<64>{});
+  if (d == 128) return pick(Tile<128>{});
+  return {};
+}
 
-bool diff_attn_fwd_supported(int d) { return diff_attn_fwd_schedule(d) != 0; }
-
-cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_diff_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream) {
   if (!p.diff || p.n <= 0 || p.heads % 2 || p.kv_heads % 2 || p.heads % p.kv_heads) return cudaErrorInvalidValue;
-  if (p.d == 64) return launch<64>(p, stream);
-  if (p.d == 128) return launch<128>(p, stream);
+  if (p.d == 64) return launch<64>(p, schedule, stream);
+  if (p.d == 128) return launch<128>(p, schedule, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -1,16 +1,20 @@
-// Fused differential-attention forward (causal), tensor cores via mma.sync: see diff_attn_fwd.cu.
+// Fused differential-attention forward (causal) on mma.sync, sm_80 and newer: the portable fused kernel
+// (diff_attn_fwd.cu). Reached through attn_dispatch.h, which picks the schedule that fits the device.
 #pragma once
 #include "attn_params.h"
 
 namespace ds::kern {
 
-// head_dim values the fused kernel is built for (64 and 128) and whose shared memory fits the current device;
-// others take attn_fwd_generic.
-bool diff_attn_fwd_supported(int d);
-// The schedule launch_diff_attn_fwd uses for head_dim d on the current device: 4 both maps per warp (d = 64),
-// 3 V-split with mbarriers (d = 128), 2 V-split, 1 lockstep, 0 none (diff_attn_fwd.cu; DS_ATTN_MMA_VER asks for one).
-int diff_attn_fwd_schedule(int d);
-// p.diff must be true; returns the launch error (cudaSuccess when queued).
-cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream);
+// The schedules of the P V products (diff_attn_fwd.cu's header says how each works).
+enum MmaSchedule { MMA_LOCKSTEP = 1, MMA_VSPLIT = 2, MMA_BOTH = 4 };
+
+// Shared memory per CTA and the CTAs per SM a schedule needs to run as designed; {0, 0} when it is not built for d.
+struct MmaFootprint {
+  int smem = 0, ctas_per_sm = 0;
+};
+MmaFootprint diff_attn_mma_footprint(int schedule, int d);
+
+// p.diff, d = 64 or 128 (MMA_BOTH: d = 64); returns the launch error (cudaSuccess when queued).
+cudaError_t launch_diff_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -5,6 +5,8 @@
 // blocks (128 threads for 2048 wide rows) keep many rows in flight per SM. Other rows take the two-pass kernel.
 #include "rmsnorm.h"
 
+#include "warp_reduce.cuh"
+
 namespace ds::kern {
 namespace {
 
@@ -15,14 +17,12 @@ constexpr int REG_MAX_VPT = 8;
 // Sum over the block, returned to every thread. blockDim.x is a multiple of 32, at most 1024.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float red[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
   if (threadIdx.x < 32) {
     v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     if (threadIdx.x == 0) red[0] = v;
   }
   __syncthreads();

@@ -1,6 +1,6 @@
 // TMA (cp.async.bulk.tensor) for the attention kernels: the device side (sm_90 and newer; elsewhere these trap, and
 // the launchers never pick a kernel that needs them) and the host side, the 3-D tensor maps over the packed QKV
-// input and the output (defined in diff_attn_fwd_sm90_ws.cu).
+// input and the output (defined in attn_fwd_sm90.cu).
 #pragma once
 #include <cuda.h>
 
@@ -47,7 +47,5 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 // False when the driver's encoder is not reachable or refuses.
 bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
                        int rows);
-// True when the encoder is reachable and p's input and output meet TMA's alignment rules (16-byte base and strides).
-bool attn_tma_usable(const AttnParams& p);
 
 }  // namespace ds::kern

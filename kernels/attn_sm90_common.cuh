@@ -1,6 +1,6 @@
-// Pieces shared by the Hopper fused differential-attention kernels (diff_attn_fwd_sm90.cu: v4/v5, all threads load;
-// diff_attn_fwd_sm90_ws.cu: v9, warp-specialised): wgmma descriptors and ordering, the online softmax on the wgmma
-// accumulator layout, the O rescale, packing P into the register A operand, and the epilogue of map 1.
+// Device pieces of the Hopper attention kernel (attn_fwd_sm90.cu): wgmma descriptors and ordering, the Q K^T and
+// P V products, the causal mask and the O rescale on the wgmma accumulator layout, packing P into the register A
+// operand, and staging the output tile for the TMA store.
 // Accumulator layout (m64nNk16, per thread): element i belongs to row g4 + 8 * ((i >> 1) & 1) of the warp's 16 rows
 // and to column 8 * (i >> 2) + 2 * t4 + (i & 1). Only valid inside code compiled for sm_90a (DS_SM90A guards).
 #pragma once
@@ -41,15 +41,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_base, ui
   }
   wgmma_commit();
 }
-// O += P V: P from registers, V an MN-major SW128 tile [2d/64 slabs][BN keys][64] (LBO = next slab, SBO = 8 keys);
-// one commit group.
-template <int D, int BN>
-__device__ __forceinline__ void issue_pv(float (&acc)[D], const uint32_t (&pa)[BN / 16][4], uint32_t v_base) {
+// O += P V: P from registers, V an MN-major SW128 tile [NACC/32 slabs][BN keys][64] at v_base (LBO = next slab,
+// SBO = 8 keys), NACC accumulators per thread (64 x 2 NACC outputs per warpgroup); one commit group.
+template <int NACC, int BN>
+__device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&pa)[BN / 16][4], uint32_t v_base) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     const uint64_t dv = desc128(v_base + uint32_t(kk * 2048), BN * 128, 1024);
-    if constexpr (D == 128) wgmma_m64n256k16_rs_tb(acc, pa[kk], dv, 1);
-    else wgmma_m64n128k16_rs_tb(acc, pa[kk], dv, 1);
+    if constexpr (NACC == 128) wgmma_m64n256k16_rs_tb(acc, pa[kk], dv, 1);
+    else if constexpr (NACC == 64) wgmma_m64n128k16_rs_tb(acc, pa[kk], dv, 1);
+    else wgmma_m64n64k16_rs_tb(acc, pa[kk], dv, 1);
   }
   wgmma_commit();
 }
@@ -111,33 +112,6 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], uint32_t (&pa)[
     pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
-  }
-}
-
-// Map 1's epilogue: O = O1/l1 - lambda * O2/l2 (O2/l2 from `o2`, this warp's [NACC][32 lanes] block), RMS norm over
-// the 2d columns, times (1 - lambda_init), bf16 stores of rows row0 and row0 + 8 (those below n).
-template <int NACC>
-__device__ __forceinline__ void combine_store(float (&acc)[NACC], const float (&inv_l)[2], const float* o2, int lane,
-                                              const AttnParams& p, int b, int j, int row0, int t4) {
-  constexpr int VW = 2 * NACC;
-  float ss[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < NACC; ++i) {
-    const float o = acc[i] * inv_l[(i >> 1) & 1] - p.lambda * o2[i * 32 + lane];
-    acc[i] = o;
-    ss[(i >> 1) & 1] += o * o;
-  }
-  float f[2];
-  quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r;
-    if (row < p.n) {
-      bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW + 2 * t4;
-#pragma unroll
-      for (int nt = 0; nt < VW / 8; ++nt)
-        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc[nt * 4 + 2 * r] * f[r], acc[nt * 4 + 2 * r + 1] * f[r]);
-    }
   }
 }
 

@@ -1,24 +1,25 @@
-// Fused differential attention, forward, causal, Hopper, warp-specialised (v9): the arithmetic of the v5 kernel in
-// diff_attn_fwd_sm90.cu (wgmma S = Q K^T from shared memory, O += P V with P from registers, both online softmaxes,
-// the epilogue (1 - lambda_init) * RMSNorm_2d(O1/l1 - lambda O2/l2)), with the data movement and the scheduling of
-// FlashAttention-3:
+// Fused causal attention forward for Hopper (sm_90a), differential or plain, warp-specialised in the manner of
+// FlashAttention-3: wgmma S = Q K^T from shared memory, online softmax in registers, O += P V with P from registers.
 //   - a producer warpgroup: one thread issues TMA tile loads (cp.async.bulk.tensor, 128-byte swizzle, rows past n
 //     zero-filled by the copy engine) into mbarrier-guarded stages, then gives its registers away (setmaxnreg);
-//   - two consumer warpgroups, map 1 and map 2 of the same 64 query rows, 240 registers each. K stages (K1 and K2
-//     of a tile) and V stages (one 2d-wide V tile, shared by both maps) are separate pipelines: a K stage is free
-//     once both maps' S product is done, a V stage once both P V products are done, so nothing waits on a
-//     CTA-wide barrier and the two warpgroups may drift apart;
+//   - two consumer warpgroups on the same 64 query rows, 240 registers each. DIFF: map 1 and map 2 of differential
+//     head j, both against the one 2d-wide V tile [V_g | V_{Hkv/2+g}]. Plain: query heads 2j and 2j+1, each against
+//     its own d-wide half of the V stage [V of head 2j | V of head 2j+1] (so a plain head is the same pipeline with
+//     one map and half the P V work, and the Transformer twin of a DIFF model is timed on the same kernel);
+//   - K stages (both maps' K of a tile) and V stages are separate pipelines: a K stage is free once both S products
+//     are done, a V stage once both P V products are done; nothing waits on a CTA-wide barrier;
 //   - ping-pong: the two consumers take turns issuing their products (named barriers 2 and 3), so one warpgroup's
 //     softmax runs while the other's wgmmas use the tensor cores;
-//   - epilogue: map 1 hands O1/l1 to map 2 through shared memory while map 2's last product runs; map 2 combines,
-//     normalises and writes the bf16 tile to shared memory, and a TMA store writes it out.
-// Why (v5 measurements, bench/cuda_notes.md): the tensor pipe was busy 39% of the time with every thread issuing
-// cp.async and both warpgroups meeting at __syncthreads once per tile; a v8 ping-pong with a private K/V copy
-// per warpgroup gained the ordering (+8-12%) but lost more to the second V copy. Here V is loaded once.
+//   - epilogue, DIFF: map 1 hands O1/l1 to map 2 through shared memory while map 2's last product runs; map 2 forms
+//     (1 - lambda_init) RMSNorm_2d(O1/l1 - lambda O2/l2), stages the bf16 tile and one thread stores it with TMA.
+//     Plain: each warpgroup stages O/l of its head in its own Q area and stores it with TMA.
+// Why: with every thread issuing cp.async and both warpgroups meeting at __syncthreads once per tile the tensor pipe
+// was busy 39% of the time; a ping-pong with a private K/V copy per warpgroup gained the ordering (+8-12%) but lost
+// more to the second V copy, so V is loaded once (bench/cuda_notes.md; bench/EXPERIMENTS.md lists what was tried).
 // Shared memory (1024-byte aligned, all tiles [64-column slabs][rows][64] with the SW128 XOR, which is what a TMA
 // box of 64 columns x rows with CU_TENSOR_MAP_SWIZZLE_128B writes): Q of both maps, KS K stages, VS V stages,
 // then the mbarriers. d = 128: 32 + 2 x 32 + 2 x 32 KB = 160 KB.
-#include "diff_attn_fwd_sm90_ws.h"
+#include "attn_fwd_sm90.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -26,20 +27,13 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
-#if defined(DS_ATTN_TRACE)
-#include <cstdio>
-#include <cstdlib>
-#include <map>
-#include <tuple>
-#include <vector>
-#endif
 
 #include "mma_sm80.cuh"
 #include "tma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DS_SM90A_WS 1
-#include "diff_attn_sm90_common.cuh"
+#include "attn_sm90_common.cuh"
 #endif
 
 namespace ds::kern {
@@ -47,37 +41,7 @@ namespace {
 
 constexpr int BM = 64, THREADS = 384, KS = 2, VS = 2;
 
-#if defined(DS_ATTN_TRACE)
-// Diagnostic build only (-DDS_ATTN_TRACE; tools/attn_trace.py reads the dump): per-CTA timestamps (SM clock) of the
-// phases of one launch per shape, written by the launcher to $DS_ATTN_TRACE_OUT. Slots: 0 smid, 1 n_kt, 2 entry,
-// 3 Q landed (map 1), 4 diagonal tile's softmax done (map 1), 5 map 1 loop done, 6 map 2 loop done, 7 tile stored.
-constexpr int TRACE_CTAS = 65536, TRACE_SLOTS = 8;
-__device__ unsigned long long g_trace[TRACE_CTAS * TRACE_SLOTS];
-#if defined(DS_SM90A_WS)
-__device__ __forceinline__ unsigned long long clk64() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned smid() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-  return r;
-}
-#endif
-#define DS_TRACE_AT(idx, slot, value)                                                  \
-  do {                                                                                 \
-    const int i_ = (idx);                                                              \
-    if (i_ < TRACE_CTAS) g_trace[i_ * TRACE_SLOTS + (slot)] = (value);                 \
-  } while (0)
-#define DS_TRACE(slot, value) DS_TRACE_AT(int(blockIdx.x), slot, value)
-#else
-#define DS_TRACE_AT(idx, slot, value) \
-  do {                                \
-  } while (0)
-#define DS_TRACE(slot, value) DS_TRACE_AT(0, slot, value)
-#endif
-
+// Shared-memory plan, the same for both modes (plain: the two maps are two heads, and V's halves their Vs).
 template <int D, int BN>
 struct TileWs {
   static constexpr int VW = 2 * D;
@@ -87,25 +51,27 @@ struct TileWs {
   static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, BAR_OFF = V_OFF + VS * V_STAGE_BYTES;
   static constexpr int N_BARS = 1 + 2 * KS + 2 * VS;
   static constexpr int SMEM_BYTES = BAR_OFF + N_BARS * 8 + 1024;  // + alignment slack
-  static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O1 staging must fit in the K stages");
+  static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O1/l1 (DIFF) must fit in the K stages");
   static_assert(BM * VW * 2 <= Q_BYTES, "the bf16 output tile must fit in Q's space");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
 #if defined(DS_SM90A_WS)
-constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE = 4;  // named barriers (0 is __syncthreads)
+// Named barriers (0 is __syncthreads): both consumers; the turn of map 1 and map 2; a consumer's own 128 threads.
+constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE0 = 4;
 
 using namespace sm90;
 #endif
 
-template <int D, int BN>
+template <int D, int BN, bool DIFF>
 __global__ void __launch_bounds__(THREADS, 1)
-    diff_attn_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+    attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
 #if defined(DS_SM90A_WS)
   using T = TileWs<D, BN>;
   constexpr int NS = BN / 2;  // S accumulators per thread
-  constexpr int VW = T::VW, NACC = VW / 2, SLABS = D / 64;
+  constexpr int VW = T::VW, SLABS = D / 64;
+  constexpr int NACC = DIFF ? VW / 2 : D / 2;  // O accumulators per thread: 64 rows x 2d (DIFF) or x d (plain)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
@@ -119,17 +85,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
+  const int hv = p.heads / 2;  // CTAs per query tile and sequence: differential heads, or pairs of plain heads
   const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
   const int qt = ct.qt, j = ct.bh % hv, b = ct.bh / hv;
-  const int g = j / (p.heads / p.kv_heads);
+  // Map m's query head and kv head (K, and V's half m): attn_heads.h's mapping of differential head j, or plain
+  // head 2j + m.
+  int qh[2], kvh[2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const ViewHeadMap hm = view_head_map(DIFF, DIFF ? j : 2 * j + m, p.heads, p.kv_heads);
+    qh[m] = DIFF ? hm.q[m] : hm.q[0];
+    kvh[m] = DIFF ? hm.k[m] : hm.k[0];
+  }
   const int q0 = qt * BM;
   const int n_kt = (q0 + BM - 1) / BN + 1;  // kv tiles up to the one holding the diagonal
 
   if (tid == 0) {
-    DS_TRACE(0, smid());
-    DS_TRACE(1, (unsigned long long)n_kt);
-    DS_TRACE(2, clk64());
     mbar_init(bar_q, 1);
     for (int s = 0; s < KS; ++s) {
       mbar_init(bar_full_k(s), 1);
@@ -156,7 +127,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int sl = 0; sl < SLABS; ++sl)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
-                      int(p.q_off) + (m == 0 ? j : j + hv) * D + sl * 64, q0, b, bar_q);
+                      int(p.q_off) + qh[m] * D + sl * 64, q0, b, bar_q);
       for (int it = 0; it < n_kt; ++it) {
         const int k0 = (n_kt - 1 - it) * BN;
         const int ks = it % KS, vs = it % VS;
@@ -169,27 +140,27 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int sl = 0; sl < SLABS; ++sl)
             tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.k_off) + (m == 0 ? g : half_kv + g) * D + sl * 64, k0, b, bar_full_k(ks));
+                        int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
         mbar_wait(bar_empty_v(vs), uint32_t(((it / VS) & 1) ^ 1));
         mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
         const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
 #pragma unroll
-        for (int m = 0; m < 2; ++m)  // [V_g | V_{Hkv/2+g}]: 2 SLABS slabs of 64 columns
+        for (int m = 0; m < 2; ++m)  // [V of map 1 | V of map 2]: 2 SLABS slabs of 64 columns
 #pragma unroll
           for (int sl = 0; sl < SLABS; ++sl)
             tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.v_off) + (m == 0 ? g : half_kv + g) * D + sl * 64, k0, b, bar_full_v(vs));
+                        int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
       }
     }
     return;
   }
 
-  // Consumers: warpgroup 1 computes map 1, warpgroup 2 map 2.
+  // Consumers: warpgroup 1 computes map 1 (plain: head 2j), warpgroup 2 map 2 (plain: head 2j + 1).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int map = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31;
   const int wrow = warp * 16, g4 = lane >> 2, t4 = lane & 3;
   unsigned long long t_start = 0;
-  if (p.head_ns && ctid == 0 && map == 1) t_start = global_timer_ns();
+  if (p.head_ns && ctid == 0 && (map == 1 || !DIFF)) t_start = global_timer_ns();
 
   float acc[NACC];
 #pragma unroll
@@ -208,13 +179,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (map == 1) named_arrive(BAR_SCHED0, 256);
 
   auto issue_s = [&](float (&s)[NS], int ks) { issue_qk<D, BN>(s, q_base, sK + uint32_t(ks * T::K_STAGE_BYTES + map * BN * D * 2)); };
-  auto issue_pv = [&](int vs) { sm90::issue_pv<D, BN>(acc, pa, sV + uint32_t(vs * T::V_STAGE_BYTES)); };
+  // DIFF: both maps against the whole 2d-wide V stage; plain: this head's d-wide half of it.
+  const uint32_t v_half = DIFF ? 0u : uint32_t(map * SLABS * BN * 128);
+  auto issue_pv = [&](int vs) { sm90::issue_pv<NACC, BN>(acc, pa, sV + uint32_t(vs * T::V_STAGE_BYTES) + v_half); };
   auto softmax = [&](float (&s)[NS], float (&alpha)[2]) { online_softmax<NS, true>(s, m_run, l_run, sl2, alpha); };
   auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
   auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
 
   mbar_wait(bar_q, 0);
-  if (ctid == 0 && map == 0) DS_TRACE(3, clk64());
   float alpha_prev[2] = {1.f, 1.f};
   {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
     float s[NS];
@@ -232,7 +204,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
     pack(s);
-    if (ctid == 0 && map == 0) DS_TRACE(4, clk64());
   }
   // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1) V(it-1)
   // | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
@@ -271,16 +242,38 @@ __global__ void __launch_bounds__(THREADS, 1)
     pin_pv_operands(acc, pa);
     mbar_arrive(bar_empty_v(vs));
   }
-  if (ctid == 0) DS_TRACE(5 + map, clk64());
 
-  // Epilogue. Map 1 finishes first (it issues every tile's products first): it parks O1/l1 in the K stages as soon
-  // as map 2's last S product is done (the last K stage's release completes), while map 2's last P V still runs.
-  // Map 2 then forms O = O1/l1 - lambda O2/l2, normalises over the 2d columns, writes the bf16 tile into Q's space
-  // (every S product is done) and one thread stores it with TMA: whole 128-byte lines instead of 16-byte pieces
-  // of 8 rows per store instruction; rows past n are clipped by the copy engine. Per-CTA timestamps (bench/
-  // cuda_notes.md): 6.0k SM cycles from the end of the loop to the stored tile with map 1 storing from registers.
   quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
+  // The output tile goes out with TMA by one thread: whole 128-byte lines instead of 16-byte pieces of 8 rows per
+  // store instruction; rows past n are clipped by the copy engine. `slabs` 64-column slabs staged at `src` go to
+  // columns col0.. of rows q0.. of sequence b.
+  auto store_tile = [&](uint32_t src, int col0, int slabs, int view_head) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_sync(BAR_EPILOGUE0 + map, 128);
+    if (ctid == 0) {
+      for (int sl = 0; sl < slabs; ++sl)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                reinterpret_cast<uint64_t>(&tm_out)),
+            "r"(col0 + sl * 64), "r"(q0), "r"(b), "r"(src + uint32_t(sl * BM * 128))
+            : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory must outlive the reads
+      if (p.head_ns) atomicAdd(p.head_ns + view_head, global_timer_ns() - t_start);
+    }
+  };
+  if constexpr (!DIFF) {
+    // Plain: O/l of head 2j + map, staged in this warpgroup's own Q area (its S products are all done).
+    stage_out_tile(acc, inv_l, q_base, wrow + g4, t4);
+    store_tile(q_base, j * VW + map * D, SLABS, 2 * j + map);
+    return;
+  }
+  // DIFF. Map 1 finishes first (it issues every tile's products first): it parks O1/l1 in the K stages as soon as
+  // map 2's last S product is done (the last K stage's release completes), while map 2's last P V still runs. Map 2
+  // then forms O = O1/l1 - lambda O2/l2, normalises over the 2d columns, writes the bf16 tile into Q's space (every
+  // S product is done) and stores it. Per-CTA timestamps (bench/cuda_notes.md): 6.0k SM cycles from the end of the
+  // loop to the stored tile with map 1 storing from registers.
   // [4 warps][NACC / 4][32 lanes] float4: thread (warp, lane) of both maps holds the same elements of O.
   float4* x = reinterpret_cast<float4*>(smem + T::K_OFF) + warp * (NACC / 4) * 32 + lane;
   if (map == 0) {
@@ -307,49 +300,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     float f[2];
     quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
     stage_out_tile(acc, f, sQ, wrow + g4, t4);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_sync(BAR_EPILOGUE, 128);
-    if (ctid == 0) {
-#pragma unroll
-      for (int sl = 0; sl < VW / 64; ++sl)
-        asm volatile(
-            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                reinterpret_cast<uint64_t>(&tm_out)),
-            "r"(j * VW + sl * 64), "r"(q0), "r"(b), "r"(sQ + uint32_t(sl * BM * 128))
-            : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory must outlive the reads
-      if (p.head_ns) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
-      DS_TRACE(7, clk64());
-    }
+    store_tile(sQ, j * VW, VW / 64, j);
   }
 #else
-  __trap();  // built without sm_90a: never launched (diff_attn_fwd_sm90_available() is false)
+  __trap();  // built without sm_90a: never launched (select_attn checks attn_fwd_sm90_code_runs)
 #endif
 }
 
-#if defined(DS_ATTN_TRACE)
-// Dumps the trace of the 400th launch of each shape (warm, not the first) to $DS_ATTN_TRACE_OUT, one line per CTA.
-void trace_dump(const AttnParams& p, unsigned ctas, cudaStream_t stream) {
-  static std::map<std::tuple<int, int, int>, int> launches;
-  const char* path = std::getenv("DS_ATTN_TRACE_OUT");
-  if (!path || ++launches[{p.n, p.batch, p.d}] != 400 || ctas > unsigned(TRACE_CTAS)) return;
-  std::vector<unsigned long long> h(size_t(ctas) * TRACE_SLOTS);
-  if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      cudaMemcpyFromSymbol(h.data(), g_trace, h.size() * sizeof(h[0])) != cudaSuccess)
-    return;
-  FILE* f = std::fopen(path, "a");
-  if (!f) return;
-  std::fprintf(f, "# n %d batch %d d %d heads %d ctas %u qtiles %d\n", p.n, p.batch, p.d, p.heads, ctas,
-               (p.n + BM - 1) / BM);
-  for (unsigned c = 0; c < ctas; ++c) {
-    for (int k = 0; k < TRACE_SLOTS; ++k) std::fprintf(f, "%llu%c", h[size_t(c) * TRACE_SLOTS + k], k + 1 < TRACE_SLOTS ? ' ' : '\n');
-  }
-  std::fclose(f);
-}
-#endif
 
-template <int D, int BN>
+template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
   if (!make_attn_tma_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
@@ -357,22 +316,29 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  const auto kernel = diff_attn_fwd_sm90_ws_kernel<D, BN>;
+  const auto kernel = attn_fwd_sm90_kernel<D, BN, DIFF>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  AttnParams q = p;
-  q.tile_major = attn_tile_major(p);
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, q);
-#if defined(DS_ATTN_TRACE)
-  trace_dump(p, ctas, stream);
-#endif
+  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, p);
   return cudaGetLastError();
 }
 
-}  // namespace
+template <bool DIFF>
+cudaError_t launch_mode(const AttnParams& p, int block_n, cudaStream_t stream) {
+  if (p.d == 64) return block_n == 128 ? launch_t<64, 128, DIFF>(p, stream) : launch_t<64, 64, DIFF>(p, stream);
+  if (p.d == 128) return launch_t<128, 64, DIFF>(p, stream);
+  return cudaErrorInvalidValue;
+}
 
-namespace {
+__global__ void sm90a_probe_kernel(int* out) {
+#if defined(DS_SM90A_WS)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
@@ -387,7 +353,22 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   });
   return fn;
 }
+
 }  // namespace
+
+bool attn_fwd_sm90_code_runs() {
+  int* d = nullptr;
+  int h = 0;
+  if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+    sm90a_probe_kernel<<<1, 1>>>(d);
+    if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) h = 0;
+    cudaFree(d);
+  }
+  cudaGetLastError();  // a device without sm_90 code fails the launch: that is the answer, not an error
+  return h == 1;
+}
+
+bool attn_tma_encoder_available() { return encode_fn() != nullptr; }
 
 bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
                        int rows) {
@@ -402,20 +383,9 @@ bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-bool attn_tma_usable(const AttnParams& p) {
-  const auto a = reinterpret_cast<uintptr_t>(p.qkv), o = reinterpret_cast<uintptr_t>(p.out);
-  return encode_fn() != nullptr && a % 16 == 0 && (p.row_stride * 2) % 16 == 0 &&
-         (p.batch <= 1 || (p.batch_stride * 2) % 16 == 0) && p.q_off % 8 == 0 && p.k_off % 8 == 0 &&
-         p.v_off % 8 == 0 && p.batch_stride >= 0 && o % 16 == 0 && (p.out_row_stride * 2) % 16 == 0 &&
-         (p.batch <= 1 || (p.out_batch_stride * 2) % 16 == 0) && p.out_batch_stride >= 0;
-}
-
-bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p) { return attn_tma_usable(p); }
-
-cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n) {
-  if (p.d == 64) return block_n == 128 ? launch_t<64, 128>(p, stream) : launch_t<64, 64>(p, stream);
-  if (p.d == 128) return launch_t<128, 64>(p, stream);
-  return cudaErrorInvalidValue;
+cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, cudaStream_t stream) {
+  if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
+  return p.diff ? launch_mode<true>(p, block_n, stream) : launch_mode<false>(p, block_n, stream);
 }
 
 }  // namespace ds::kern
