@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "error.h"
+#include "kernels/attn_heads.h"
 #include "rope.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -233,7 +234,6 @@ class CpuBackend final : public Backend {
   void attention_block(int l, float lam, std::vector<float>& x, LayerMaps* maps, bool maps_only) {
     const LayerW& w = layers_[size_t(l)];
     const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    const int64_t rep = H / Hkv;
     auto t = Clock::now();
     std::vector<float> h(static_cast<size_t>(n * D));
     rmsnorm(x.data(), w.ln1.data(), h.data(), n, D, cfg_.rms_eps);
@@ -262,23 +262,22 @@ class CpuBackend final : public Backend {
     std::vector<float> P1(static_cast<size_t>(n * n)), P2(diff ? size_t(n * n) : 0), Vh(size_t(n * vw)), O1(size_t(n * vw)),
         O2(diff ? size_t(n * vw) : 0);
     const float scale = float(1.0 / std::sqrt(double(d)));
-    const double lam_init = lambda_init(l);
+    const double lam_init = kern::lambda_init(l);
     auto ta = Clock::now();
     for (int64_t j = 0; j < Hv; ++j) {
       auto th = Clock::now();
-      // map 1: query head j; map 2 (DiffLlama): query head j + H/2. Key/value head of query head h: h / rep.
-      scores(q.data(), k.data(), j, j / rep, n, H, Hkv, d, scale, P1.data());
-      if (diff) scores(q.data(), k.data(), j + H / 2, (j + H / 2) / rep, n, H, Hkv, d, scale, P2.data());
+      const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
+      scores(q.data(), k.data(), hm.q[0], hm.k[0], n, H, Hkv, d, scale, P1.data());
+      if (diff) scores(q.data(), k.data(), hm.q[1], hm.k[1], n, H, Hkv, d, scale, P2.data());
       if (maps) {
         std::copy(P1.begin(), P1.end(), maps->a1.begin() + j * n * n);
         if (diff) std::copy(P2.begin(), P2.end(), maps->a2.begin() + j * n * n);
       }
       if (maps_only) continue;
-      // V of the head: DiffLlama [v_g ; v_{Hkv/2+g}] (2d wide, g = j / rep); Llama v_{j/rep}.
+      // V of the head: differential [V of hm.v[0] ; V of hm.v[1]] (2d wide), plain V of hm.v[0].
       for (int64_t p = 0; p < n; ++p) {
-        const int64_t g = j / rep;
-        std::copy_n(v.data() + (p * Hkv + g) * d, d, Vh.data() + p * vw);
-        if (diff) std::copy_n(v.data() + (p * Hkv + Hkv / 2 + g) * d, d, Vh.data() + p * vw + d);
+        std::copy_n(v.data() + (p * Hkv + hm.v[0]) * d, d, Vh.data() + p * vw);
+        if (diff) std::copy_n(v.data() + (p * Hkv + hm.v[1]) * d, d, Vh.data() + p * vw + d);
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(vw), int(n), 1.f, P1.data(), int(n), Vh.data(),
                   int(vw), 0.f, O1.data(), int(vw));
@@ -304,7 +303,7 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * r);
       }
       const double ms = ms_since(th);
-      const double flops = diff ? 12.0 * double(n) * n * d / 2 : 4.0 * double(n) * n * d / 2;
+      const double flops = kern::attn_flops(diff, 1, d, n);
       head_times_.push_back({l, int(j), ms, flops});
     }
     if (maps_only) return;

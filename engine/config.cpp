@@ -13,8 +13,6 @@ using nlohmann::json;
 
 namespace ds {
 
-double lambda_init(int layer) { return 0.8 - 0.6 * std::exp(-0.3 * layer); }
-
 int64_t ModelConfig::params() const {
   const int64_t d = head_dim;
   int64_t per_layer = hidden * heads * d * 2 + hidden * kv_heads * d * 2 + 3 * hidden * intermediate + 2 * hidden;

@@ -43,7 +43,4 @@ struct ModelConfig {
 ModelConfig parse_config_json(const std::string& json_text, const std::string& file_for_messages);
 ModelConfig load_config(const std::string& path);  // config.json path
 
-// lambda_init(l) = 0.8 - 0.6 exp(-0.3 l), l 0-based (transformers' lambda_init_fn)
-double lambda_init(int layer);
-
 }  // namespace ds

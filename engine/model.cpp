@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "error.h"
+#include "kernels/attn_heads.h"
 
 namespace fs = std::filesystem;
 
@@ -82,7 +83,7 @@ std::unique_ptr<Model> load_model(const std::string& dir_in) {
       t.lk1 = need(ck, p + "self_attn.lambda_k1", {d});
       t.lq2 = need(ck, p + "self_attn.lambda_q2", {d});
       t.lk2 = need(ck, p + "self_attn.lambda_k2", {d});
-      const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + lambda_init(int(l));
+      const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + kern::lambda_init(l);
       if (!std::isfinite(lam)) fail_file(t.lq1->file, "layer " + std::to_string(l) + " lambda is not finite");
       m->model_lambda.push_back(lam);
     } else if (ck.find(p + "self_attn.lambda_q1")) {
