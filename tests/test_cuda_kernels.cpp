@@ -1,7 +1,8 @@
-// CUDA kernels against float64 CPU references on fresh random inputs: the fused differential attention (many n
-// including 1 and non-multiples of the 64-row tile, d = 64 and 128, MHA and GQA, batches, padded strides), the
-// generic attention (differential and plain), the map kernels with their statistics, RMSNorm, RoPE (default and
-// llama3 frequencies), SwiGLU and the embedding gather. Every output is poisoned with NaN before the run and must
+// CUDA kernels against float64 CPU references on fresh random inputs: every attention implementation the dispatcher
+// (kernels/attn_dispatch.h) can choose on this device, each chosen through the API (many n including 1 and
+// non-multiples of the 64-row tile, d = 64 and 128, differential and plain, MHA and GQA, batches, padded strides),
+// the dispatch rules themselves on described devices (no GPU needed), the map kernels with their statistics,
+// RMSNorm, RoPE (default and llama3 frequencies), SwiGLU and the embedding gather. Every output is poisoned with NaN before the run and must
 // come back fully written, with the padding around it untouched. Skips cleanly without a CUDA device or build.
 #include <gtest/gtest.h>
 
@@ -25,10 +26,8 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "engine/config.h"
 #include "engine/dtype.h"
 #include "engine/rope.h"
-#include "kernels/attn_fwd_generic.h"
+#include "kernels/attn_dispatch.h"
 #include "kernels/attn_maps.h"
-#include "kernels/diff_attn_fwd.h"
-#include "kernels/diff_attn_fwd_sm90.h"
 #include "kernels/embedding.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -164,9 +163,37 @@ struct AttnCheck {
   size_t unwritten = 0, padding_touched = 0;
 };
 
-enum class Kernel { Mma, Sm90, Generic };
+using ds::kern::AttnImpl;
 
-AttnCheck run_attention(const AttnProblem& pr, Kernel k, int block_n = 64) {
+const ds::kern::AttnDevice& this_device() {
+  static const ds::kern::AttnDevice dev = [] {
+    int d = 0;
+    DS_CUDA_CHECK(cudaGetDevice(&d));
+    return ds::kern::query_attn_device(d);
+  }();
+  return dev;
+}
+
+// Whether `impl` (forced) can run case c on this device (the problems below are 16-byte aligned).
+bool granted(AttnImpl impl, const AttnCase& c, int block_n = 0) {
+  ds::kern::AttnShape s;
+  s.d = c.d;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.diff = c.diff;
+  s.n = c.n;
+  s.batch = c.batch;
+  return ds::kern::select_attn(this_device(), s, {impl, block_n}).impl == impl;
+}
+
+// The choice for p with `impl` forced (Auto: the default); impl None when the device cannot run it.
+ds::kern::AttnChoice choose(const ds::kern::AttnParams& p, AttnImpl impl, int block_n = 0,
+                            ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
+  return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), {impl, block_n, order});
+}
+
+AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
+                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
   DeviceBuffer in = to_device(pr.qkv);
   const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
   DeviceBuffer out(out_elems * 2, "test output");
@@ -176,9 +203,9 @@ AttnCheck run_attention(const AttnProblem& pr, Kernel k, int block_n = 64) {
   DS_CUDA_CHECK(cudaMemset(head_ns.get(), 0, head_ns.bytes()));
   ds::kern::AttnParams p = pr.params(in, out);
   p.head_ns = head_ns.as<unsigned long long>();
-  DS_CUDA_CHECK(k == Kernel::Mma    ? ds::kern::launch_diff_attn_fwd(p, nullptr)
-                : k == Kernel::Sm90 ? ds::kern::launch_diff_attn_fwd_sm90(p, nullptr, block_n)
-                                    : ds::kern::launch_attn_fwd_generic(p, nullptr));
+  const ds::kern::AttnChoice choice = choose(p, impl, block_n, order);
+  EXPECT_EQ(choice.impl, impl) << choice.why;
+  DS_CUDA_CHECK(ds::kern::launch_attn(choice, p, nullptr));
   DS_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = to_host<uint16_t>(out, out_elems);
   AttnCheck r;
@@ -207,12 +234,14 @@ AttnCheck run_attention(const AttnProblem& pr, Kernel k, int block_n = 64) {
 std::vector<AttnCase> fused_cases() {
   std::vector<AttnCase> v;
   const std::vector<int> ns = small_run() ? std::vector<int>{1, 65, 130} : std::vector<int>{1, 2, 17, 63, 64, 65, 127, 128, 200, 333, 515};
-  for (int d : {64, 128})
-    for (int n : ns) {
-      v.push_back({n, 1, 4, 2, d, true});                      // GQA n_rep 2 (the DiffLlama shape)
-      if (n % 3 == 2 || n == 1) v.push_back({n, 2, 8, 2, d, true});  // n_rep 4, batch 2
-      if (n % 2 == 1) v.push_back({n, 1, 4, 4, d, true});       // MHA
-    }
+  for (bool diff : {true, false})
+    for (int d : {64, 128})
+      for (int n : ns) {
+        v.push_back({n, 1, 4, 2, d, diff});                                // GQA n_rep 2 (the DiffLlama shape)
+        if (n % 3 == 2 || n == 1) v.push_back({n, 2, 8, 2, d, diff});      // n_rep 4, batch 2
+        if (n % 2 == 1) v.push_back({n, 1, 4, 4, d, diff});                // MHA
+        if (!diff && n % 5 == 0) v.push_back({n, 1, 6, 2, d, diff});       // n_rep 3: a pair of heads spans groups
+      }
   return v;
 }
 
@@ -225,49 +254,102 @@ constexpr double kFusedRel = 1e-2, kFusedAbs = 6e-2;
 // The generic kernel is f32 throughout; only the bf16 output rounding (2^-9 relative) remains.
 constexpr double kGenericRel = 4e-3, kGenericAbs = 3e-2;
 
-void check_fused(Kernel k, unsigned seed, int block_n = 64) {
+// The fused implementations, each checked on every case it is granted for on this device. Returns how many ran.
+int check_fused(AttnImpl impl, unsigned seed, int block_n = 0, ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
   std::mt19937 rng(seed);
+  int ran = 0;
   for (const AttnCase& c : fused_cases()) {
-    if (block_n != 64 && c.d != 64) continue;
+    if (!granted(impl, c, block_n)) continue;
     AttnProblem pr(c, rng);
-    const AttnCheck r = run_attention(pr, k, block_n);
-    const std::string what = case_name(c) + " block_n=" + std::to_string(block_n);
+    const AttnCheck r = run_attention(pr, impl, block_n, order);
+    const std::string what = std::string(ds::kern::attn_impl_name(impl)) + " " + case_name(c) +
+                             " block_n=" + std::to_string(block_n);
     EXPECT_EQ(r.unwritten, 0u) << what;
     EXPECT_EQ(r.padding_touched, 0u) << what;
     EXPECT_LT(r.rel, kFusedRel) << what;
     EXPECT_LT(r.max_abs, kFusedAbs) << what;
+    ++ran;
   }
+  return ran;
 }
 
 // Many key tiles (a software pipeline's steady state; later tiles often move no row maximum of a warp, and the
-// mma.sync kernel then skips the O rescale) at both head widths, and both tile widths at d = 64 for the wgmma kernel.
-void check_fused_long(Kernel k, unsigned seed) {
+// kernels then skip the O rescale) at both head widths, and both tile widths at d = 64 for the wgmma kernel.
+void check_fused_long(AttnImpl impl, unsigned seed) {
   if (small_run()) return;
   std::mt19937 rng(seed);
-  for (auto [d, bn] : {std::pair{128, 64}, std::pair{64, 64}, std::pair{64, 128}}) {
-    if (k == Kernel::Mma && bn != 64) continue;
-    AttnProblem pr({1100, 1, 4, 2, d, true}, rng);
-    const AttnCheck r = run_attention(pr, k, bn);
-    const std::string what = case_name(pr.c) + " block_n=" + std::to_string(bn);
-    EXPECT_EQ(r.unwritten, 0u) << what;
-    EXPECT_LT(r.rel, kFusedRel) << what;
-    EXPECT_LT(r.max_abs, kFusedAbs) << what;
+  for (bool diff : {true, false})
+    for (auto [d, bn] : {std::pair{128, 64}, std::pair{64, 64}, std::pair{64, 128}}) {
+      const AttnCase c{1100, 1, 4, 2, d, diff};
+      if (!granted(impl, c, bn) || (impl != AttnImpl::Sm90 && bn != 64)) continue;
+      AttnProblem pr(c, rng);
+      const AttnCheck r = run_attention(pr, impl, bn);
+      const std::string what = std::string(ds::kern::attn_impl_name(impl)) + " " + case_name(c) +
+                               " block_n=" + std::to_string(bn);
+      EXPECT_EQ(r.unwritten, 0u) << what;
+      EXPECT_LT(r.rel, kFusedRel) << what;
+      EXPECT_LT(r.max_abs, kFusedAbs) << what;
+    }
+}
+
+// Every fused implementation that can run on this device, forced through the API; one that cannot is skipped with
+// the dispatcher's reason (an A100 runs no wgmma, an H100 runs every one of them).
+class FusedAttention : public ::testing::TestWithParam<AttnImpl> {};
+
+TEST_P(FusedAttention, MatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  const AttnImpl impl = GetParam();
+  if (!granted(impl, {64, 1, 4, 2, 64, true}) && !granted(impl, {64, 1, 4, 2, 128, true})) {
+    ds::kern::AttnShape s;
+    s.d = 64, s.heads = 4, s.kv_heads = 2, s.n = 64;
+    GTEST_SKIP() << ds::kern::select_attn(this_device(), s, {impl}).why;
   }
+  int ran = check_fused(impl, 1234 + unsigned(impl));
+  if (impl == AttnImpl::Sm90) ran += check_fused(impl, 999, 128);  // d = 64 with 128-key tiles
+  check_fused_long(impl, 8642 + unsigned(impl));
+  EXPECT_GT(ran, 0);
 }
 
-TEST(CudaKernels, FusedDiffAttentionMatchesFloat64) {
+TEST_P(FusedAttention, HeadMajorOrderMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
-  check_fused(Kernel::Mma, 1234);
-  check_fused_long(Kernel::Mma, 8642);
+  const AttnImpl impl = GetParam();
+  if (check_fused(impl, 1357 + unsigned(impl), 0, ds::kern::CtaOrder::HeadMajor) == 0)
+    GTEST_SKIP() << ds::kern::attn_impl_name(impl) << " runs no case here";
 }
 
-TEST(CudaKernels, FusedDiffAttentionSm90MatchesFloat64) {
+TEST_P(FusedAttention, IsDeterministic) {
   SKIP_WITHOUT_DEVICE();
-  if (!ds::kern::diff_attn_fwd_sm90_available()) GTEST_SKIP() << "no sm_90 device or no sm_90a code in this build";
-  check_fused(Kernel::Sm90, 4321);
-  check_fused(Kernel::Sm90, 999, 128);  // d = 64 with 128-key tiles
-  check_fused_long(Kernel::Sm90, 2468);
+  const AttnImpl impl = GetParam();
+  int ran = 0;
+  for (bool diff : {true, false}) {
+    std::mt19937 rng(77);
+    AttnProblem pr({small_run() ? 130 : 300, 2, 8, 4, diff ? 128 : 64, diff}, rng);
+    DeviceBuffer in = to_device(pr.qkv);
+    const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
+    DeviceBuffer o1(out_elems * 2, "test"), o2(out_elems * 2, "test");
+    DS_CUDA_CHECK(cudaMemset(o1.get(), 0, o1.bytes()));
+    DS_CUDA_CHECK(cudaMemset(o2.get(), 0, o2.bytes()));
+    const ds::kern::AttnChoice choice = choose(pr.params(in, o1), impl);
+    if (choice.impl != impl) continue;  // (the problem above is built either way: the same RNG stream per mode)
+    DS_CUDA_CHECK(ds::kern::launch_attn(choice, pr.params(in, o1), nullptr));
+    DS_CUDA_CHECK(ds::kern::launch_attn(choice, pr.params(in, o2), nullptr));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(to_host<uint16_t>(o1, out_elems), to_host<uint16_t>(o2, out_elems))
+        << ds::kern::attn_impl_name(impl) << (diff ? " diff" : " plain") << ": a moving result is a race";
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << ds::kern::attn_impl_name(impl) << " runs no case here";
 }
+
+INSTANTIATE_TEST_SUITE_P(Impl, FusedAttention,
+                         ::testing::Values(AttnImpl::Sm90, AttnImpl::MmaBoth, AttnImpl::MmaVsplit,
+                                           AttnImpl::MmaLockstep),
+                         [](const ::testing::TestParamInfo<AttnImpl>& i) {
+                           std::string n = ds::kern::attn_impl_name(i.param);
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 // Both CTA orders (tile-major for launches whose K/V fit in L2, which every case above is, head-major otherwise)
 // cover every (query tile, head) exactly once, heaviest tile first within a head or within a wave of heads.
@@ -289,77 +371,6 @@ TEST(CudaKernels, CtaOrdersArePermutationsHeaviestFirst) {
     }
 }
 
-TEST(CudaKernels, FusedDiffAttentionHeadMajorOrderMatchesFloat64) {
-  SKIP_WITHOUT_DEVICE();
-  setenv("DS_ATTN_ORDER", "head", 1);
-  check_fused(Kernel::Mma, 1357);
-  if (ds::kern::diff_attn_fwd_sm90_available()) {
-    check_fused(Kernel::Sm90, 2468);
-    check_fused(Kernel::Sm90, 3579, 128);
-  }
-  unsetenv("DS_ATTN_ORDER");
-}
-
-// The v5 and v4 wgmma kernels stay selectable (DS_ATTN_SM90_VER=5 / 4) as the fallbacks of the default v9 (v5 also
-// runs whenever a tensor does not meet TMA's alignment rules).
-TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
-  SKIP_WITHOUT_DEVICE();
-  if (!ds::kern::diff_attn_fwd_sm90_available()) GTEST_SKIP() << "no sm_90 device or no sm_90a code in this build";
-  const char* old = std::getenv("DS_ATTN_SM90_VER");
-  const std::string saved = old ? old : "";
-  for (const char* ver : {"5", "4"}) {
-    SCOPED_TRACE(std::string("DS_ATTN_SM90_VER=") + ver);
-    setenv("DS_ATTN_SM90_VER", ver, 1);
-    check_fused(Kernel::Sm90, 4321);
-    check_fused(Kernel::Sm90, 999, 128);
-  }
-  if (old) setenv("DS_ATTN_SM90_VER", saved.c_str(), 1);
-  else unsetenv("DS_ATTN_SM90_VER");
-}
-
-// Every schedule of the mma.sync kernel (DS_ATTN_MMA_VER=1 lockstep, =2 V-split, =3 V-split with mbarriers and TMA,
-// d = 128 on sm_90 only, =4 both maps per warp, d = 64 only; the default is the fastest that fits). A head width the
-// asked schedule is not built for, or whose shared memory does not fit, runs its default; a schedule neither width
-// gets is reported and not run.
-TEST(CudaKernels, FusedDiffAttentionMmaSchedulesMatchFloat64) {
-  SKIP_WITHOUT_DEVICE();
-  const char* old = std::getenv("DS_ATTN_MMA_VER");
-  const std::string saved = old ? old : "";
-  for (int ver : {1, 2, 3, 4}) {
-    SCOPED_TRACE("DS_ATTN_MMA_VER=" + std::to_string(ver));
-    setenv("DS_ATTN_MMA_VER", std::to_string(ver).c_str(), 1);
-    const int s64 = ds::kern::diff_attn_fwd_schedule(64), s128 = ds::kern::diff_attn_fwd_schedule(128);
-    std::printf("[   NOTE   ] DS_ATTN_MMA_VER=%d: d = 64 runs schedule %d, d = 128 schedule %d\n", ver, s64, s128);
-    if (s64 != ver && s128 != ver) continue;
-    check_fused(Kernel::Mma, 1234 + ver);
-    check_fused_long(Kernel::Mma, 8642 + ver);
-  }
-  if (old) setenv("DS_ATTN_MMA_VER", saved.c_str(), 1);
-  else unsetenv("DS_ATTN_MMA_VER");
-}
-
-TEST(CudaKernels, FusedDiffAttentionIsDeterministic) {
-  SKIP_WITHOUT_DEVICE();
-  std::mt19937 rng(77);
-  AttnProblem pr({small_run() ? 130 : 300, 2, 8, 4, 128, true}, rng);
-  DeviceBuffer in = to_device(pr.qkv);
-  const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
-  DeviceBuffer o1(out_elems * 2, "test"), o2(out_elems * 2, "test");
-  DS_CUDA_CHECK(cudaMemset(o1.get(), 0, o1.bytes()));
-  DS_CUDA_CHECK(cudaMemset(o2.get(), 0, o2.bytes()));
-  for (bool sm90 : {false, true}) {
-    if (sm90 && !ds::kern::diff_attn_fwd_sm90_available()) continue;
-    auto launch = [sm90](const ds::kern::AttnParams& p) {
-      return sm90 ? ds::kern::launch_diff_attn_fwd_sm90(p, nullptr) : ds::kern::launch_diff_attn_fwd(p, nullptr);
-    };
-    DS_CUDA_CHECK(launch(pr.params(in, o1)));
-    DS_CUDA_CHECK(launch(pr.params(in, o2)));
-    DS_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(to_host<uint16_t>(o1, out_elems), to_host<uint16_t>(o2, out_elems))
-        << (sm90 ? "sm90" : "mma") << ": a moving result is a race";
-  }
-}
-
 TEST(CudaKernels, GenericAttentionMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(99);
@@ -368,7 +379,7 @@ TEST(CudaKernels, GenericAttentionMatchesFloat64) {
                                  {29, 1, 6, 3, 128, false}, {65, 1, 4, 2, 128, true}, {20, 1, 2, 2, 256, true}};
   for (const AttnCase& c : cases) {
     AttnProblem pr(c, rng);
-    const AttnCheck r = run_attention(pr, Kernel::Generic);
+    const AttnCheck r = run_attention(pr, AttnImpl::Generic);
     EXPECT_EQ(r.unwritten, 0u) << case_name(c);
     EXPECT_EQ(r.padding_touched, 0u) << case_name(c);
     EXPECT_LT(r.rel, kGenericRel) << case_name(c);
@@ -383,10 +394,17 @@ TEST(CudaKernels, AttentionRejectsUnsupportedShapes) {
   p.heads = 4;
   p.kv_heads = 2;
   p.d = 96;
-  EXPECT_FALSE(ds::kern::diff_attn_fwd_supported(96));
-  EXPECT_EQ(ds::kern::launch_diff_attn_fwd(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(choose(p, AttnImpl::Sm90).impl, AttnImpl::None);
+  EXPECT_EQ(choose(p, AttnImpl::MmaBoth).impl, AttnImpl::None);
+  EXPECT_EQ(choose(p, AttnImpl::Auto).impl, AttnImpl::Generic);
   p.d = 12;
-  EXPECT_EQ(ds::kern::launch_attn_fwd_generic(p, nullptr), cudaErrorInvalidValue);
+  const ds::kern::AttnChoice none = choose(p, AttnImpl::Auto);
+  EXPECT_EQ(none.impl, AttnImpl::None);
+  EXPECT_NE(none.why.find("multiple of 8"), std::string::npos) << none.why;
+  EXPECT_EQ(ds::kern::launch_attn(none, p, nullptr), cudaErrorInvalidValue);
+  ds::kern::AttnChoice generic;
+  generic.impl = AttnImpl::Generic;
+  EXPECT_EQ(ds::kern::launch_attn(generic, p, nullptr), cudaErrorInvalidValue);  // the kernel checks too
 }
 
 // Maps: f32 dot products and expf against float64: 1e-5 absolute on probabilities in [0, 1].

@@ -23,6 +23,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
+#include "engine/backend_cuda_impl.h"
 #include "engine/error.h"
 #include "engine/model.h"
 #include "test_util.h"
@@ -177,6 +178,63 @@ TEST_P(FixtureCuda, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureCuda, ::testing::ValuesIn(dstest::all_fixtures()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// Every attention kernel the dispatcher grants for a fixture's shape (forced through the backend's options, as
+// DS_ATTN_KERNEL does) gives transformers' logits; the default choice is the first. The head_dim 64 fixtures reach
+// the fused kernels (on Hopper the wgmma one for the DiffLlama and the Llama alike), the others the generic one.
+TEST(CudaModel, EveryGrantedAttentionKernelMatchesTransformers) {
+  SKIP_WITHOUT_DEVICE();
+  int fused_runs = 0;
+  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "diff_mha_d32_f32"}) {
+    const std::string dir = dstest::fixture(name);
+    Expected ex(dir);
+    std::unique_ptr<ds::Model> model = ds::load_model(dir);
+    const ds::ModelConfig c = model->cfg;
+    auto be = ds::make_cuda_backend();
+    ds::cuda::CudaBackend& cb = ds::cuda::as_cuda(*be);
+    be->load(*model, nullptr);
+    ds::ForwardRequest req;
+    req.ids = ex.ids();
+    for (int l = 0; l < int(c.layers); ++l) req.lambda.push_back(c.is_diff() ? float(model->model_lambda[size_t(l)]) : 0.f);
+    req.all_logits = true;
+    const std::vector<float> logits = ex.get("logits");
+    for (ds::kern::AttnImpl impl : {ds::kern::AttnImpl::Auto, ds::kern::AttnImpl::Sm90, ds::kern::AttnImpl::MmaBoth,
+                                    ds::kern::AttnImpl::MmaVsplit, ds::kern::AttnImpl::MmaLockstep,
+                                    ds::kern::AttnImpl::Generic}) {
+      ds::kern::AttnShape shape;
+      shape.d = int(c.head_dim), shape.heads = int(c.heads), shape.kv_heads = int(c.kv_heads), shape.diff = c.is_diff();
+      shape.n = int(req.ids.size());
+      const ds::kern::AttnChoice choice = ds::kern::select_attn(cb.attn_device(), shape, {impl});
+      if (choice.impl == ds::kern::AttnImpl::None) continue;
+      cb.set_attn_options({impl});
+      ds::ForwardResult r;
+      be->forward(req, r);
+      const std::string what = std::string(name) + " with " + ds::kern::attn_impl_name(choice.impl);
+      ASSERT_EQ(r.logits.size(), logits.size()) << what;
+      EXPECT_LT(dstest::rel_err(r.logits.data(), logits.data(), logits.size()), kLogitsRel) << what;
+      if (impl == ds::kern::AttnImpl::Auto)
+        std::printf("[   NOTE   ] %s: default attention kernel %s (%s)\n", name, ds::kern::attn_impl_name(choice.impl),
+                    choice.why.c_str());
+      fused_runs += choice.impl != ds::kern::AttnImpl::Generic;
+    }
+  }
+  EXPECT_GT(fused_runs, 0) << "no fused kernel ran on this device";
+}
+
+TEST(CudaModel, UnknownAttentionOverrideIsAnError) {
+  SKIP_WITHOUT_DEVICE();
+  const char* old = std::getenv("DS_ATTN_KERNEL");
+  const std::string saved = old ? old : "";
+  setenv("DS_ATTN_KERNEL", "fastest", 1);
+  try {
+    ds::make_cuda_backend();
+    ADD_FAILURE() << "an unknown DS_ATTN_KERNEL was accepted";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DS_ATTN_KERNEL=fastest"), std::string::npos) << e.what();
+  }
+  if (old) setenv("DS_ATTN_KERNEL", saved.c_str(), 1);
+  else unsetenv("DS_ATTN_KERNEL");
+}
 
 TEST(CudaModel, UserErrorsAreErrors) {
   SKIP_WITHOUT_DEVICE();
