@@ -423,12 +423,20 @@ struct CtaCopies {
   const bf16 *k_src0, *k_src1, *v_src;
   int64_t rs;
   int n, qt;
+  // Byte offsets from a key tile's first row to this thread's first chunk of K1, K2 and V, and from one pass to the
+  // next (32 bits: they stay within a tile's BN rows), so that a later tile's copy costs one 64-bit add.
+  uint32_t ob_k0, ob_k1, ob_v, pass_k, pass_v;
   __device__ __forceinline__ CtaCopies(const AttnParams& p, const CtaWork& w, int tid)
       : qk(tid), v(tid), base(p.qkv + int64_t(w.b) * p.batch_stride), rs(p.row_stride), n(p.n), qt(w.qt) {
     const int half_kv = p.kv_heads / 2;
     k_src0 = base + qk.r * rs + p.k_off + int64_t(w.g) * D + qk.c * 8;
     k_src1 = base + qk.r * rs + p.k_off + int64_t(half_kv + w.g) * D + qk.c * 8;
     v_src = base + v.r * rs + p.v_off + int64_t(v.c < D / 8 ? w.g : half_kv + w.g) * D + (v.c % (D / 8)) * 8;
+    ob_k0 = uint32_t((k_src0 - base) * 2);
+    ob_k1 = uint32_t((k_src1 - base) * 2);
+    ob_v = uint32_t((v_src - base) * 2);
+    pass_k = uint32_t(QK::RPP * rs * 2);
+    pass_v = uint32_t(VC::RPP * rs * 2);
   }
   __device__ __forceinline__ void issue_q(bf16* sQ, const AttnParams& p, int j) const {
     const int q0 = qt * BM;
@@ -451,13 +459,18 @@ struct CtaCopies {
   // Key tile it >= 1 into [K1 | K2] at sK and V at sV.
   struct KvSrc {
     const CtaCopies& c;
-    const bf16 *k0, *k1, *vv;
+    const char* t;  // the tile's first row
     bf16 *sK, *sV;
     int bytes = 16;  // 0: the copies read nothing and zero-fill (schedule 4 after the last tile)
     __device__ __forceinline__ void copy(int i) const {
-      if (i < QK::PASSES) c.qk.pass(sK, k0, c.rs, i, bytes);
-      else if (i < 2 * QK::PASSES) c.qk.pass(sK + BN * D, k1, c.rs, i - QK::PASSES, bytes);
-      else c.v.pass(sV, vv, c.rs, i - 2 * QK::PASSES, bytes);
+      if (i < QK::PASSES)
+        cp_async_16(smem_addr(sK + c.qk.dst + i * QK::RPP * D), t + (c.ob_k0 + i * c.pass_k), bytes);
+      else if (i < 2 * QK::PASSES)
+        cp_async_16(smem_addr(sK + BN * D + c.qk.dst + (i - QK::PASSES) * QK::RPP * D),
+                    t + (c.ob_k1 + (i - QK::PASSES) * c.pass_k), bytes);
+      else
+        cp_async_16(smem_addr(sV + c.v.dst + (i - 2 * QK::PASSES) * VC::RPP * 2 * D),
+                    t + (c.ob_v + (i - 2 * QK::PASSES) * c.pass_v), bytes);
     }
     // The copies that go out after k step kk of the S products (written out: the loop form changed the register
     // allocation of the 256-thread kernels).
@@ -472,8 +485,7 @@ struct CtaCopies {
     }
   };
   __device__ __forceinline__ KvSrc tile(int it, bf16* sK, bf16* sV) const {
-    const int64_t off = int64_t(qt - it) * BN * rs;
-    return {*this, k_src0 + off, k_src1 + off, v_src + off, sK, sV};
+    return {*this, reinterpret_cast<const char*>(base + int64_t(qt - it) * BN * rs), sK, sV};
   }
 };
 
