@@ -207,11 +207,27 @@ __device__ __forceinline__ void mask_diagonal(float (&s)[BN / 8][4], int wrow, i
 }
 
 // The online softmax (mma_sm80.cuh) over a warp's S tile: value 4 nt + e belongs to row (lane / 4) + 8 (e >> 1).
-template <bool TREE>
+template <bool TREE, bool SUM = true>
 __device__ __forceinline__ void warp_softmax(float (&s)[BN / 8][4], float (&m_run)[2], float (&l_run)[2],
                                                float (&alpha)[2], float sl2) {
-  online_softmax<BN / 2, true, TREE>(reinterpret_cast<float(&)[BN / 2]>(s), m_run, l_run, sl2, alpha);
+  online_softmax<BN / 2, true, TREE, SUM>(reinterpret_cast<float(&)[BN / 2]>(s), m_run, l_run, sl2, alpha);
 }
+
+// Row sums of P on the tensor pipe (HSUM): P's bf16 A fragments times a B fragment of ones, so every column of the
+// n8 result is the row's sum over the tile's keys, already over the whole quad: l4[0] (= l4[1]) for row lane / 4,
+// l4[2] for row lane / 4 + 8. Four mma.sync instead of 32 adds per thread, and l sums the P that P V multiplies.
+__device__ __forceinline__ void row_sums_mma(float (&l4)[4], const float (&alpha)[2], const uint32_t (&pa)[BN / 16][4]) {
+  constexpr uint32_t ONES = 0x3f803f80u;  // bf16x2 (1, 1)
+  l4[0] *= alpha[0];
+  l4[1] *= alpha[0];
+  l4[2] *= alpha[1];
+  l4[3] *= alpha[1];
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) mma_16816(l4, pa[kk], ONES, ONES);
+}
+#ifndef DS_HSUM
+#define DS_HSUM 1
+#endif
 
 // O *= alpha for the thread's two rows.
 template <int NT>
@@ -366,7 +382,6 @@ template <int D, class Sync>
 __device__ __forceinline__ void pair_epilogue(float (&acc_own)[D / 8][4], const float (&acc_oth)[D / 8][4],
                                               float (&l_run)[2], float2* xf_own, const float2* xf_oth, int map,
                                               int lane, const AttnParams& p, int row0, int b, int64_t col0, Sync&& sync) {
-  quad_sum(l_run);
   xf_own[lane] = make_float2(l_run[0], l_run[1]);
   sync();
   const float2 lo = xf_oth[lane];
@@ -591,6 +606,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the exchange area of the last tile
+  quad_sum(l_run);
   pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
                    cta_sync);
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
@@ -658,7 +674,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
 
   uint32_t pa[BN / 16][4], po[BN / 16][4];
-  float al[2], ao[2];
+  float al[2], ao[2], l4[4] = {0.f, 0.f, 0.f, 0.f};
   for (int u = 0; u < n_kt; ++u) {
     const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
     mbar_wait(full(st), (u / 3) & 1);
@@ -671,8 +687,9 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
     });
     if (has_next) mbar_arrive_cp_async(full(ns));
     if (u == 0) mask_diagonal(s, wrow, lane);
-    warp_softmax<false>(s, m_run, l_run, al, sl2);
+    warp_softmax<false, !DS_HSUM>(s, m_run, l_run, al, sl2);
     pack_p(s, pa);
+    if constexpr (DS_HSUM) row_sums_mma(l4, al, pa);
     if (u > 0) named_sync(read_own, 64);  // the partner has read P(u - 1)
     exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
     named_arrive(read_oth, 64);
@@ -684,6 +701,12 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   }
 
   named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
+  if constexpr (DS_HSUM) {
+    l_run[0] = l4[0];
+    l_run[1] = l4[2];
+  } else {
+    quad_sum(l_run);
+  }
   pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
                    sync_pair);
   if (p.head_ns) {
@@ -705,7 +728,7 @@ constexpr int THREADS_W = 128;
 // mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
 template <int D, class Next>
 __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
-                                           const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
+                                           float (&l4)[2][4], const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
                                            int lane, bool diag) {
   constexpr int NH = D / 8;
   float s[2][BN / 8][4];
@@ -716,8 +739,9 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     if (diag) mask_diagonal(s[m], wrow, lane);
-    warp_softmax<true>(s[m], m_run[m], l_run[m], alpha[m], sl2);
+    warp_softmax<true, !DS_HSUM>(s[m], m_run[m], l_run[m], alpha[m], sl2);
     pack_p(s[m], pa[m]);
+    if constexpr (DS_HSUM) row_sums_mma(l4[m], alpha[m], pa[m]);
   }
   if (__any_sync(0xffffffffu, moved(alpha[0]) || moved(alpha[1]))) {
     scale_rows(acc[0], alpha[0]);
@@ -750,7 +774,7 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   float acc[2][NT][4];  // [map][V column n8 tile]
   zero(acc[0]);
   zero(acc[1]);
-  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {};
+  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {}, l4[2][4] = {};
   const float sl2 = p.scale * 1.4426950408889634f;
   for (int it = 0; it < n_kt; ++it) {
     cp_async_wait<0>();
@@ -759,13 +783,20 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
     const bool has_next = it + 1 < n_kt;
     auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
     if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
-    warp2_tile<D>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
+    warp2_tile<D>(acc, m_run, l_run, l4, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
   }
   cp_async_wait<0>();  // the last tile's zero-fill of the free stage
 
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
-  quad_sum(l_run[0]);
-  quad_sum(l_run[1]);
+  if constexpr (DS_HSUM) {
+    for (int m = 0; m < 2; ++m) {
+      l_run[m][0] = l4[m][0];
+      l_run[m][1] = l4[m][2];
+    }
+  } else {
+    quad_sum(l_run[0]);
+    quad_sum(l_run[1]);
+  }
   const float inv1[2] = {1.f / l_run[0][0], 1.f / l_run[0][1]};
   const float inv2[2] = {p.lambda / l_run[1][0], p.lambda / l_run[1][1]};
   float ss[2] = {0.f, 0.f};

@@ -68,7 +68,7 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 // ex2.approx.ftz, else exp2f (wgmma v4). TREE: row maxima and sums as pairwise trees (rows_tree), else one
 // dependent chain per row (the d = 128 mma.sync kernel, whose other warps cover the softmax's latency: trees
 // measured 1% slower when it was skewed, equal since it uses mbarriers).
-template <int N, bool FAST = true, bool TREE = true>
+template <int N, bool FAST = true, bool TREE = true, bool SUM = true>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m_run)[2], float (&l_run)[2], float sl2,
                                                float (&alpha)[2]) {
   float mx[2] = {-INFINITY, -INFINITY}, rs[2] = {0.f, 0.f};
@@ -92,11 +92,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m_run)[2],
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     s[i] = FAST ? ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1])) : exp2f(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
-    if constexpr (!TREE) rs[(i >> 1) & 1] += s[i];
+    if constexpr (!TREE && SUM) rs[(i >> 1) & 1] += s[i];
   }
-  if constexpr (TREE) rows_tree(s, rs, add_op);
-  l_run[0] = l_run[0] * alpha[0] + rs[0];
-  l_run[1] = l_run[1] * alpha[1] + rs[1];
+  if constexpr (SUM) {
+    if constexpr (TREE) rows_tree(s, rs, add_op);
+    l_run[0] = l_run[0] * alpha[0] + rs[0];
+    l_run[1] = l_run[1] * alpha[1] + rs[1];
+  }
 }
 
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
