@@ -47,6 +47,7 @@
 // 256 accumulator registers.
 #include "diff_attn_fwd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -370,12 +371,13 @@ __device__ __forceinline__ void pair_sync(int id) { named_sync(id, 64); }
 struct CtaWork {
   int qt, j, b, g;
 };
-__device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
+__device__ __forceinline__ CtaWork cta_work_at(const AttnParams& p, int cta) {
   const int hv = p.heads / 2;
-  const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
+  const CtaTile ct = cta_tile(cta, (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
   const int j = ct.bh % hv;
   return {ct.qt, j, ct.bh / hv, j / (p.heads / p.kv_heads)};
 }
+__device__ __forceinline__ CtaWork cta_work(const AttnParams& p) { return cta_work_at(p, int(blockIdx.x)); }
 
 // A CTA's copies (all NTHR threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
 // then descending) into a [K1 | K2 | V] stage. Sources are this thread's first chunks (kv head g, DiffLlama mapping).
@@ -577,25 +579,47 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 // only once the partner has read them: named barrier 5 + w gets the partner's bar.arrive after it read warp w's P.
 // Each warp keeps its Q fragments in registers (it has the registers: 246 of 255 before), so the Q area is K stage 2
 // after the prologue.
+// Map m's A fragments of Q (16 rows from q0 + wrow, all D columns) straight from global memory into registers:
+// a[0]/a[1] rows lane/4 and lane/4 + 8 at columns 2 (lane % 4), a[2]/a[3] the same 8 columns on; rows past n are 0.
+template <int D>
+__device__ __forceinline__ void load_q_frags_global(uint32_t (&qf)[D / 16][4], const AttnParams& p, int b, int qhead,
+                                                    int row0, int lane) {
+  const bf16* src = p.qkv + int64_t(b) * p.batch_stride + p.q_off + int64_t(qhead) * D + 2 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + (lane >> 2) + 8 * h;
+    const bool ok = row < p.n;
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(src + int64_t(ok ? row : 0) * p.row_stride);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][h] = ok ? __ldg(q + kk * 8) : 0u;
+      qf[kk][2 + h] = ok ? __ldg(q + kk * 8 + 4) : 0u;
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NH = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D], then K stage 2
-  bf16* sK = sQ + T::Q_ELEMS;                // K stages 0, 1: [K1 | K2]
-  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][V]
+  bf16* sK = reinterpret_cast<bf16*>(smem);  // K stages 0, 1, 2: [K1 | K2]
+  bf16* sV = sK + 6 * T::K_ELEMS;            // [3 stages][V]
   uint4* xp = reinterpret_cast<uint4*>(smem + T::MBAR_XP);                  // [8 warps][BN/16][32]
   float2* xf = reinterpret_cast<float2*>(smem + T::MBAR_XP + T::XP_BYTES);  // [8 warps][32]
   const uint32_t bars = smem_addr(smem + T::MBAR_BARS);                    // full[3], empty[3]
   const auto full = [bars](int s) { return bars + 8 * s; };
   const auto empty = [bars](int s) { return bars + 24 + 8 * s; };
-  const auto k_stage = [sQ, sK](int s) { return s == 2 ? sQ : sK + s * 2 * T::K_ELEMS; };
+  const auto k_stage = [sK](int s) { return sK + s * 2 * T::K_ELEMS; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp & 1, pair = warp >> 1, wrow = pair * 16;
-  const CtaWork w = cta_work(p);
-  const int qt = w.qt, j = w.j, b = w.b;
+  const int n_qt = (p.n + BM - 1) / BM, n_items = n_qt * (p.heads / 2) * p.batch;
+  // Item r of this CTA: rounds of gridDim.x items of the heaviest-first (tile-major) order, dealt out in a snake.
+  const auto item = [&](int r) {
+    const int k = r & 1 ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    return r * int(gridDim.x) + k;
+  };
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
@@ -605,62 +629,92 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
       mbar_init(empty(s), THREADS / 32);
     }
   __syncthreads();
-  const CtaCopies<D> copies(p, w, tid);
-  const int q0 = qt * BM, n_kt = qt + 1;
-  copies.issue_first(sQ, sK, sV, p, j);
+  CtaWork w = cta_work_at(p, item(0));
+  uint32_t qf[D / 16][4];
+  load_q_frags_global<D>(qf, p, w.b, w.j + map * (p.heads / 2), w.qt * BM + wrow, lane);
+  CtaCopies<D>(p, w, tid).issue_kv(k_stage(0), sV, 0);
   mbar_arrive_cp_async(full(0));
 
-  float acc_own[NH][4], acc_oth[NH][4];
-  zero(acc_own);
-  zero(acc_oth);
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const float sl2 = p.scale * 1.4426950408889634f;
   uint4* xp_own = xp + warp * (BN / 16) * 32;
   const uint4* xp_oth = xp + (warp ^ 1) * (BN / 16) * 32;
   float2* xf_own = xf + warp * 32;
   const float2* xf_oth = xf + (warp ^ 1) * 32;
   const auto sync_pair = [pair] { pair_sync(1 + pair); };
   const int read_own = 5 + warp, read_oth = 5 + (warp ^ 1);  // named barriers: "the partner has read my slots"
+  const float sl2 = p.scale * 1.4426950408889634f;
 
-  uint32_t qf[D / 16][4];
-  mbar_wait(full(0), 0);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D>(qf[kk], sQ, map, kk, wrow, lane);
-  __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
+  int g0 = 0;  // the stream position (over all items of this CTA) of the item's first key tile
+  for (int r = 0; item(r) < n_items; ++r) {
+    const CtaCopies<D> copies(p, w, tid);
+    // The next item, whose diagonal tile this item's last iteration copies (into the stage after its last tile): its
+    // sources are this item's shifted by `delta`. If there is none, or that tile has rows past n (the bounded copy
+    // below), the last iteration's copies zero-fill and read nothing, so the S products stay free of branches.
+    const bool more = item(r + 1) < n_items;
+    const CtaWork wn = more ? cta_work_at(p, item(r + 1)) : w;
+    const bool n_full = more && p.n - wn.qt * BN >= BN;
+    const int64_t delta = int64_t(wn.b - w.b) * p.batch_stride + int64_t(wn.g - w.g) * D;
+    // Broadcast from lane 0: ptxas then knows the trip count and stage indices warp-uniform (else the loop gets
+    // convergence barriers and its mbarrier addresses leave the uniform datapath).
+    const int q0 = w.qt * BM, n_kt = __shfl_sync(0xffffffffu, w.qt, 0) + 1, gs = __shfl_sync(0xffffffffu, g0, 0);
+    float acc_own[NH][4], acc_oth[NH][4];
+    zero(acc_own);
+    zero(acc_oth);
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    uint32_t pa[BN / 16][4], po[BN / 16][4];
+    float al[2], ao[2];
+    for (int u = 0; u < n_kt; ++u) {
+      const int g = gs + u, st = g % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
+      mbar_wait(full(st), (g / 3) & 1);
+      if (g >= 2) mbar_wait(empty(ns), ((g - 2) / 3) & 1);  // every warp is done with tile g - 2
+      const bool last = u + 1 == n_kt;
+      const auto t = copies.tile(last ? w.qt - wn.qt : u + 1, k_stage(ns), sV + ns * T::V_ELEMS);
+      const int64_t dd = last ? delta : 0;
+      const typename CtaCopies<D>::KvSrc next{copies, t.k0 + dd, t.k1 + dd, t.vv + dd, t.sK, t.sV, !last || n_full ? 16 : 0};
+      float s[BN / 8][4];
+      warp_qk_reg<D>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [&](int kk) { next.step(kk); });
+      mbar_arrive_cp_async(full(ns));
+      if (u == 0) mask_diagonal(s, wrow, lane);
+      warp_softmax<false>(s, m_run, l_run, al, sl2);
+      pack_p(s, pa);
+      if (g > 0) named_sync(read_own, 64);  // the partner has read P(g - 1), or its last epilogue slot
+      exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
+      named_arrive(read_oth, 64);
+      rescale(acc_own, al);
+      rescale(acc_oth, ao);
+      warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty(st));
+    }
+    g0 += n_kt;
 
-  uint32_t pa[BN / 16][4], po[BN / 16][4];
-  float al[2], ao[2];
-  for (int u = 0; u < n_kt; ++u) {
-    const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
-    mbar_wait(full(st), (u / 3) & 1);
-    const bool has_next = u + 1 < n_kt;
-    if (has_next && u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
-    const auto next = copies.tile(u + 1, k_stage(ns), sV + ns * T::V_ELEMS);
-    float s[BN / 8][4];
-    warp_qk_reg<D>(s, qf, k_stage(st) + map * T::K_ELEMS, lane, [&](int kk) {
-      if (has_next) next.step(kk);
-    });
-    if (has_next) mbar_arrive_cp_async(full(ns));
-    if (u == 0) mask_diagonal(s, wrow, lane);
-    warp_softmax<false>(s, m_run, l_run, al, sl2);
-    pack_p(s, pa);
-    if (u > 0) named_sync(read_own, 64);  // the partner has read P(u - 1)
-    exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
-    named_arrive(read_oth, 64);
-    rescale(acc_own, al);
-    rescale(acc_oth, ao);
-    warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + st * T::V_ELEMS, map, lane);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(st));
+    // The next item's Q fragments (this warp no longer reads its own) go out before the epilogue, which hides their
+    // latency; so does a diagonal tile with rows past n (rare: the first items of a CTA are the heaviest tiles, and
+    // the prologue copies those), copied over the zeros once they have landed, with the whole CTA waiting for it.
+    if (more) {
+      load_q_frags_global<D>(qf, p, wn.b, wn.j + map * (p.heads / 2), wn.qt * BM + wrow, lane);
+      if (!n_full) {
+        const int sn = g0 % 3;
+        mbar_wait(full(sn), (g0 / 3) & 1);
+        CtaCopies<D>(p, wn, tid).issue_kv(k_stage(sn), sV + sn * T::V_ELEMS, 0);
+        cp_async_wait_all();
+        cta_sync();
+      }
+    }
+    named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
+    pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, w.b, int64_t(w.j) * VW + map * D,
+                     sync_pair);
+    if (more) named_arrive(read_oth, 64);  // this warp has read its partner's last epilogue slot
+    if (p.head_ns) {
+      cta_sync();  // the item's time ends with its last warp
+      if (tid == 0) {
+        const unsigned long long t = global_timer_ns();
+        atomicAdd(p.head_ns + w.j, t - t_start);
+        t_start = t;
+      }
+    }
+    w = wn;
   }
-
-  named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
-  pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
-                   sync_pair);
-  if (p.head_ns) {
-    cta_sync();  // the CTA's time ends with its last warp
-    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
-  }
+  cp_async_wait_all();  // the last iteration's zero-fill
 }
 
 // Schedule 4 (d = 64): each warp owns 16 rows of BOTH maps, so nothing is exchanged. A CTA is 4 warps (BM = 64 rows)
@@ -823,7 +877,16 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   AttnParams q = p;
   q.tile_major = attn_tile_major(p);
-  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
+  if (schedule == 3) {  // persistent: one CTA per SM deals the heaviest-first list out in a snake
+    q.tile_major = true;
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return cudaGetLastError();
+    ctas = std::min(ctas, unsigned(sms));
+    if (const char* e = std::getenv("DS_ATTN_CTAS"))  // tests: fewer CTAs, so that each runs many items
+      if (std::atoi(e) > 0) ctas = std::min(ctas, unsigned(std::atoi(e)));
+  }
   kernel<<<ctas, threads, smem, stream>>>(q);
   return cudaGetLastError();
 }

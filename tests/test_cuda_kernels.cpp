@@ -300,6 +300,18 @@ TEST(CudaKernels, FusedDiffAttentionHeadMajorOrderMatchesFloat64) {
   unsetenv("DS_ATTN_ORDER");
 }
 
+// The persistent schedule (3, d = 128) with 3 CTAs on the device: each CTA runs many (query tile, head) items in a
+// snake over the heaviest-first list, its stage ring and exchange barriers carried across items, including items
+// whose diagonal tile has rows past n after the first round.
+TEST(CudaKernels, FusedDiffAttentionPersistentMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  if (ds::kern::diff_attn_fwd_schedule(128) != 3) GTEST_SKIP() << "schedule 3 does not fit this device";
+  setenv("DS_ATTN_CTAS", "3", 1);
+  check_fused(Kernel::Mma, 2357);
+  check_fused_long(Kernel::Mma, 7531);
+  unsetenv("DS_ATTN_CTAS");
+}
+
 // The v5 and v4 wgmma kernels stay selectable (DS_ATTN_SM90_VER=5 / 4) as the fallbacks of the default v9 (v5 also
 // runs whenever a tensor does not meet TMA's alignment rules).
 TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
