@@ -4,30 +4,30 @@
 // in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
 // folded in, rescale on a new row maximum).
 //
-// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 compute
-// map 1's S = Q1 K1^T and softmax, warps 4-7 map 2's, 16 rows each; a 16-row x 2d-wide f32 accumulator is 2d/8 * 4
-// registers per thread (128 at d = 128, FA2's budget for its d = 256 path), so a warp cannot hold both maps' full
-// accumulators. Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes
-// first (it needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
-// Copies: every thread copies fixed 16-byte column chunks (TileCopy), cp.async, two stages of K1 | K2 | V, one
-// __syncthreads per key tile; the next tile's copies go out once the S products are issued. The O rescale is
-// skipped when no row of the warp found a new maximum.
+// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 hold map 1,
+// warps 4-7 map 2; each warp owns 16 rows of its map and all 2d output columns, so each accumulator is
+// 16 x 2d f32 = 2d/8 * 4 registers per thread (128 for d = 128, FA2's budget for its d = 256 path). Splitting
+// the two maps across warps (rather than giving one warp both) keeps the register file under 255 without
+// recomputing any QK^T product; the price is that V is read from shared memory by both warp groups.
+// Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it
+// needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
 //
-// Two schedules of the P V products (mma_schedule picks by the device's shared memory):
-//  1 lockstep: each warp accumulates its own map over all 2d columns of V (O1 or O2 whole); at the end map 2
-//    parks O2/l2 in shared memory and map 1 combines, normalises and stores.
-//  2 V-split: warps w and w + 4 own the same 16 rows (map 1 and map 2). After the softmax they swap P and the
-//    rescale factors through shared memory, and each accumulates BOTH maps over half of V's columns (warp w columns
-//    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
-//    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
-//    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
-// Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
-// 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64. Tried and not kept:
-// map 2 skewed half a tile behind map 1 so that one warp's softmax overlaps the other's products (+4-5% at
-// d = 128, below V-split, and the two do not combine: V-split couples the two warps of a scheduler), and an
-// FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep mma.sync's pipe busy).
+// Two schedules of the same arithmetic (DS_ATTN_MMA_VER selects; 2 is the default):
+//  1 lockstep: K1/K2/V double-buffered with cp.async, one __syncthreads per key tile; all eight warps compute S,
+//    then their softmax, then P V at the same time, so the tensor pipes idle through every softmax.
+//  2 ping-pong: the two maps' warps take turns issuing their products through two named barriers, so one map's
+//    softmax runs while the other map's mma.sync instructions use the tensor pipes (on each SM sub-partition a
+//    map-1 and a map-2 warp share one scheduler). A turn ("block" t) is P(t-1) V(t-1) then S(t) = Q K(t)^T; the
+//    softmax of S(t) follows outside the turn. Loads are issued at the start of a turn by the map's own 128
+//    threads: its K(t+1) (2 K stages per map) and half the rows of V(t+1) (3 V stages shared by both maps), and
+//    land on mbarriers through cp.async.mbarrier.arrive, so no CTA-wide barrier runs in the loop. Why a turn start
+//    is a safe point: the turn barrier of map m completes only when all of map m's warps finished their previous
+//    turn and the other map finished the turn before, which were the last readers of the stages written.
+// Epilogue (both): map-2 warps park O2/l2 in shared memory (reusing the K/V stages) in fragment order; map-1 warps
+// combine, reduce the sum of squares over 2d inside each quad, scale and store.
 //
-// Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB.
+// Shared memory: lockstep: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64;
+//                ping-pong: Q + 2 x (K1, K2) + 3 x V = 192 KB at d = 128 (one CTA per SM), 96 KB at d = 64 (two).
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -39,6 +39,22 @@ namespace ds::kern {
 namespace {
 
 constexpr int BM = 64, BN = 64, THREADS = 256;
+constexpr int PP_KS = 2, PP_VS = 3;  // ping-pong: K stages per map, V stages
+
+// Ping-pong turns: named barrier 1 + m is map m's turn (0 is __syncthreads). Immediate barrier ids: with an id in
+// a register ptxas reserves all 16.
+__device__ __forceinline__ void turn_sync(int m) {
+  if (m == 0)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
+}
+__device__ __forceinline__ void turn_arrive(int m) {
+  if (m == 0)
+    asm volatile("bar.arrive 1, %0;\n" ::"n"(THREADS) : "memory");
+  else
+    asm volatile("bar.arrive 2, %0;\n" ::"n"(THREADS) : "memory");
+}
 
 // exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
 // exp2f adds range fix-ups around the same instruction.
@@ -57,13 +73,14 @@ struct Tile {
   // lockstep: [Q][2 stages][K1 | K2 | V]
   static constexpr int STAGE_ELEMS = 2 * K_ELEMS + V_ELEMS;
   static constexpr int SMEM_LOCKSTEP = (Q_ELEMS + 2 * STAGE_ELEMS) * 2;
+  // ping-pong: [Q][PP_KS stages][K1 | K2][PP_VS stages][V][mbarriers: full K per map and stage, full V per stage]
+  static constexpr int PP_K_OFF = Q_ELEMS, PP_V_OFF = PP_K_OFF + PP_KS * 2 * K_ELEMS;
+  static constexpr int PP_BAR_BYTES = (PP_V_OFF + PP_VS * V_ELEMS) * 2;
+  static constexpr int SMEM_PINGPONG = PP_BAR_BYTES + (2 * PP_KS + PP_VS) * 8;
   static constexpr int MIN_BLOCKS = D == 64 ? 2 : 1;
   static_assert(BM * VW * 4 <= 2 * STAGE_ELEMS * 2, "O2 staging must fit in the K/V stages");
-  // V-split: the lockstep stages, then the exchange area [4 row groups][2 maps]: P fragments (4 x 32 lanes x 16 B)
-  // and per-lane pairs of floats (alpha, later l and the sums of squares).
-  static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
-  static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
-  static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
+  static_assert(BM * VW * 4 <= PP_BAR_BYTES - Q_ELEMS * 2, "O2 staging must fit in the K/V stages");
+  static_assert(MIN_BLOCKS * SMEM_PINGPONG <= 227 * 1024, "shared memory");
 };
 
 // A thread's share of copying a ROWS x W bf16 tile into a swizzled shared tile with NTHR threads: one 16-byte
@@ -83,7 +100,7 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < PASSES; ++i) {
       const bool ok = r + i * RPP < rows_left;
-      const int d = i * RPP * W + (RPP % 8 == 0 ? 0 : (((c ^ ((r + i * RPP) & 7)) - (c ^ (r & 7))) * 8));
+      const int d = i * RPP * W + (RPP % 8 == 0 ? 0 : ((((c ^ ((r + i * RPP) & 7)) - (c ^ (r & 7)))) << 3));
       cp_async_16(smem_addr(dst + d), ok ? src + i * RPP * rs : any, ok ? 16 : 0);
     }
   }
@@ -326,19 +343,18 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// V-split schedule (see the top of the file).
 template <int D>
-__global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vsplit_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_pingpong_kernel(const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NH = D / 8;  // n8 tiles per column half
+  constexpr int VW = T::VW, NT = VW / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
-  bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
-  uint4* xp = reinterpret_cast<uint4*>(smem + T::SMEM_LOCKSTEP);                  // [4][2 maps][BN/16][32]
-  float2* xf = reinterpret_cast<float2*>(smem + T::SMEM_LOCKSTEP + T::XP_BYTES);  // [4][2 maps][32]
+  bf16* sK = sQ + T::PP_K_OFF;               // [PP_KS][2 maps][BN][D]
+  bf16* sV = sQ + T::PP_V_OFF;               // [PP_VS][BN][VW]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + T::PP_BAR_BYTES);  // full K [2 maps][PP_KS], full V [PP_VS]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int map = warp >> 2, grp = warp & 3, wrow = grp * 16;
+  const int map = warp >> 2, wrow = (warp & 3) * 16, mt = tid & 127;  // mt: thread index within the map
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
   const CtaWork w = cta_work(p);
   const int qt = w.qt, j = w.j, b = w.b, g = w.g;
@@ -347,159 +363,86 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
-  const TileCopy<BN, D, THREADS> qk_copy(tid);
-  const TileCopy<BN, VW, THREADS> v_copy(tid);
-  const bf16* k_src0 = base + qk_copy.r * rs + p.k_off + int64_t(g) * D + qk_copy.c * 8;
-  const bf16* k_src1 = base + qk_copy.r * rs + p.k_off + int64_t(half_kv + g) * D + qk_copy.c * 8;
-  const bf16* v_src =
-      base + v_copy.r * rs + p.v_off + int64_t(v_copy.c < D / 8 ? g : half_kv + g) * D + (v_copy.c % (D / 8)) * 8;
+  if (tid == 0) {
+    for (int i = 0; i < 2 * PP_KS; ++i) mbar_init(smem_addr(bars + i), 128);        // one map's threads
+    for (int i = 0; i < PP_VS; ++i) mbar_init(smem_addr(bars + 2 * PP_KS + i), 256);  // both halves of V
+  }
+  __syncthreads();
+  auto full_k = [&](int it) { return smem_addr(bars + map * PP_KS + it % PP_KS); };
+  auto full_v = [&](int it) { return smem_addr(bars + 2 * PP_KS + it % PP_VS); };
+
+  // This map's threads load its Q and K tiles and half the rows of each V tile.
+  const TileCopy<BN, D, 128> qk_copy(mt);
+  const TileCopy<BN / 2, VW, 128> v_copy(mt);
   const int q0 = qt * BM, n_kt = qt + 1;
-  const bf16* q_src = base + (q0 + qk_copy.r) * rs + p.q_off + qk_copy.c * 8;
-  qk_copy.issue(sQ, q_src + int64_t(j) * D, rs, p.n - q0, base);
-  qk_copy.issue(sQ + BM * D, q_src + int64_t(j + hv) * D, rs, p.n - q0, base);
-  auto load_kv = [&](int it) {
+  const bf16* k_src = base + qk_copy.r * rs + p.k_off + int64_t(map == 0 ? g : half_kv + g) * D + qk_copy.c * 8;
+  const bf16* v_src = base + (map * (BN / 2) + v_copy.r) * rs + p.v_off +
+                      int64_t(v_copy.c < D / 8 ? g : half_kv + g) * D + (v_copy.c % (D / 8)) * 8;
+  bf16* sQm = sQ + map * BM * D;
+  auto load_k = [&](int it) {
     const int k0 = (qt - it) * BN;
-    bf16* k = sStage + (it & 1) * T::STAGE_ELEMS;
-    qk_copy.issue(k, k_src0 + int64_t(k0) * rs, rs, p.n - k0, base);
-    qk_copy.issue(k + T::K_ELEMS, k_src1 + int64_t(k0) * rs, rs, p.n - k0, base);
-    v_copy.issue(k + 2 * T::K_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
+    qk_copy.issue(sK + ((it % PP_KS) * 2 + map) * T::K_ELEMS, k_src + int64_t(k0) * rs, rs, p.n - k0, base);
+    cp_async_mbar_arrive_noinc(full_k(it));
   };
-  load_kv(0);
-  cp_async_commit();
+  auto load_v = [&](int it) {
+    const int k0 = (qt - it) * BN;
+    v_copy.issue(sV + (it % PP_VS) * T::V_ELEMS + map * (BN / 2) * VW, v_src + int64_t(k0) * rs, rs,
+                 p.n - k0 - map * (BN / 2), base);
+    cp_async_mbar_arrive_noinc(full_v(it));
+  };
+  qk_copy.issue(sQm, base + int64_t(q0 + qk_copy.r) * rs + p.q_off + int64_t(map == 0 ? j : j + hv) * D + qk_copy.c * 8, rs,
+                p.n - q0, base);
+  load_k(0);  // its arrive also covers the Q copies above
+  load_v(0);
 
-  float acc_own[NH][4], acc_oth[NH][4];  // this warp's V columns [map * D, map * D + D) of its own and the other map
+  float acc[NT][4];
 #pragma unroll
-  for (int i = 0; i < NH; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_own[i][e] = acc_oth[i][e] = 0.f;
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const float sl2 = p.scale * 1.4426950408889634f;
-  const bf16* sQm = sQ + map * BM * D;
-  uint4* xp_own = xp + (grp * 2 + map) * (BN / 16) * 32;
-  const uint4* xp_oth = xp + (grp * 2 + (map ^ 1)) * (BN / 16) * 32;
-  float2* xf_own = xf + (grp * 2 + map) * 32;
-  const float2* xf_oth = xf + (grp * 2 + (map ^ 1)) * 32;
+  const float sl2 = p.scale * 1.4426950408889634f;  // softmax in base 2: exp(x*s) = exp2(x*s*log2 e)
+  uint32_t pa[BN / 16][4];
 
-  for (int it = 0; it < n_kt; ++it) {
-    cp_async_wait<0>();
-    __syncthreads();  // tile `it` landed; every warp finished iteration it-1 (its stage and the exchange are free)
+  if (map == 1) turn_arrive(0);  // map 1 takes the first turn
+  for (int it = 0; it <= n_kt; ++it) {
+    // turn `it`: P(it-1) V(it-1), then S(it) = Q K(it)^T
+    if (it < n_kt) mbar_test_wait(full_k(it), (it / PP_KS) & 1);
+    if (it > 0) mbar_test_wait(full_v(it - 1), ((it - 1) / PP_VS) & 1);
+    turn_sync(map);
+    if (it + 1 < n_kt) {
+      load_k(it + 1);  // into K(it-1)'s stage: this map's warps all finished turn it-1
+      load_v(it + 1);  // into V(it-2)'s stage: both maps finished turn it-1, its last reader
+    }
+    if (it > 0) warp_pv<VW>(acc, pa, sV + ((it - 1) % PP_VS) * T::V_ELEMS, lane);
     float s[BN / 8][4];
-    warp_qk<D>(s, sQm, sStage + (it & 1) * T::STAGE_ELEMS + map * T::K_ELEMS, wrow, lane);
-    if (it + 1 < n_kt) load_kv(it + 1);
-    cp_async_commit();
-    if (it == 0) mask_diagonal(s, wrow, lane);
-    float alpha[2];
-    online_softmax(s, m_run, l_run, alpha, sl2);
-    uint32_t pa[BN / 16][4];
-    pack_p(s, pa);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) xp_own[kk * 32 + lane] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-    xf_own[lane] = make_float2(alpha[0], alpha[1]);
-    __syncthreads();  // both maps' P and alpha of this tile are in shared memory
-    const float2 ao = xf_oth[lane];
-    const float alpha_o[2] = {ao.x, ao.y};
-    rescale(acc_own, alpha);
-    rescale(acc_oth, alpha_o);
-    const bf16* sV = sStage + (it & 1) * T::STAGE_ELEMS + 2 * T::K_ELEMS;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint4 x = xp_oth[kk * 32 + lane];
-      const uint32_t po[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-      for (int nn = 0; nn < D / 16; ++nn) {
-        uint32_t bb[4];
-        ldmatrix_x4_trans(bb, smem_addr(sV + swz<VW>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                     map * D + nn * 16 + (lane >> 4) * 8)));
-        mma_16816(acc_own[2 * nn], pa[kk], bb[0], bb[1]);
-        mma_16816(acc_own[2 * nn + 1], pa[kk], bb[2], bb[3]);
-        mma_16816(acc_oth[2 * nn], po, bb[0], bb[1]);
-        mma_16816(acc_oth[2 * nn + 1], po, bb[2], bb[3]);
-      }
+    if (it < n_kt) warp_qk<D>(s, sQm, sK + ((it % PP_KS) * 2 + map) * T::K_ELEMS, wrow, lane);
+    if (map == 0 || it < n_kt) turn_arrive(map ^ 1);  // the other map's turn
+    if (it < n_kt) {
+      if (it == 0) mask_diagonal(s, wrow, lane);
+      float alpha[2];
+      online_softmax(s, m_run, l_run, alpha, sl2);
+      pack_p(s, pa);
+      rescale(acc, alpha);  // after P(it-1) V(it-1), before P(it) V(it)
     }
   }
 
-  // Epilogue: swap l, combine this warp's column half, swap the sums of squares, normalise, store.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the exchange area of the last tile
-  xf_own[lane] = make_float2(l_run[0], l_run[1]);
-  __syncthreads();
-  const float2 lo = xf_oth[lane];
-  const float inv_own[2] = {1.f / l_run[0], 1.f / l_run[1]}, inv_oth[2] = {1.f / lo.x, 1.f / lo.y};
-  const float c_own = map == 0 ? 1.f : -p.lambda, c_oth = map == 0 ? -p.lambda : 1.f;  // O1/l1 - lambda O2/l2
-  float ss[2] = {0.f, 0.f};
-#pragma unroll
-  for (int nt = 0; nt < NH; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float o = c_own * acc_own[nt][e] * inv_own[e >> 1] + c_oth * acc_oth[nt][e] * inv_oth[e >> 1];
-      acc_own[nt][e] = o;
-      ss[e >> 1] += o * o;
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
-    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
-  }
-  __syncthreads();  // both warps read l
-  xf_own[lane] = make_float2(ss[0], ss[1]);
-  __syncthreads();
-  const float2 so = xf_oth[lane];
-  const float f[2] = {rsqrtf((ss[0] + so.x) * (1.f / VW) + p.eps) * p.out_scale,
-                      rsqrtf((ss[1] + so.y) * (1.f / VW) + p.eps) * p.out_scale};
-  const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = q0 + wrow + g4 + 8 * r;
-    if (row < p.n) {
-      bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW +
-                map * D + 2 * t4;
-#pragma unroll
-      for (int nt = 0; nt < NH; ++nt)
-        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc_own[nt][2 * r] * f[r], acc_own[nt][2 * r + 1] * f[r]);
-    }
-  }
+  __syncthreads();  // every load was waited for and no warp reads the stages any more: reuse them for O2
+  combine_store<VW>(acc, l_run, reinterpret_cast<float*>(sK), warp, lane, p, q0, b, j);
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// The schedule for head_dim D on the current device: 2 (V-split) where its shared memory fits MIN_BLOCKS CTAs per SM
-// (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else 0
-// (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
-template <int D>
-int mma_schedule() {
-  using T = Tile<D>;
-  if (const char* e = std::getenv("DS_ATTN_MMA_VER"); e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
-  static int cached[64] = {};  // per device: schedule + 1 once known
-  int dev = 0, per_block = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (cached[dev] == 0) {
-    int schedule = 0;
-    constexpr int reserved = 1024;  // per CTA, by the driver
-    if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
-      cudaGetLastError();
-    else if (T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
-      schedule = 2;
-    else if (T::SMEM_LOCKSTEP <= per_block)
-      schedule = 1;
-    cached[dev] = schedule + 1;
-  }
-  return cached[dev] - 1;
+int mma_version() {
+  static const int v = [] {
+    const char* e = std::getenv("DS_ATTN_MMA_VER");
+    return e && e[0] == '1' ? 1 : 2;
+  }();
+  return v;
 }
 
 template <int D>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
-  const int schedule = mma_schedule<D>();
-  if (schedule == 0) return cudaErrorInvalidConfiguration;
-  const auto kernel = schedule == 2 ? diff_attn_fwd_vsplit_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
-  const int smem = schedule == 2 ? Tile<D>::SMEM_VSPLIT : Tile<D>::SMEM_LOCKSTEP;
+  const bool pp = mma_version() == 2;
+  const auto kernel = pp ? diff_attn_fwd_pingpong_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
+  const int smem = pp ? Tile<D>::SMEM_PINGPONG : Tile<D>::SMEM_LOCKSTEP;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   AttnParams q = p;
@@ -511,9 +454,7 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool diff_attn_fwd_supported(int d) {
-  return (d == 64 && mma_schedule<64>() != 0) || (d == 128 && mma_schedule<128>() != 0);
-}
+bool diff_attn_fwd_supported(int d) { return d == 64 || d == 128; }
 
 cudaError_t launch_diff_attn_fwd(const AttnParams& p, cudaStream_t stream) {
   if (!p.diff || p.n <= 0 || p.heads % 2 || p.kv_heads % 2 || p.heads % p.kv_heads) return cudaErrorInvalidValue;
