@@ -723,6 +723,308 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   }
 }
 
+// EXPERIMENT schedule 5 (d = 128): quads. Warps 4g..4g+3 own rows 32g..32g+31. Warp q of the quad computes S and
+// the softmax of rows 32g + 16 (q & 1).. of map q >> 1, publishes P and alpha; after the quad's barrier each warp
+// accumulates both maps of all 32 rows over V columns [64 q, 64 q + 64): each V fragment feeds 8 mma.sync.
+template <int D>
+__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_quad_kernel(const AttnParams p) {
+  using T = Tile<D>;
+  constexpr int VW = T::VW, CW = VW / 4, NC = CW / 8;  // columns per warp, n8 tiles per warp
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sStage = sQ + T::Q_ELEMS;
+  uint4* xp = reinterpret_cast<uint4*>(smem + T::SMEM_LOCKSTEP);                  // [8 warps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + T::SMEM_LOCKSTEP + T::XP_BYTES);  // [8 warps][32]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = warp >> 2, q = warp & 3, rh = q & 1, map = q >> 1, wrow = g * 32 + rh * 16;
+  const CtaWork w = cta_work(p);
+  const int qt = w.qt, j = w.j, b = w.b;
+  unsigned long long t_start = 0;
+  if (p.head_ns && tid == 0) t_start = global_timer_ns();
+  const CtaCopies<D> copies(p, w, tid);
+  const int q0 = qt * BM, n_kt = qt + 1;
+  copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
+
+  float acc[2][2][NC][4];  // [row half][map][n8 tile of this warp's columns]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    zero(acc[r][0]);
+    zero(acc[r][1]);
+  }
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float sl2 = p.scale * 1.4426950408889634f;
+  const bf16* sQm = sQ + map * BM * D;
+  uint4* xp_quad = xp + (g * 4) * (BN / 16) * 32;  // slot of quad warp u: xp_quad + u * (BN / 16) * 32
+  float2* xf_quad = xf + (g * 4) * 32;
+
+  for (int it = 0; it < n_kt; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();
+    const bool has_next = it + 1 < n_kt;
+    bf16* next_stage = sStage + ((it + 1) & 1) * T::STAGE_ELEMS;
+    const auto next = copies.tile(it + 1, next_stage, next_stage + 2 * T::K_ELEMS);
+    const bf16* stage = sStage + (it & 1) * T::STAGE_ELEMS;
+    float s[BN / 8][4];
+    warp_qk<D>(s, sQm, stage + map * T::K_ELEMS, wrow, lane, [&](int kk) {
+      if (has_next) next.step(kk);
+    });
+    cp_async_commit();
+    if (it == 0) mask_diagonal(s, wrow, lane);
+    float alpha[2];
+    warp_softmax<true>(s, m_run, l_run, alpha, sl2);
+    uint32_t pa[BN / 16][4];
+    pack_p(s, pa);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      xp_quad[(q * (BN / 16) + kk) * 32 + lane] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    xf_quad[q * 32 + lane] = make_float2(alpha[0], alpha[1]);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");
+    float al[4][2];  // quad warp u = rh + 2 map
+    bool any = false;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float2 f = xf_quad[u * 32 + lane];
+      al[u][0] = f.x;
+      al[u][1] = f.y;
+      any |= f.x != 1.f || f.y != 1.f;
+    }
+    if (__any_sync(0xffffffffu, any)) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) scale_rows(acc[u & 1][u >> 1], al[u]);
+    }
+    const bf16* sV = stage + 2 * T::K_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pf[4][4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint4 x = xp_quad[(u * (BN / 16) + kk) * 32 + lane];
+        pf[u][0] = x.x;
+        pf[u][1] = x.y;
+        pf[u][2] = x.z;
+        pf[u][3] = x.w;
+      }
+#pragma unroll
+      for (int nn = 0; nn < CW / 16; ++nn) {
+        uint32_t bb[4];
+        ldmatrix_x4_trans(bb, smem_addr(sV + swz<VW>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                     q * CW + nn * 16 + (lane >> 4) * 8)));
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          mma_16816(acc[u & 1][u >> 1][2 * nn], pf[u], bb[0], bb[1]);
+          mma_16816(acc[u & 1][u >> 1][2 * nn + 1], pf[u], bb[2], bb[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading the exchange slots
+  quad_sum(l_run);
+  xf_quad[q * 32 + lane] = make_float2(l_run[0], l_run[1]);
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");
+  float inv[4][2];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 f = xf_quad[u * 32 + lane];
+    const float c = u >> 1 ? p.lambda : 1.f;
+    inv[u][0] = c / f.x;
+    inv[u][1] = c / f.y;
+  }
+  float ss[2][2] = {};
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NC; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float o = acc[r][0][nt][e] * inv[r][e >> 1] - acc[r][1][nt][e] * inv[2 + r][e >> 1];
+        acc[r][0][nt][e] = o;
+        ss[r][e >> 1] += o * o;
+      }
+  quad_sum(ss[0]);
+  quad_sum(ss[1]);
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");  // everyone read l
+  xf_quad[q * 32 + lane] = make_float2(ss[0][0], ss[0][1]);
+  xf[(8 + g * 4 + q) * 32 + lane] = make_float2(ss[1][0], ss[1][1]);
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");
+  float tot[2][2] = {};
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 a = xf_quad[u * 32 + lane], c = xf[(8 + g * 4 + u) * 32 + lane];
+    tot[0][0] += a.x;
+    tot[0][1] += a.y;
+    tot[1][0] += c.x;
+    tot[1][1] += c.y;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float f[2] = {rsqrtf(tot[r][0] * (1.f / VW) + p.eps) * p.out_scale,
+                        rsqrtf(tot[r][1] * (1.f / VW) + p.eps) * p.out_scale};
+    store_rows(acc[r][0], f, p, q0 + g * 32 + r * 16, b, int64_t(j) * VW + q * CW, lane);
+  }
+  if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+}
+
+// EXPERIMENT schedule 6 (d = 128): quads with skew. Quad 0 (warps 0-3) early, quad 1 (warps 4-7) half a tile late,
+// as schedule 3 does with pairs: each scheduler holds one warp of each quad. 3 V stages, 2 K stages.
+template <int D>
+__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_qskew_kernel(const AttnParams p) {
+  using T = Tile<D>;
+  constexpr int VW = T::VW, CW = VW / 4, NC = CW / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + T::Q_ELEMS;      // [2 stages][K1 | K2]
+  bf16* sV = sK + 4 * T::K_ELEMS;  // [3 stages][V]
+  uint4* xp = reinterpret_cast<uint4*>(smem + T::SKEW_XP);                  // [8 warps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + T::SKEW_XP + T::XP_BYTES);  // [16][32]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int late = __shfl_sync(0xffffffffu, warp, 0) >> 2;
+  const int g = late, q = warp & 3, rh = q & 1, map = q >> 1, wrow = g * 32 + rh * 16;
+  const CtaWork w = cta_work(p);
+  const int qt = w.qt, j = w.j, b = w.b;
+  unsigned long long t_start = 0;
+  if (p.head_ns && tid == 0) t_start = global_timer_ns();
+  const CtaCopies<D> copies(p, w, tid);
+  const int q0 = qt * BM, n_kt = qt + 1;
+  copies.issue_first(sQ, sK, sV, p, j);
+
+  float acc[2][2][NC][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    zero(acc[r][0]);
+    zero(acc[r][1]);
+  }
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float sl2 = p.scale * 1.4426950408889634f;
+  const bf16* sQm = sQ + map * BM * D;
+  uint4* xp_quad = xp + (g * 4) * (BN / 16) * 32;
+  float2* xf_quad = xf + (g * 4) * 32;
+  const auto quad_sync = [g] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory"); };
+  const auto wait_all = [] {
+    cp_async_wait<0>();
+    cta_sync();
+  };
+
+  int vs = 2;
+  for (int t = -1; t < n_kt; ++t) {
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1) wait_all();
+      if (t >= 0 && h == late) {
+        float al[4][2];
+        bool any = false;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float2 f = xf_quad[u * 32 + lane];
+          al[u][0] = f.x;
+          al[u][1] = f.y;
+          any |= f.x != 1.f || f.y != 1.f;
+        }
+        if (__any_sync(0xffffffffu, any)) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) scale_rows(acc[u & 1][u >> 1], al[u]);
+        }
+        const bf16* sVt = sV + vs * T::V_ELEMS;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t pf[4][4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const uint4 x = xp_quad[(u * (BN / 16) + kk) * 32 + lane];
+            pf[u][0] = x.x;
+            pf[u][1] = x.y;
+            pf[u][2] = x.z;
+            pf[u][3] = x.w;
+          }
+#pragma unroll
+          for (int nn = 0; nn < CW / 16; ++nn) {
+            uint32_t bb[4];
+            ldmatrix_x4_trans(bb, smem_addr(sVt + swz<VW>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                          q * CW + nn * 16 + (lane >> 4) * 8)));
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              mma_16816(acc[u & 1][u >> 1][2 * nn], pf[u], bb[0], bb[1]);
+              mma_16816(acc[u & 1][u >> 1][2 * nn + 1], pf[u], bb[2], bb[3]);
+            }
+          }
+        }
+      }
+    }
+    vs = vs == 2 ? 0 : vs + 1;
+    const int u = t + 1;
+    if (u < n_kt) {
+      const bool has_next = u + 1 < n_kt;
+      const auto next = copies.tile(u + 1, sK + ((u + 1) & 1) * 2 * T::K_ELEMS, sV + (vs == 2 ? 0 : vs + 1) * T::V_ELEMS);
+      float s[BN / 8][4];
+      warp_qk<D>(s, sQm, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, wrow, lane, [&](int kk) {
+        if (has_next) next.step(kk);
+      });
+      if (u == 0) mask_diagonal(s, wrow, lane);
+      float alpha[2];
+      warp_softmax<false>(s, m_run, l_run, alpha, sl2);
+      uint32_t pa[BN / 16][4];
+      pack_p(s, pa);
+      quad_sync();  // the quad is done reading P(t) and alpha(t)
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        xp_quad[(q * (BN / 16) + kk) * 32 + lane] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+      xf_quad[q * 32 + lane] = make_float2(alpha[0], alpha[1]);
+      quad_sync();  // P(u) and alpha(u) published
+    }
+    cp_async_commit();
+  }
+  quad_sync();  // the quad is done reading the last P and alpha
+  quad_sum(l_run);
+  xf_quad[q * 32 + lane] = make_float2(l_run[0], l_run[1]);
+  quad_sync();
+  float inv[4][2];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 f = xf_quad[u * 32 + lane];
+    const float c = u >> 1 ? p.lambda : 1.f;
+    inv[u][0] = c / f.x;
+    inv[u][1] = c / f.y;
+  }
+  float ss[2][2] = {};
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NC; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float o = acc[r][0][nt][e] * inv[r][e >> 1] - acc[r][1][nt][e] * inv[2 + r][e >> 1];
+        acc[r][0][nt][e] = o;
+        ss[r][e >> 1] += o * o;
+      }
+  quad_sum(ss[0]);
+  quad_sum(ss[1]);
+  quad_sync();  // everyone read l
+  xf_quad[q * 32 + lane] = make_float2(ss[0][0], ss[0][1]);
+  xf[(8 + g * 4 + q) * 32 + lane] = make_float2(ss[1][0], ss[1][1]);
+  quad_sync();
+  float tot[2][2] = {};
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 a = xf_quad[u * 32 + lane], c = xf[(8 + g * 4 + u) * 32 + lane];
+    tot[0][0] += a.x;
+    tot[0][1] += a.y;
+    tot[1][0] += c.x;
+    tot[1][1] += c.y;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float f[2] = {rsqrtf(tot[r][0] * (1.f / VW) + p.eps) * p.out_scale,
+                        rsqrtf(tot[r][1] * (1.f / VW) + p.eps) * p.out_scale};
+    store_rows(acc[r][0], f, p, q0 + g * 32 + r * 16, b, int64_t(j) * VW + q * CW, lane);
+  }
+  if (p.head_ns) {
+    cta_sync();
+    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+  }
+}
+
 // The schedule for head_dim D on the current device, the fastest that fits (bench/cuda_notes.md): at d = 64, 4 (each
 // warp both maps, two 80 KB CTAs per SM); at d = 128, 3 (V-split with skew, 210 KB per CTA); then 2 (V-split, where
 // its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB); 0: none
@@ -749,13 +1051,15 @@ int mma_schedule() {
       if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
       if (D == 128 && fit(T::SMEM_VSKEW, 1)) mask |= 1 << 3;
       if (D == 64 && fit(TileW<D>::SMEM, 2)) mask |= 1 << 4;
+      if (D == 128 && fit(T::SMEM_VSPLIT + 4096, 1)) mask |= 1 << 5;
+      if (D == 128 && fit(T::SMEM_VSKEW + 2048, 1)) mask |= 1 << 6;
     }
     fits[dev] = mask;
   }
   const char* e = std::getenv("DS_ATTN_MMA_VER");
-  const int asked = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
+  const int asked = e && e[0] >= '1' && e[0] <= '6' && e[1] == 0 ? e[0] - '0' : 0;
   if (asked && (fits[dev] >> asked & 1)) return asked;
-  for (int s : {4, 3, 2, 1})
+  for (int s : {4, 3, 2, 1})  // (5: experiment, only when asked)
     if (fits[dev] >> s & 1) return s;
   return 0;
 }
@@ -777,6 +1081,16 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
       kernel = diff_attn_fwd_warp2_kernel<D>;
       smem = TileW<D>::SMEM;
       threads = THREADS_W;
+    }
+  }
+  if constexpr (D == 128) {
+    if (schedule == 5) {
+      kernel = diff_attn_fwd_quad_kernel<D>;
+      smem = T::SMEM_VSPLIT + 4096;
+    }
+    if (schedule == 6) {
+      kernel = diff_attn_fwd_qskew_kernel<D>;
+      smem = T::SMEM_VSKEW + 2048;
     }
   }
   if constexpr (D == 128) {  // the skewed schedule is built for d = 128 only (mma_schedule)
