@@ -36,6 +36,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "mma_sm80.cuh"
 
@@ -351,12 +352,14 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
 // Tile 0 goes out whole (issue_kv: rows past n are zero-filled); every later tile is full (its keys end at or before
 // the query tile's first row), and goes out one copy at a time (KvSrc::copy, NCOPY per thread, two per k step of
 // the S products) without bounds checks.
-template <int D>
+// NTHR: the threads that share the copies (the CTA, or one warp group of the skewed kernel at d = 64).
+template <int D, int NTHR = THREADS>
 struct CtaCopies {
-  using QK = TileCopy<BN, D, THREADS>;
-  using VC = TileCopy<BN, 2 * D, THREADS>;
-  static constexpr int NCOPY = 2 * QK::PASSES + VC::PASSES;
-  static_assert(NCOPY == 2 * (D / 16), "two copies per k step of the S products");
+  using QK = TileCopy<BN, D, NTHR>;
+  using VC = TileCopy<BN, 2 * D, NTHR>;
+  static constexpr int NCOPY = 2 * QK::PASSES + VC::PASSES, NCOPY_K = 2 * QK::PASSES;
+  static_assert(NTHR != THREADS || NCOPY == 2 * (D / 16), "two copies per k step of the S products");
+  static_assert(NTHR == THREADS || NCOPY_K == 2 * (D / 16), "a warp group's K copies: two per k step");
   const QK qk;
   const VC v;
   const bf16* base;
@@ -539,16 +542,21 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 // the early warps run S(t) then P V(t), the late ones P V(t - 1) then S(t): two tiles of V are read at once and a
 // third is loading, so V has three stages (K two). The next tile's copies go out between the S products, as in the
 // other schedules; one half-tile of skew is lost at each end of a CTA.
-template <int D>
-__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const AttnParams p) {
+// VST = 2 (d = 64, two CTAs per SM in V-split's 98 KB): V has two stages. V(t + 2) can only overwrite V(t) once the
+// late warps are done with P V(t), so the late warps issue V(t + 2) right after it (behind a barrier of their own)
+// and the early warps issue K(t + 2) between their S products; each group waits for its copies at the next CTA
+// barrier, as before. Tiles 0 and 1 go out from all threads.
+template <int D, int VST>
+__global__ void __launch_bounds__(THREADS, VST == 3 ? 1 : Tile<D>::MIN_BLOCKS) diff_attn_fwd_vskew_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NH = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][K1 | K2]
-  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][V]
-  uint4* xp = reinterpret_cast<uint4*>(smem + T::SKEW_XP);                  // [8 warps][BN/16][32]
-  float2* xf = reinterpret_cast<float2*>(smem + T::SKEW_XP + T::XP_BYTES);  // [8 warps][32]
+  bf16* sV = sK + 4 * T::K_ELEMS;            // [VST stages][V]
+  constexpr int XP_AT = (T::Q_ELEMS + 4 * T::K_ELEMS + VST * T::V_ELEMS) * 2;
+  uint4* xp = reinterpret_cast<uint4*>(smem + XP_AT);                  // [8 warps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + XP_AT + T::XP_BYTES);  // [8 warps][32]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp & 1, pair = warp >> 1, wrow = pair * 16;
@@ -559,6 +567,8 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
   const CtaCopies<D> copies(p, w, tid);
+  using GroupCopies = std::conditional_t<VST == 2, CtaCopies<D, THREADS / 2>, CtaCopies<D>>;
+  const GroupCopies group_copies(p, w, tid & (THREADS / 2 - 1));  // VST = 2: tiles >= 2, one warp group each
   const int q0 = qt * BM, n_kt = qt + 1;
   copies.issue_q(sQ, p, j);
   copies.issue_kv(sK, sV, 0);
@@ -585,7 +595,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
   // P of tile t (own and partner's) and the rescale factors, from the S products to P V.
   uint32_t pa[BN / 16][4], po[BN / 16][4];
   float al[2], ao[2];
-  int vs = 2;  // at the top of iteration t: the V stage of tile t (t % 3)
+  int vs = VST - 1;  // at the top of iteration t: the V stage of tile t (t % VST)
   for (int t = -1; t < n_kt; ++t) {
     // Early warps: P V(t), barrier; late warps: barrier, P V(t). Written as two passes so that every warp meets the
     // barrier at the same instruction (bar.sync is .aligned: synccheck flagged the first version, which had one
@@ -597,18 +607,33 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vskew_kernel(const A
         rescale(acc_own, al);
         rescale(acc_oth, ao);
         warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + vs * T::V_ELEMS, map, lane);
+        if constexpr (VST == 2) {
+          if (late && t + 2 < n_kt) {
+            asm volatile("bar.sync 5, 128;\n" ::: "memory");  // every late warp is done with V(t)
+            const auto v2 = group_copies.tile(t + 2, sK, sV + vs * T::V_ELEMS);
+#pragma unroll
+            for (int c = 0; c < GroupCopies::NCOPY - GroupCopies::NCOPY_K; ++c) v2.copy(GroupCopies::NCOPY_K + c);
+          }
+        }
       }
     }
-    vs = vs == 2 ? 0 : vs + 1;  // now tile t + 1's
+    vs = vs == VST - 1 ? 0 : vs + 1;  // now tile t + 1's
     const int u = t + 1;
     if (u < n_kt) {
       const bool has_next = u + 1 < n_kt;
-      const auto next = copies.tile(u + 1, sK + ((u + 1) & 1) * 2 * T::K_ELEMS, sV + (vs == 2 ? 0 : vs + 1) * T::V_ELEMS);
+      bf16* next_k = sK + ((u + 1) & 1) * 2 * T::K_ELEMS;
+      const auto next = copies.tile(u + 1, next_k, sV + (vs == VST - 1 ? 0 : vs + 1) * T::V_ELEMS);
+      const auto next_k_only = group_copies.tile(u + 1, next_k, nullptr);
       float s[BN / 8][4];
       warp_qk<D>(s, sQm, sK + (u & 1) * 2 * T::K_ELEMS + map * T::K_ELEMS, wrow, lane, [&](int kk) {
-        if (has_next) {
-          next.copy(2 * kk);
-          next.copy(2 * kk + 1);
+        if (VST == 3 || u == 0) {  // tile u + 1 from all threads
+          if (has_next) {
+            next.copy(2 * kk);
+            next.copy(2 * kk + 1);
+          }
+        } else if (has_next && !late) {  // VST = 2: K(u + 1) from the early warps (V from the late ones, above)
+          next_k_only.copy(2 * kk);
+          next_k_only.copy(2 * kk + 1);
         }
       });
       if (u == 0) mask_diagonal(s, wrow, lane);
@@ -650,16 +675,18 @@ int mma_schedule() {
       cudaGetLastError();
     else if (D == 128 && T::SMEM_VSKEW <= per_block && T::SMEM_VSKEW + reserved <= per_sm)
       schedule = 3;
+    else if (D == 64 && T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
+      schedule = 3;  // two stages of V: V-split's footprint
     else if (T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
       schedule = 2;
     else if (T::SMEM_LOCKSTEP <= per_block)
       schedule = 1;
     cached[dev] = schedule + 1;
   }
-  const int best = cached[dev] - 1;
+  const int fits = cached[dev] - 1, best = D == 64 && fits == 3 ? 2 : fits;
   const char* e = std::getenv("DS_ATTN_MMA_VER");
   const int asked = e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 0;
-  return asked && asked <= best ? asked : best;
+  return asked && asked <= fits ? asked : best;
 }
 
 template <int D>
@@ -673,11 +700,9 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
     kernel = diff_attn_fwd_vsplit_kernel<D>;
     smem = T::SMEM_VSPLIT;
   }
-  if constexpr (D == 128) {  // the skewed schedule is built for d = 128 only (mma_schedule)
-    if (schedule == 3) {
-      kernel = diff_attn_fwd_vskew_kernel<D>;
-      smem = T::SMEM_VSKEW;
-    }
+  if (schedule == 3) {
+    kernel = diff_attn_fwd_vskew_kernel<D, D == 128 ? 3 : 2>;
+    smem = D == 128 ? T::SMEM_VSKEW : T::SMEM_VSPLIT;
   }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
