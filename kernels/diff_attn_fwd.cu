@@ -4,30 +4,29 @@
 // in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale
 // folded in, rescale on a new row maximum).
 //
-// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 compute
-// map 1's S = Q1 K1^T and softmax, warps 4-7 map 2's, 16 rows each; a 16-row x 2d-wide f32 accumulator is 2d/8 * 4
-// registers per thread (128 at d = 128, FA2's budget for its d = 256 path), so a warp cannot hold both maps' full
-// accumulators. Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes
-// first (it needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
-// Copies: every thread copies fixed 16-byte column chunks (TileCopy), cp.async, two stages of K1 | K2 | V, one
-// __syncthreads per key tile; the next tile's copies go out once the S products are issued. The O rescale is
-// skipped when no row of the warp found a new maximum.
+// Work split (why): a CTA owns BM = 64 query rows of one differential head and runs 8 warps. Warps 0-3 hold map 1,
+// warps 4-7 map 2; each warp owns 16 rows of its map and all 2d output columns, so each accumulator is
+// 16 x 2d f32 = 2d/8 * 4 registers per thread (128 for d = 128, FA2's budget for its d = 256 path). Splitting
+// the two maps across warps (rather than giving one warp both) keeps the register file under 255 without
+// recomputing any QK^T product; the price is that V is read from shared memory by both warp groups.
+// Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile comes first (it
+// needs the causal mask and guarantees a finite row maximum), query tiles are launched heaviest first.
 //
-// Two schedules of the P V products (mma_schedule picks by the device's shared memory):
-//  1 lockstep: each warp accumulates its own map over all 2d columns of V (O1 or O2 whole); at the end map 2
-//    parks O2/l2 in shared memory and map 1 combines, normalises and stores.
-//  2 V-split: warps w and w + 4 own the same 16 rows (map 1 and map 2). After the softmax they swap P and the
-//    rescale factors through shared memory, and each accumulates BOTH maps over half of V's columns (warp w columns
-//    [0, d), warp w + 4 [d, 2d)): every V fragment read with ldmatrix feeds two mma.sync, so a warp reads 72
-//    instead of 104 ldmatrix tiles per key tile at d = 128, for 2 x 2 KB of P exchanged and a second barrier.
-//    The epilogue swaps l and the sums of squares; each warp stores its half of the 2d columns.
-// Measured on the H200 (bench/cuda_notes.md): the copy plans and the skipped rescale +23-28% (d = 128 200-233 ->
-// 246-298 TFLOP/s); V-split a further +5-9% at d = 128 (264-316 TFLOP/s), +1-3% at d = 64. Tried and not kept:
-// map 2 skewed half a tile behind map 1 so that one warp's softmax overlaps the other's products (+4-5% at
-// d = 128, below V-split, and the two do not combine: V-split couples the two warps of a scheduler), and an
-// FA3-style ping-pong with strict turns (4-30% slower: one warp alone does not keep mma.sync's pipe busy).
+// Two schedules of the same arithmetic (the skewed one where its shared memory fits, see mma_schedule):
+//  1 lockstep: K1/K2/V double-buffered with cp.async, one __syncthreads per key tile; all eight warps compute S,
+//    then their softmax, then P V at the same time, so the tensor pipes idle through every softmax.
+//  2 skewed: map 2 runs half a tile behind map 1 inside the same per-tile barrier. In iteration t map 1 computes
+//    S(t), its softmax, then P(t) V(t); map 2 computes P(t-1) V(t-1), then S(t) and its softmax. On each SM
+//    sub-partition one warp of each map shares the scheduler, so one warp's softmax now runs while the other
+//    issues mma.sync. V needs a third stage (map 2 still reads V(t-1) while V(t+1) loads). Measured on the H200:
+//    +4-5% at d = 128 over lockstep, equal at d = 64 (two CTAs per SM already overlap there). A ping-pong with
+//    strict turns (FA3 style, named barriers, mbarrier-tracked cp.async) was 4-30% slower than lockstep: one warp
+//    alone cannot keep the tensor pipe busy with mma.sync, two interleaved warps can (bench/cuda_notes.md).
+// Epilogue (both): map-2 warps park O2/l2 in shared memory (reusing the K/V stages) in fragment order; map-1 warps
+// combine, reduce the sum of squares over 2d inside each quad, scale and store.
 //
-// Shared memory: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64; V-split adds 18 KB.
+// Shared memory: lockstep: Q 2 x 64 x d + 2 stages x (K1, K2, V) = 160 KB at d = 128, 80 KB at d = 64;
+//                skewed: Q + 2 x (K1, K2) + 3 x V = 192 KB at d = 128 (one CTA per SM), 96 KB at d = 64 (two).
 #include "diff_attn_fwd.h"
 
 #include <cmath>
@@ -39,6 +38,7 @@ namespace ds::kern {
 namespace {
 
 constexpr int BM = 64, BN = 64, THREADS = 256;
+constexpr int SK_VS = 3;  // skewed: V stages (map 2 reads V(t-1) while V(t+1) loads)
 
 // exp2 on the special-function unit, flushing denormal results to zero (they are below bf16's P resolution);
 // exp2f adds range fix-ups around the same instruction.
@@ -57,13 +57,16 @@ struct Tile {
   // lockstep: [Q][2 stages][K1 | K2 | V]
   static constexpr int STAGE_ELEMS = 2 * K_ELEMS + V_ELEMS;
   static constexpr int SMEM_LOCKSTEP = (Q_ELEMS + 2 * STAGE_ELEMS) * 2;
+  // skewed: [Q][2 stages][K1 | K2][SK_VS stages][V]
+  static constexpr int SK_K_OFF = Q_ELEMS, SK_V_OFF = SK_K_OFF + 2 * 2 * K_ELEMS;
+  static constexpr int SMEM_SKEWED = (SK_V_OFF + SK_VS * V_ELEMS) * 2;
   static constexpr int MIN_BLOCKS = D == 64 ? 2 : 1;
   static_assert(BM * VW * 4 <= 2 * STAGE_ELEMS * 2, "O2 staging must fit in the K/V stages");
+  static_assert(MIN_BLOCKS * SMEM_SKEWED <= 227 * 1024, "shared memory");
   // V-split: the lockstep stages, then the exchange area [4 row groups][2 maps]: P fragments (4 x 32 lanes x 16 B)
   // and per-lane pairs of floats (alpha, later l and the sums of squares).
   static constexpr int XP_BYTES = 4 * 2 * (BN / 16) * 32 * 16, XF_BYTES = 4 * 2 * 32 * 8;
   static constexpr int SMEM_VSPLIT = SMEM_LOCKSTEP + XP_BYTES + XF_BYTES;
-  static_assert(MIN_BLOCKS * SMEM_VSPLIT <= 227 * 1024, "shared memory");
 };
 
 // A thread's share of copying a ROWS x W bf16 tile into a swizzled shared tile with NTHR threads: one 16-byte
@@ -326,7 +329,80 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// V-split schedule (see the top of the file).
+template <int D>
+__global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_skewed_kernel(const AttnParams p) {
+  using T = Tile<D>;
+  constexpr int VW = T::VW, NT = VW / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
+  bf16* sK = sQ + T::SK_K_OFF;               // [2 stages][K1 | K2]
+  bf16* sV = sQ + T::SK_V_OFF;               // [SK_VS stages][BN][VW]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int map = warp >> 2, wrow = (warp & 3) * 16;
+  const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
+  const CtaWork w = cta_work(p);
+  const int qt = w.qt, j = w.j, b = w.b, g = w.g;
+  const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
+  const int64_t rs = p.row_stride;
+  unsigned long long t_start = 0;
+  if (p.head_ns && tid == 0) t_start = global_timer_ns();
+
+  const TileCopy<BN, D, THREADS> qk_copy(tid);
+  const TileCopy<BN, VW, THREADS> v_copy(tid);
+  const bf16* k_src0 = base + qk_copy.r * rs + p.k_off + int64_t(g) * D + qk_copy.c * 8;
+  const bf16* k_src1 = base + qk_copy.r * rs + p.k_off + int64_t(half_kv + g) * D + qk_copy.c * 8;
+  const bf16* v_src =
+      base + v_copy.r * rs + p.v_off + int64_t(v_copy.c < D / 8 ? g : half_kv + g) * D + (v_copy.c % (D / 8)) * 8;
+  const int q0 = qt * BM, n_kt = qt + 1;
+  const bf16* q_src = base + (q0 + qk_copy.r) * rs + p.q_off + qk_copy.c * 8;
+  qk_copy.issue(sQ, q_src + int64_t(j) * D, rs, p.n - q0, base);
+  qk_copy.issue(sQ + BM * D, q_src + int64_t(j + hv) * D, rs, p.n - q0, base);
+  auto load_kv = [&](int it) {  // K(it) into K stage it % 2, V(it) into V stage it % SK_VS
+    const int k0 = (qt - it) * BN;
+    bf16* k = sK + (it & 1) * 2 * T::K_ELEMS;
+    qk_copy.issue(k, k_src0 + int64_t(k0) * rs, rs, p.n - k0, base);
+    qk_copy.issue(k + T::K_ELEMS, k_src1 + int64_t(k0) * rs, rs, p.n - k0, base);
+    v_copy.issue(sV + (it % SK_VS) * T::V_ELEMS, v_src + int64_t(k0) * rs, rs, p.n - k0, base);
+  };
+  load_kv(0);
+  cp_async_commit();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float sl2 = p.scale * 1.4426950408889634f;  // softmax in base 2: exp(x*s) = exp2(x*s*log2 e)
+  const bf16* sQm = sQ + map * BM * D;
+  uint32_t pa[BN / 16][4];
+
+  for (int it = 0; it < n_kt; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` landed; every warp finished iteration it-1 (K(it-1), V(it-2) stages are free)
+    if (map == 1 && it > 0) warp_pv<VW>(acc, pa, sV + ((it - 1) % SK_VS) * T::V_ELEMS, lane);  // map 2, one behind
+    float s[BN / 8][4];
+    warp_qk<D>(s, sQm, sK + ((it & 1) * 2 + map) * T::K_ELEMS, wrow, lane);
+    if (it + 1 < n_kt) load_kv(it + 1);
+    cp_async_commit();
+    if (it == 0) mask_diagonal(s, wrow, lane);
+    float alpha[2];
+    online_softmax(s, m_run, l_run, alpha, sl2);
+    pack_p(s, pa);
+    rescale(acc, alpha);  // map 2: after P(it-1) V(it-1) above
+    if (map == 0) warp_pv<VW>(acc, pa, sV + (it % SK_VS) * T::V_ELEMS, lane);
+  }
+  if (map == 1) warp_pv<VW>(acc, pa, sV + ((n_kt - 1) % SK_VS) * T::V_ELEMS, lane);
+
+  cp_async_wait<0>();
+  __syncthreads();  // all warps are done with the stages: reuse them for O2
+  combine_store<VW>(acc, l_run, reinterpret_cast<float*>(sK), warp, lane, p, q0, b, j);
+  if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+}
+
+// V-split (experiment): warps w (map 1) and w + 4 (map 2) own the same 16 rows. Each computes its own map's S and
+// softmax as before, then they swap P (and alpha) through shared memory, and each accumulates BOTH maps' P V over
+// half of V's 2d columns: every V fragment read with ldmatrix feeds two mma.sync, so V's shared-memory reads per
+// tile halve (104 -> 72 ldmatrix per warp at d = 128; the kernel is near shared-memory bandwidth).
 template <int D>
 __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vsplit_kernel(const AttnParams p) {
   using T = Tile<D>;
@@ -466,13 +542,13 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
-// The schedule for head_dim D on the current device: 2 (V-split) where its shared memory fits MIN_BLOCKS CTAs per SM
-// (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else 0
-// (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
+// The schedule for head_dim D on the current device: 2 (skewed) where its shared memory fits MIN_BLOCKS CTAs per
+// SM (H100/H200: 227 KB per block, 228 KB per SM), else 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB), else
+// 0 (neither fits: the caller takes the generic kernel). DS_ATTN_MMA_VER=1 or =2 forces one (tests, benchmarks).
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
-  if (const char* e = std::getenv("DS_ATTN_MMA_VER"); e && (e[0] == '1' || e[0] == '2')) return e[0] - '0';
+  if (const char* e = std::getenv("DS_ATTN_MMA_VER"); e && e[0] >= '1' && e[0] <= '3') return e[0] - '0';
   static int cached[64] = {};  // per device: schedule + 1 once known
   int dev = 0, per_block = 0, per_sm = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
@@ -485,7 +561,7 @@ int mma_schedule() {
     if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
       cudaGetLastError();
-    else if (T::SMEM_VSPLIT <= per_block && T::MIN_BLOCKS * (T::SMEM_VSPLIT + reserved) <= per_sm)
+    else if (T::SMEM_SKEWED <= per_block && T::MIN_BLOCKS * (T::SMEM_SKEWED + reserved) <= per_sm)
       schedule = 2;
     else if (T::SMEM_LOCKSTEP <= per_block)
       schedule = 1;
@@ -498,8 +574,12 @@ template <int D>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   const int schedule = mma_schedule<D>();
   if (schedule == 0) return cudaErrorInvalidConfiguration;
-  const auto kernel = schedule == 2 ? diff_attn_fwd_vsplit_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
-  const int smem = schedule == 2 ? Tile<D>::SMEM_VSPLIT : Tile<D>::SMEM_LOCKSTEP;
+  const auto kernel = schedule == 3   ? diff_attn_fwd_vsplit_kernel<D>
+                      : schedule == 2 ? diff_attn_fwd_skewed_kernel<D>
+                                      : diff_attn_fwd_lockstep_kernel<D>;
+  const int smem = schedule == 3   ? Tile<D>::SMEM_VSPLIT
+                   : schedule == 2 ? Tile<D>::SMEM_SKEWED
+                                   : Tile<D>::SMEM_LOCKSTEP;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   AttnParams q = p;
