@@ -86,7 +86,7 @@ struct Tile {
   // exchange area, 6 mbarriers; 1 KB more to align the start to 1024 bytes.
   static constexpr int MBAR_XP = (Q_ELEMS + 4 * K_ELEMS + 3 * V_ELEMS) * 2;
   static constexpr int MBAR_BARS = MBAR_XP + XP_BYTES + XF_BYTES;
-  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8 + 1024;
+  static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8 + 16 + 1024;
   static_assert(SMEM_VMBAR <= 227 * 1024, "shared memory");
   static_assert(Q_ELEMS == 2 * K_ELEMS, "the Q area holds one K stage");
 };
@@ -712,12 +712,26 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   uint32_t pa[BN / 16][4], po[BN / 16][4];
   float al[2], ao[2];
+  // Thread 0: the next tile to load, kept in shared memory (no register to spare)
+  volatile int* ld_s = reinterpret_cast<volatile int*>(smem + T::MBAR_BARS + 48);
+  if (tid == 0) *ld_s = 1;
   for (int u = 0; u < n_kt; ++u) {
-    const int st = u % 3, ns = st == 2 ? 0 : st + 1;  // stages of tiles u and u + 1
-    if (tid == 0 && u + 1 < n_kt) {
-      if (u >= 2) mbar_wait(empty(ns), ((u - 2) / 3) & 1);  // every warp is done with tile u - 2
-      mbar_expect_tx(full(ns), KV_BYTES);
-      load_kv(u + 1, ns);
+    const int st = u % 3;
+    // Thread 0 loads tile u + 1 (waiting, if need be, until its stage is free: every warp done with tile u - 2) and
+    // tile u + 2 too if its stage is free already (every warp done with tile u - 1).
+    if (tid == 0) {
+      int ld = *ld_s;
+      for (; ld <= u + 2 && ld < n_kt; ++ld) {
+        const int s = ld % 3;
+        if (ld >= 3) {
+          const uint32_t par = ((ld - 3) / 3) & 1;
+          if (ld <= u + 1) mbar_wait(empty(s), par);
+          else if (!mbar_test(empty(s), par)) break;
+        }
+        mbar_expect_tx(full(s), KV_BYTES);
+        load_kv(ld, s);
+      }
+      *ld_s = ld;
     }
     __syncwarp();
     mbar_wait(full(st), (u / 3) & 1);
