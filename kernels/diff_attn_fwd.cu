@@ -290,12 +290,12 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
 
 // V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
 // (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D>
+template <int D, class AfterKk>
 __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
-                                             const bf16* sV, int map, int lane) {
+                                             const bf16* sV, int map, int lane, AfterKk&& after_kk) {
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk)
+  for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
     for (int nn = 0; nn < D / 16; ++nn) {
       uint32_t bb[4];
@@ -306,6 +306,14 @@ __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (
       mma_16816(acc_oth[2 * nn], po[kk], bb[0], bb[1]);
       mma_16816(acc_oth[2 * nn + 1], po[kk], bb[2], bb[3]);
     }
+    after_kk(kk);
+  }
+}
+template <int D>
+__device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
+                                             const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
+                                             const bf16* sV, int map, int lane) {
+  warp_pv_both<D>(acc_own, acc_oth, pa, po, sV, map, lane, [](int) {});
 }
 
 // The V-split exchange: this warp's P and rescale factors go to its slots, `sync` joins the partner, the partner's
@@ -663,6 +671,159 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vmbar_kernel(const A
   }
 }
 
+// S(u + 1) = Q K^T of this warp's map and P V(u) of both maps over its column half, as one stream: after each of
+// S's k steps, a quarter... (D / 16 S steps; BN / 16 x D / 16 P V fragments spread evenly over them).
+template <int D, class AfterStep>
+__device__ __forceinline__ void warp_s_pv(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow,
+                                          float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
+                                          const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
+                                          const bf16* sV, int map, int lane, AfterStep&& after_step) {
+  constexpr int NPV = (BN / 16) * (D / 16), PER = NPV / (D / 16);
+  zero(s);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    load_q_frag<D>(a, sQm, 0, kk, wrow, lane);
+#pragma unroll
+    for (int nn = 0; nn < BN / 16; ++nn) {
+      uint32_t bb[4];
+      ldmatrix_x4(bb, smem_addr(sK + swz<D>(nn * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8)));
+      mma_16816(s[2 * nn], a, bb[0], bb[1]);
+      mma_16816(s[2 * nn + 1], a, bb[2], bb[3]);
+    }
+#pragma unroll
+    for (int c = 0; c < PER; ++c) {
+      const int idx = kk * PER + c, vk = idx / (D / 16), vn = idx % (D / 16);
+      uint32_t bb[4];
+      ldmatrix_x4_trans(bb, smem_addr(sV + swz<2 * D>(vk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                      map * D + vn * 16 + (lane >> 4) * 8)));
+      mma_16816(acc_own[2 * vn], pa[vk], bb[0], bb[1]);
+      mma_16816(acc_own[2 * vn + 1], pa[vk], bb[2], bb[3]);
+      mma_16816(acc_oth[2 * vn], po[vk], bb[0], bb[1]);
+      mma_16816(acc_oth[2 * vn + 1], po[vk], bb[2], bb[3]);
+    }
+    after_step(kk);
+  }
+}
+
+// Schedule 3 software-pipelined (experiment): iteration u computes S(u + 1) and P V(u), so the softmax of tile
+// u + 1 can interleave with the P V products of tile u in one warp's instruction stream. K: 2 stages (tile t in
+// t % 2), V: 3 stages (t % 3), full[t % 3] when tile t has landed, empty[(t + 1) % 3] when every warp is done with
+// tile t (the prologue's arrival after S(0) is "tile -1"); tile u + 2 goes out during S(u + 1), once tile u - 1
+// is released.
+template <int D>
+__global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_vpipe_kernel(const AttnParams p) {
+  using T = Tile<D>;
+  constexpr int VW = T::VW, NH = D / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
+  bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][K1 | K2]
+  bf16* sV = sK + 4 * T::K_ELEMS;            // [3 stages][V]
+  uint4* xp = reinterpret_cast<uint4*>(smem + T::MBAR_XP);                  // [8 warps][BN/16][32]
+  float2* xf = reinterpret_cast<float2*>(smem + T::MBAR_XP + T::XP_BYTES);  // [8 warps][32]
+  const uint32_t bars = smem_addr(smem + T::MBAR_BARS);                    // full[3], empty[3]
+  const auto full = [bars](int s) { return bars + 8 * s; };
+  const auto empty = [bars](int s) { return bars + 24 + 8 * s; };
+  const auto k_stage = [sK](int t) { return sK + (t & 1) * 2 * T::K_ELEMS; };
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int map = warp & 1, pair = warp >> 1, wrow = pair * 16;
+  const CtaWork w = cta_work(p);
+  const int qt = w.qt, j = w.j, b = w.b;
+  unsigned long long t_start = 0;
+  if (p.head_ns && tid == 0) t_start = global_timer_ns();
+
+  if (tid == 0)
+    for (int s = 0; s < 3; ++s) {
+      mbar_init(full(s), THREADS);
+      mbar_init(empty(s), THREADS / 32);
+    }
+  __syncthreads();
+  const CtaCopies<D> copies(p, w, tid);
+  const int q0 = qt * BM, n_kt = qt + 1;
+  copies.issue_first(sQ, sK, sV, p, j);
+  mbar_arrive_cp_async(full(0));
+
+  float acc_own[NH][4], acc_oth[NH][4];
+  zero(acc_own);
+  zero(acc_oth);
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float sl2 = p.scale * 1.4426950408889634f;
+  uint4* xp_own = xp + warp * (BN / 16) * 32;
+  const uint4* xp_oth = xp + (warp ^ 1) * (BN / 16) * 32;
+  float2* xf_own = xf + warp * 32;
+  const float2* xf_oth = xf + (warp ^ 1) * 32;
+  const auto sync_pair = [pair] { pair_sync(1 + pair); };
+  const int read_own = 5 + warp, read_oth = 5 + (warp ^ 1);  // named barriers: "the partner has read my slots"
+  const bf16* sQm = sQ + map * BM * D;
+
+  uint32_t pa[BN / 16][4], po[BN / 16][4];
+  float al[2], ao[2];
+  float s[BN / 8][4];
+  mbar_wait(full(0), 0);
+  {
+    const bool has1 = n_kt > 1;
+    const auto next = copies.tile(1, k_stage(1), sV + T::V_ELEMS);
+    warp_qk<D>(s, sQm, sK + map * T::K_ELEMS, wrow, lane, [&](int kk) {
+      if (has1) next.step(kk);
+    });
+    if (has1) mbar_arrive_cp_async(full(1));
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty(0));  // K stage 0 is read: tile 2 may go there
+  mask_diagonal(s, wrow, lane);
+  warp_softmax<false>(s, m_run, l_run, al, sl2);
+  pack_p(s, pa);
+  exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
+  named_arrive(read_oth, 64);  // the accumulators are zero: no rescale
+
+  for (int u = 0; u + 1 < n_kt; ++u) {
+    const bool fill = u + 2 < n_kt;
+    if (fill) mbar_wait(empty(u % 3), (u / 3) & 1);  // every warp is done with tile u - 1
+    mbar_wait(full((u + 1) % 3), ((u + 1) / 3) & 1);
+    const auto next = copies.tile(u + 2, k_stage(u), sV + ((u + 2) % 3) * T::V_ELEMS);
+#ifdef DS_VPIPE2
+    warp_s_pv<D>(s, sQm, k_stage(u + 1) + map * T::K_ELEMS, wrow, acc_own, acc_oth, pa, po, sV + (u % 3) * T::V_ELEMS,
+                 map, lane, [&](int kk) {
+                   if (fill) next.step(kk);
+                 });
+    if (fill) mbar_arrive_cp_async(full((u + 2) % 3));
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty((u + 1) % 3));  // tile u is done (a basic-block boundary before the softmax)
+#else
+    warp_qk<D>(s, sQm, k_stage(u + 1) + map * T::K_ELEMS, wrow, lane, [&](int kk) {
+      if (fill) next.step(kk);
+    });
+    if (fill) mbar_arrive_cp_async(full((u + 2) % 3));
+    warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + (u % 3) * T::V_ELEMS, map, lane);
+#endif
+#ifdef DS_VPIPE_TREE
+    warp_softmax<true>(s, m_run, l_run, al, sl2);
+#else
+    warp_softmax<false>(s, m_run, l_run, al, sl2);
+#endif
+#ifndef DS_VPIPE2
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty((u + 1) % 3));  // tile u is done
+#endif
+    pack_p(s, pa);
+    named_sync(read_own, 64);  // the partner has read P(u)
+    exchange_p(pa, al, po, ao, xp_own, xp_oth, xf_own, xf_oth, lane, sync_pair);
+    named_arrive(read_oth, 64);
+    rescale(acc_own, al);
+    rescale(acc_oth, ao);
+  }
+  warp_pv_both<D>(acc_own, acc_oth, pa, po, sV + ((n_kt - 1) % 3) * T::V_ELEMS, map, lane);
+
+  named_sync(read_own, 64);  // the partner has read this warp's last P and alpha
+  pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
+                   sync_pair);
+  if (p.head_ns) {
+    cta_sync();  // the CTA's time ends with its last warp
+    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+  }
+}
+
 // Schedule 4 (d = 64): each warp owns 16 rows of BOTH maps, so nothing is exchanged. A CTA is 4 warps (BM = 64 rows)
 // and two CTAs share an SM at 255 registers per thread: the 2 x 2d-wide accumulators take 128, both S tiles 64. The
 // S products of the two maps interleave, every V fragment feeds both maps' P V, and the epilogue needs no partner.
@@ -815,7 +976,11 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   }
   if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
     if (schedule == 3) {
+#ifdef DS_VPIPE
+      kernel = diff_attn_fwd_vpipe_kernel<D>;
+#else
       kernel = diff_attn_fwd_vmbar_kernel<D>;
+#endif
       smem = T::SMEM_VMBAR;
     }
   }
