@@ -88,6 +88,9 @@ struct Tile {
   static constexpr int MBAR_BARS = MBAR_XP + XP_BYTES + XF_BYTES;
   static constexpr int SMEM_VMBAR = MBAR_BARS + 6 * 8 + 1024;
   static_assert(SMEM_VMBAR <= 227 * 1024, "shared memory");
+  // schedule 4 with TMA: the lockstep layout, 2 mbarriers, 1 KB to align the start to 1024 bytes
+  static constexpr int SMEM_W2_TMA = SMEM_LOCKSTEP + 2 * 8 + 1024;
+  static_assert(MIN_BLOCKS * SMEM_W2_TMA <= 227 * 1024, "shared memory");
   static_assert(Q_ELEMS == 2 * K_ELEMS, "the Q area holds one K stage");
 };
 
@@ -185,15 +188,22 @@ __device__ __forceinline__ void warp_qk_core(float (&s)[M][BN / 8][4], QFrag&& q
   }
 }
 // Map m's Q rows wrow.. at sQ + m * BM * D: the A fragment of k step kk.
-template <int D>
+// (Slabs: this lane reads row wrow + lane % 16, chunks 2 kk + lane / 16, at lane-constant offsets as in LaneChunks.)
+template <int D, bool SLAB = false>
 __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const bf16* sQ, int m, int kk, int wrow, int lane) {
-  ldmatrix_x4(a, smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
+  if constexpr (SLAB) {
+    const LaneChunks<SwzLayout<D, BM, true>, false> qc(wrow + (lane & 15), lane >> 4);
+    ldmatrix_x4(a, smem_addr(sQ) + m * BM * D * 2 + (kk >> 2) * BM * 128 + qc.at(kk & 3));
+  } else {
+    ldmatrix_x4(a, smem_addr(sQ + m * BM * D + swz<D>(wrow + (lane & 15), kk * 16 + (lane >> 4) * 8)));
+  }
 }
-template <int D, int M, bool HOLD, class AfterStep>
+template <int D, int M, bool HOLD, bool SLAB, class AfterStep>
 __device__ __forceinline__ void warp_qk_maps(float (&s)[M][BN / 8][4], const bf16* sQ, const bf16* sK, int wrow,
                                              int lane, AfterStep&& after_step) {
-  warp_qk_core<D, M, HOLD, false>(
-      s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D>(a, sQ, m, kk, wrow, lane); }, sK, lane, after_step);
+  warp_qk_core<D, M, HOLD, SLAB>(
+      s, [&](int m, int kk, uint32_t(&a)[4]) { load_q_frag<D, SLAB>(a, sQ, m, kk, wrow, lane); }, sK, lane,
+      after_step);
 }
 // One map, Q's fragments held in registers (qf[kk]: k step kk).
 template <int D, bool HOLD, bool SLAB, class AfterStep>
@@ -210,7 +220,7 @@ __device__ __forceinline__ void warp_qk_reg(float (&s)[BN / 8][4], const uint32_
 template <int D, class AfterStep>
 __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, const bf16* sK, int wrow, int lane,
                                         AfterStep&& after_step) {
-  warp_qk_maps<D, 1, false>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
+  warp_qk_maps<D, 1, false, false>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
 }
 
 // Diagonal tile (key tile == query tile): key column > query row is masked.
@@ -616,6 +626,33 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
 
+// TMA copies of the schedules that use them (3 and 4 on sm_90; issued by one thread). Tensor coordinates are (column,
+// token, sequence), 64 columns per box, tiles as slabs (SwzLayout<.., true>). Q of both maps of query tile w.qt
+// (differential head w.j: Q heads j and heads / 2 + j) to dq; the key tile from token k0 of kv head w.g (K1: kv
+// head g, K2: kv_heads / 2 + g; V: [V_g | V_(kv_heads / 2 + g)]) to dk and dv. Tokens past n read as zeros.
+template <int D>
+__device__ __forceinline__ void tma_q_tile(const CUtensorMap* tm, const AttnParams& p, const CtaWork& w, uint32_t dq,
+                                           uint32_t bar) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl)
+      tma_load_3d(dq + (m * D / 64 + sl) * BM * 128, tm, int(p.q_off) + (m == 0 ? w.j : w.j + p.heads / 2) * D + sl * 64,
+                  w.qt * BM, w.b, bar);
+}
+template <int D>
+__device__ __forceinline__ void tma_kv_tile(const CUtensorMap* tm, const AttnParams& p, const CtaWork& w, int k0,
+                                            uint32_t dk, uint32_t dv, uint32_t bar) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl) {
+      const int col = (m == 0 ? w.g : p.kv_heads / 2 + w.g) * D + sl * 64, off = (m * D / 64 + sl) * BN * 128;
+      tma_load_3d(dk + off, tm, int(p.k_off) + col, k0, w.b, bar);
+      tma_load_3d(dv + off, tm, int(p.v_off) + col, k0, w.b, bar);
+    }
+}
+
 // V-split without a CTA barrier in the loop (schedule 3, d = 128, sm_90: TMA). Warps 2i and 2i + 1 own rows 16i..
 // (map 1 and map 2) and run S, the softmax, the P exchange and P V of each key tile as in schedule 2, but the stages
 // are guarded by mbarriers instead of one CTA barrier per tile: full[s] completes when the tile in stage s has
@@ -633,7 +670,7 @@ template <int D>
 __global__ void __launch_bounds__(THREADS, 1)
     diff_attn_fwd_vmbar_kernel(const __grid_constant__ CUtensorMap tm, const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NH = D / 8, SLABS = D / 64;
+  constexpr int VW = T::VW, NH = D / 8;
   constexpr uint32_t Q_BYTES = T::Q_ELEMS * 2, KV_BYTES = (2 * T::K_ELEMS + T::V_ELEMS) * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // the 128-byte swizzle of TMA is a function of the address: tiles start 1024-byte aligned
@@ -656,19 +693,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
   const int q0 = qt * BM, n_kt = qt + 1;
 
-  // Thread 0: key tile it (0 is the diagonal tile, then descending) into stage s. Tensor coordinates are (column,
-  // token, sequence); kv head g's D columns start at k_off + g * D (K2, V2: kv head kv_heads / 2 + g), 64 per box.
+  // Thread 0: key tile it (0 is the diagonal tile, then descending) into stage s.
   const auto load_kv = [&](int it, int s) {
-    const int k0 = (qt - it) * BN, g2 = p.kv_heads / 2 + w.g;
-    const uint32_t dk = smem_addr(k_stage(s)), dv = smem_addr(sV + s * T::V_ELEMS);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl) {
-        const int col = (m == 0 ? w.g : g2) * D + sl * 64;
-        tma_load_3d(dk + (m * SLABS + sl) * BN * 128, &tm, int(p.k_off) + col, k0, b, full(s));
-        tma_load_3d(dv + (m * SLABS + sl) * BN * 128, &tm, int(p.v_off) + col, k0, b, full(s));
-      }
+    tma_kv_tile<D>(&tm, p, w, (qt - it) * BN, smem_addr(k_stage(s)), smem_addr(sV + s * T::V_ELEMS), full(s));
   };
   if (tid == 0) {
     for (int s = 0; s < 3; ++s) {
@@ -678,12 +705,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     fence_mbarrier_init();
     prefetch_tensormap(&tm);
     mbar_expect_tx(full(0), Q_BYTES + KV_BYTES);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl)
-        tma_load_3d(smem_addr(sQ) + (m * SLABS + sl) * BM * 128, &tm,
-                    int(p.q_off) + (m == 0 ? j : j + p.heads / 2) * D + sl * 64, q0, b, full(0));
+    tma_q_tile<D>(&tm, p, w, smem_addr(sQ), full(0));
     load_kv(0, 0);
   }
   __syncthreads();  // the barriers are initialised
@@ -703,11 +725,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint32_t qf[D / 16][4];
   mbar_wait(full(0), 0);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int row = wrow + (lane & 15), chunk = 2 * kk + (lane >> 4);
-    ldmatrix_x4(qf[kk], smem_addr(sQ + map * BM * D) + (chunk >> 3) * BM * 128 + row * 128 +
-                            (((chunk & 7) ^ (row & 7)) << 4));
-  }
+  for (int kk = 0; kk < D / 16; ++kk) load_q_frag<D, true>(qf[kk], sQ, map, kk, wrow, lane);
   __syncthreads();  // every warp holds its Q: the Q area is free for K stage 2 (tile 2 on)
 
   uint32_t pa[BN / 16][4], po[BN / 16][4];
@@ -756,14 +774,14 @@ constexpr int THREADS_W = 128;
 // included (then they zero-fill the free stage): without a branch among the S products, and with one rescale branch
 // for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop body without the
 // mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
-template <int D, class Next>
+template <int D, bool SLAB, class Next>
 __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
                                            const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
                                            int lane, bool diag) {
   constexpr int NH = D / 8;
   float s[2][BN / 8][4];
-  warp_qk_maps<D, 2, true>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
-  cp_async_commit();
+  warp_qk_maps<D, 2, true, SLAB>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
+  if constexpr (!SLAB) cp_async_commit();
   uint32_t pa[2][BN / 16][4];
   float alpha[2][2];
 #pragma unroll
@@ -778,17 +796,28 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    warp_pv_both<D, true, false>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]), reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]),
-                    pa[0], pa[1], stage + 2 * BN * D, h, lane);
+    warp_pv_both<D, true, SLAB>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
+                                reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]), pa[0], pa[1], stage + 2 * BN * D, h,
+                                lane);
 }
 
-template <int D>
-__global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const AttnParams p) {
+// No copies among the S products (TMA schedules).
+struct NoCopies {
+  __device__ __forceinline__ void step(int) const {}
+};
+
+// TMA (sm_90; tm maps p.qkv): thread 0 loads each tile with TMA into mbarrier-guarded stages (full[2] after the
+// stages), tiles as slabs; the other threads copy nothing (the cp.async form spends 16 copies per thread and tile).
+template <int D, bool TMA>
+__global__ void __launch_bounds__(THREADS_W, 2)
+    diff_attn_fwd_warp2_kernel(const __grid_constant__ CUtensorMap tm, const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NT = VW / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = TMA ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
+  const uint32_t full = smem_addr(smem + T::SMEM_LOCKSTEP);  // TMA: full[2]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
   const CtaWork w = cta_work(p);
@@ -798,7 +827,19 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 
   const CtaCopies<D, THREADS_W> copies(p, w, tid);
   const int q0 = qt * BM, n_kt = qt + 1;
-  copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
+  if constexpr (TMA) {
+    if (tid == 0) {
+      mbar_init(full, 1);
+      mbar_init(full + 8, 1);
+      fence_mbarrier_init();
+      prefetch_tensormap(&tm);
+      mbar_expect_tx(full, (T::Q_ELEMS + T::STAGE_ELEMS) * 2);
+      tma_q_tile<D>(&tm, p, w, smem_addr(sQ), full);
+      tma_kv_tile<D>(&tm, p, w, q0, smem_addr(sStage), smem_addr(sStage + 2 * T::K_ELEMS), full);
+    }
+  } else {
+    copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
+  }
 
   float acc[2][NT][4];  // [map][V column n8 tile]
   zero(acc[0]);
@@ -806,15 +847,29 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {};
   const float sl2 = p.scale * 1.4426950408889634f;
   for (int it = 0; it < n_kt; ++it) {
-    cp_async_wait<0>();
-    __syncthreads();  // tile `it` landed; every warp finished tile it-1 (whose stage the next copies overwrite)
     bf16* next_stage = sStage + ((it + 1) & 1) * T::STAGE_ELEMS;
     const bool has_next = it + 1 < n_kt;
-    auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
-    if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
-    warp2_tile<D>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
+    if constexpr (TMA) {
+      __syncthreads();  // every warp finished tile it-1, whose stage tile it + 1 overwrites (and full[] is set up)
+      if (tid == 0 && has_next) {
+        const uint32_t bar = full + 8 * ((it + 1) & 1);
+        mbar_expect_tx(bar, T::STAGE_ELEMS * 2);
+        tma_kv_tile<D>(&tm, p, w, (qt - it - 1) * BN, smem_addr(next_stage), smem_addr(next_stage + 2 * T::K_ELEMS),
+                       bar);
+      }
+      __syncwarp();
+      mbar_wait(full + 8 * (it & 1), (it >> 1) & 1);
+      warp2_tile<D, true>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, NoCopies{}, sl2, wrow, lane,
+                          it == 0);
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();  // tile `it` landed; every warp finished tile it-1 (whose stage the next copies overwrite)
+      auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
+      if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
+      warp2_tile<D, false>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
+    }
   }
-  cp_async_wait<0>();  // the last tile's zero-fill of the free stage
+  if constexpr (!TMA) cp_async_wait<0>();  // the last tile's zero-fill of the free stage
 
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
   quad_sum(l_run[0]);
@@ -845,6 +900,25 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 // where its shared memory fits MIN_BLOCKS CTAs per SM), then 1 (lockstep: 160 KB at d = 128 fits an A100's 163 KB);
 // 0: none fits (the caller takes the generic kernel). DS_ATTN_MMA_VER=1..4 asks for one (tests, benchmarks); it is
 // granted when it is built for D and fits, else the default runs.
+// Whether the TMA forms run (schedule 3, and schedule 4's TMA copies): the kernels were built for sm_90 or newer on
+// this device (not JIT-compiled from the sm_80 PTX, where they would trap), and DS_ATTN_MMA_TMA=0 (A/B runs, tests
+// of the cp.async forms) does not turn them off.
+bool mma_tma_enabled() {
+  static int built[64] = {};  // per device: 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return false;
+  }
+  if (built[dev] == 0) {
+    cudaFuncAttributes fa{};
+    built[dev] = cudaFuncGetAttributes(&fa, diff_attn_fwd_vmbar_kernel<128>) == cudaSuccess && fa.ptxVersion >= 90 ? 2 : 1;
+    cudaGetLastError();
+  }
+  const char* e = std::getenv("DS_ATTN_MMA_TMA");
+  return built[dev] == 2 && !(e && e[0] == '0' && e[1] == 0);
+}
+
 template <int D>
 int mma_schedule() {
   using T = Tile<D>;
@@ -864,22 +938,19 @@ int mma_schedule() {
       const auto fit = [&](int smem, int ctas) { return smem <= per_block && ctas * (smem + reserved) <= per_sm; };
       if (fit(T::SMEM_LOCKSTEP, 1)) mask |= 1 << 1;
       if (fit(T::SMEM_VSPLIT, T::MIN_BLOCKS)) mask |= 1 << 2;
-      if constexpr (D == 128) {  // and the kernel was built for sm_90 or newer (TMA), not JIT-compiled from sm_80 PTX
-        cudaFuncAttributes fa{};
-        if (fit(T::SMEM_VMBAR, 1) && cudaFuncGetAttributes(&fa, diff_attn_fwd_vmbar_kernel<D>) == cudaSuccess &&
-            fa.ptxVersion >= 90)
-          mask |= 1 << 3;
-        cudaGetLastError();
-      }
-      if (D == 64 && fit(T::SMEM_LOCKSTEP, 2)) mask |= 1 << 4;
+      if constexpr (D == 128)
+        if (fit(T::SMEM_VMBAR, 1)) mask |= 1 << 3;
+      if constexpr (D == 64)
+        if (fit(T::SMEM_W2_TMA, 2)) mask |= 1 << 4;  // the cp.async form needs 1 KB less
     }
     fits[dev] = mask;
   }
+  const int f = mma_tma_enabled() ? fits[dev] : fits[dev] & ~(1 << 3);
   const char* e = std::getenv("DS_ATTN_MMA_VER");
   const int asked = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
-  if (asked && (fits[dev] >> asked & 1)) return asked;
+  if (asked && (f >> asked & 1)) return asked;
   for (int s : {4, 3, 2, 1})
-    if (fits[dev] >> s & 1) return s;
+    if (f >> s & 1) return s;
   return 0;
 }
 
@@ -890,37 +961,35 @@ cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   q.tile_major = attn_tile_major(p);
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
   int schedule = mma_schedule<D>();
+  // The TMA forms need a tensor map of the input (TMA's alignment rules; the driver's encoder): without one,
+  // schedule 3 runs as 2 (which fits wherever 3 does) and schedule 4 with cp.async.
+  CUtensorMap tm{};
+  const bool tma = (schedule == 3 || schedule == 4) && mma_tma_enabled() && attn_tma_usable(p) &&
+                   make_attn_tma_map(tm, p.qkv, p.row_stride, p.batch_stride, p, BN);
+  if (schedule == 3 && !tma) schedule = 2;
+  if (schedule == 0) return cudaErrorInvalidConfiguration;
+  void (*kernel)(CUtensorMap, AttnParams) = nullptr;
+  void (*kernel_plain)(AttnParams) = schedule == 2 ? diff_attn_fwd_vsplit_kernel<D> : diff_attn_fwd_lockstep_kernel<D>;
+  int smem = schedule == 2 ? T::SMEM_VSPLIT : T::SMEM_LOCKSTEP;
+  unsigned threads = THREADS;
   if constexpr (D == 128) {  // schedule 3 is built for d = 128 only (mma_schedule)
     if (schedule == 3) {
-      CUtensorMap tm;
-      if (attn_tma_usable(p) && make_attn_tma_map(tm, p.qkv, p.row_stride, p.batch_stride, p, BN)) {
-        const auto kernel = diff_attn_fwd_vmbar_kernel<D>;
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM_VMBAR);
-        if (e != cudaSuccess) return e;
-        kernel<<<ctas, THREADS, T::SMEM_VMBAR, stream>>>(tm, q);
-        return cudaGetLastError();
-      }
-      schedule = 2;  // fits wherever 3 does
+      kernel = diff_attn_fwd_vmbar_kernel<D>;
+      smem = T::SMEM_VMBAR;
     }
   }
-  if (schedule == 0) return cudaErrorInvalidConfiguration;
-  void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D>;
-  int smem = T::SMEM_LOCKSTEP;
-  if (schedule == 2) {
-    kernel = diff_attn_fwd_vsplit_kernel<D>;
-    smem = T::SMEM_VSPLIT;
-  }
-  unsigned threads = THREADS;
   if constexpr (D == 64) {  // schedule 4 is built for d = 64 only (mma_schedule)
     if (schedule == 4) {
-      kernel = diff_attn_fwd_warp2_kernel<D>;
-      smem = T::SMEM_LOCKSTEP;
+      kernel = tma ? diff_attn_fwd_warp2_kernel<D, true> : diff_attn_fwd_warp2_kernel<D, false>;
+      smem = tma ? T::SMEM_W2_TMA : T::SMEM_LOCKSTEP;
       threads = THREADS_W;
     }
   }
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = kernel ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)
+                         : cudaFuncSetAttribute(kernel_plain, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  kernel<<<ctas, threads, smem, stream>>>(q);
+  if (kernel) kernel<<<ctas, threads, smem, stream>>>(tm, q);
+  else kernel_plain<<<ctas, threads, smem, stream>>>(q);
   return cudaGetLastError();
 }
 
