@@ -679,17 +679,31 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
                                            const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
                                            int lane, bool diag) {
   constexpr int NH = D / 8;
+  uint32_t pa[2][BN / 16][4];
+  float alpha[2][2];
+#ifdef DS_W2_SEQ
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    float s[BN / 8][4];
+    warp_qk<D>(s, sQ + m * BM * D, stage + m * BN * D, wrow, lane, [&](int kk) {
+      if (m == 0) next.step(kk);
+    });
+    if (m == 0) cp_async_commit();
+    if (diag) mask_diagonal(s, wrow, lane);
+    warp_softmax<true>(s, m_run[m], l_run[m], alpha[m], sl2);
+    pack_p(s, pa[m]);
+  }
+#else
   float s[2][BN / 8][4];
   warp_qk_maps<D, 2>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
   cp_async_commit();
-  uint32_t pa[2][BN / 16][4];
-  float alpha[2][2];
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     if (diag) mask_diagonal(s[m], wrow, lane);
     warp_softmax<true>(s[m], m_run[m], l_run[m], alpha[m], sl2);
     pack_p(s[m], pa[m]);
   }
+#endif
   if (__any_sync(0xffffffffu, moved(alpha[0]) || moved(alpha[1]))) {
     scale_rows(acc[0], alpha[0]);
     scale_rows(acc[1], alpha[1]);
