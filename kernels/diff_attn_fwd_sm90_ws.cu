@@ -37,16 +37,21 @@ namespace {
 
 constexpr int BM = 64, THREADS = 384, KS = 2, VS = 2;
 
-template <int D, int BN>
+// PAIR (v10): a CTA runs two query tiles of one head, the heaviest left and the lightest (qt and nqt - 1 - qt: every
+// CTA gets the same number of key tiles), the second one's Q and K/V loads overlapping the first one's last
+// products and epilogue. O2 is then staged in its own region (the K stages are already refilling).
+template <int D, int BN, bool PAIR>
 struct TileWs {
   static constexpr int VW = 2 * D;
   static constexpr int Q_BYTES = 2 * BM * D * 2;
   static constexpr int K_STAGE_BYTES = 2 * BN * D * 2;  // K1 and K2
   static constexpr int V_STAGE_BYTES = BN * VW * 2;
-  static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, BAR_OFF = V_OFF + VS * V_STAGE_BYTES;
-  static constexpr int N_BARS = 1 + 2 * KS + 2 * VS;
+  static constexpr int O2_BYTES = BM * VW * 4;
+  static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, O2_OFF = V_OFF + VS * V_STAGE_BYTES;
+  static constexpr int BAR_OFF = PAIR ? O2_OFF + O2_BYTES : O2_OFF;
+  static constexpr int N_BARS = 2 + 2 * KS + 2 * VS;
   static constexpr int SMEM_BYTES = BAR_OFF + N_BARS * 8 + 1024;  // + alignment slack
-  static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O2 staging must fit in the K stages");
+  static_assert(PAIR || O2_BYTES <= KS * K_STAGE_BYTES, "O2 staging must fit in the K stages");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
@@ -107,12 +112,12 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
 }
 #endif
 
-template <int D, int BN>
+template <int D, int BN, bool PAIR>
 __global__ void __launch_bounds__(THREADS, 1)
     diff_attn_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const AttnParams p) {
 #if defined(DS_SM90A_WS)
-  using T = TileWs<D, BN>;
+  using T = TileWs<D, BN, PAIR>;
   constexpr int NS = BN / 2;  // S accumulators per thread
   constexpr int VW = T::VW, NACC = VW / 2, SLABS = D / 64;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -121,22 +126,27 @@ __global__ void __launch_bounds__(THREADS, 1)
   unsigned char* smem = smem_raw + pad;
   const uint32_t s_base = raw + pad;
   const uint32_t sQ = s_base, sK = s_base + T::K_OFF, sV = s_base + T::V_OFF;
-  const uint32_t bar_q = s_base + T::BAR_OFF;
-  auto bar_full_k = [&](int s) { return bar_q + 8u * uint32_t(1 + s); };
-  auto bar_empty_k = [&](int s) { return bar_q + 8u * uint32_t(1 + KS + s); };
-  auto bar_full_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + s); };
-  auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
+  const uint32_t bar_q = s_base + T::BAR_OFF, bar_q_empty = bar_q + 8;
+  auto bar_full_k = [&](int s) { return bar_q + 8u * uint32_t(2 + s); };
+  auto bar_empty_k = [&](int s) { return bar_q + 8u * uint32_t(2 + KS + s); };
+  auto bar_full_v = [&](int s) { return bar_q + 8u * uint32_t(2 + 2 * KS + s); };
+  auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(2 + 2 * KS + VS + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
-  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest (longest causal row) tiles first
   const int j = int(blockIdx.y) % hv, b = int(blockIdx.y) / hv;
   const int g = j / (p.heads / p.kv_heads);
-  const int q0 = qt * BM;
-  const int n_kt = (q0 + BM - 1) / BN + 1;  // kv tiles up to the one holding the diagonal
+  // Query tiles of this CTA: without PAIR one, heaviest (longest causal row) CTAs first; with PAIR tile
+  // nqt - 1 - x, then tile x (one tile when they meet).
+  const int nqt = (p.n + BM - 1) / BM;
+  const int qt_first = PAIR ? nqt - 1 - int(blockIdx.x) : int(gridDim.x) - 1 - int(blockIdx.x);
+  const int n_items = PAIR && int(blockIdx.x) < nqt - 1 - int(blockIdx.x) ? 2 : 1;
+  auto item_qt = [&](int item) { return item == 0 ? qt_first : int(blockIdx.x); };
+  auto item_tiles = [&](int item) { return (item_qt(item) * BM + BM - 1) / BN + 1; };  // up to the diagonal
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
+    mbar_init(bar_q_empty, 256);
     for (int s = 0; s < KS; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_empty_k(s), 256);
@@ -155,6 +165,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
       // Tensor coordinates (column, token, batch); head h's D columns start at off + h * D, 64 per box.
+      int gt = 0;  // K/V tiles loaded so far in this CTA: stage gt % KS (VS), its use number gt / KS (VS)
+      for (int item = 0; item < n_items; ++item) {
+      const int q0 = item_qt(item) * BM, n_kt = item_tiles(item);
+      if (item > 0) mbar_wait(bar_q_empty, uint32_t((item - 1) & 1));  // the previous tile's S products are done
       mbar_expect_tx(bar_q, T::Q_BYTES);
 #pragma unroll
       for (int m = 0; m < 2; ++m)
@@ -162,11 +176,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int sl = 0; sl < SLABS; ++sl)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
                       int(p.q_off) + (m == 0 ? j : j + hv) * D + sl * 64, q0, b, bar_q);
-      for (int it = 0; it < n_kt; ++it) {
+      for (int it = 0; it < n_kt; ++it, ++gt) {
         const int k0 = (n_kt - 1 - it) * BN;
-        const int ks = it % KS, vs = it % VS;
+        const int ks = gt % KS, vs = gt % VS;
         // stage use u waits for the consumers' release of use u - 1 (phase u - 1); use 0 passes at once
-        mbar_wait(bar_empty_k(ks), uint32_t(((it / KS) & 1) ^ 1));
+        mbar_wait(bar_empty_k(ks), uint32_t(((gt / KS) & 1) ^ 1));
         mbar_expect_tx(bar_full_k(ks), T::K_STAGE_BYTES);
         const uint32_t dk = sK + uint32_t(ks * T::K_STAGE_BYTES);
 #pragma unroll
@@ -175,7 +189,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int sl = 0; sl < SLABS; ++sl)
             tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
                         int(p.k_off) + (m == 0 ? g : half_kv + g) * D + sl * 64, k0, b, bar_full_k(ks));
-        mbar_wait(bar_empty_v(vs), uint32_t(((it / VS) & 1) ^ 1));
+        mbar_wait(bar_empty_v(vs), uint32_t(((gt / VS) & 1) ^ 1));
         mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
         const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
 #pragma unroll
@@ -184,6 +198,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int sl = 0; sl < SLABS; ++sl)
             tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
                         int(p.v_off) + (m == 0 ? g : half_kv + g) * D + sl * 64, k0, b, bar_full_v(vs));
+      }
       }
     }
     return;
@@ -285,24 +300,41 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int e = 0; e < 4; ++e) pin(pa[kk][e]);
   };
 
-  mbar_wait(bar_q, 0);
+  int gt = 0;  // K/V tiles consumed so far in this CTA (the producer's count): stage gt % KS (VS)
+  for (int item = 0; item < n_items; ++item) {
+  const bool last_item = item + 1 == n_items;
+  const int q0 = item_qt(item) * BM, n_kt = item_tiles(item);
+  if (item > 0) {
+    if (p.head_ns && ctid == 0 && map == 0) t_start = global_timer_ns();
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+  }
+  // Q of this tile landed; after this tile's last S product the producer may load the next tile's Q.
+  mbar_wait(bar_q, uint32_t(item & 1));
+  auto release_q = [&]() {
+    if (!last_item) mbar_arrive(bar_q_empty);
+  };
   float alpha_prev[2] = {1.f, 1.f};
   {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
+    const int ks = gt % KS;
     float s[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       s[i] = 0.f;
       pin(s[i]);
     }
-    mbar_wait(bar_full_k(0), 0);
+    mbar_wait(bar_full_k(ks), uint32_t((gt / KS) & 1));
     turn_wait();
     wgmma_fence();
-    issue_s(s, 0);
+    issue_s(s, ks);
     turn_pass();
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty_k(0));
+    mbar_arrive(bar_empty_k(ks));
+    if (n_kt == 1) release_q();
     const int kt = n_kt - 1;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -315,23 +347,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
     pack(s);
+    ++gt;
   }
   // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1) V(it-1)
   // | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
-  for (int it = 1; it < n_kt; ++it) {
-    const int ks = it % KS, vs = (it - 1) % VS;
+  for (int it = 1; it < n_kt; ++it, ++gt) {
+    const int ks = gt % KS, vs = (gt - 1) % VS;
     float s[NS];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       s[i] = 0.f;
       pin(s[i]);
     }
-    mbar_wait(bar_full_k(ks), uint32_t((it / KS) & 1));
+    mbar_wait(bar_full_k(ks), uint32_t((gt / KS) & 1));
     turn_wait();
     wgmma_fence();
     issue_s(s, ks);
     rescale(alpha_prev);
-    mbar_wait(bar_full_v(vs), uint32_t(((it - 1) / VS) & 1));
+    mbar_wait(bar_full_v(vs), uint32_t(((gt - 1) / VS) & 1));
     wgmma_fence();
     issue_pv(vs);
     turn_pass();
@@ -339,6 +372,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
     mbar_arrive(bar_empty_k(ks));
+    if (it == n_kt - 1) release_q();
     softmax(s, alpha_prev);
     wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
     pin_pv_operands();
@@ -346,27 +380,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     pack(s);
   }
   {  // the last tile's P V
-    const int vs = (n_kt - 1) % VS;
-    mbar_wait(bar_full_v(vs), uint32_t(((n_kt - 1) / VS) & 1));
+    const int vs = (gt - 1) % VS;
+    mbar_wait(bar_full_v(vs), uint32_t(((gt - 1) / VS) & 1));
     turn_wait();
     rescale(alpha_prev);
     wgmma_fence();
     issue_pv(vs);
-    if (map == 0) turn_pass();
+    if (map == 0 || !last_item) turn_pass();
     wgmma_wait<0>();
     pin_pv_operands();
     mbar_arrive(bar_empty_v(vs));
   }
 
-  // Epilogue: map 2 stages O2 / l2 in the K stages (every S product of both maps is done: map 2 passed its last
-  // turn, which map 1 handed over after its own last S had completed), map 1 combines, normalises and stores.
+  // Epilogue: map 2 stages O2 / l2 (PAIR: in its own region; else in the K stages: every S product of both maps
+  // is done, since map 2 passed its last turn, which map 1 handed over after its own last S had completed), map 1
+  // combines, normalises and stores. With PAIR, map 2 writes the next tile's O2 only after map 1 has read this
+  // one: its next turns wait for map 1's, which come after map 1's epilogue.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
-  float* sO2 = reinterpret_cast<float*>(smem + T::K_OFF);  // [4 warps][NACC][32 lanes]
+  float* sO2 = reinterpret_cast<float*>(smem + (PAIR ? T::O2_OFF : T::K_OFF));  // [4 warps][NACC][32 lanes]
   if (map == 1) {
     float* dst = sO2 + warp * NACC * 32;
 #pragma unroll
@@ -402,6 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if (p.head_ns && ctid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
   }
+  }
 #else
   __trap();  // built without sm_90a: never launched (diff_attn_fwd_sm90_available() is false)
 #endif
@@ -436,17 +473,23 @@ bool make_map(CUtensorMap& m, const AttnParams& p, int rows) {
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int BN>
+template <int D, int BN, bool PAIR>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv;
   if (!make_map(tq, p, BM) || !make_map(tkv, p, BN)) return cudaErrorNotSupported;
-  constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  cudaError_t e =
-      cudaFuncSetAttribute(diff_attn_fwd_sm90_ws_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  constexpr int smem = TileWs<D, BN, PAIR>::SMEM_BYTES;
+  cudaError_t e = cudaFuncSetAttribute(diff_attn_fwd_sm90_ws_kernel<D, BN, PAIR>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((p.n + BM - 1) / BM), unsigned((p.heads / 2) * p.batch));
-  diff_attn_fwd_sm90_ws_kernel<D, BN><<<grid, THREADS, smem, stream>>>(tq, tkv, p);
+  const int nqt = (p.n + BM - 1) / BM;
+  const dim3 grid(unsigned(PAIR ? (nqt + 1) / 2 : nqt), unsigned((p.heads / 2) * p.batch));
+  diff_attn_fwd_sm90_ws_kernel<D, BN, PAIR><<<grid, THREADS, smem, stream>>>(tq, tkv, p);
   return cudaGetLastError();
+}
+
+template <int D, int BN>
+cudaError_t launch_v(const AttnParams& p, cudaStream_t stream, bool paired) {
+  return paired ? launch_t<D, BN, true>(p, stream) : launch_t<D, BN, false>(p, stream);
 }
 
 }  // namespace
@@ -458,9 +501,9 @@ bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p) {
          p.v_off % 8 == 0 && p.batch_stride >= 0;
 }
 
-cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n) {
-  if (p.d == 64) return block_n == 128 ? launch_t<64, 128>(p, stream) : launch_t<64, 64>(p, stream);
-  if (p.d == 128) return launch_t<128, 64>(p, stream);
+cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n, bool paired) {
+  if (p.d == 64) return block_n == 128 ? launch_v<64, 128>(p, stream, paired) : launch_v<64, 64>(p, stream, paired);
+  if (p.d == 128) return launch_v<128, 64>(p, stream, paired);
   return cudaErrorInvalidValue;
 }
 

@@ -8,7 +8,8 @@ namespace ds::kern {
 // True when the TMA descriptor encoder is reachable and the tensor meets TMA's alignment rules (16-byte base and
 // strides); otherwise the dispatcher uses the v5 kernel.
 bool diff_attn_fwd_sm90_ws_usable(const AttnParams& p);
-// Same contract as launch_diff_attn_fwd_sm90 (d = 64 or 128; block_n 64 or 128 for d = 64).
-cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n);
+// Same contract as launch_diff_attn_fwd_sm90 (d = 64 or 128; block_n 64 or 128 for d = 64). paired (v10): each CTA
+// runs query tiles nqt - 1 - x and x one after the other, overlapping the second's loads with the first's end.
+cudaError_t launch_diff_attn_fwd_sm90_ws(const AttnParams& p, cudaStream_t stream, int block_n, bool paired);
 
 }  // namespace ds::kern

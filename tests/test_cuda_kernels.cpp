@@ -281,14 +281,14 @@ TEST(CudaKernels, FusedDiffAttentionSm90MatchesFloat64) {
   }
 }
 
-// The v5 and v4 wgmma kernels stay selectable (DS_ATTN_SM90_VER=5 / 4) as the fallbacks of the default v9 (v5 also
-// runs whenever a tensor does not meet TMA's alignment rules).
+// v9 (one query tile per CTA), v5 and v4 stay selectable (DS_ATTN_SM90_VER=9 / 5 / 4) next to the default v10 (v5
+// also runs whenever a tensor does not meet TMA's alignment rules).
 TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   if (!ds::kern::diff_attn_fwd_sm90_available()) GTEST_SKIP() << "no sm_90 device or no sm_90a code in this build";
   const char* old = std::getenv("DS_ATTN_SM90_VER");
   const std::string saved = old ? old : "";
-  for (const char* ver : {"5", "4"}) {
+  for (const char* ver : {"9", "5", "4"}) {
     SCOPED_TRACE(std::string("DS_ATTN_SM90_VER=") + ver);
     setenv("DS_ATTN_SM90_VER", ver, 1);
     check_fused(Kernel::Sm90, 4321);
