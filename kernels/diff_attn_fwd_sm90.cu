@@ -368,12 +368,13 @@ int sm90_version() {
   if (v4 && *v4 && *v4 != '0') return 4;
   const char* e = std::getenv("DS_ATTN_SM90_VER");
   const int v = e ? std::atoi(e) : 9;
-  return v == 4 || v == 5 ? v : 9;
+  return v == 4 || v == 5 || v == 11 ? v : 9;
 }
 template <int D, int BN>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
   const int v = sm90_version();
-  if (v == 9 && diff_attn_fwd_sm90_ws_usable(p)) return launch_diff_attn_fwd_sm90_ws(p, stream, BN);
+  if (v == 11 && diff_attn_fwd_sm90_ws_usable(p)) return launch_diff_attn_fwd_sm90_persistent(p, stream, BN);
+  if (v >= 9 && diff_attn_fwd_sm90_ws_usable(p)) return launch_diff_attn_fwd_sm90_ws(p, stream, BN);
   return v == 4 ? launch_t<D, BN, 4>(p, stream) : launch_t<D, BN, 5>(p, stream);
 }
 

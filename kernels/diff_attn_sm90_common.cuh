@@ -169,4 +169,45 @@ __device__ __forceinline__ void combine_store(float (&acc)[NACC], const float (&
   }
 }
 
+// Rows row0 and row0 + 8 of a 64-row output tile, O * f per row in bf16, into `dst`: [2d/64 slabs][64 rows][64
+// columns] with the SW128 XOR (one 64 x 64 box of a TMA store per slab). Per store instruction the warp's 8 rows
+// hit 8 different 16-byte chunks: no bank conflicts.
+template <int NACC>
+__device__ __forceinline__ void stage_out_tile(const float (&o)[NACC], const float (&f)[2], uint32_t dst, int row0, int t4) {
+  constexpr int VW = 2 * NACC;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+#pragma unroll
+    for (int nt = 0; nt < VW / 8; ++nt) {
+      const uint32_t a = dst + uint32_t((nt >> 3) * 64 * 128 + row * 128 + (((nt & 7) ^ (row & 7)) << 4) + 4 * t4);
+      const uint32_t v = pack_bf16x2(o[nt * 4 + 2 * r] * f[r], o[nt * 4 + 2 * r + 1] * f[r]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+    }
+  }
+}
+
+// The same epilogue into shared memory for a TMA store: the bf16 output rows `row0` and `row0 + 8` of the CTA's
+// tile go to `dst`, [2d/64 slabs][64 rows][64 columns] with the SW128 XOR (a 64 x 64 box of the output map per
+// slab). Per store instruction the warp's 8 rows hit 8 different 16-byte chunks: no bank conflicts.
+template <int NACC>
+__device__ __forceinline__ void combine_to_smem(float (&acc)[NACC], const float (&inv_l)[2], const float* o2, int lane,
+                                                const AttnParams& p, uint32_t dst, int row0, int t4) {
+  constexpr int VW = 2 * NACC;
+  float ss[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) {
+    const float o = acc[i] * inv_l[(i >> 1) & 1] - p.lambda * o2[i * 32 + lane];
+    acc[i] = o;
+    ss[(i >> 1) & 1] += o * o;
+  }
+  float f[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+    ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+    f[r] = rsqrtf(ss[r] * (1.f / VW) + p.eps) * p.out_scale;
+  }
+  stage_out_tile(acc, f, dst, row0, t4);
+}
 }  // namespace ds::kern::sm90
