@@ -50,6 +50,11 @@ struct Tile90 {
   static constexpr int STAGE_ELEMS = 2 * K_ELEMS + V_ELEMS;
   static constexpr int SMEM_BYTES = (Q_ELEMS + 2 * STAGE_ELEMS) * 2 + 1024;  // + alignment slack
   static_assert(BM * VW * 4 <= 2 * STAGE_ELEMS * 2, "O2 staging must fit in the K/V stages");
+  // v8: each warpgroup has its own double buffer of [K_map | V] (V loaded twice per CTA).
+  static constexpr int PP_STAGE_ELEMS = K_ELEMS + V_ELEMS;
+  static constexpr int PP_SMEM_BYTES = (Q_ELEMS + 4 * PP_STAGE_ELEMS) * 2 + 1024;
+  static_assert(PP_SMEM_BYTES <= 227 * 1024, "v8 shared memory");
+  static_assert(BM * VW * 4 <= 4 * PP_STAGE_ELEMS * 2, "v8 O2 staging must fit in the K/V stages");
 };
 
 #if defined(DS_SM90A)
@@ -74,6 +79,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // move across the fence/wait instructions).
 __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+// Named barriers (v8): bar.sync waits for `cnt` threads; bar.arrive counts this warp without waiting.
+__device__ __forceinline__ void named_sync(int id, int cnt) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(cnt) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int cnt) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(cnt) : "memory"); }
 __device__ __forceinline__ float ex2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -83,15 +91,16 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 // [m][D/64 slabs][ROWS][64] SW128 tiles at sdst. Compile-time trip counts: thread tid always copies chunk
 // tid % CH of rows tid / CH + i * RP, so the swizzle is per-thread constant and every shared-memory offset is
 // an immediate (v4's runtime-bounded loops cost ~36 instructions per 16-byte copy, all before the tile's wgmma).
-template <int ROWS, int D>
+// M = 1 loads src0 only; NT threads take part (v8: one warpgroup, 128).
+template <int ROWS, int D, int M = 2, int NT = THREADS>
 __device__ __forceinline__ void load_pair(uint32_t sdst, const bf16* src0, const bf16* src1, int64_t rs, int row0,
                                           int n, int tid) {
-  constexpr int CH = D / 8, RP = THREADS / CH, P = ROWS / RP;
-  static_assert(THREADS % CH == 0 && ROWS % RP == 0 && RP % 8 == 0, "load_pair mapping");
+  constexpr int CH = D / 8, RP = NT / CH, P = ROWS / RP;
+  static_assert(NT % CH == 0 && ROWS % RP == 0 && RP % 8 == 0, "load_pair mapping");
   const int c = tid % CH, r0 = tid / CH;
   const uint32_t sbase = sdst + uint32_t(((c >> 3) * (ROWS * 64) + r0 * 64 + (((c & 7) ^ (r0 & 7)) << 3)) * 2);
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < M; ++m) {
     const bf16* src = (m ? src1 : src0) + c * 8;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
@@ -113,6 +122,7 @@ template <int D, int BN, int VER>
 __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const AttnParams p) {
 #if defined(DS_SM90A)
   constexpr bool V5 = VER >= 5;
+  constexpr bool PP = VER == 8;  // v8: per-warpgroup loads and barriers, ping-pong of the wgmma issue
   using T = Tile90<D, BN>;
   constexpr int NS = BN / 2;  // S accumulators per thread
   constexpr int VW = T::VW, CH = D / 8, VCH = VW / 8, NACC = VW / 2;
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (raw & 1023)) & 1023));
   bf16* sStage = sQ + T::Q_ELEMS;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wtid = tid & 127;
   const int map = warp >> 2, wrow = (warp & 3) * 16;
   const int g4 = lane >> 2, t4 = lane & 3;
   const int hv = p.heads / 2, half_kv = p.kv_heads / 2;
@@ -133,7 +143,11 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
   const int q0 = qt * BM;
-  if constexpr (V5) {
+  if constexpr (PP) {
+    const int qh = map ? j + hv : j;
+    load_pair<BM, D, 1, 128>(smem_addr(sQ + map * BM * D), base + p.q_off + int64_t(qh) * D, nullptr, p.row_stride, q0,
+                             p.n, wtid);
+  } else if constexpr (V5) {
     load_pair<BM, D>(smem_addr(sQ), base + p.q_off + int64_t(j) * D, base + p.q_off + int64_t(j + hv) * D,
                      p.row_stride, q0, p.n, tid);
   } else {
@@ -151,7 +165,10 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   auto load_k = [&](int kt, int stage) {
     bf16* sK = sStage + stage * T::STAGE_ELEMS;
     const int k0 = kt * BN;
-    if constexpr (V5) {
+    if constexpr (PP) {
+      load_pair<BN, D, 1, 128>(smem_addr(sStage + (map * 2 + stage) * T::PP_STAGE_ELEMS),
+                               base + p.k_off + int64_t(map ? half_kv + g : g) * D, nullptr, p.row_stride, k0, p.n, wtid);
+    } else if constexpr (V5) {
       load_pair<BN, D>(smem_addr(sK), base + p.k_off + int64_t(g) * D, base + p.k_off + int64_t(half_kv + g) * D,
                        p.row_stride, k0, p.n, tid);
     } else {
@@ -169,7 +186,11 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   auto load_v = [&](int kt, int stage) {
     bf16* sV = sStage + stage * T::STAGE_ELEMS + 2 * T::K_ELEMS;
     const int k0 = kt * BN;
-    if constexpr (V5) {  // [V_g | V_{Hkv/2+g}]: the second half's slabs start BN * D elements in, as a K pair's
+    if constexpr (PP) {
+      load_pair<BN, D, 2, 128>(smem_addr(sStage + (map * 2 + stage) * T::PP_STAGE_ELEMS + T::K_ELEMS),
+                               base + p.v_off + int64_t(g) * D, base + p.v_off + int64_t(half_kv + g) * D, p.row_stride,
+                               k0, p.n, wtid);
+    } else if constexpr (V5) {  // [V_g | V_{Hkv/2+g}]: the second half's slabs start BN * D elements in, as a K pair's
       load_pair<BN, D>(smem_addr(sV), base + p.v_off + int64_t(g) * D, base + p.v_off + int64_t(half_kv + g) * D,
                        p.row_stride, k0, p.n, tid);
     } else {
@@ -185,8 +206,29 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     }
     }
   };
-  auto k_addr = [&](int stage) { return smem_addr(sStage + stage * T::STAGE_ELEMS + map * T::K_ELEMS); };
-  auto v_addr = [&](int stage) { return smem_addr(sStage + stage * T::STAGE_ELEMS + 2 * T::K_ELEMS); };
+  auto k_addr = [&](int stage) {
+    if constexpr (PP) return smem_addr(sStage + (map * 2 + stage) * T::PP_STAGE_ELEMS);
+    else return smem_addr(sStage + stage * T::STAGE_ELEMS + map * T::K_ELEMS);
+  };
+  auto v_addr = [&](int stage) {
+    if constexpr (PP) return smem_addr(sStage + (map * 2 + stage) * T::PP_STAGE_ELEMS + T::K_ELEMS);
+    else return smem_addr(sStage + stage * T::STAGE_ELEMS + 2 * T::K_ELEMS);
+  };
+  // v8 ping-pong (FlashAttention-3): warpgroup m issues its wgmmas only after the other one has issued its own for
+  // the previous step (named barriers 3 + m, 256 threads: one side waits, the other arrives), so the tensor cores
+  // run map 1's products while map 2 does its softmax and vice versa. Warpgroup 1 opens with an arrive for
+  // warpgroup 0 and skips the arrive after its last issue, so every barrier's arrivals and waits balance.
+  auto pp_enter = [&]() {
+    if constexpr (PP) named_sync(3 + map, 256);
+  };
+  auto pp_leave = [&](bool last) {
+    if constexpr (PP) {
+      if (!(last && map == 1)) named_arrive(3 + (map ^ 1), 256);
+    }
+  };
+  if constexpr (PP) {
+    if (map == 1) named_arrive(3, 256);
+  }
 
   load_k((q0 + BM - 1) / BN, 0);
   cp_async_commit();
@@ -286,7 +328,8 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     auto tile_wait = [&]() {
       cp_async_wait<0>();
       fence_proxy_async();
-      __syncthreads();
+      if constexpr (PP) named_sync(1 + map, 128);  // v8: this warpgroup's own loads only
+      else __syncthreads();
     };
     auto prefetch = [&](int it) {
       const int kt = n_kt - 1 - it, stage = it & 1;
@@ -322,8 +365,10 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
         s[i] = 0.f;
         pin(s[i]);
       }
+      pp_enter();
       wgmma_fence();
       issue_s(s, 0);
+      pp_leave(false);
       prefetch(0);
       wgmma_wait<0>();
 #pragma unroll
@@ -343,17 +388,22 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
     }
     for (int it = 1; it < n_kt; ++it) {
       tile_wait();
+      if constexpr (PP) rescale(alpha_prev);  // v8: before the turn, so the other warpgroup's turn comes sooner
       float s[NS];
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
         s[i] = 0.f;
         pin(s[i]);
       }
+      pp_enter();
       wgmma_fence();
       issue_s(s, it & 1);
-      rescale(alpha_prev);
-      wgmma_fence();
+      if constexpr (!PP) {
+        rescale(alpha_prev);
+        wgmma_fence();
+      }
       issue_pv((it - 1) & 1);
+      pp_leave(false);
       prefetch(it);
       wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
 #pragma unroll
@@ -427,8 +477,10 @@ __global__ void __launch_bounds__(THREADS, 1) diff_attn_fwd_sm90_kernel(const At
   fence_proxy_async();
   __syncthreads();
   }
+  pp_enter();
   wgmma_fence();
   issue_pv((n_kt - 1) & 1);
+  pp_leave(true);
   wgmma_wait<0>();
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
@@ -496,7 +548,7 @@ __global__ void sm90a_probe_kernel(int* out) {
 
 template <int D, int BN, int VER>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
-  constexpr int smem = Tile90<D, BN>::SMEM_BYTES;
+  constexpr int smem = VER == 8 ? Tile90<D, BN>::PP_SMEM_BYTES : Tile90<D, BN>::SMEM_BYTES;
   cudaError_t e =
       cudaFuncSetAttribute(diff_attn_fwd_sm90_kernel<D, BN, VER>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -510,11 +562,14 @@ int sm90_version() {
   const char* v4 = std::getenv("DS_ATTN_SM90_V4");
   if (v4 && *v4 && *v4 != '0') return 4;
   const char* e = std::getenv("DS_ATTN_SM90_VER");
-  return e && std::atoi(e) == 4 ? 4 : 5;
+  if (e && std::atoi(e) == 4) return 4;
+  if (e && std::atoi(e) == 8) return 8;
+  return 5;
 }
 template <int D, int BN>
 cudaError_t launch(const AttnParams& p, cudaStream_t stream) {
-  return sm90_version() == 4 ? launch_t<D, BN, 4>(p, stream) : launch_t<D, BN, 5>(p, stream);
+  const int v = sm90_version();
+  return v == 4 ? launch_t<D, BN, 4>(p, stream) : v == 8 ? launch_t<D, BN, 8>(p, stream) : launch_t<D, BN, 5>(p, stream);
 }
 
 }  // namespace

@@ -297,6 +297,32 @@ TEST(CudaKernels, FusedDiffAttentionSm90FallbacksMatchFloat64) {
   else unsetenv("DS_ATTN_SM90_VER");
 }
 
+// v8 (DS_ATTN_SM90_VER=8): per-warpgroup loads and barriers, ping-pong of the wgmma issue between the two maps'
+// warpgroups. Same cases as the default plus long n (many tiles: the ping-pong's steady state), GQA and batch 2.
+TEST(CudaKernels, FusedDiffAttentionSm90PingPongMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::kern::diff_attn_fwd_sm90_available()) GTEST_SKIP() << "no sm_90 device or no sm_90a code in this build";
+  const char* old = std::getenv("DS_ATTN_SM90_VER");
+  const std::string saved = old ? old : "";
+  setenv("DS_ATTN_SM90_VER", "8", 1);
+  check_fused(Kernel::Sm90, 8642);
+  check_fused(Kernel::Sm90, 1357, 128);
+  std::mt19937 rng(97531);
+  std::vector<int> long_ns = small_run() ? std::vector<int>{300} : std::vector<int>{1100, 2049};
+  for (int n : long_ns)
+    for (auto [d, bn] : {std::pair{128, 64}, std::pair{64, 64}, std::pair{64, 128}}) {
+      AttnProblem pr({n, n > 2000 ? 1 : 2, 8, 2, d, true}, rng);
+      const AttnCheck r = run_attention(pr, Kernel::Sm90, bn);
+      const std::string what = "v8 " + case_name(pr.c) + " block_n=" + std::to_string(bn);
+      EXPECT_EQ(r.unwritten, 0u) << what;
+      EXPECT_EQ(r.padding_touched, 0u) << what;
+      EXPECT_LT(r.rel, kFusedRel) << what;
+      EXPECT_LT(r.max_abs, kFusedAbs) << what;
+    }
+  if (old) setenv("DS_ATTN_SM90_VER", saved.c_str(), 1);
+  else unsetenv("DS_ATTN_SM90_VER");
+}
+
 TEST(CudaKernels, FusedDiffAttentionIsDeterministic) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(77);

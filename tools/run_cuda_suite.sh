@@ -8,7 +8,8 @@
 #   tools/run_cuda_suite.sh [STAGE...]        (on the GPU machine, repo root) stages: env tests sanitize sass bench
 #                                             peers compare; default: all. Results and logs go to $OUT.
 #                                             Attention-only stages (not in the default): bench_attn (v5 and the
-#                                             v4 fallback) and peers_attn (FD1/FD2 at d = 128 and 64).
+#                                             v4 fallback), peers_attn (FD1/FD2 at d = 128 and 64) and
+#                                             sanitize_attn (the sm90 kernel tests under memcheck/racecheck/synccheck).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -242,6 +243,17 @@ if has sanitize; then
   timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='CudaKernels.Fused*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "synccheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
   unset DS_CUDA_TEST_SMALL
+fi
+
+# The fused wgmma kernel's tests alone under memcheck, racecheck and synccheck (all versions: default, fallbacks,
+# v8); reduced sizes.
+if has sanitize_attn; then
+  log "## compute-sanitizer on the sm90 attention tests (DS_CUDA_TEST_SMALL=1)"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck synccheck; do
+    DS_CUDA_TEST_SMALL=1 timeout 200 "$CS" --tool $tool --error-exitcode 9 "$T" --gtest_filter='CudaKernels.FusedDiffAttentionSm90*' >>"$OUT/sanitize.log" 2>&1
+    log "$tool exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
+  done
 fi
 
 if has soak; then
