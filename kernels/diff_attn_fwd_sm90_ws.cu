@@ -24,6 +24,11 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
+
+#ifndef DS_WS_SPLIT_EPI
+#define DS_WS_SPLIT_EPI 0
+#endif
 
 #include "mma_sm80.cuh"
 
@@ -291,6 +296,55 @@ __global__ void __launch_bounds__(THREADS, 1)
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
+#if DS_WS_SPLIT_EPI
+  // Both warpgroups finish: map 1 the output columns [0, d), map 2 [d, 2d). Each stages the other's half of its
+  // O/l (32 KB each, in the K stages), then the per-row partial sums of squares (in the Q tile).
+  constexpr int H = NACC / 2;
+  named_sync(BAR_CONSUMERS, 256);  // every product of both maps is done: K stages and Q are free
+  float* stage = reinterpret_cast<float*>(smem + T::K_OFF);
+  float* part = reinterpret_cast<float*>(smem);
+  auto finish = [&](auto keep_c) {
+    constexpr int KEEP = decltype(keep_c)::value, SEND = H - KEEP;
+    float* to_other = stage + (map == 0 ? 0 : 4 * H * 32) + warp * H * 32;
+#pragma unroll
+    for (int i = 0; i < H; ++i) to_other[i * 32 + lane] = acc[SEND + i] * inv_l[(i >> 1) & 1];
+    named_sync(BAR_CONSUMERS, 256);
+    const float* from_other = stage + (map == 0 ? 4 * H * 32 : 0) + warp * H * 32;
+    float ss[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float mine = acc[KEEP + i] * inv_l[(i >> 1) & 1], other = from_other[i * 32 + lane];
+      const float o = KEEP == 0 ? mine - p.lambda * other : other - p.lambda * mine;
+      acc[KEEP + i] = o;
+      ss[(i >> 1) & 1] += o * o;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 1);
+      ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], 2);
+      part[(map * 4 + warp) * 64 + r * 32 + lane] = ss[r];
+    }
+    named_sync(BAR_CONSUMERS, 256);
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      f[r] = rsqrtf((ss[r] + part[((map ^ 1) * 4 + warp) * 64 + r * 32 + lane]) * (1.f / VW) + p.eps) * p.out_scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + wrow + g4 + 8 * r;
+      if (row < p.n) {
+        bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(j) * VW + 2 * t4;
+#pragma unroll
+        for (int nt = KEEP / 4; nt < (KEEP + H) / 4; ++nt)
+          *reinterpret_cast<uint32_t*>(o + nt * 8) =
+              pack_bf16x2(acc[nt * 4 + 2 * r] * f[r], acc[nt * 4 + 2 * r + 1] * f[r]);
+      }
+    }
+  };
+  if (map == 0) finish(std::integral_constant<int, 0>{});
+  else finish(std::integral_constant<int, H>{});
+  if (map == 0 && p.head_ns && ctid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+#else
   float* sO2 = reinterpret_cast<float*>(smem + T::K_OFF);  // [4 warps][NACC][32 lanes]
   if (map == 1) {
     float* dst = sO2 + warp * NACC * 32;
@@ -302,6 +356,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     combine_store(acc, inv_l, sO2 + warp * NACC * 32, lane, p, b, j, q0 + wrow + g4, t4);
     if (p.head_ns && ctid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
   }
+#endif
 #else
   __trap();  // built without sm_90a: never launched (diff_attn_fwd_sm90_available() is false)
 #endif
