@@ -6,9 +6,10 @@
 #   tools/run_cuda_suite.sh pack              (here, on the build machine) build build-cuda and pack the binaries
 #                                             plus the non-system shared libraries into .dev/cuda_suite.tar.xz
 #   tools/run_cuda_suite.sh [STAGE...]        (on the GPU machine, repo root) stages: env tests sanitize sass bench
-#                                             peers compare; default: all. Results and logs go to $OUT.
-#                                             Attention-only stages (not in the default): bench_attn (v5 and the
-#                                             v4 fallback) and peers_attn (FD1/FD2 at d = 128 and 64).
+#                                             peers compare soak; default: all. Results and logs go to $OUT.
+#                                             Not in the default: peers_attn (FD1/FD2 at d = 128 and 64), ncu,
+#                                             bench_noautotune, and bench_prev (the attention benchmark of the
+#                                             binary packed from PREV_COMMIT, alternating with this one).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,12 +22,17 @@ SUMMARY=$OUT/summary.md
 
 if [ "${1:-}" = pack ]; then
   set -e
-  cmake -S . -B build-cuda -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >/dev/null
-  ninja -C build-cuda diffscope_tests diffscope-bench diffscope-run
+  B=${BUILD_DIR:-build-cuda}  # BUILD_DIR=build reuses the main build
+  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >/dev/null
+  ninja -C "$B" diffscope_tests diffscope-bench diffscope-run
   rm -rf /tmp/ds_pack && mkdir -p /tmp/ds_pack/bin /tmp/ds_pack/lib /tmp/ds_pack/obj
-  cp build-cuda/diffscope_tests build-cuda/diffscope-bench build-cuda/diffscope-run /tmp/ds_pack/bin/
-  find build-cuda -name 'diff_attn_fwd*.cu.o' -exec cp {} /tmp/ds_pack/obj/ \;
-  for lib in $(ldd build-cuda/diffscope_tests | awk '/=>/ {print $3}'); do
+  cp "$B"/diffscope_tests "$B"/diffscope-bench "$B"/diffscope-run /tmp/ds_pack/bin/
+  find "$B" \( -name 'diff_attn_fwd*.cu.o' -o -name 'attn_fwd_sm90*.cu.o' \) -exec cp {} /tmp/ds_pack/obj/ \;
+  # The previous commit's benchmark, for an A/B of the attention kernels in one run (bench_prev).
+  if [ -n "${PREV_BUILD:-}" ] && [ -x "$PREV_BUILD/diffscope-bench" ]; then
+    cp "$PREV_BUILD/diffscope-bench" /tmp/ds_pack/bin/diffscope-bench-prev
+  fi
+  for lib in $(ldd "$B"/diffscope_tests | awk '/=>/ {print $3}'); do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*) ;;
       *) cp -L "$lib" /tmp/ds_pack/lib/ ;;
@@ -62,11 +68,11 @@ else
   cmake -S . -B /tmp/ds_build -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >"$OUT/build.log" 2>&1 &&
     ninja -C /tmp/ds_build diffscope_tests diffscope-bench >>"$OUT/build.log" 2>&1 || { log "build failed"; tail -30 "$OUT/build.log"; }
   mkdir -p "$DS/bin" "$DS/obj" && cp /tmp/ds_build/diffscope_tests /tmp/ds_build/diffscope-bench "$DS/bin/" 2>/dev/null
-  find /tmp/ds_build -name 'diff_attn_fwd.cu.o' -exec cp {} "$DS/obj/" \;
+  find /tmp/ds_build \( -name 'diff_attn_fwd.cu.o' -o -name 'attn_fwd_sm90.cu.o' \) -exec cp {} "$DS/obj/" \;
 fi
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
-CUDA_FILTER='CudaKernels.*:CudaModel.*:Fixtures/FixtureCuda.*'
+CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*'
 
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
@@ -76,14 +82,9 @@ fi
 
 if has tests; then
   log "## CUDA tests"
-  # The wgmma kernel first, alone and briefly: if it fails, the rest of the suite runs on the mma.sync kernel.
-  timeout 90 "$T" --gtest_filter='CudaKernels.FusedDiffAttentionSm90*' >"$OUT/tests_sm90.log" 2>&1
-  rc=$?; log "sm90 kernel test exit $rc"; grep -E "Failure|actual|SKIPPED|OK \]" "$OUT/tests_sm90.log" | head -20 | tee -a "$SUMMARY"
-  if [ $rc -ne 0 ]; then export DS_ATTN_MMA=1; log "DS_ATTN_MMA=1 for the rest of the suite"; fi
   timeout 300 "$T" --gtest_filter="$CUDA_FILTER" --gtest_output=json:"$OUT/cuda_tests.json" >"$OUT/tests.log" 2>&1
-  log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/tests.log" | tee -a "$SUMMARY"
+  log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|NOTE" "$OUT/tests.log" | tee -a "$SUMMARY"
   grep -B2 -A6 "Failure" "$OUT/tests.log" | head -80 | tee -a "$SUMMARY"
-  cat "$OUT/tests_sm90.log" >> "$OUT/tests.log"
 fi
 
 if has bench; then
@@ -99,38 +100,38 @@ if has bench_noautotune; then
   DS_GEMM_AUTOTUNE=0 timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only model --json "$OUT/cuda_bench_noautotune.json" 2>&1 | tail -6 | tee -a "$SUMMARY"
 fi
 
-# Attention only (issue 4 kernel work): the default wgmma kernel (process #1), then the versions in $SM90_VERS
-# (default "4", the fallback) with DS_ATTN_SM90_VER=v, one process each; their rows are merged into cuda_bench.json
-# with kernel names "... (vN #process)". Numbers move ~5% from one process to the next: alternate versions
-# (SM90_VERS="4 5 4") to compare.
-if has bench_attn; then
-  log "## diffscope CUDA attention benchmark (default, then DS_ATTN_SM90_VER in ${SM90_VERS:-4})"
-  # After the bench stage (cuda_bench.json present) the default kernel gets its own process too, merged as
-  # "(default #1)"; otherwise process #1 writes cuda_bench.json itself.
-  if [ -f "$OUT/cuda_bench.json" ]; then
-    vers="default ${SM90_VERS:-4}"; i=0
-  else
-    timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench.json" 2>&1 | tee -a "$SUMMARY"
-    vers="${SM90_VERS:-4}"; i=1
-  fi
-  for v in $vers; do
-    i=$((i + 1))
-    if [ "$v" = default ]; then ver_env=; else ver_env="DS_ATTN_SM90_VER=$v"; fi
-    env $ver_env timeout 200 "$DS/bin/diffscope-bench" --backend cuda --only attention --json "$OUT/cuda_bench_v$v.json" 2>&1 | grep -E "wgmma|mma.sync" | sed "s/^/$v #$i /" | tee -a "$SUMMARY"
-    python3 - "$OUT" "$v" "$i" <<'PY'
-import json, os, sys
-out, v, i = sys.argv[1], sys.argv[2], sys.argv[3]
-a, b = (json.load(open(os.path.join(out, f))) for f in ("cuda_bench.json", f"cuda_bench_v{v}.json"))
-ca, cb = a.get("cuda", a), b.get("cuda", b)
-tag = "default" if v == "default" else f"v{v}"
-for r in cb.get("attention", []):
-    if "wgmma" in r.get("kernel", "") or v == "default":
-        r["kernel"] += f" ({tag} #{i})"; r["name"] = r["name"].replace("]", f" {tag} #{i}]")
-        ca.setdefault("attention", []).append(r)
-json.dump(a, open(os.path.join(out, "cuda_bench.json"), "w"), indent=1)
-os.remove(os.path.join(out, f"cuda_bench_v{v}.json"))
-PY
+# The attention benchmark of the previous commit's binary and of this one, alternating (prev, this, prev, this):
+# "behaviour and speed unchanged" measured in one run. Rows go to cuda_bench_prev.json as {"runs": [...]}.
+if has bench_prev && [ -x "$DS/bin/diffscope-bench-prev" ]; then
+  log "## attention: previous commit vs this one, alternating"
+  for i in 1 2; do
+    for who in prev this; do
+      b="$DS/bin/diffscope-bench"; [ $who = prev ] && b="$DS/bin/diffscope-bench-prev"
+      timeout 150 "$b" --backend cuda --only attention --json "$OUT/attn_${who}_$i.json" >/dev/null 2>&1
+      log "$who #$i exit $?"
+    done
   done
+  python3 - "$OUT" <<'PY' | tee -a "$SUMMARY"
+import json, os, sys, glob
+out = sys.argv[1]; runs = []
+for f in sorted(glob.glob(os.path.join(out, "attn_*_*.json"))):
+    who, i = os.path.basename(f)[5:-5].split("_")
+    c = json.load(open(f)); c = c.get("cuda", c)
+    for r in c.get("attention", []):
+        runs.append({"who": who, "run": int(i), "kernel": r.get("kernel"), "d": r["d"], "n": r["n"], "batch": r["batch"], "tok_s": r["tok_s"], "tflops": r["tflops"]})
+    os.remove(f)
+json.dump({"runs": runs}, open(os.path.join(out, "cuda_bench_prev.json"), "w"), indent=1)
+def best(who, kern_pred, d, n):
+    v = [r["tok_s"] for r in runs if r["who"] == who and kern_pred(r["kernel"] or "") and r["d"] == d and r["n"] == n]
+    return max(v) if v else None
+print("| kernel | d | n | prev (best of 2) | this (best of 2) | this/prev |"); print("|---|---|---|---|---|---|")
+for label, pp, pt in [("wgmma (bn 128 at d=64)", lambda k: "bn128" in k or ("wgmma" in k and "bn" not in k), lambda k: k.startswith("wgmma") or "sm90" in k),
+                      ("mma.sync", lambda k: "mma" in k, lambda k: k.startswith("mma"))]:
+    for d in (128, 64):
+        for n in (2048, 4096, 8192, 16384):
+            a, b = best("prev", pp, d, n), best("this", pt, d, n)
+            if a and b: print(f"| {label} | {d} | {n} | {a/1e6:.2f} M | {b/1e6:.2f} M | {b/a:.3f} |")
+PY
 fi
 
 # Nsight Compute on one launch of the default wgmma kernel at d = 128, 2048 x 8 (the 4th launch), sections plus the
@@ -139,8 +140,8 @@ if has ncu; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for spec in "2048x8 3"; do
     set -- $spec
-    log "## ncu: diff_attn_fwd_sm90, d = 128, $1"
-    DS_BENCH_WARMUP_MS=0 timeout 200 "$NCU" --clock-control none -k regex:diff_attn_fwd_sm90 --launch-skip "$2" --launch-count 1 \
+    log "## ncu: attn_fwd_sm90, d = 128, $1"
+    DS_BENCH_WARMUP_MS=0 timeout 200 "$NCU" --clock-control none -k regex:attn_fwd_sm90 --launch-skip "$2" --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section LaunchStats --section Occupancy --section SchedulerStats \
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
@@ -262,13 +263,13 @@ if has sanitize; then
   log "## compute-sanitizer (reduced sizes: DS_CUDA_TEST_SMALL=1)"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   export DS_CUDA_TEST_SMALL=1
-  timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied:Fixtures/FixtureCuda.MatchesTransformers/llama_gqa_d32_f32" >"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied:Fixtures/FixtureCuda.MatchesTransformers/llama_gqa_d32_f32" >"$OUT/sanitize.log" 2>&1
   log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='CudaKernels.Fused*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
-  DS_CUDA_INITCHECK_MARK_GEMM=1 timeout 200 "$CS" --tool initcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied" >>"$OUT/sanitize.log" 2>&1
+  DS_CUDA_INITCHECK_MARK_GEMM=1 timeout 200 "$CS" --tool initcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied" >>"$OUT/sanitize.log" 2>&1
   log "initcheck (GEMM outputs pre-zeroed: cuBLAS's stores are invisible to it) exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='CudaKernels.Fused*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "synccheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
   unset DS_CUDA_TEST_SMALL
 fi
@@ -279,5 +280,5 @@ if has soak; then
     --json "$OUT/soak_cuda.json" 2>&1 | tail -3 | tee -a "$SUMMARY"
 fi
 # At most 8 files come back from a device call: keep the results, fold or drop the rest.
-rm -f "$OUT/tests_sm90.log" "$OUT/bench.log" "$OUT/sass.txt.gz"
+rm -f "$OUT/bench.log" "$OUT/sass.txt.gz"
 log "done $(date -u +%FT%TZ)"
