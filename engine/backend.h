@@ -41,7 +41,7 @@ struct ForwardResult {
 };
 
 // Timing of the last forward, for the profiler panel. Attention time per (layer, head) is measured by the
-// backend; FLOPs use REFERENCE 5's convention (12 n^2 d per differential head, halved for causal).
+// backend; FLOPs follow kernels/attn_heads.h (12 n^2 d per differential head, 4 n^2 d per plain head, halved for causal).
 struct HeadTiming {
   int layer = 0, head = 0;
   double ms = 0;

@@ -1,6 +1,6 @@
 // CPU backend: the reference forward pass. Weights are converted to f32 on load; matrix products go through
 // OpenBLAS; everything else is plain loops in f32 with sums in double where it matters. It computes exactly what
-// transformers' DiffLlama / Llama eager forward computes (see REFERENCE 2a for the head mapping).
+// transformers' DiffLlama / Llama eager forward computes (the head mapping: kernels/attn_heads.h).
 //
 // Activations kept between calls (so a lambda change re-runs only from the first changed layer):
 //   layer_in_[l]  [n, D]   input of layer l (l = 0..L); layer_in_[L] is the last layer's output.

@@ -1,7 +1,7 @@
 // safetensors reading: a memory-mapped file whose header is validated before any tensor is touched, and
 // checkpoints made of one file or of shards listed by model.safetensors.index.json.
 //
-// Format (REFERENCE 3): u64 little-endian header length N, N bytes of UTF-8 JSON, then the data. Each header
+// Format (https://github.com/huggingface/safetensors, README "Format"): u64 little-endian header length N, N bytes of UTF-8 JSON, then the data. Each header
 // entry is name -> {dtype, shape, data_offsets:[begin,end)} relative to the data start. We check: N fits in the
 // file, the JSON parses and is an object, every dtype is known, shape x dtype size == end - begin, spans lie
 // inside the file and do not overlap. Nothing a file carries is ever executed (no pickle support at all).

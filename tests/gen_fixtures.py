@@ -60,7 +60,7 @@ FIXTURES = {
                          rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
                          original_max_position_embeddings=16)), dict(n=40, spelling="v5", dtype="bf16", seed=6)),
 }
-# A fixture the tests never read: the "done when" check of issue 2 runs diffscope-run --dump on it.
+# A fixture the tests never read: a held-out check of diffscope-run --dump against it (tools/compare_dump.py).
 HOLDOUT = {
     "holdout_diff_gqa_d64": ("diff", dict(hidden_size=160, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                          head_dim=64, intermediate_size=224, vocab_size=350, tie_word_embeddings=False, rope_theta=500000.0,
@@ -104,7 +104,7 @@ def round_params_to_bf16(model):
 
 
 def rewrite_config(path, spelling, theta, rope_scaling, dtype):
-    """Write the config in the spelling a given transformers major version uses (REFERENCE 2a)."""
+    """Write the config in the spelling a given transformers major version uses: 4.x rope_theta + rope_scaling, 5.x rope_parameters."""
     with open(path) as f:
         c = json.load(f)
     for k in ("rope_parameters", "rope_scaling", "rope_theta", "dtype", "torch_dtype"):

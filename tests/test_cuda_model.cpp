@@ -4,7 +4,7 @@
 // agree with all-rows runs, on-demand maps equal the forward's, GPU head statistics
 // agree with statistics of the returned maps, and user errors (bad ids, too-long prompts) are ds::Error.
 //
-// Tolerances (issue 4): the backend keeps weights and GEMM inputs in bf16 (relative rounding 2^-9 per value) while
+// Tolerances: the backend keeps weights and GEMM inputs in bf16 (relative rounding 2^-9 per value) while
 // the fixtures are f32 computations, so logits and hidden states are held to 2e-2 relative (||a-b||/||b||) and
 // the post-softmax maps to 1e-2 absolute for checkpoints stored in bf16 (no weight rounding). Checkpoints stored in
 // f32 also lose their weights' low bits; with these fixtures' deliberately sharp maps (logits up to ~10) that

@@ -1,4 +1,4 @@
-"""Data recipe for the diffscope demo models (issue 6).
+"""Data recipe for the diffscope demo models.
 
 Shared by tools/train_demo.py and tools/eval_demo.py. Standard library only (no torch here), so
 the generators can be checked anywhere.

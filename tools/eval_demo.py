@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Evaluate the diffscope demo models (issue 6): retrieval accuracy and attention to the answer.
+"""Evaluate the diffscope demo models: retrieval accuracy and attention to the answer.
 
     python3 tools/eval_demo.py --out OUT/demo        # reads OUT/demo/{diffllama-demo,llama-demo,eval_prompts.jsonl}
 

@@ -183,7 +183,7 @@ void draw_profiler_panel(AppState& st) {
   ImGui::TextWrapped("attention %.2f ms, %s TFLOP/s (%s)", attn_ms, fmt_value(tflops).c_str(), peak);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip(
-        "FLOPs per differential head: 12 n^2 d, halved for causal (REFERENCE 5); "
+        "FLOPs per differential head: 12 n^2 d, halved for causal (kernels/attn_heads.h); "
         "the peak is the device's measured matrix throughput");
 
   const float plot_h = 44;
