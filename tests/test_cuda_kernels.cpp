@@ -321,9 +321,10 @@ TEST_P(FusedAttention, IsDeterministic) {
   SKIP_WITHOUT_DEVICE();
   const AttnImpl impl = GetParam();
   int ran = 0;
-  for (bool diff : {true, false}) {
+  for (bool diff : {true, false})
+    for (int d : {64, 128}) {
     std::mt19937 rng(77);
-    AttnProblem pr({small_run() ? 130 : 300, 2, 8, 4, diff ? 128 : 64, diff}, rng);
+    AttnProblem pr({small_run() ? 130 : 300, 2, 8, 4, d, diff}, rng);
     DeviceBuffer in = to_device(pr.qkv);
     const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
     DeviceBuffer o1(out_elems * 2, "test"), o2(out_elems * 2, "test");
@@ -335,9 +336,9 @@ TEST_P(FusedAttention, IsDeterministic) {
     DS_CUDA_CHECK(ds::kern::launch_attn(choice, pr.params(in, o2), nullptr));
     DS_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(to_host<uint16_t>(o1, out_elems), to_host<uint16_t>(o2, out_elems))
-        << ds::kern::attn_impl_name(impl) << (diff ? " diff" : " plain") << ": a moving result is a race";
+        << ds::kern::attn_impl_name(impl) << (diff ? " diff" : " plain") << " d=" << d << ": a moving result is a race";
     ++ran;
-  }
+    }
   if (ran == 0) GTEST_SKIP() << ds::kern::attn_impl_name(impl) << " runs no case here";
 }
 
