@@ -38,6 +38,7 @@ if [ "${1:-}" = pack ]; then
       *) cp -L "$lib" /tmp/ds_pack/lib/ ;;
     esac
   done
+  git rev-parse --short HEAD > /tmp/ds_pack/bin/COMMIT  # the GPU machine's copy of .git may be older
   mkdir -p .dev && tar -C /tmp/ds_pack -cJf "$PACK" bin lib obj
   ls -la "$PACK"
   exit 0
@@ -77,7 +78,7 @@ CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixt
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$SUMMARY"
-  log "commit: $(git rev-parse HEAD 2>/dev/null || echo none)"
+  log "binaries built from commit: $(cat "$DS/bin/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 fi
 
 if has tests; then
