@@ -51,7 +51,8 @@ std::string cannot_run(AttnImpl impl, const AttnDevice& dev, const AttnShape& s)
     case AttnImpl::MmaBoth:
     case AttnImpl::MmaVsplit:
     case AttnImpl::MmaLockstep: {
-      if (!s.diff) return "the mma.sync kernel is built for differential attention only";
+      if (!s.diff && impl == AttnImpl::MmaVsplit) return "V-split shares one V between the maps: differential only";
+      if (!s.diff && s.heads % 2) return "needs an even number of query heads (two heads per CTA)";
       if (dev.cc < 80) return "mma.sync with bf16 needs compute capability 8.0 or newer";
       if (!fused_d) return "built for head_dim 64 and 128 only";
       const int sched = impl == AttnImpl::MmaBoth ? MMA_BOTH : impl == AttnImpl::MmaVsplit ? MMA_VSPLIT : MMA_LOCKSTEP;
@@ -148,7 +149,8 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
     c.impl = AttnImpl::Sm90;
     c.why = "Hopper with sm_90a code: the wgmma + TMA warp-specialised kernel (fastest measured on H100/H200)";
   } else if (cannot_run(AttnImpl::MmaBoth, dev, s).empty()) {
-    // d = 64: each warp both maps, nothing exchanged, two CTAs per SM: 8-10% faster than V-split.
+    // d = 64: each warp both maps (or both heads of a plain pair), nothing exchanged, two CTAs per SM: 8-10% faster
+    // than V-split.
     c.impl = AttnImpl::MmaBoth;
     c.why = "mma.sync, both maps per warp: the fastest portable schedule at head_dim 64";
   } else if (cannot_run(AttnImpl::MmaVsplit, dev, s).empty()) {
@@ -160,7 +162,7 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
     c.impl = AttnImpl::MmaLockstep;
     c.why = "mma.sync lockstep: the schedule whose shared memory fits this device";
   } else if (cannot_run(AttnImpl::Generic, dev, s).empty()) {
-    // Everything else: plain attention before Hopper, head_dim other than 64/128, odd head counts, pre-sm_80 GPUs.
+    // Everything else: head_dim other than 64/128, odd plain head counts, pre-sm_80 GPUs, too little shared memory.
     c.impl = AttnImpl::Generic;
     c.why = "no fused kernel for this shape on this device: the f32 CUDA-core kernel";
   } else {
@@ -185,9 +187,9 @@ cudaError_t launch_attn(const AttnChoice& choice, const AttnParams& p, cudaStrea
   q.tile_major = choice.tile_major;
   switch (choice.impl) {
     case AttnImpl::Sm90: return launch_attn_fwd_sm90(q, choice.block_n, stream);
-    case AttnImpl::MmaBoth: return launch_diff_attn_mma(q, MMA_BOTH, stream);
-    case AttnImpl::MmaVsplit: return launch_diff_attn_mma(q, MMA_VSPLIT, stream);
-    case AttnImpl::MmaLockstep: return launch_diff_attn_mma(q, MMA_LOCKSTEP, stream);
+    case AttnImpl::MmaBoth: return launch_attn_mma(q, MMA_BOTH, stream);
+    case AttnImpl::MmaVsplit: return launch_attn_mma(q, MMA_VSPLIT, stream);
+    case AttnImpl::MmaLockstep: return launch_attn_mma(q, MMA_LOCKSTEP, stream);
     case AttnImpl::Generic: return launch_attn_fwd_generic(q, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -6,15 +6,15 @@
 //   Sm90        attn_fwd_sm90.cu: wgmma + TMA, a producer warpgroup and two consumer warpgroups taking turns.
 //               Hopper (compute capability 9.0, this build's sm_90a code), d = 64 or 128, differential heads and
 //               plain heads (two plain heads per CTA, one per consumer warpgroup; H even).
-//   MmaBoth     diff_attn_fwd.cu schedule 4: mma.sync, each warp both maps of 16 rows. d = 64, differential, sm_80+
-//               with room for two 80 KB CTAs per SM (A100; every Hopper/Blackwell without the sm_90a path).
-//   MmaVsplit   schedule 2: mma.sync, the two maps' warps swap P and split V's columns. d = 128 where 178 KB per CTA
-//               fits (sm_90 without sm_90a code, sm_100), or d = 64 where schedule 4's two CTAs do not fit.
-//   MmaLockstep schedule 1: mma.sync, each warp one map over all of V. Where V-split does not fit: d = 128 on an
-//               A100 (163 KB), d = 64 on consumer Ampere/Ada (99 KB).
+//   MmaBoth     diff_attn_fwd.cu schedule 4: mma.sync, each warp both maps of 16 rows (plain: both heads of a
+//               pair). d = 64, sm_80+ with room for two 80 KB CTAs per SM (A100; Hopper without the sm_90a path).
+//   MmaVsplit   schedule 2: mma.sync, the two maps' warps swap P and split V's columns. Differential only. d = 128
+//               where 178 KB per CTA fits (sm_90 without sm_90a code, sm_100).
+//   MmaLockstep schedule 1: mma.sync, each warp one map (plain: one head) over its V. Where nothing above fits:
+//               d = 128 on an A100 (163 KB), d = 64 on consumer Ampere/Ada (99 KB); plain heads at d = 128.
 //   Generic     attn_fwd_generic.cu: f32 on CUDA cores, one warp per query row. Any d that is a multiple of 8 up to
-//               256, and plain attention wherever no fused kernel runs it (pre-Hopper GPUs, odd H); also the
-//               reference the tests hold the fused kernels against.
+//               256 (the fused kernels take 64 and 128), odd plain head counts, pre-sm_80 GPUs; also the reference
+//               the tests hold the fused kernels against.
 #pragma once
 #include <string>
 

@@ -1,7 +1,8 @@
-// Fused differential attention, forward, causal, on mma.sync (sm_80 and newer; the portable fused kernel): for each
-// differential head one pass over the K/V tiles computes both online softmaxes (Q1 K1^T and Q2 K2^T) and both
-// accumulations against the shared 2d-wide V tile, then writes  (1 - lambda_init) * RMSNorm_2d(O1/l1 - lambda O2/l2)
-// in bf16. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale folded
+// Fused attention, forward, causal, on mma.sync (sm_80 and newer; the portable fused kernel): for each differential
+// head one pass over the K/V tiles computes both online softmaxes (Q1 K1^T and Q2 K2^T) and both accumulations
+// against the shared 2d-wide V tile, then writes  (1 - lambda_init) * RMSNorm_2d(O1/l1 - lambda O2/l2) in bf16.
+// Plain heads go in pairs through the same pipeline (schedules 1 and 4): map m is head 2j + m, with its own K and
+// its d-wide half of the V tile, and writes O/l. bf16 inputs, f32 accumulation and softmax statistics (FlashAttention-2 style: exp2 with the scale folded
 // in; the running maximum moves, and O is rescaled, only when a tile exceeds it by more than 2^8).
 //
 // Work split: a CTA owns BM = 64 query rows of one differential head. A 16-row x 2d-wide f32 accumulator is
@@ -305,6 +306,46 @@ __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (
     }
 }
 
+// Plain heads: P V of one head over its d-wide half `half` of the 2d-wide V tile.
+template <int D>
+__device__ __forceinline__ void warp_pv_half(float (&acc)[D / 8][4], const uint32_t (&pa)[BN / 16][4], const bf16* sV,
+                                             int half, int lane) {
+  using L = SwzLayout<2 * D>;
+  const uint32_t v_base = smem_addr(sV);
+  const LaneChunks<L, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, half * D / 8 + (lane >> 4));
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+    for (int nn = 0; nn < D / 16; ++nn) {
+      uint32_t bb[4];
+      ldmatrix_x4_trans(bb, v_base + kk * 16 * L::ROW + (nn >> 2) * L::GROUP + vc.at(nn & 3));
+      mma_16816(acc[2 * nn], pa[kk], bb[0], bb[1]);
+      mma_16816(acc[2 * nn + 1], pa[kk], bb[2], bb[3]);
+    }
+}
+
+// Plain heads' epilogue: O/l of this warp's 16 rows of one head, stored from column col0.
+template <int NT>
+__device__ __forceinline__ void plain_store(const float (&acc)[NT][4], float (&l_run)[2], const AttnParams& p, int row0,
+                                            int b, int64_t col0, int lane) {
+  quad_sum(l_run);
+  const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
+  store_rows(acc, inv_l, p, row0, b, col0, lane);
+}
+
+// The CTA's block time, to the view heads it computed (a plain CTA's two heads each get all of it: the backend
+// shares a layer's measured time out in proportion).
+template <bool DIFF>
+__device__ __forceinline__ void add_head_time(const AttnParams& p, int j, unsigned long long t_start) {
+  const unsigned long long t = global_timer_ns() - t_start;
+  if (DIFF) {
+    atomicAdd(p.head_ns + j, t);
+  } else {
+    atomicAdd(p.head_ns + 2 * j, t);
+    atomicAdd(p.head_ns + 2 * j + 1, t);
+  }
+}
+
 // The V-split exchange: this warp's P and rescale factors go to its slots, `sync` joins the partner, the partner's
 // come back.
 template <class Sync>
@@ -361,16 +402,25 @@ __device__ __forceinline__ void pair_epilogue(float (&acc_own)[D / 8][4], const 
 
 __device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 0;\n" ::: "memory"); }
 
-// Which (query tile, differential head, sequence) a CTA computes, and the heads it reads (attn_heads.h).
+// Which (query tile, head pair j, sequence) a CTA computes, and the heads its two maps read (attn_heads.h): map 1
+// and map 2 of differential head j, or plain heads 2j and 2j + 1 (each with its own K and its d-wide V, the two Vs
+// side by side in the 2d-wide V tile, so the copies are the same in both modes).
 struct CtaWork {
   int qt, j, b;
   ViewHeadMap heads;
 };
+template <bool DIFF>
 __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
   const int hv = p.heads / 2;
   const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
   const int j = ct.bh % hv;
-  return {ct.qt, j, ct.bh / hv, view_head_map(true, j, p.heads, p.kv_heads)};
+  CtaWork w{ct.qt, j, ct.bh / hv, view_head_map(true, j, p.heads, p.kv_heads)};
+  if constexpr (!DIFF) {
+    const ViewHeadMap a = view_head_map(false, 2 * j, p.heads, p.kv_heads);
+    const ViewHeadMap b = view_head_map(false, 2 * j + 1, p.heads, p.kv_heads);
+    w.heads = ViewHeadMap{{a.q[0], b.q[0]}, {a.k[0], b.k[0]}, {a.v[0], b.v[0]}};
+  }
+  return w;
 }
 
 // A CTA's copies (all NTHR threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
@@ -445,17 +495,17 @@ struct CtaCopies {
   }
 };
 
-template <int D>
+template <int D, bool DIFF>
 __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lockstep_kernel(const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NT = VW / 8;
+  constexpr int VW = T::VW, NT = DIFF ? VW / 8 : D / 8;  // plain: each warp's head has a d-wide V
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp >> 2, wrow = (warp & 3) * 16;
-  const CtaWork w = cta_work(p);
+  const CtaWork w = cta_work<DIFF>(p);
   const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
@@ -493,13 +543,21 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
     rescale(acc, alpha);
     uint32_t pa[BN / 16][4];
     pack_p(s, pa);
-    warp_pv<VW>(acc, pa, sV, lane);
+    if constexpr (DIFF) warp_pv<VW>(acc, pa, sV, lane);
+    else warp_pv_half<D>(acc, pa, sV, map, lane);
   }
 
   cp_async_wait<0>();
-  __syncthreads();  // all warps are done with the stages: reuse them for O2
-  combine_store<VW>(acc, l_run, reinterpret_cast<float*>(sStage), warp, lane, p, q0, b, j);
-  if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+  if constexpr (DIFF) {
+    __syncthreads();  // all warps are done with the stages: reuse them for O2
+    combine_store<VW>(acc, l_run, reinterpret_cast<float*>(sStage), warp, lane, p, q0, b, j);
+  } else {
+    plain_store(acc, l_run, p, q0 + wrow, b, int64_t(2 * j + map) * D, lane);
+  }
+  if (p.head_ns) {
+    __syncthreads();  // the CTA's time ends with its last warp
+    if (tid == 0) add_head_time<DIFF>(p, j, t_start);
+  }
 }
 
 // V-split schedule (see the top of the file).
@@ -515,7 +573,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int map = warp >> 2, grp = warp & 3, wrow = grp * 16;
-  const CtaWork w = cta_work(p);
+  const CtaWork w = cta_work<true>(p);
   const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
@@ -576,8 +634,8 @@ constexpr int THREADS_W = 128;
 // included (then they zero-fill the free stage): without a branch among the S products, and with one rescale branch
 // for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop body without the
 // mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
-template <int D, class Next>
-__device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
+template <int D, bool DIFF, class Next>
+__device__ __forceinline__ void warp2_tile(float (&acc)[2][(DIFF ? 2 : 1) * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
                                            const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
                                            int lane, bool diag) {
   constexpr int NH = D / 8;
@@ -596,23 +654,28 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][2 * D / 8][4], float 
     scale_rows(acc[0], alpha[0]);
     scale_rows(acc[1], alpha[1]);
   }
+  if constexpr (DIFF) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    warp_pv_both<D, true>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
-                                 reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]), pa[0], pa[1], stage + 2 * BN * D, h,
-                                 lane);
+    for (int h = 0; h < 2; ++h)
+      warp_pv_both<D, true>(reinterpret_cast<float(&)[NH][4]>(acc[0][h * NH]),
+                            reinterpret_cast<float(&)[NH][4]>(acc[1][h * NH]), pa[0], pa[1], stage + 2 * BN * D, h,
+                            lane);
+  } else {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) warp_pv_half<D>(acc[m], pa[m], stage + 2 * BN * D, m, lane);
+  }
 }
 
-template <int D>
+template <int D, bool DIFF>
 __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const AttnParams p) {
   using T = Tile<D>;
-  constexpr int VW = T::VW, NT = VW / 8;
+  constexpr int VW = T::VW, NT = DIFF ? VW / 8 : D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sStage = sQ + T::Q_ELEMS;            // [2 stages][K1 | K2 | V]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
-  const CtaWork w = cta_work(p);
+  const CtaWork w = cta_work<DIFF>(p);
   const int qt = w.qt, j = w.j, b = w.b;
   unsigned long long t_start = 0;
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
@@ -633,10 +696,13 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
     const bool has_next = it + 1 < n_kt;
     auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
     if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
-    warp2_tile<D>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
+    warp2_tile<D, DIFF>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
   }
   cp_async_wait<0>();  // the last tile's zero-fill of the free stage
 
+  if constexpr (!DIFF) {
+    for (int m = 0; m < 2; ++m) plain_store(acc[m], l_run[m], p, q0 + wrow, b, int64_t(2 * j + m) * D, lane);
+  } else {
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
   quad_sum(l_run[0]);
   quad_sum(l_run[1]);
@@ -654,25 +720,27 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   float f[2];
   quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
   store_rows(acc[0], f, p, q0 + wrow, b, int64_t(j) * VW, lane);
+  }
   if (p.head_ns) {
     __syncthreads();  // the CTA's time ends with its last warp
-    if (tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
+    if (tid == 0) add_head_time<DIFF>(p, j, t_start);
   }
 }
 
-template <int D>
+template <int D, bool DIFF>
 cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
   using T = Tile<D>;
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D>;
+  void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D, DIFF>;
   int smem = T::SMEM_LOCKSTEP;
   unsigned threads = THREADS;
   if (schedule == MMA_VSPLIT) {
+    if constexpr (!DIFF) return cudaErrorInvalidValue;  // it shares V between the maps: plain heads have two Vs
     kernel = diff_attn_fwd_vsplit_kernel<D>;
     smem = T::SMEM_VSPLIT;
   } else if (schedule == MMA_BOTH) {
     if constexpr (D != 64) return cudaErrorInvalidValue;  // 2 x 2d-wide accumulators per warp fit only at d = 64
-    kernel = diff_attn_fwd_warp2_kernel<64>;
+    kernel = diff_attn_fwd_warp2_kernel<64, DIFF>;
     threads = THREADS_W;
   } else if (schedule != MMA_LOCKSTEP) {
     return cudaErrorInvalidValue;
@@ -698,10 +766,10 @@ MmaFootprint diff_attn_mma_footprint(int schedule, int d) {
   return {};
 }
 
-cudaError_t launch_diff_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream) {
-  if (!p.diff || p.n <= 0 || p.heads % 2 || p.kv_heads % 2 || p.heads % p.kv_heads) return cudaErrorInvalidValue;
-  if (p.d == 64) return launch<64>(p, schedule, stream);
-  if (p.d == 128) return launch<128>(p, schedule, stream);
+cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream) {
+  if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
+  if (p.d == 64) return p.diff ? launch<64, true>(p, schedule, stream) : launch<64, false>(p, schedule, stream);
+  if (p.d == 128) return p.diff ? launch<128, true>(p, schedule, stream) : launch<128, false>(p, schedule, stream);
   return cudaErrorInvalidValue;
 }
 

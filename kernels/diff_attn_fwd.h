@@ -1,5 +1,6 @@
-// Fused differential-attention forward (causal) on mma.sync, sm_80 and newer: the portable fused kernel
-// (diff_attn_fwd.cu). Reached through attn_dispatch.h, which picks the schedule that fits the device.
+// Fused causal attention forward on mma.sync, sm_80 and newer: the portable fused kernel (diff_attn_fwd.cu), for
+// differential heads and, in the lockstep and both-maps schedules, plain heads in pairs. Reached through
+// attn_dispatch.h, which picks the schedule that fits the device.
 #pragma once
 #include "attn_params.h"
 
@@ -14,7 +15,8 @@ struct MmaFootprint {
 };
 MmaFootprint diff_attn_mma_footprint(int schedule, int d);
 
-// p.diff, d = 64 or 128 (MMA_BOTH: d = 64); returns the launch error (cudaSuccess when queued).
-cudaError_t launch_diff_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream);
+// d = 64 or 128 (MMA_BOTH: d = 64), H even; plain heads (!p.diff) take MMA_LOCKSTEP and MMA_BOTH only. Returns the
+// launch error (cudaSuccess when queued).
+cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -46,7 +46,7 @@ TEST(AttnDispatch, HopperRunsTheWgmmaKernelForDifferentialAndPlainHeads) {
   // Without this build's sm_90a code, the portable kernels run on the same GPU.
   EXPECT_EQ(select_attn(hopper(false), shape(64, true)).impl, AttnImpl::MmaBoth);
   EXPECT_EQ(select_attn(hopper(false), shape(128, true)).impl, AttnImpl::MmaVsplit);
-  EXPECT_EQ(select_attn(hopper(false), shape(128, false)).impl, AttnImpl::Generic);
+  EXPECT_EQ(select_attn(hopper(false), shape(128, false)).impl, AttnImpl::MmaLockstep);
   // Odd head counts and other widths take the generic kernel; unaligned tensors cannot use TMA.
   EXPECT_EQ(select_attn(hopper(), shape(64, false, 5, 5)).impl, AttnImpl::Generic);
   EXPECT_EQ(select_attn(hopper(), shape(96, true)).impl, AttnImpl::Generic);
@@ -60,7 +60,9 @@ TEST(AttnDispatch, AmpereClassGpusRunTheMmaScheduleTheirSharedMemoryFits) {
   EXPECT_EQ(select_attn(a100(), shape(128, true)).impl, AttnImpl::MmaLockstep);     // V-split's 178 KB does not
   EXPECT_EQ(select_attn(rtx3090(), shape(64, true)).impl, AttnImpl::MmaLockstep);   // one 80 KB CTA per SM
   EXPECT_EQ(select_attn(rtx3090(), shape(128, true)).impl, AttnImpl::Generic);      // 160 KB does not fit 99 KB
-  EXPECT_EQ(select_attn(a100(), shape(128, false)).impl, AttnImpl::Generic);        // plain: no mma.sync kernel
+  EXPECT_EQ(select_attn(a100(), shape(64, false)).impl, AttnImpl::MmaBoth);         // plain heads in pairs
+  EXPECT_EQ(select_attn(a100(), shape(128, false)).impl, AttnImpl::MmaLockstep);    // V-split: differential only
+  EXPECT_EQ(select_attn(a100(), shape(64, false, 5, 5)).impl, AttnImpl::Generic);   // odd plain head count
   EXPECT_EQ(select_attn(t4(), shape(64, true)).impl, AttnImpl::Generic);            // no bf16 mma.sync before sm_80
 }
 
@@ -78,7 +80,9 @@ TEST(AttnDispatch, ForcedImplementationsAreGrantedOnlyWhereTheyRun) {
   EXPECT_NE(no.why.find("Hopper"), std::string::npos) << no.why;
   o.impl = AttnImpl::MmaBoth;
   EXPECT_EQ(select_attn(hopper(), shape(128, true), o).impl, AttnImpl::None);  // registers: d = 64 only
-  EXPECT_EQ(select_attn(hopper(), shape(64, false), o).impl, AttnImpl::None);  // differential only
+  EXPECT_EQ(select_attn(hopper(), shape(64, false), o).impl, AttnImpl::MmaBoth);  // plain pairs
+  o.impl = AttnImpl::MmaVsplit;
+  EXPECT_EQ(select_attn(hopper(), shape(128, false), o).impl, AttnImpl::None);  // differential only
 }
 
 TEST(AttnDispatch, ShapesNoKernelTakesSayWhy) {
