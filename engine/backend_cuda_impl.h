@@ -160,7 +160,7 @@ class CudaBackend final : public Backend {
   GemmPlan& gemm_plan(const GemmArgs& g);
   void gemm_tune(GemmPlan& p, const GemmArgs& g, void* d);
   void gemm_launch(const GemmPlan& p, const GemmArgs& g);
-  int view_heads() const { return int(cfg_.is_diff() ? cfg_.heads / 2 : cfg_.heads); }
+  int view_heads() const { return int(cfg_.view_heads()); }
   int64_t qkv_width() const { return (cfg_.heads + 2 * cfg_.kv_heads) * cfg_.head_dim; }
   size_t bytes_per_token() const;
 

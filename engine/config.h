@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/attn_heads.h"
+
 namespace ds {
 
 enum class Arch { DiffLlama, Llama };
@@ -35,7 +37,7 @@ struct ModelConfig {
 
   bool is_diff() const { return arch == Arch::DiffLlama; }
   // Heads the viewer shows per layer: differential heads for DiffLlama, query heads for Llama.
-  int64_t view_heads() const { return is_diff() ? heads / 2 : heads; }
+  int64_t view_heads() const { return kern::view_heads(is_diff(), int(heads)); }
   int64_t n_rep() const { return heads / kv_heads; }
   int64_t params() const;  // parameter count implied by the shapes
 };
