@@ -1,5 +1,7 @@
-// The interface every compute backend implements (CPU now, CUDA next). The session drives it layer-range by
+// The interface every compute backend implements (CPU and CUDA). The session drives it layer-range by
 // layer-range: a lambda change re-runs from the first changed layer, reusing the cached inputs of earlier layers.
+// This header belongs to the core library: the backends implement it, and each one's own header (backend_cpu.h,
+// backend_cuda.h) says how to make one; backends.h chooses between them.
 //
 // Shapes: n = tokens, L = layers, Hv = view heads (differential heads for DiffLlama, query heads for Llama).
 #pragma once
@@ -76,11 +78,5 @@ class Backend {
   // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
   virtual int64_t device_memory_used() const { return -1; }
 };
-
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);  // 0 = all cores
-// The CUDA backend on GPU `device` (0 = the first); every entry point of it runs on that device, whichever thread
-// calls it. Throws ds::Error saying why when CUDA is not compiled in or no usable device is present.
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
-bool cuda_backend_available(std::string* why_not, int device = 0);
 
 }  // namespace ds

@@ -1,12 +1,20 @@
-// What the CUDA backend offers beyond the Backend interface (backend.h): per-head map statistics computed on the
-// GPU, and the profiling switch. Everything here needs a build with DS_HAVE_CUDA; `b` must come from
-// make_cuda_backend() (ds::Error otherwise).
+// The CUDA backend (library diffscope_cuda): how to make one, and what it offers beyond the Backend interface
+// (backend.h): per-head map statistics computed on the GPU, and the profiling switch. In a build without CUDA the
+// session layer's cuda_unavailable.cpp stands in: make_cuda_backend() throws and cuda_backend_available() says why.
+// `b` below must come from make_cuda_backend() (ds::Error otherwise).
 #pragma once
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backend.h"
 
 namespace ds {
+
+// The CUDA backend on GPU `device` (0 = the first); every entry point of it runs on that device, whichever thread
+// calls it. Throws ds::Error saying why when CUDA is not compiled in or no usable device is present.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+bool cuda_backend_available(std::string* why_not, int device = 0);
 
 // Statistics of one view head of a layer for the last forward, each a mean over query rows q (row q has the q+1
 // causal keys 0..q), except the extremes. D = A1 - lambda*A2 (D = A1 for Llama, whose A2 fields are 0).

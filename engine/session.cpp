@@ -9,13 +9,6 @@
 
 namespace ds {
 
-BackendChoice parse_backend_choice(const std::string& s) {
-  if (s == "auto") return BackendChoice::Auto;
-  if (s == "cpu") return BackendChoice::Cpu;
-  if (s == "cuda") return BackendChoice::Cuda;
-  throw Error("unknown backend '" + s + "' (use cpu, cuda or auto)");
-}
-
 std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoice choice, const ProgressFn& progress,
                                        int cpu_threads) {
   std::unique_ptr<Session> s(new Session());
@@ -23,11 +16,7 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoi
   s->dir_ = model_dir;
   s->cfg_ = model->cfg;
   s->model_lambda_ = model->model_lambda;
-  std::string why;
-  if (choice == BackendChoice::Cuda || (choice == BackendChoice::Auto && cuda_backend_available(&why)))
-    s->backend_ = make_cuda_backend();
-  else
-    s->backend_ = make_cpu_backend(cpu_threads);
+  s->backend_ = make_backend(choice, cpu_threads);
   s->backend_->load(*model, progress);
   model.reset();  // weights now live in the backend; release the mapping
   try {

@@ -8,13 +8,11 @@
 #include <vector>
 
 #include "backend.h"
+#include "backends.h"
 #include "error.h"
 #include "tokenizer.h"
 
 namespace ds {
-
-enum class BackendChoice { Auto, Cpu, Cuda };
-BackendChoice parse_backend_choice(const std::string& s);  // "cpu" | "cuda" | "auto"; throws on anything else
 
 // Per layer: the checkpoint's lambda, that lambda times the global scale, or an absolute override.
 struct LambdaControl {
