@@ -21,7 +21,7 @@
 #define DS_HAVE_TOKENIZER_BENCH 1
 #endif
 #ifdef DS_HAVE_CUDA
-#include "engine/cuda_bench.h"
+#include "app/bench/cuda_bench.h"
 #endif
 
 namespace {

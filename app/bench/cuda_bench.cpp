@@ -10,11 +10,11 @@
 #include <random>
 #include <set>
 
-#include "backend_cuda_impl.h"
-#include "cuda_bench.h"
+#include "app/bench/cuda_bench.h"
+#include "engine/backend_cuda_impl.h"
+#include "engine/model.h"
 #include "kernels/attn_dispatch.h"
 #include "kernels/fill.h"
-#include "model.h"
 
 namespace ds {
 namespace {
