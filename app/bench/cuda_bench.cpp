@@ -1,19 +1,22 @@
-// The CUDA benchmark suite (cuda_bench.h): fused attention at the peers' shapes, whole-model prefill on random
-// weights generated on the GPU, and lambda-change latency. Device time is measured with CUDA events around the
-// work (as the PyTorch peers in bench/peers/ do), medians over `repeat` runs after warm-up; inputs are random
-// (never zeros), and the attention inputs rotate over two buffers so repeated runs do not time the L2 cache.
+// The CUDA benchmark suite of diffscope-bench (cuda_bench.h): fused attention at the peers' shapes, whole-model
+// prefill on random weights generated on the GPU, and lambda-change latency. Device time is measured with CUDA
+// events around the work (as the PyTorch peers in bench/peers/ do), medians over `repeat` runs after warm-up;
+// inputs are random (never zeros), and the attention inputs rotate over two buffers so repeated runs do not time
+// the L2 cache. The attention kernels are reached only through the dispatcher (kernels/attn_dispatch.h), so the
+// rows name and time exactly what select_attn grants, and the default row is what users get.
+#include "app/bench/cuda_bench.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <random>
-#include <set>
+#include <stdexcept>
 
-#include "app/bench/cuda_bench.h"
 #include "engine/backend_cuda_impl.h"
 #include "engine/model.h"
 #include "kernels/attn_dispatch.h"
+#include "kernels/attn_heads.h"
 #include "kernels/fill.h"
 
 namespace ds {
@@ -31,16 +34,10 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// Median device time (CUDA events) of f over `reps` runs, after at least `warm` runs and at least warm_ms of them
+// (CudaBenchOptions::warmup_ms says why). f(i) gets the run's index.
 template <class F>
-double time_events(cudaStream_t s, int warm, int reps, F&& f) {
-  // At least `warm` runs and at least DS_BENCH_WARMUP_MS (default 1000) of them: on an H200 the speed of a
-  // ~1 ms kernel right after start-up depends on what ran before (clocks and power state settle over hundreds of
-  // ms: 23.4 vs 26.3 M tokens/s for the same attention launch after 3 warm-up runs, 2026-11-21), so every shape
-  // is timed in the steady state of running itself. The PyTorch peers are warmed the same way.
-  static const int warm_ms = [] {
-    const char* e = std::getenv("DS_BENCH_WARMUP_MS");
-    return e ? std::max(0, std::atoi(e)) : 1000;
-  }();
+double time_events(cudaStream_t s, int warm, int warm_ms, int reps, F&& f) {
   const auto t0 = Clock::now();
   for (int i = 0; i < warm || Clock::now() - t0 < std::chrono::milliseconds(warm_ms); ++i) {
     f(i);
@@ -91,34 +88,40 @@ std::vector<float> default_lambda(const ModelConfig& c) {
   return l;
 }
 
-json bench_attention(CudaBackend& cb, int repeat) {
+// The implementations the attention section compares with the default choice: every fused kernel. Generic (f32 on
+// CUDA cores, the tests' reference) runs only when the dispatcher picks it by default or --attn-kernel names it.
+constexpr kern::AttnImpl kFusedImpls[] = {kern::AttnImpl::Sm90, kern::AttnImpl::MmaBoth, kern::AttnImpl::MmaVsplit,
+                                          kern::AttnImpl::MmaLockstep};
+
+kern::AttnImpl parse_impl_option(const std::string& name) {
+  kern::AttnImpl impl = kern::AttnImpl::Auto;
+  if (!kern::parse_attn_impl(name, &impl) || impl == kern::AttnImpl::None) {
+    std::string names;
+    for (kern::AttnImpl i : kFusedImpls) names += std::string(kern::attn_impl_name(i)) + ", ";
+    throw std::invalid_argument("--attn-kernel: unknown kernel '" + name + "' (use auto, " + names + "or " +
+                                kern::attn_impl_name(kern::AttnImpl::Generic) + ")");
+  }
+  return impl;
+}
+
+// Causal differential attention at the peers' shapes (REFERENCE 5: independent K1, K2 per differential head, so
+// Hkv = H; V of 2d). Returns the timed rows (with the keys tools/run_cuda_suite.sh reads); `skipped` gets each
+// implementation the dispatcher refused for a shape, with its reason.
+json bench_attention(CudaBackend& cb, const CudaBenchOptions& o, json& skipped) {
   json rows = json::array();
+  skipped = json::array();
   cudaStream_t s = cb.stream();
-  std::printf("\n%-30s %6s %5s %10s %12s %10s\n", "attention (causal, bf16)", "n", "batch", "ms", "tokens/s",
-              "TFLOP/s");
+  const kern::AttnDevice dev = kern::query_attn_device(cb.device());
+  const bool only_one = !o.attn_kernel.empty();
+  const kern::AttnImpl only = only_one ? parse_impl_option(o.attn_kernel) : kern::AttnImpl::Auto;
+  std::printf("\n%-24s %4s %5s %6s %5s %10s %12s %8s\n", "attention (causal, bf16)", "d", "heads", "n", "batch", "ms",
+              "tokens/s", "TFLOP/s");
   struct Cfg {
     int diff_heads, d;
   };
-  struct Kind {
-    bool sm90;
-    int block_n;
-  };
-  // DS_BENCH_ATTN_KERNEL=mma or =wgmma times one kernel family only, DS_BENCH_ATTN_D=64 or =128 one head dim (A/B
-  // runs of one kernel).
-  const char* only_kernel = std::getenv("DS_BENCH_ATTN_KERNEL");
-  const std::string only = only_kernel ? only_kernel : "";
-  const char* only_d_env = std::getenv("DS_BENCH_ATTN_D");
-  const int only_d = only_d_env ? std::atoi(only_d_env) : 0;
-  std::vector<Kind> kinds;
-  const kern::AttnDevice dev = kern::query_attn_device(cb.device());
-  if (dev.sm90a && dev.tma && only != "mma") kinds = {Kind{true, 64}, Kind{true, 128}};
-  if (only != "wgmma") kinds.push_back({false, 64});
-  for (Kind kind : kinds)
   for (Cfg c : {Cfg{12, 128}, Cfg{16, 64}}) {
-    if ((kind.block_n != 64 && c.d != 64) || (only_d && c.d != only_d)) continue;
-    const bool sm90 = kind.sm90;
+    if (o.attn_d && c.d != o.attn_d) continue;
     for (auto [n, B] : {std::pair{2048, 8}, std::pair{4096, 4}, std::pair{8192, 2}, std::pair{16384, 1}}) {
-      // Like the peers: independent K1, K2 per differential head (Hkv = H), V of 2d.
       const int H = 2 * c.diff_heads, Hkv = H;
       const int64_t T = int64_t(n) * B, W = int64_t(H + 2 * Hkv) * c.d;
       DeviceBuffer in[2] = {DeviceBuffer(size_t(T * W) * 2, "benchmark inputs"),
@@ -127,6 +130,7 @@ json bench_attention(CudaBackend& cb, int repeat) {
       for (int k = 0; k < 2; ++k)
         DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(in[k].as<bf16>(), T * W, 100 + k, std::sqrt(3.f), s));
       kern::AttnParams p;
+      p.qkv = in[0].as<bf16>();
       p.row_stride = W;
       p.batch_stride = int64_t(n) * W;
       p.q_off = 0;
@@ -145,34 +149,53 @@ json bench_attention(CudaBackend& cb, int repeat) {
       p.out = out.as<bf16>();
       p.out_row_stride = int64_t(H) * c.d;
       p.out_batch_stride = int64_t(n) * H * c.d;
-      p.qkv = in[0].as<bf16>();
-      kern::AttnOptions opt;
-      opt.impl = sm90 ? kern::AttnImpl::Sm90 : c.d == 64 ? kern::AttnImpl::MmaBoth : kern::AttnImpl::MmaVsplit;
-      opt.block_n = kind.block_n;
-      const kern::AttnChoice choice = kern::select_attn(dev, kern::attn_shape(p), opt);
-      if (choice.impl == kern::AttnImpl::None) throw Error("attention benchmark: " + choice.why);
-      const double ms = time_events(s, 3, repeat, [&](int i) {
-        p.qkv = in[i & 1].as<bf16>();
-        DS_CUDA_CHECK(kern::launch_attn(choice, p, s));
-      });
-      const double flops = 12.0 * double(n) * n * c.d / 2.0 * c.diff_heads * B;
-      const double tflops = flops / ms / 1e9, toks = double(T) / ms * 1e3;
-      const std::string kname = sm90 ? (kind.block_n == 128 ? "sm90a wgmma bn128" : "sm90a wgmma") : "mma.sync";
-      json r = {{"name", "diffscope_diff_attn_fwd[" + kname + "]"}, {"kernel", kname}, {"diff_heads", c.diff_heads}, {"d", c.d},
-                {"n", n}, {"batch", B}, {"ms", ms}, {"tok_s", toks}, {"tflops", tflops}};
-      // which mma.sync schedule ran (1 lockstep, 2 V-split, 3 V-split with mbarriers, 4 both maps per warp;
-      // kernels/diff_attn_fwd.cu)
-      r["impl"] = kern::attn_impl_name(choice.impl);
-      std::printf("%-30s %6d %5d %10.3f %12.0f %10.1f\n",
-                  (std::string(sm90 ? (kind.block_n == 128 ? "wgmma/bn128" : "wgmma") : "mma.sync") + " d=" + std::to_string(c.d) + " h=" + std::to_string(c.diff_heads)).c_str(), n, B,
-                  ms, toks, tflops);
-      rows.push_back(r);
+      const kern::AttnShape shape = kern::attn_shape(p);
+      // What to time: the default choice first, then each other fused implementation the dispatcher grants.
+      std::vector<std::pair<kern::AttnChoice, bool /* default */>> runs;
+      auto consider = [&](kern::AttnImpl impl) {
+        kern::AttnOptions opt;
+        opt.impl = impl;
+        const kern::AttnChoice ch = kern::select_attn(dev, shape, opt);
+        if (ch.impl == kern::AttnImpl::None) {
+          skipped.push_back({{"impl", kern::attn_impl_name(impl)}, {"d", c.d}, {"diff_heads", c.diff_heads},
+                             {"n", n}, {"batch", B}, {"why", ch.why}});
+          if (only_one || n == 2048)  // printed for the first length of each head dim; the JSON has every shape
+            std::printf("  %s d=%d %dx%d not granted: %s\n", kern::attn_impl_name(impl), c.d, n, B, ch.why.c_str());
+          return;
+        }
+        for (const auto& r : runs)
+          if (r.first.impl == ch.impl) return;  // the default choice already times it
+        runs.push_back({ch, impl == kern::AttnImpl::Auto});
+      };
+      if (only_one) {
+        consider(only);
+      } else {
+        consider(kern::AttnImpl::Auto);
+        for (kern::AttnImpl impl : kFusedImpls) consider(impl);
+      }
+      for (const auto& [choice, is_default] : runs) {
+        const double ms = time_events(s, 3, o.warmup_ms, o.repeat, [&](int i) {
+          p.qkv = in[i & 1].as<bf16>();
+          DS_CUDA_CHECK(kern::launch_attn(choice, p, s));
+        });
+        const double flops = kern::attn_flops(true, c.diff_heads, c.d, n, B);
+        const double tflops = flops / ms / 1e9, toks = double(T) / ms * 1e3;
+        const std::string impl = kern::attn_impl_name(choice.impl);
+        const std::string label = impl + (is_default ? " (default)" : "");
+        rows.push_back({{"name", "diffscope_diff_attn_fwd[" + label + "]"}, {"kernel", label}, {"impl", impl},
+                        {"default", is_default}, {"why", choice.why}, {"block_n", choice.block_n},
+                        {"tile_major", choice.tile_major}, {"diff_heads", c.diff_heads}, {"d", c.d}, {"n", n},
+                        {"batch", B}, {"ms", ms}, {"tok_s", toks}, {"tflops", tflops}});
+        std::printf("%-24s %4d %5d %6d %5d %10.3f %12.0f %8.1f\n", label.c_str(), c.d, c.diff_heads, n, B, ms, toks,
+                    tflops);
+        if (is_default) std::printf("  why: %s\n", choice.why.c_str());
+      }
     }
   }
   return rows;
 }
 
-json bench_model_prefill(CudaBackend& b, int repeat, const std::string& label) {
+json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::string& label) {
   json rows = json::array();
   const ModelConfig& c = b.config();
   const std::vector<float> lam = default_lambda(c);
@@ -185,7 +208,7 @@ json bench_model_prefill(CudaBackend& b, int repeat, const std::string& label) {
     std::vector<int32_t> ids(size_t(n) * B);
     for (auto& x : ids) x = tok(rng);
     b.set_profiling(false);
-    const double ms = time_events(b.stream(), 2, repeat, [&](int) { b.run(ids.data(), B, n, lam, 0, true, true); });
+    const double ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) { b.run(ids.data(), B, n, lam, 0, true, true); });
     std::vector<double> wall;
     for (int i = 0; i < std::max(3, repeat / 2); ++i) {
       const auto t0 = Clock::now();
@@ -272,22 +295,36 @@ json bench_lambda(CudaBackend& b, int repeat) {
 
 }  // namespace
 
-json run_cuda_benchmarks(const std::vector<std::string>& args, const std::string& model_dir) {
-  std::set<std::string> only;
-  int repeat = 20;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--only" && i + 1 < args.size()) only.insert(args[++i]);
-    else if (args[i] == "--repeat" && i + 1 < args.size()) repeat = std::max(1, std::stoi(args[++i]));
-    else throw Error("diffscope-bench --backend cuda: unknown argument '" + args[i] + "' (--only attention|model|lambda, --repeat N)");
-  }
-  auto want = [&](const char* k) { return only.empty() || only.count(k); };
+void check_cuda_bench_options(const CudaBenchOptions& o) {
+  for (const std::string& k : o.only)
+    if (!cuda_bench_sections().count(k)) {
+      std::string names;
+      for (const std::string& n : cuda_bench_sections()) names += (names.empty() ? "" : ", ") + n;
+      throw std::invalid_argument("--only: unknown section '" + k + "' (use " + names + ")");
+    }
+  if (!o.attn_kernel.empty()) parse_impl_option(o.attn_kernel);
+  if (o.attn_d != 0 && o.attn_d != 64 && o.attn_d != 128) throw std::invalid_argument("--attn-d must be 64 or 128");
+  if (o.repeat < 1) throw std::invalid_argument("--repeat must be positive");
+  if (o.warmup_ms < 0) throw std::invalid_argument("--warmup-ms must be 0 or more");
+}
+
+json run_cuda_benchmarks(const CudaBenchOptions& o) {
+  check_cuda_bench_options(o);
+  auto want = [&](const char* k) { return o.only.empty() || o.only.count(k); };
+  const int model_repeat = std::max(3, o.repeat / 2);
   auto backend = make_cuda_backend();
   CudaBackend& b = cuda::as_cuda(*backend);
   json r;
   r["device"] = b.device_name();
+  r["repeat"] = o.repeat;
+  r["warmup_ms"] = o.warmup_ms;
   std::printf("device: %s\n", b.device_name().c_str());
   // Attention first: the GEMM peak measurement (autotuning 8192^3 GEMMs at full power) slows what follows it.
-  if (want("attention")) r["attention"] = bench_attention(b, repeat);
+  if (want("attention")) {
+    json skipped;
+    r["attention"] = bench_attention(b, o, skipped);
+    r["attention_skipped"] = skipped;
+  }
   const double peak = b.gemm_peak_tflops();
   r["gemm_bf16_tflops"] = peak;
   std::printf("\ncuBLASLt bf16 GEMM 8192^3 (autotuned): %.1f TFLOP/s\n", peak);
@@ -302,15 +339,15 @@ json run_cuda_benchmarks(const std::vector<std::string>& args, const std::string
   if (want("model") || want("lambda")) {
     b.load_random(kajuma_shape(), 1);
     r["model_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";
-    if (want("model")) r["model"] = bench_model_prefill(b, std::max(3, repeat / 2), "diffscope_cuda_prefill[kajuma]");
-    if (want("lambda")) r["lambda"] = bench_lambda(b, repeat);
+    if (want("model")) r["model"] = bench_model_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[kajuma]");
+    if (want("lambda")) r["lambda"] = bench_lambda(b, o.repeat);
   }
-  if (!model_dir.empty()) {
-    auto m = load_model(model_dir);
+  if (!o.model_dir.empty()) {
+    auto m = load_model(o.model_dir);
     b.load(*m, nullptr);
     m.reset();
-    r["given_model"] = model_dir;
-    r["given_model_prefill"] = bench_model_prefill(b, std::max(3, repeat / 2), "diffscope_cuda_prefill[given]");
+    r["given_model"] = o.model_dir;
+    r["given_model_prefill"] = bench_model_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[given]");
   }
   return r;
 }

@@ -1,6 +1,8 @@
-// diffscope-bench: benchmarks with a table on stdout and JSON out.
+// diffscope-bench: benchmarks with a table on stdout and JSON out. Every option is parsed here (kUsage lists them);
+// exit status 0 ok, 2 bad arguments, 3 a benchmark failed.
 //   --backend cpu   CPU prefill tokens/s of a model (the given --model, else a synthetic ~5M-parameter DiffLlama)
-//   --backend cuda  the CUDA suite (attention kernel vs peers' shapes, whole-model prefill, lambda-change latency)
+//   --backend cuda  the CUDA suite (cuda_bench.h: attention kernels at the peers' shapes, whole-model prefill,
+//                   lambda-change latency)
 //   --tokenizer F   tokenizer encode speed on ~1 MB of mixed text
 #include <algorithm>
 #include <chrono>
@@ -9,19 +11,18 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "app/bench/cuda_bench.h"
 #include "app/bench/synthetic_model.h"
 #include "engine/error.h"
 #include "engine/session.h"
 #if __has_include("app/bench/tokenizer_bench.h")
 #include "app/bench/tokenizer_bench.h"
 #define DS_HAVE_TOKENIZER_BENCH 1
-#endif
-#ifdef DS_HAVE_CUDA
-#include "app/bench/cuda_bench.h"
 #endif
 
 namespace {
@@ -31,15 +32,31 @@ using Clock = std::chrono::steady_clock;
 const char* kUsage =
     "usage: diffscope-bench [--backend cpu|cuda] [--model DIR] [--tokens N] [--repeat R] [--threads T]\n"
     "                       [--tokenizer FILE] [--soak RUNS] [--json OUT.json]\n"
-    "  --backend cpu    prefill benchmark on the CPU backend (default)\n"
-    "  --backend cuda   CUDA suite: fused attention, whole-model prefill, lambda-change latency\n"
-    "  --model DIR      model to time (default: a synthetic ~5M-parameter DiffLlama written to a temp folder)\n"
-    "  --tokens N       prompt length (default 256)\n"
-    "  --repeat R       timed runs; the median is reported (default 10)\n"
-    "  --tokenizer F    also time tokenizer encoding of ~1 MB of mixed text with F\n"
-    "  --soak RUNS      RUNS runs of random prompts (up to --tokens long), lambda changes and map requests on\n"
-    "                   --model with the chosen backend; reports errors and memory (RSS, device) over the runs\n"
-    "  --json FILE      write all results as JSON\n";
+    "                       [--only SECTION]... [--attn-kernel NAME] [--attn-d 64|128] [--warmup-ms N]\n"
+    "  --backend cpu        prefill benchmark on the CPU backend (default)\n"
+    "  --backend cuda       CUDA suite: fused attention, whole-model prefill, lambda-change latency\n"
+    "  --model DIR          model to time (cpu default: a synthetic ~5M-parameter DiffLlama written to a temp\n"
+    "                       folder; cuda: the prefill benchmark also runs on DIR)\n"
+    "  --tokens N           prompt length for cpu and --soak (default 256)\n"
+    "  --repeat R           timed runs; the median is reported (default 10 on cpu, 20 on cuda)\n"
+    "  --threads T          CPU threads (default: all cores)\n"
+    "  --tokenizer F        also time tokenizer encoding of ~1 MB of mixed text with F\n"
+    "  --soak RUNS          RUNS runs of random prompts (up to --tokens long), lambda changes and map requests on\n"
+    "                       --model with the chosen backend; reports errors and memory (RSS, device) over the runs\n"
+    "  --json FILE          write all results as JSON\n"
+    "options of --backend cuda:\n"
+    "  --only SECTION       run only this section; repeat the option for several (default: all):\n"
+    "                         attention  fused causal differential attention, bf16, 12 heads d=128 and 16 heads\n"
+    "                                    d=64 at 2K x 8, 4K x 4, 8K x 2, 16K x 1 tokens\n"
+    "                         model      whole-model prefill, next-token logits, random weights shaped like\n"
+    "                                    kajuma/DiffLlama-0.3B-handcut, 1 x 1024, 1 x 2048, 8 x 2048 tokens\n"
+    "                         lambda     a lambda change at a 1024-token prompt\n"
+    "  --attn-kernel NAME   attention: time only NAME: wgmma, mma-both, mma-vsplit, mma-lockstep, generic, or\n"
+    "                       auto (only the default choice). Default: the kernel the dispatcher picks by default\n"
+    "                       and every other fused kernel it grants for the shape\n"
+    "  --attn-d D           attention: only head dim D, 64 or 128 (default: both)\n"
+    "  --warmup-ms N        run each row's work for at least N ms (and at least 2-3 times) before timing it, so\n"
+    "                       that it is timed in its steady state (default 1000; 0: only the 2-3 runs)\n";
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -183,8 +200,10 @@ nlohmann::json bench_soak(const std::string& model, const std::string& backend, 
 int main(int argc, char** argv) {
   std::string backend = "cpu", model, json_out, tokenizer;
   int64_t tokens = 256;
-  int repeat = 10, threads = 0, soak = 0;
-  std::vector<std::string> rest;
+  int threads = 0, soak = 0;
+  std::optional<int> repeat;  // unset: the backend's default
+  ds::CudaBenchOptions cuda_opt;
+  bool cuda_opt_given = false;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string k = argv[i];
@@ -203,10 +222,22 @@ int main(int argc, char** argv) {
       else if (k == "--json") json_out = val();
       else if (k == "--tokenizer") tokenizer = val();
       else if (k == "--soak") soak = std::stoi(val());
-      else rest.push_back(k);
+      else if (k == "--only") cuda_opt.only.insert(val()), cuda_opt_given = true;
+      else if (k == "--attn-kernel") cuda_opt.attn_kernel = val(), cuda_opt_given = true;
+      else if (k == "--attn-d") cuda_opt.attn_d = std::stoi(val()), cuda_opt_given = true;
+      else if (k == "--warmup-ms") cuda_opt.warmup_ms = std::stoi(val()), cuda_opt_given = true;
+      else throw std::invalid_argument("unknown argument '" + k + "'");
     }
     if (backend != "cpu" && backend != "cuda") throw std::invalid_argument("--backend must be cpu or cuda");
-    if (tokens < 1 || repeat < 1) throw std::invalid_argument("--tokens and --repeat must be positive");
+    if (tokens < 1 || (repeat && *repeat < 1))
+      throw std::invalid_argument("--tokens and --repeat must be positive");
+    if (cuda_opt_given && (backend != "cuda" || soak > 0))
+      throw std::invalid_argument("--only, --attn-kernel, --attn-d and --warmup-ms are options of --backend cuda");
+    if (repeat) cuda_opt.repeat = *repeat;
+    cuda_opt.model_dir = model;
+#ifdef DS_HAVE_CUDA
+    if (backend == "cuda") ds::check_cuda_bench_options(cuda_opt);
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "diffscope-bench: %s\n%s", e.what(), kUsage);
     return 2;
@@ -223,10 +254,10 @@ int main(int argc, char** argv) {
       if (model.empty()) throw ds::Error("--soak needs --model DIR");
       all["soak"] = bench_soak(model, backend, soak, tokens);
     } else if (backend == "cpu") {
-      all["cpu"] = bench_cpu(model, tokens, repeat, threads);
+      all["cpu"] = bench_cpu(model, tokens, repeat.value_or(10), threads);
     } else {
 #ifdef DS_HAVE_CUDA
-      all["cuda"] = ds::run_cuda_benchmarks(rest, model);
+      all["cuda"] = ds::run_cuda_benchmarks(cuda_opt);
 #else
       throw ds::Error("this build has no CUDA backend");
 #endif
