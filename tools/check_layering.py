@@ -129,8 +129,8 @@ def main():
     bad = check_includes(a.source) + (check_symbols(libs) if libs else [])
     for b in bad:
         print("layering:", b)
-    print(f"layering: {'FAILED, ' + str(len(bad)) + ' arrow(s) point up or sideways' if bad else 'every arrow points down'}"
-          f" ({len(libs)} libraries checked)")
+    verdict = f"FAILED, {len(bad)} arrow(s) point up or sideways" if bad else "every arrow points down"
+    print(f"layering: {verdict} ({len(libs)} libraries checked)")
     return 1 if bad else 0
 
 

@@ -2,7 +2,7 @@
 // exit status 0 ok, 2 bad arguments, 3 a benchmark failed.
 //   --backend cpu   CPU prefill tokens/s of a model (the given --model, else a synthetic ~5M-parameter DiffLlama)
 //   --backend cuda  the CUDA suite (cuda_bench.h: attention kernels at the peers' shapes, whole-model prefill,
-//                   lambda-change latency)
+//                   lambda-change latency, the paper's Table 7)
 //   --tokenizer F   tokenizer encode speed on ~1 MB of mixed text
 #include <algorithm>
 #include <chrono>
@@ -34,7 +34,7 @@ const char* kUsage =
     "                       [--tokenizer FILE] [--soak RUNS] [--json OUT.json]\n"
     "                       [--only SECTION]... [--attn-kernel NAME] [--attn-d 64|128] [--warmup-ms N]\n"
     "  --backend cpu        prefill benchmark on the CPU backend (default)\n"
-    "  --backend cuda       CUDA suite: fused attention, whole-model prefill, lambda-change latency\n"
+    "  --backend cuda       CUDA suite: fused attention, whole-model prefill, lambda-change latency, Table 7\n"
     "  --model DIR          model to time (cpu default: a synthetic ~5M-parameter DiffLlama written to a temp\n"
     "                       folder; cuda: the prefill benchmark also runs on DIR)\n"
     "  --tokens N           prompt length for cpu and --soak (default 256)\n"
@@ -51,6 +51,10 @@ const char* kUsage =
     "                         model      whole-model prefill, next-token logits, random weights shaped like\n"
     "                                    kajuma/DiffLlama-0.3B-handcut, 1 x 1024, 1 x 2048, 8 x 2048 tokens\n"
     "                         lambda     a lambda change at a 1024-token prompt\n"
+    "                         table7     the paper's Table 7: forward throughput (next-token logits) of a 3B\n"
+    "                                    DIFF model (12 differential heads of 128) against its Transformer twin\n"
+    "                                    (24 heads of 128) at 2K x 8 and 4K x 4 tokens, random bf16 weights;\n"
+    "                                    28 layers, MLP 8192, vocab 100288 are assumed (the JSON says so)\n"
     "  --attn-kernel NAME   attention: time only NAME: wgmma, mma-both, mma-vsplit, mma-lockstep, generic, or\n"
     "                       auto (only the default choice). Default: the kernel the dispatcher picks by default\n"
     "                       and every other fused kernel it grants for the shape\n"
