@@ -1,10 +1,10 @@
 // The CUDA benchmark suite of diffscope-bench (cuda_bench.h): fused attention at the peers' shapes, whole-model
-// prefill on random weights generated on the GPU, lambda-change latency, and the seed's Table 7 (a 3B DIFF model
-// against its Transformer twin). Device time is measured with CUDA
-// events around the work (as the PyTorch peers in bench/peers/ do), medians over `repeat` runs after warm-up;
-// inputs are random (never zeros), and the attention inputs rotate over two buffers so repeated runs do not time
-// the L2 cache. The attention kernels are reached only through the dispatcher (kernels/attn_dispatch.h), so the
-// rows name and time exactly what select_attn grants, and the default row is what users get.
+// prefill on random weights generated on the GPU, lambda-change latency, and the paper's Table 7 (a 3B DIFF model
+// against its Transformer twin). Device time is measured with CUDA events around the work (as the PyTorch peers in
+// bench/peers/ do), medians over `repeat` runs after warm-up; inputs are random (never zeros), and the attention
+// inputs rotate over two buffers so repeated runs do not time the L2 cache. The attention kernels are reached only
+// through the dispatcher (kernels/attn_dispatch.h), so the rows name and time exactly what select_attn grants, and
+// the default row is what users get.
 #include "app/bench/cuda_bench.h"
 
 #include <algorithm>
@@ -59,7 +59,7 @@ double time_events(cudaStream_t s, int warm, int warm_ms, int reps, F&& f) {
   return median(t);
 }
 
-// kajuma/DiffLlama-0.3B-handcut (REFERENCE 2a)
+// kajuma/DiffLlama-0.3B-handcut (its config.json: https://huggingface.co/kajuma/DiffLlama-0.3B-handcut)
 ModelConfig kajuma_shape() {
   ModelConfig c;
   c.arch = Arch::DiffLlama;
@@ -105,9 +105,9 @@ kern::AttnImpl parse_impl_option(const std::string& name) {
   return impl;
 }
 
-// Causal differential attention at the peers' shapes (REFERENCE 5: independent K1, K2 per differential head, so
-// Hkv = H; V of 2d). Returns the timed rows (with the keys tools/run_cuda_suite.sh reads); `skipped` gets each
-// implementation the dispatcher refused for a shape, with its reason.
+// Causal differential attention at the peers' shapes (bench/peers/peer_baseline.py: independent K1, K2 per
+// differential head, so Hkv = H; V of 2d). Returns the timed rows (with the keys tools/run_cuda_suite.sh reads);
+// `skipped` gets each implementation the dispatcher refused for a shape, with its reason.
 json bench_attention(CudaBackend& cb, const CudaBenchOptions& o, json& skipped) {
   json rows = json::array();
   skipped = json::array();
@@ -295,21 +295,18 @@ json bench_lambda(CudaBackend& b, int repeat) {
           {"maps_bytes_to_host", double(maps.a1.size() + maps.a2.size()) * 4}};
 }
 
-}  // namespace
-
-// --- Table 7 of the seed: the Differential Transformer paper (Ye et al. 2024, arXiv 2410.05258, appendix A, p. 15;
-// seeds/001_df779d8448efa7c8.txt lines 80-94) compares the forward throughput of a 3B DIFF Transformer with 12 heads
-// against a Transformer with 24 heads, both of head dim 128, on an H100-80GB with their own FlashAttention-2-based
-// kernels. The seed gives neither depth, MLP width, vocabulary nor batch; those are the values REFERENCE 5a ran
-// transformers with (kTable7Assumed).
+// --- Table 7 of the Differential Transformer paper (Ye et al. 2024, https://arxiv.org/abs/2410.05258, appendix A,
+// p. 15) compares the forward throughput of a 3B DIFF Transformer with 12 heads against a Transformer with 24 heads,
+// both of head dim 128, on an H100-80GB with their own FlashAttention-2-based kernels. The text gives neither depth,
+// MLP width, vocabulary nor batch; kTable7Assumed says what this section assumes (the shape of the project's first
+// transformers measurement of the table, 2026-11-23).
 
 constexpr const char* kTable7Source =
-    "Differential Transformer (Ye et al. 2024, arXiv 2410.05258), appendix A, Table 7, p. 15 "
-    "(seeds/001_df779d8448efa7c8.txt lines 80-94): 3B models, DIFF 12 heads vs Transformer 24 heads, head dim 128, "
-    "forward tokens/s on an H100-80GB";
+    "Differential Transformer (Ye et al. 2024, https://arxiv.org/abs/2410.05258), appendix A, Table 7, p. 15: "
+    "3B models, DIFF 12 heads vs Transformer 24 heads, head dim 128, forward tokens/s on an H100-80GB";
 constexpr const char* kTable7Assumed =
-    "not in the seed, assumed as in REFERENCE 5a: 28 layers, MLP 8192, vocab 100288, untied lm_head, kv heads = "
-    "heads (MHA), batch 8 x 2K and 4 x 4K tokens; rope theta 10000, rms eps 1e-5";
+    "not stated with Table 7, so assumed: 28 layers, MLP 8192, vocab 100288, untied lm_head, kv heads = heads "
+    "(MHA), batch 8 x 2K and 4 x 4K tokens; rope theta 10000, rms eps 1e-5";
 
 struct Table7Row {
   int n, batch;
@@ -421,6 +418,8 @@ json bench_table7(CudaBackend& b, const CudaBenchOptions& o, int repeat) {
           {"repeat", repeat},
           {"rows", rows}};
 }
+
+}  // namespace
 
 void check_cuda_bench_options(const CudaBenchOptions& o) {
   for (const std::string& k : o.only)

@@ -5,10 +5,10 @@
 //              and every other fused kernel it grants for the shape; ms, tokens/s, TFLOP/s (12 n^2 d per head,
 //              halved for causal), fraction of the cuBLAS bf16 GEMM peak measured in the same process
 //   model      whole-model prefill (next-token logits only) on random bf16 weights generated on the GPU, shaped
-//              like kajuma/DiffLlama-0.3B-handcut (REFERENCE 2a), 1 x 1024, 1 x 2048 and 8 x 2048 tokens
+//              like kajuma/DiffLlama-0.3B-handcut (huggingface.co), 1 x 1024, 1 x 2048 and 8 x 2048 tokens
 //   lambda     lambda change at a 1024-token prompt: recompute from the middle layer, that layer's map statistics
 //              on the GPU, next-token probabilities (and the same with all maps of the layer copied to the host)
-//   table7     the seed's Table 7 (Differential Transformer paper, p. 15): forward throughput with next-token logits
+//   table7     Table 7 of the Differential Transformer paper (p. 15): forward throughput with next-token logits
 //              of a 3B DIFF model (DiffLlama, 12 differential heads of d = 128) against its Transformer twin (Llama,
 //              24 heads of 128), random bf16 weights, 2K x 8 and 4K x 4 tokens; ms, tokens/s, DIFF/Transformer
 //              ratio beside the paper's (depth, MLP width and vocabulary are assumptions the JSON states)

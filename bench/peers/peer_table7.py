@@ -1,23 +1,23 @@
-"""The seed's Table 7 with transformers: forward throughput of a 3B DIFF model (DiffLlamaForCausalLM, 24 query heads
-of 128 = 12 differential heads) against its Transformer twin (LlamaForCausalLM, 24 heads of 128), random init, bf16,
-sdpa, next-token logits (logits_to_keep=1), at 2K x 8 and 4K x 4 tokens. The peer of diffscope-bench --backend cuda
---only table7: same shapes, same JSON keys under "table7", the same warm-up (at least --warmup-ms of runs, then the
-median of --repeat runs timed with CUDA events).
+"""Table 7 of the Differential Transformer paper in transformers: a 3B DIFF model against its Transformer twin.
 
-Paper (Ye et al. 2024, arXiv 2410.05258, appendix A, Table 7, p. 15; seeds/001_df779d8448efa7c8.txt lines 80-94):
-3B models, 12 DIFF heads vs 24 Transformer heads, d = 128, H100-80GB. The seed gives no depth, MLP width, vocabulary
-or batch: 28 layers, MLP 8192 and vocab 100288 are REFERENCE 5a's assumption. One model is on the GPU at a time
-(3.8 B parameters are 7.6 GB in bf16). Writes $OUT/peer_table7.json (OUT defaults to /tmp)."""
+Forward throughput of DiffLlamaForCausalLM (24 query heads of 128 = 12 differential heads) and LlamaForCausalLM (24
+heads of 128), random init, bf16, sdpa, next-token logits (logits_to_keep=1), at 2K x 8 and 4K x 4 tokens. The peer of
+diffscope-bench --backend cuda --only table7: same shapes, same JSON keys under "table7", the same warm-up (at least
+--warmup-ms of runs, then the median of --repeat runs timed with CUDA events).
+
+Paper (Ye et al. 2024, https://arxiv.org/abs/2410.05258, appendix A, Table 7, p. 15): 3B models, 12 DIFF heads vs
+24 Transformer heads, d = 128, H100-80GB. Table 7's text gives no depth, MLP width, vocabulary or batch: 28 layers,
+MLP 8192 and vocab 100288 are assumed (ASSUMED, as in diffscope-bench). One model is on the GPU at a time (3.8 B
+parameters are 7.6 GB in bf16). Writes $OUT/peer_table7.json (OUT defaults to /tmp)."""
 import argparse, gc, json, os, time
 import torch
 import transformers
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM
 
-SOURCE = ("Differential Transformer (Ye et al. 2024, arXiv 2410.05258), appendix A, Table 7, p. 15 "
-          "(seeds/001_df779d8448efa7c8.txt lines 80-94): 3B models, DIFF 12 heads vs Transformer 24 heads, "
-          "head dim 128, forward tokens/s on an H100-80GB")
-ASSUMED = ("not in the seed, assumed as in REFERENCE 5a: 28 layers, MLP 8192, vocab 100288, untied lm_head, kv heads = "
-           "heads (MHA), batch 8 x 2K and 4 x 4K tokens; rope theta 10000, rms eps 1e-5")
+SOURCE = ("Differential Transformer (Ye et al. 2024, https://arxiv.org/abs/2410.05258), appendix A, Table 7, p. 15: "
+          "3B models, DIFF 12 heads vs Transformer 24 heads, head dim 128, forward tokens/s on an H100-80GB")
+ASSUMED = ("not stated with Table 7, so assumed: 28 layers, MLP 8192, vocab 100288, untied lm_head, kv heads = heads "
+           "(MHA), batch 8 x 2K and 4 x 4K tokens; rope theta 10000, rms eps 1e-5")
 SHAPE = dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=24, head_dim=128,
              intermediate_size=8192, vocab_size=100288, tie_word_embeddings=False, max_position_embeddings=4096,
              rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
