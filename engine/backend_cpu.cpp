@@ -14,7 +14,7 @@
 #include <thread>
 #include <unistd.h>
 
-#include "backend.h"
+#include "backend_cpu.h"
 #include "error.h"
 #include "kernels/attn_heads.h"
 #include "rope.h"

@@ -90,8 +90,8 @@ fi
 
 if has bench; then
   log "## diffscope CUDA benchmarks"
-  timeout 240 "$DS/bin/diffscope-bench" --backend cuda --json "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/bench.log" | tail -40
-  tail -30 "$OUT/bench.log" >> "$SUMMARY"
+  timeout 480 "$DS/bin/diffscope-bench" --backend cuda --json "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/bench.log" | tail -70
+  tail -60 "$OUT/bench.log" >> "$SUMMARY"
 fi
 
 # The whole-model benchmark again with the GEMMs on cuBLASLt's first heuristic choice (no autotuning): what the
@@ -142,11 +142,11 @@ if has ncu; then
   for spec in "2048x8 3"; do
     set -- $spec
     log "## ncu: attn_fwd_sm90, d = 128, $1"
-    DS_BENCH_WARMUP_MS=0 timeout 200 "$NCU" --clock-control none -k regex:attn_fwd_sm90 --launch-skip "$2" --launch-count 1 \
+    timeout 200 "$NCU" --clock-control none -k regex:attn_fwd_sm90 --launch-skip "$2" --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section LaunchStats --section Occupancy --section SchedulerStats \
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
-      "$DS/bin/diffscope-bench" --backend cuda --only attention --repeat 1 >"$OUT/ncu_$1.txt" 2>&1
+      "$DS/bin/diffscope-bench" --backend cuda --only attention --attn-kernel auto --warmup-ms 0 --repeat 1 >"$OUT/ncu_$1.txt" 2>&1
     log "ncu exit $?"
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|L2 Hit|Executed Ipc|Registers|Warp Cycles Per Issued|No Eligible|Eligible Warps|Active Warps Per|Pipe|smsp__average_warps_issue_stalled" "$OUT/ncu_$1.txt" \
       | grep -vE "stalled_[a-z_]+_per_issue_active\.ratio +[a-z/]* +0(\.0+)?$" | head -60 | tee -a "$SUMMARY"
@@ -201,6 +201,7 @@ if has peers; then
   log "## PyTorch peers"
   timeout 300 python3 bench/peers/peer_baseline.py >"$OUT/peers.log" 2>&1; log "peer_baseline exit $?"
   timeout 200 python3 bench/peers/peer_model_keep1.py >>"$OUT/peers.log" 2>&1; log "peer_model_keep1 exit $?"
+  timeout 300 python3 bench/peers/peer_table7.py >>"$OUT/peers.log" 2>&1; log "peer_table7 exit $?"
 fi
 
 if has compare; then
@@ -244,6 +245,19 @@ for r in c.get("model", []):
     if r.get("kernels"):
         print(f"  {r['n']} x {r['batch']} per kernel (profiled run, ms): " +
               ", ".join(f"{k['name']} {k['total_ms']:.2f}" for k in r["kernels"]))
+t7, p7 = c.get("table7"), (load("peer_table7.json") or {}).get("table7")
+if t7:
+    print(f"\n### Table 7: 3B DIFF vs its Transformer twin, forward tokens/s (next-token logits; {t7.get('assumed', '')})")
+    print("| n x batch | diffscope DIFF | diffscope Transformer | DIFF/Transformer | transformers DIFF | transformers Transformer | ratio | diffscope/transformers (DIFF, Transformer) | paper DIFF / Transformer (ratio) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    prows = {(r["n"], r["batch"]): r for r in (p7 or {}).get("rows", [])}
+    for r in t7.get("rows", []):
+        p = prows.get((r["n"], r["batch"]), {})
+        f = lambda x: f"{x:,.0f}" if x else "-"
+        sp = f"{r['diff_tok_s'] / p['diff_tok_s']:.2f}x, {r['transformer_tok_s'] / p['transformer_tok_s']:.2f}x" if p else "-"
+        print(f"| {r['n']} x {r['batch']} | {f(r['diff_tok_s'])} | {f(r['transformer_tok_s'])} | {r['ratio']:.3f} | "
+              f"{f(p.get('diff_tok_s'))} | {f(p.get('transformer_tok_s'))} | {p.get('ratio', 0):.3f} | {sp} | "
+              f"{f(r.get('paper_diff_tok_s'))} / {f(r.get('paper_transformer_tok_s'))} ({r.get('paper_ratio', 0):.3f}) |")
 lam = c.get("lambda")
 if lam:
     print(f"\nlambda change (n={lam['n']}, from layer {lam['from_layer']}): forward {lam['forward_ms']:.2f} ms, "
