@@ -283,16 +283,17 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
   }
 }
 
-// V-split P V: this warp's column half [map * D, map * D + D) of both maps, from its own P (pa) and its partner's
-// (po): every V fragment read with ldmatrix feeds two mma.sync.
-template <int D, bool HOLD>
-__device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
+// P V over the column half [half * D, half * D + D) of the 2d-wide V tile. V-split (BOTH): both maps, from this
+// warp's own P (pa) and its partner's (po), so every V fragment read with ldmatrix feeds two mma.sync. Plain heads
+// (!BOTH): one head against its d-wide V half (acc_oth and po unused).
+template <int D, bool HOLD, bool BOTH>
+__device__ __forceinline__ void warp_pv_cols(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
                                              const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
-                                             const bf16* sV, int map, int lane) {
-  // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks map * D / 8 + 2 nn + lane / 16
+                                             const bf16* sV, int half, int lane) {
+  // this lane reads rows kk * 16 + lane % 8 + 8 (lane / 8 % 2), chunks half * D / 8 + 2 nn + lane / 16
   using L = SwzLayout<2 * D>;
   const uint32_t v_base = smem_addr(sV);
-  const LaneChunks<L, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, map * D / 8 + (lane >> 4));
+  const LaneChunks<L, HOLD> vc((lane & 7) + ((lane >> 3) & 1) * 8, half * D / 8 + (lane >> 4));
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -301,27 +302,22 @@ __device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (
       ldmatrix_x4_trans(bb, v_base + kk * 16 * L::ROW + (nn >> 2) * L::GROUP + vc.at(nn & 3));
       mma_16816(acc_own[2 * nn], pa[kk], bb[0], bb[1]);
       mma_16816(acc_own[2 * nn + 1], pa[kk], bb[2], bb[3]);
-      mma_16816(acc_oth[2 * nn], po[kk], bb[0], bb[1]);
-      mma_16816(acc_oth[2 * nn + 1], po[kk], bb[2], bb[3]);
+      if constexpr (BOTH) {
+        mma_16816(acc_oth[2 * nn], po[kk], bb[0], bb[1]);
+        mma_16816(acc_oth[2 * nn + 1], po[kk], bb[2], bb[3]);
+      }
     }
 }
-
-// Plain heads: P V of one head over its d-wide half `half` of the 2d-wide V tile.
+template <int D, bool HOLD>
+__device__ __forceinline__ void warp_pv_both(float (&acc_own)[D / 8][4], float (&acc_oth)[D / 8][4],
+                                             const uint32_t (&pa)[BN / 16][4], const uint32_t (&po)[BN / 16][4],
+                                             const bf16* sV, int half, int lane) {
+  warp_pv_cols<D, HOLD, true>(acc_own, acc_oth, pa, po, sV, half, lane);
+}
 template <int D>
 __device__ __forceinline__ void warp_pv_half(float (&acc)[D / 8][4], const uint32_t (&pa)[BN / 16][4], const bf16* sV,
                                              int half, int lane) {
-  using L = SwzLayout<2 * D>;
-  const uint32_t v_base = smem_addr(sV);
-  const LaneChunks<L, false> vc((lane & 7) + ((lane >> 3) & 1) * 8, half * D / 8 + (lane >> 4));
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-    for (int nn = 0; nn < D / 16; ++nn) {
-      uint32_t bb[4];
-      ldmatrix_x4_trans(bb, v_base + kk * 16 * L::ROW + (nn >> 2) * L::GROUP + vc.at(nn & 3));
-      mma_16816(acc[2 * nn], pa[kk], bb[0], bb[1]);
-      mma_16816(acc[2 * nn + 1], pa[kk], bb[2], bb[3]);
-    }
+  warp_pv_cols<D, false, false>(acc, acc, pa, pa, sV, half, lane);
 }
 
 // Plain heads' epilogue: O/l of this warp's 16 rows of one head, stored from column col0.
