@@ -11,13 +11,17 @@ BackendChoice parse_backend_choice(const std::string& s) {
   if (s == "auto") return BackendChoice::Auto;
   if (s == "cpu") return BackendChoice::Cpu;
   if (s == "cuda") return BackendChoice::Cuda;
-  throw Error("unknown backend '" + s + "' (use cpu, cuda or auto)");
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() <= 8 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos)
+    return {BackendChoice::Kind::Cuda, std::stoi(s.substr(5))};
+  throw Error("unknown backend '" + s + "' (use cpu, cuda, cuda:N for GPU N, or auto)");
 }
 
 std::unique_ptr<Backend> make_backend(BackendChoice choice, int cpu_threads) {
   std::string why;
-  if (choice == BackendChoice::Cuda || (choice == BackendChoice::Auto && cuda_backend_available(&why)))
-    return make_cuda_backend();
+  if (choice.kind == BackendChoice::Kind::Cuda ||
+      (choice.kind == BackendChoice::Kind::Auto && cuda_backend_available(&why, choice.device)))
+    return make_cuda_backend(choice.device);
   return make_cpu_backend(cpu_threads);
 }
 

@@ -267,3 +267,21 @@ TEST(CorruptInput, FileTruncatedAfterOpenGivesErrorNotSigbus) {
 }
 
 }  // namespace
+
+// Backend names: cpu, cuda, cuda:N (GPU N), auto; anything else is an error naming the value.
+TEST(CorruptInput, BackendNames) {
+  EXPECT_EQ(ds::parse_backend_choice("cpu"), ds::BackendChoice::Cpu);
+  EXPECT_EQ(ds::parse_backend_choice("auto"), ds::BackendChoice::Auto);
+  EXPECT_EQ(ds::parse_backend_choice("cuda"), ds::BackendChoice::Cuda);
+  const ds::BackendChoice gpu1 = ds::parse_backend_choice("cuda:1");
+  EXPECT_EQ(gpu1.kind, ds::BackendChoice::Kind::Cuda);
+  EXPECT_EQ(gpu1.device, 1);
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:123456", "CPU", ""}) {
+    try {
+      ds::parse_backend_choice(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ds::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}

@@ -4,6 +4,9 @@
 #include <climits>
 #include <cmath>
 
+#include "engine/backends.h"
+#include "engine/error.h"
+
 namespace ds::cli {
 
 const char* kUsage =
@@ -13,7 +16,7 @@ const char* kUsage =
     "  --model DIR            Hugging Face model folder (config.json + *.safetensors)\n"
     "  --prompt TEXT          prompt text (needs the folder's tokenizer.json / tokenizer.model)\n"
     "  --token-ids LIST       comma-separated token ids instead of a prompt\n"
-    "  --backend cpu|cuda|auto  compute backend (default auto: CUDA when a GPU is usable)\n"
+    "  --backend cpu|cuda|cuda:N|auto  compute backend (default auto: CUDA when a GPU is usable; cuda:N = GPU N)\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; DiffLlama only)\n"
@@ -86,8 +89,11 @@ Args parse_args(int argc, const char* const* argv) {
       a.ids = ids;
     } else if (k == "--backend") {
       a.backend = value(i);
-      if (a.backend != "cpu" && a.backend != "cuda" && a.backend != "auto")
-        throw ArgError("--backend must be cpu, cuda or auto, not '" + a.backend + "'");
+      try {
+        ds::parse_backend_choice(a.backend);
+      } catch (const ds::Error&) {
+        throw ArgError("--backend must be cpu, cuda, cuda:N or auto, not '" + a.backend + "'");
+      }
     } else if (k == "--threads") {
       const long long t = parse_int(value(i), "--threads");
       if (t < 0 || t > 1024) throw ArgError("--threads must be between 0 and 1024");

@@ -17,7 +17,7 @@ const char* cli_usage() {
          "  --lambda-scale X       multiply every layer's lambda by X\n"
          "  --theme dark|light\n"
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative\n"
-         "  --backend auto|cpu|cuda   --threads N\n"
+         "  --backend auto|cpu|cuda|cuda:N   --threads N\n"
          "  --screenshot OUT.png   render the window once the run is complete, save it, exit\n"
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"
