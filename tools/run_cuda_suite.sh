@@ -126,8 +126,10 @@ def best(who, kern_pred, d, n):
     v = [r["tok_s"] for r in runs if r["who"] == who and kern_pred(r["kernel"] or "") and r["d"] == d and r["n"] == n]
     return max(v) if v else None
 print("| kernel | d | n | prev (best of 2) | this (best of 2) | this/prev |"); print("|---|---|---|---|---|---|")
-for label, pp, pt in [("wgmma (bn 128 at d=64)", lambda k: "bn128" in k or ("wgmma" in k and "bn" not in k), lambda k: k.startswith("wgmma") or "sm90" in k),
-                      ("mma.sync", lambda k: "mma" in k, lambda k: k.startswith("mma"))]:
+# 71df40a's rows: "sm90a wgmma", "sm90a wgmma bn128", "mma.sync"; this commit's: "wgmma (default)" (128-key tiles at
+# d = 64), "mma-both", "mma-vsplit", "mma-lockstep". The mma.sync rows compare the schedule each binary ran.
+for label, pp, pt in [("wgmma (128-key tiles at d=64)", lambda k: "wgmma" in k and ("bn128" in k or d == 128), lambda k: k.startswith("wgmma")),
+                      ("mma.sync", lambda k: k == "mma.sync", lambda k: k.startswith("mma-both" if d == 64 else "mma-vsplit"))]:
     for d in (128, 64):
         for n in (2048, 4096, 8192, 16384):
             a, b = best("prev", pp, d, n), best("this", pt, d, n)
