@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "map_query.h"
 #include "model.h"
 
 namespace ds {
@@ -70,8 +71,13 @@ class Backend {
   // Take the weights. The Model may be destroyed afterwards.
   virtual void load(const Model& model, const ProgressFn& progress) = 0;
   virtual void forward(const ForwardRequest& req, ForwardResult& out) = 0;
-  // Maps of one layer for the last forward, computed on demand from cached activations.
+  // Maps of one layer for the last forward, computed on demand from cached activations. O(n^2): small prompts
+  // (the CLI's --dump, tests); everything else uses the queries below.
   virtual void layer_maps(int layer, LayerMaps& out) = 0;
+  // Queries on the last forward's maps (map_query.h), O(n) or O(view) in host memory and transfers.
+  virtual void map_view(const ViewRequest& req, MapView& out) = 0;
+  virtual void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) = 0;  // resolved positions
+  virtual std::vector<HeadStats> head_stats(int layer) = 0;                                 // [view heads]
   virtual Profile profile() const = 0;
   // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
   virtual int64_t max_tokens() const = 0;

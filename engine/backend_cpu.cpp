@@ -153,6 +153,7 @@ class CpuBackend final : public Backend {
     from = int(std::clamp<int64_t>(from, 0, L));
     stats_.clear();
     head_times_.clear();
+    qk_layer_ = -1;
     if (from == 0) {
       ids_ = req.ids;
       layer_in_.assign(size_t(L + 1), {});
@@ -200,6 +201,54 @@ class CpuBackend final : public Backend {
     attention_block(layer, layer_lambda_[size_t(layer)], x, &out, /*maps_only=*/true);
   }
 
+  void map_view(const ViewRequest& req, MapView& out) override {
+    require_run();
+    const int64_t n = int64_t(ids_.size());
+    const bool layer_ok = req.layer >= 0 && req.layer < cfg_.layers;
+    prepare_view(req, int(cfg_.layers), int(cfg_.view_heads()), n, cfg_.is_diff(), layer_ok ? lambda_of(req.layer) : 0.f,
+                 out);
+    head_rows(out.layer, out.head, out.q0, out.q1,
+              [&](int64_t q, const float* a1, const float* a2, float, float) { view_add_row(out, q, a1, a2); });
+    view_finish(out);
+  }
+
+  void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override {
+    require_run();
+    check_layer(layer);
+    const int64_t n = int64_t(ids_.size()), Hv = cfg_.view_heads();
+    out.layer = layer;
+    out.heads = Hv;
+    out.n = n;
+    out.positions = resolve_positions(positions, n);
+    const size_t P = out.positions.size();
+    out.a1.assign(size_t(Hv) * P * size_t(n), 0.f);
+    out.a2.assign(cfg_.is_diff() ? out.a1.size() : 0, 0.f);
+    for (int64_t h = 0; h < Hv; ++h)
+      for (size_t i = 0; i < P; ++i) {
+        const int64_t q = out.positions[i];
+        head_rows(layer, int(h), q, q + 1, [&](int64_t, const float* a1, const float* a2, float, float) {
+          std::copy_n(a1, n, out.a1.begin() + (size_t(h) * P + i) * size_t(n));
+          if (a2) std::copy_n(a2, n, out.a2.begin() + (size_t(h) * P + i) * size_t(n));
+        });
+      }
+  }
+
+  std::vector<HeadStats> head_stats(int layer) override {
+    require_run();
+    check_layer(layer);
+    const int64_t n = int64_t(ids_.size());
+    const float lam = lambda_of(layer);
+    std::vector<HeadStats> out;
+    for (int64_t h = 0; h < cfg_.view_heads(); ++h) {
+      StatsAccumulator acc;
+      head_rows(layer, int(h), 0, n, [&](int64_t q, const float* a1, const float* a2, float ml1, float ml2) {
+        acc.add_row(q, a1, a2, lam, ml1, ml2);
+      });
+      out.push_back(acc.finish(cfg_.is_diff()));
+    }
+    return out;
+  }
+
   Profile profile() const override {
     Profile p;
     p.heads = head_times_;
@@ -223,6 +272,78 @@ class CpuBackend final : public Backend {
       best = std::min(best, ms_since(t));
     }
     peak_tflops_ = 2.0 * N * N * N / (best * 1e-3) / 1e12;
+  }
+
+  void require_run() const {
+    if (layer_in_.empty() || ids_.empty()) throw Error("no maps: run a prompt first");
+  }
+  void check_layer(int layer) const {
+    if (layer < 0 || layer >= cfg_.layers)
+      throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+                  " layers)");
+  }
+  float lambda_of(int layer) const { return cfg_.is_diff() ? layer_lambda_.at(size_t(layer)) : 0.f; }
+
+  // Post-RoPE Q [n][H][d] and K [n][Hkv][d] of a layer for the last forward, recomputed from the layer's cached
+  // input; the last layer asked for is kept until the next forward.
+  void layer_qk(int layer) {
+    if (qk_layer_ == layer) return;
+    const LayerW& w = layers_[size_t(layer)];
+    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
+    std::vector<float> h(static_cast<size_t>(n * D));
+    rmsnorm(layer_in_[size_t(layer)].data(), w.ln1.data(), h.data(), n, D, cfg_.rms_eps);
+    qk_q_.resize(size_t(n * H * d));
+    qk_k_.resize(size_t(n * Hkv * d));
+    linear(h.data(), w.wq.data(), qk_q_.data(), n, H * d, D);
+    linear(h.data(), w.wk.data(), qk_k_.data(), n, Hkv * d, D);
+    apply_rope(qk_q_.data(), n, H, d, cos_, sin_);
+    apply_rope(qk_k_.data(), n, Hkv, d, cos_, sin_);
+    qk_layer_ = layer;
+  }
+
+  // Calls f(q, a1, a2, max|logit1|, max|logit2|) for query rows [q0, q1) of view head `head` (a2 nullptr for plain
+  // heads; each row holds n values, 0 right of the diagonal), computed in chunks of rows: O(chunk x n) memory.
+  template <class F>
+  void head_rows(int layer, int head, int64_t q0, int64_t q1, F&& f) {
+    layer_qk(layer);
+    const int64_t n = int64_t(ids_.size()), H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
+    const bool diff = cfg_.is_diff();
+    const kern::ViewHeadMap hm = kern::view_head_map(diff, head, int(H), int(Hkv));
+    const float scale = float(1.0 / std::sqrt(double(d)));
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(q1 - q0, (int64_t(1) << 22) / n));
+    std::vector<float> s[2];
+    for (int64_t r0 = q0; r0 < q1; r0 += chunk) {
+      const int64_t rows = std::min(chunk, q1 - r0);
+      std::vector<float> mls[2];
+      for (int m = 0; m < (diff ? 2 : 1); ++m) {
+        s[m].resize(size_t(rows * n));
+        mls[m].assign(size_t(rows), 0.f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(n), int(d), scale,
+                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), qk_k_.data() + hm.k[m] * d, int(Hkv * d), 0.f,
+                    s[m].data(), int(n));
+        for (int64_t i = 0; i < rows; ++i) {
+          float* r = s[m].data() + i * n;
+          const int64_t q = r0 + i;
+          float mx = -INFINITY, mabs = 0.f;
+          for (int64_t j = 0; j <= q; ++j) {
+            mx = std::max(mx, r[j]);
+            mabs = std::max(mabs, std::fabs(r[j]));
+          }
+          double sum = 0;
+          for (int64_t j = 0; j <= q; ++j) {
+            r[j] = std::exp(r[j] - mx);
+            sum += r[j];
+          }
+          const float inv = float(1.0 / sum);
+          for (int64_t j = 0; j <= q; ++j) r[j] *= inv;
+          for (int64_t j = q + 1; j < n; ++j) r[j] = 0.f;
+          mls[m][size_t(i)] = mabs;
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i)
+        f(r0 + i, s[0].data() + i * n, diff ? s[1].data() + i * n : nullptr, mls[0][size_t(i)],
+          diff ? mls[1][size_t(i)] : 0.f);
+    }
   }
 
   // x: layer input on entry, layer output on exit.
@@ -359,6 +480,8 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> ids_;
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
+  int qk_layer_ = -1;               // layer whose Q and K qk_q_ / qk_k_ hold (-1: none; reset by every forward)
+  std::vector<float> qk_q_, qk_k_;
   std::map<std::string, KernelStat> stats_;
   std::vector<HeadTiming> head_times_;
   double forward_ms_ = 0, peak_tflops_ = 0;

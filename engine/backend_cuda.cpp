@@ -702,7 +702,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
 // ---------------------------------------------------------------------------------------------------------------
 // maps and statistics
 
-void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadStats>* stats) {
+void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats) {
   if (!has_run_) throw Error("CUDA backend: no forward has run yet, so there are no maps to show");
   const int L = int(cfg_.layers);
   if (layer < 0 || layer >= L)
@@ -724,8 +724,7 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadSt
     if (nmaps == 2) out->a2.resize(size_t(Hv) * size_t(n * n));
     else out->a2.clear();
   }
-  std::vector<double> sum(size_t(Hv) * kern::MAP_NSTAT, 0.0);
-  std::vector<float> mn(size_t(Hv), INFINITY), mx(size_t(Hv) * 3, -INFINITY);
+  std::vector<StatsAccumulator> acc(static_cast<size_t>(Hv));
   std::vector<float> host_st(size_t(Hv) * size_t(rpc) * kern::MAP_NSTAT);
   float* buf = map_buf_.as<float>();
   for (int64_t r0 = 0; r0 < n; r0 += rpc) {
@@ -751,33 +750,17 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadSt
       for (int h = 0; h < Hv; ++h)
         for (int r = 0; r < rows; ++r) {
           const float* st = host_st.data() + (size_t(h) * size_t(rows) + size_t(r)) * kern::MAP_NSTAT;
-          for (int k = 0; k < kern::MAP_NSTAT; ++k) sum[size_t(h) * kern::MAP_NSTAT + size_t(k)] += st[k];
-          mn[size_t(h)] = std::min(mn[size_t(h)], st[kern::MAP_DIFF_MIN]);
-          mx[size_t(h) * 3 + 0] = std::max(mx[size_t(h) * 3 + 0], st[kern::MAP_DIFF_MAX]);
-          mx[size_t(h) * 3 + 1] = std::max(mx[size_t(h) * 3 + 1], st[kern::MAP_MAX_LOGIT1]);
-          mx[size_t(h) * 3 + 2] = std::max(mx[size_t(h) * 3 + 2], st[kern::MAP_MAX_LOGIT2]);
+          acc[size_t(h)].add_terms(st[kern::MAP_ENTROPY1], st[kern::MAP_ENTROPY2], st[kern::MAP_ENTROPY_DIFF],
+                                   st[kern::MAP_FIRST1], st[kern::MAP_FIRST2], st[kern::MAP_FIRST_DIFF],
+                                   st[kern::MAP_NEG_MASS], st[kern::MAP_DIFF_MIN], st[kern::MAP_DIFF_MAX],
+                                   st[kern::MAP_MAX_LOGIT1], st[kern::MAP_MAX_LOGIT2]);
         }
     }
   }
   sync();
   if (stats) {
-    stats->assign(size_t(Hv), CudaHeadStats{});
-    for (int h = 0; h < Hv; ++h) {
-      const double* s = sum.data() + size_t(h) * kern::MAP_NSTAT;
-      CudaHeadStats& o = (*stats)[size_t(h)];
-      const double inv = 1.0 / double(n);
-      o.entropy1 = float(s[kern::MAP_ENTROPY1] * inv);
-      o.entropy2 = float(s[kern::MAP_ENTROPY2] * inv);
-      o.entropy_diff = float(s[kern::MAP_ENTROPY_DIFF] * inv);
-      o.first1 = float(s[kern::MAP_FIRST1] * inv);
-      o.first2 = float(s[kern::MAP_FIRST2] * inv);
-      o.first_diff = float(s[kern::MAP_FIRST_DIFF] * inv);
-      o.neg_mass = float(s[kern::MAP_NEG_MASS] * inv);
-      o.diff_min = mn[size_t(h)];
-      o.diff_max = mx[size_t(h) * 3 + 0];
-      o.max_logit1 = mx[size_t(h) * 3 + 1];
-      o.max_logit2 = nmaps == 2 ? mx[size_t(h) * 3 + 2] : 0.f;
-    }
+    stats->clear();
+    for (int h = 0; h < Hv; ++h) stats->push_back(acc[size_t(h)].finish(nmaps == 2));
   }
 }
 
@@ -786,11 +769,92 @@ void CudaBackend::layer_maps(int layer, LayerMaps& out) {
   compute_maps(layer, &out, nullptr);
 }
 
-std::vector<CudaHeadStats> CudaBackend::head_stats(int layer) {
+std::vector<HeadStats> CudaBackend::head_stats(int layer) {
   const DeviceGuard on(device_);
-  std::vector<CudaHeadStats> s;
+  std::vector<HeadStats> s;
   compute_maps(layer, nullptr, &s);
   return s;
+}
+
+kern::AttnParams CudaBackend::layer_params(int layer) const {
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  if (layer < 0 || layer >= int(cfg_.layers))
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+                " layers)");
+  return attn_params(cfg_, act_.qkv_cache.as<bf16>() + size_t(layer) * size_t(act_.cap) * size_t(qkv_width()),
+                     last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
+}
+
+// Rows of the rectangle in chunks of one head's full probability rows (the softmax needs the whole row), each
+// chunk pooled on the device into the grid: only the grid comes back.
+void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  const int L = int(cfg_.layers), Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
+  const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
+  prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out);
+  const kern::AttnParams p = layer_params(out.layer);
+  const int64_t n = last_n_;
+  const size_t row_bytes = size_t(nmaps) * size_t(n) * 4;
+  const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(out.q1 - out.q0, int64_t(kMapBudget / row_bytes)));
+  if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+  const size_t st_bytes = size_t(rpc) * kern::MAP_NSTAT * 4;
+  if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+  const size_t cells = size_t(out.rows) * size_t(out.cols);
+  if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
+  float* g1 = view_buf_.as<float>();
+  float* g2 = g1 + cells;
+  float* gd = g2 + cells;
+  DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
+  const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
+  float* buf = map_buf_.as<float>();
+  for (int64_t r0 = out.q0; r0 < out.q1; r0 += rpc) {
+    const int rows = int(std::min(rpc, out.q1 - r0));
+    timed("attn_view", out.layer, [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream(), out.head, 1));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream(), 1));
+      DS_CUDA_CHECK(kern::launch_attn_map_pool(buf, nmaps, rows, int(n), int(r0), va, g1, g2, gd, stream()));
+    });
+  }
+  DS_CUDA_CHECK(cudaMemcpyAsync(out.a1.data(), g1, cells * 4, cudaMemcpyDeviceToHost, stream()));
+  if (nmaps == 2) DS_CUDA_CHECK(cudaMemcpyAsync(out.a2.data(), g2, cells * 4, cudaMemcpyDeviceToHost, stream()));
+  DS_CUDA_CHECK(cudaMemcpyAsync(out.diff.data(), gd, cells * 4, cudaMemcpyDeviceToHost, stream()));
+  sync();
+  view_finish(out);
+}
+
+// One launch pair per position, every head at once; each row comes back whole (heads x maps x n floats).
+void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) {
+  const DeviceGuard on(device_);
+  const kern::AttnParams p = layer_params(layer);
+  const int64_t n = last_n_, Hv = view_heads();
+  const int nmaps = cfg_.is_diff() ? 2 : 1;
+  out.layer = layer;
+  out.heads = Hv;
+  out.n = n;
+  out.positions = resolve_positions(positions, n);
+  const size_t P = out.positions.size();
+  out.a1.assign(size_t(Hv) * P * size_t(n), 0.f);
+  out.a2.assign(nmaps == 2 ? out.a1.size() : 0, 0.f);
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  if (map_buf_.bytes() < row_bytes) map_buf_ = DeviceBuffer(row_bytes, "attention maps");
+  if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)
+    map_stats_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 4, "attention map statistics");
+  float* buf = map_buf_.as<float>();
+  for (size_t i = 0; i < P; ++i) {
+    const int q = int(out.positions[i]);
+    timed("attn_rows", layer, [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, q, 1, buf, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, q, 1, buf, map_stats_.as<float>(), stream()));
+    });
+    for (int64_t h = 0; h < Hv; ++h)
+      for (int m = 0; m < nmaps; ++m) {
+        float* dst = (m == 0 ? out.a1.data() : out.a2.data()) + (size_t(h) * P + i) * size_t(n);
+        DS_CUDA_CHECK(cudaMemcpyAsync(dst, buf + (size_t(h) * nmaps + size_t(m)) * size_t(n), size_t(n) * 4,
+                                      cudaMemcpyDeviceToHost, stream()));
+      }
+    sync();  // buf is reused by the next position
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -932,7 +996,6 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<cuda::CudaBackend>(device);
 }
 
-std::vector<CudaHeadStats> cuda_layer_head_stats(Backend& b, int layer) { return cuda::as_cuda(b).head_stats(layer); }
 
 void cuda_set_profiling(Backend& b, bool on) { cuda::as_cuda(b).set_profiling(on); }
 

@@ -110,7 +110,9 @@ class CudaBackend final : public Backend {
   int64_t device_memory_used() const override;
 
   // --- beyond the interface
-  std::vector<CudaHeadStats> head_stats(int layer);
+  std::vector<HeadStats> head_stats(int layer) override;
+  void map_view(const ViewRequest& req, MapView& out) override;
+  void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override;
   void set_profiling(bool on) { profiling_ = on; }
   // Random bf16 weights generated on the GPU (benchmarks): uniform with std 0.02, norms 1.
   void load_random(const ModelConfig& cfg, uint64_t seed);
@@ -153,7 +155,8 @@ class CudaBackend final : public Backend {
   void ensure_logits(int64_t rows);
   void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false);
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
-  void compute_maps(int layer, LayerMaps* out, std::vector<CudaHeadStats>* stats);
+  void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
+  kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
   // Runs g inside the profiler mark `name` (none when null). The shape's plan is made first, outside the mark:
   // the first call with a new shape times the candidates there (DS_GEMM_AUTOTUNE=0: heuristic's first choice).
   void gemm(const char* name, int layer, const GemmArgs& g);
@@ -184,7 +187,7 @@ class CudaBackend final : public Backend {
   Activations act_;
   DeviceBuffer logits_;       // [rows, vocab] f32
   DeviceBuffer xf_;           // [rows, E] bf16, final-normed rows for the lm_head
-  DeviceBuffer map_buf_, map_stats_;
+  DeviceBuffer map_buf_, map_stats_, view_buf_;
   DeviceBuffer head_ns_;      // [L][view heads] u64
   // last run
   bool has_run_ = false;

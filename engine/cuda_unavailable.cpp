@@ -15,10 +15,6 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
   throw Error("CUDA backend unavailable: this build has no CUDA backend (no CUDA compiler at configure time)");
 }
 
-std::vector<CudaHeadStats> cuda_layer_head_stats(Backend&, int) {
-  throw Error("CUDA backend unavailable: this build has no CUDA backend");
-}
-
 void cuda_set_profiling(Backend&, bool) {}
 
 }  // namespace ds

@@ -21,12 +21,13 @@ __device__ __forceinline__ void head_map(const AttnParams& p, int h, int m, int&
   kh = hm.k[m];
 }
 
-__global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p, int row0, int rows, float* maps) {
+__global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p, int row0, int rows, float* maps,
+                                                            int head0) {
   extern __shared__ float sm[];
   const int d = p.d, nmaps = p.diff ? 2 : 1;
   float* sq = sm;             // [MQ][d]
   float* sk = sm + MQ * d;    // [MK][d + 1]
-  const int h = int(blockIdx.z) / nmaps, m = int(blockIdx.z) % nmaps;
+  const int hi = int(blockIdx.z) / nmaps, m = int(blockIdx.z) % nmaps, h = head0 + hi;
   const int k0 = int(blockIdx.x) * MK, r0 = row0 + int(blockIdx.y) * MQ;
   const int r_end = min(row0 + rows, p.n);
   if (k0 > r0 + MQ - 1) return;  // the whole tile is right of the diagonal (uniform over the block)
@@ -47,26 +48,32 @@ __global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p,
   if (row < r_end && key <= row) {
     float dot = 0.f;
     for (int c = 0; c < d; ++c) dot = fmaf(sq[qi * d + c], sk[kj * (d + 1) + c], dot);
-    maps[((int64_t(h) * nmaps + m) * rows + (row - row0)) * p.n + key] = dot * p.scale;
+    maps[((int64_t(hi) * nmaps + m) * rows + (row - row0)) * p.n + key] = dot * p.scale;
   }
 }
 
 __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, int row0, int rows, float* maps,
                                                           float* row_stats) {
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  const int ri = int(blockIdx.x) * 4 + warp, h = int(blockIdx.y);
+  const int ri = int(blockIdx.x) * 4 + warp, h = int(blockIdx.y);  // h: the head's index among those computed
   const int row = row0 + ri;
   if (ri >= rows || row >= p.n) return;  // warp-uniform; no block barrier below
   const int n = p.n, nmaps = p.diff ? 2 : 1, ncols = row + 1;
   float* s1 = maps + ((int64_t(h) * nmaps + 0) * rows + ri) * n;
   float* s2 = p.diff ? maps + ((int64_t(h) * nmaps + 1) * rows + ri) * n : nullptr;
-  float mx1 = -INFINITY, mx2 = -INFINITY;
+  float mx1 = -INFINITY, mx2 = -INFINITY, mn1 = INFINITY, mn2 = INFINITY;
   for (int c = lane; c < ncols; c += 32) {
     mx1 = fmaxf(mx1, s1[c]);
-    if (s2) mx2 = fmaxf(mx2, s2[c]);
+    mn1 = fminf(mn1, s1[c]);
+    if (s2) {
+      mx2 = fmaxf(mx2, s2[c]);
+      mn2 = fminf(mn2, s2[c]);
+    }
   }
   mx1 = warp_max(mx1);
   mx2 = warp_max(mx2);
+  mn1 = warp_min(mn1);
+  mn2 = warp_min(mn2);
   float l1 = 0.f, l2 = 0.f;
   for (int c = lane; c < ncols; c += 32) {
     l1 += expf(s1[c] - mx1);
@@ -120,15 +127,78 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
     st[MAP_NEG_MASS] = neg;
     st[MAP_DIFF_MIN] = dmin;
     st[MAP_DIFF_MAX] = dmax;
-    st[MAP_MAX_LOGIT1] = mx1;
-    st[MAP_MAX_LOGIT2] = s2 ? mx2 : 0.f;
+    st[MAP_MAX_LOGIT1] = fmaxf(fabsf(mx1), fabsf(mn1));
+    st[MAP_MAX_LOGIT2] = s2 ? fmaxf(fabsf(mx2), fabsf(mn2)) : 0.f;
+  }
+}
+
+// Larger |value| wins (on a tie the larger value): the signed max-pool of D.
+__device__ __forceinline__ void atomic_max_abs(float* at, float v) {
+  unsigned* a = reinterpret_cast<unsigned*>(at);
+  unsigned old = *a;
+  while (true) {
+    const float cur = __uint_as_float(old);
+    if (!(fabsf(v) > fabsf(cur) || (fabsf(v) == fabsf(cur) && v > cur))) return;
+    const unsigned seen = atomicCAS(a, old, __float_as_uint(v));
+    if (seen == old) return;
+    old = seen;
+  }
+}
+
+// One thread per (chunk row, grid column): reduces its row's cells of that column block and folds the result into
+// the grid cell of the row's block. Probabilities are >= 0, so their max can use the integer atomicMax.
+__global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nmaps, int rows, int n, int row0,
+                                                       ViewPoolArgs v, float* a1, float* a2, float* dd) {
+  const int t = int(blockIdx.x) * 256 + int(threadIdx.x);
+  const int ri = t / v.cols, j = t % v.cols;
+  if (ri >= rows) return;
+  const int64_t q = int64_t(row0) + ri;
+  if (q < v.q0 || q >= v.q1) return;
+  const float* s1 = maps + int64_t(ri) * n;
+  const float* s2 = nmaps == 2 ? maps + (int64_t(rows) + ri) * n : nullptr;
+  const int64_t Ec = v.k1 - v.k0;
+  const int64_t c0 = v.k0 + view_block_start(j, Ec, v.cols), c1 = v.k0 + view_block_start(j + 1, Ec, v.cols);
+  float x1 = 0.f, x2 = 0.f, xd = 0.f;
+  for (int64_t k = c0; k < c1; ++k) {
+    const float p1 = s1[k], p2 = s2 ? s2[k] : 0.f, d = p1 - v.lambda * p2;  // 0 right of the diagonal
+    if (v.mean) {
+      x1 += p1;
+      x2 += p2;
+      xd += d;
+    } else {
+      x1 = fmaxf(x1, p1);
+      x2 = fmaxf(x2, p2);
+      if (fabsf(d) > fabsf(xd) || (fabsf(d) == fabsf(xd) && d > xd)) xd = d;
+    }
+  }
+  const int64_t cell = int64_t(view_block(q - v.q0, v.q1 - v.q0, v.rows)) * v.cols + j;
+  if (v.mean) {
+    atomicAdd(a1 + cell, x1);
+    if (s2) atomicAdd(a2 + cell, x2);
+    atomicAdd(dd + cell, xd);
+  } else {
+    atomicMax(reinterpret_cast<int*>(a1 + cell), __float_as_int(x1));
+    if (s2) atomicMax(reinterpret_cast<int*>(a2 + cell), __float_as_int(x2));
+    atomic_max_abs(dd + cell, xd);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, float* maps, cudaStream_t stream) {
-  if (p.d <= 0 || p.d > 256 || rows <= 0 || p.heads % p.kv_heads) return cudaErrorInvalidValue;
+cudaError_t launch_attn_map_pool(const float* maps, int nmaps, int rows, int n, int row0, const ViewPoolArgs& v,
+                                 float* a1, float* a2, float* diff, cudaStream_t stream) {
+  if (rows <= 0 || v.rows <= 0 || v.cols <= 0 || (nmaps == 2 && !a2)) return cudaErrorInvalidValue;
+  const int64_t threads = int64_t(rows) * v.cols;
+  map_pool_kernel<<<unsigned((threads + 255) / 256), 256, 0, stream>>>(maps, nmaps, rows, n, row0, v, a1, a2, diff);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, float* maps, cudaStream_t stream, int head0,
+                                   int nheads) {
+  if (nheads < 0) nheads = view_heads(p) - head0;
+  if (p.d <= 0 || p.d > 256 || rows <= 0 || p.heads % p.kv_heads || head0 < 0 || nheads <= 0 ||
+      head0 + nheads > view_heads(p))
+    return cudaErrorInvalidValue;
   const int nmaps = p.diff ? 2 : 1;
   const size_t smem = size_t(MQ * p.d + MK * (p.d + 1)) * sizeof(float);
   if (smem > 48 * 1024) {
@@ -136,15 +206,16 @@ cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, floa
     if (e != cudaSuccess) return e;
   }
   const int last_row = min(row0 + rows, p.n) - 1;
-  const dim3 grid(unsigned(last_row / MK + 1), unsigned((rows + MQ - 1) / MQ), unsigned(view_heads(p) * nmaps));
-  map_logits_kernel<<<grid, MQ * MK, smem, stream>>>(p, row0, rows, maps);
+  const dim3 grid(unsigned(last_row / MK + 1), unsigned((rows + MQ - 1) / MQ), unsigned(nheads * nmaps));
+  map_logits_kernel<<<grid, MQ * MK, smem, stream>>>(p, row0, rows, maps, head0);
   return cudaGetLastError();
 }
 
 cudaError_t launch_attn_map_softmax(const AttnParams& p, int row0, int rows, float* maps, float* row_stats,
-                                    cudaStream_t stream) {
-  if (rows <= 0) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned((rows + 3) / 4), unsigned(view_heads(p)));
+                                    cudaStream_t stream, int nheads) {
+  if (nheads < 0) nheads = view_heads(p);
+  if (rows <= 0 || nheads <= 0) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned((rows + 3) / 4), unsigned(nheads));
   map_softmax_kernel<<<grid, 128, 0, stream>>>(p, row0, rows, maps, row_stats);
   return cudaGetLastError();
 }

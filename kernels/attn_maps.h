@@ -12,11 +12,28 @@ enum MapStat {
   MAP_DIFF_MIN, MAP_DIFF_MAX, MAP_MAX_LOGIT1, MAP_MAX_LOGIT2, MAP_NSTAT
 };
 
-// maps: [view heads][nmaps][rows][n] f32 for query rows [row0, row0 + rows) of batch 0 (nmaps = 2 if p.diff).
-// Writes q.k * p.scale for keys <= row; entries right of the diagonal are left for the softmax pass.
-cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, float* maps, cudaStream_t stream);
-// In place: logits -> probabilities (0 right of the diagonal), and the row statistics (lambda from p.lambda).
+// maps: [nheads][nmaps][rows][n] f32 for query rows [row0, row0 + rows) of batch 0 and view heads head0 ..
+// head0 + nheads - 1 (all by default; nmaps = 2 if p.diff). Writes q.k * p.scale for keys <= row; entries right of
+// the diagonal are left for the softmax pass.
+cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, float* maps, cudaStream_t stream,
+                                   int head0 = 0, int nheads = -1);
+// In place: logits -> probabilities (0 right of the diagonal), and the row statistics [nheads][rows][MAP_NSTAT]
+// (lambda from p.lambda) of the nheads heads the logits pass computed. MAP_MAX_LOGIT* hold the largest |logit|.
 cudaError_t launch_attn_map_softmax(const AttnParams& p, int row0, int rows, float* maps, float* row_stats,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, int nheads = -1);
+
+// A pooled view's rectangle and grid (engine/map_query.h has the rules): query rows [q0, q1), keys [k0, k1),
+// rows x cols blocks, max or mean, D = A1 - lambda A2.
+struct ViewPoolArgs {
+  int64_t q0, q1, k0, k1;
+  int rows, cols;
+  bool mean;
+  float lambda;
+};
+// Folds one head's probability rows [row0, row0 + rows) (maps: [nmaps][rows][n], after the softmax pass) into the
+// grids a1, a2, diff [rows x cols] (zeroed before the first chunk; mean pooling leaves sums, to be divided by the
+// cell counts). a2 may be null for nmaps = 1.
+cudaError_t launch_attn_map_pool(const float* maps, int nmaps, int rows, int n, int row0, const ViewPoolArgs& v,
+                                 float* a1, float* a2, float* diff, cudaStream_t stream);
 
 }  // namespace ds::kern

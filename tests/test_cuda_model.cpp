@@ -106,7 +106,7 @@ TEST_P(FixtureCuda, MatchesTransformers) {
 
   // GPU statistics agree with statistics of the returned maps (f64 on the host).
   const int mid = L / 2;
-  const std::vector<ds::CudaHeadStats> st = ds::cuda_layer_head_stats(*be, mid);
+  const std::vector<ds::HeadStats> st = be->head_stats(mid);
   ASSERT_EQ(st.size(), size_t(c.view_heads()));
   const ds::LayerMaps& mm = r.maps[size_t(mid)];
   const int64_t n = mm.n;

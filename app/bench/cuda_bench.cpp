@@ -272,7 +272,7 @@ json bench_lambda(CudaBackend& b, int repeat) {
     auto t0 = Clock::now();
     b.forward(req, res);
     const double f = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    std::vector<CudaHeadStats> st = b.head_stats(mid);
+    std::vector<HeadStats> st = b.head_stats(mid);
     auto probs = next_token_probs(res.logits);
     const double t_stats = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     req.lambda[size_t(mid)] += 0.05f;

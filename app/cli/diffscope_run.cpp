@@ -54,7 +54,18 @@ int tokenize_jsonl(const Args& a) {
   return 0;
 }
 
-void dump(ds::Session& s, const std::string& path) {
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ds::fail_file(path, "cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) ds::fail_file(path, "read error");
+  return text;
+}
+
+// --dump: logits, and either every layer's full maps (O(n^2): small prompts) or, with --rows / --view, the rows
+// and the view only (O(n heads + R C)).
+void dump(ds::Session& s, const Args& a) {
+  const std::string& path = a.dump;
   const ds::ModelConfig& c = s.config();
   const ds::ForwardResult& r = s.result();
   std::vector<ds::TensorOut> out;
@@ -62,14 +73,44 @@ void dump(ds::Session& s, const std::string& path) {
   out.push_back({"input_ids", ds::DType::I32, {int64_t(ids.size())}, ids.data()});
   out.push_back({"logits", ds::DType::F32, {r.logit_rows, c.vocab}, r.logits.data()});
   std::vector<float> lambdas(static_cast<size_t>(c.layers));
-  std::vector<std::string> names;
+  for (int l = 0; l < c.layers; ++l) lambdas[size_t(l)] = float(s.effective_lambda(l));
+  const bool queries = a.view || !a.rows.empty();
+  std::vector<ds::MapRows> rows(queries && !a.rows.empty() ? size_t(c.layers) : 0);
+  for (size_t l = 0; l < rows.size(); ++l) {
+    s.backend().map_rows(int(l), a.rows, rows[l]);
+    const ds::MapRows& m = rows[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::vector<int64_t> shape{m.heads, int64_t(m.positions.size()), m.n};
+    out.push_back({p + "rows1", ds::DType::F32, shape, m.a1.data()});
+    if (c.is_diff()) out.push_back({p + "rows2", ds::DType::F32, shape, m.a2.data()});
+  }
+  std::vector<int64_t> positions = rows.empty() ? std::vector<int64_t>{} : rows[0].positions;
+  if (!positions.empty()) out.push_back({"rows.positions", ds::DType::I64, {int64_t(positions.size())}, positions.data()});
+  ds::MapView view;
+  if (a.view) {
+    ds::ViewRequest q;
+    q.layer = a.view->layer, q.head = a.view->head;
+    q.q0 = a.view->q0, q.q1 = a.view->q1, q.k0 = a.view->k0, q.k1 = a.view->k1;
+    q.rows = a.view->rows, q.cols = a.view->cols;
+    q.pool = a.view->mean ? ds::Pool::Mean : ds::Pool::Max;
+    s.backend().map_view(q, view);
+    const std::vector<int64_t> shape{view.rows, view.cols};
+    out.push_back({"view.a1", ds::DType::F32, shape, view.a1.data()});
+    if (view.differential) out.push_back({"view.a2", ds::DType::F32, shape, view.a2.data()});
+    out.push_back({"view.diff", ds::DType::F32, shape, view.diff.data()});
+  }
+  std::vector<int64_t> view_rect{view.q0, view.q1, view.k0, view.k1};
+  if (a.view) out.push_back({"view.rect", ds::DType::I64, {4}, view_rect.data()});
   for (int l = 0; l < c.layers; ++l) {
+    if (queries) {
+      if (c.is_diff()) out.push_back({"layers." + std::to_string(l) + ".lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
+      continue;
+    }
     const ds::LayerMaps& m = s.maps(l);
     const std::string p = "layers." + std::to_string(l) + ".";
     if (c.is_diff()) {
       out.push_back({p + "attn1", ds::DType::F32, {m.heads, m.n, m.n}, m.a1.data()});
       out.push_back({p + "attn2", ds::DType::F32, {m.heads, m.n, m.n}, m.a2.data()});
-      lambdas[size_t(l)] = float(s.effective_lambda(l));
       out.push_back({p + "lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
     } else {
       out.push_back({p + "attn", ds::DType::F32, {m.heads, m.n, m.n}, m.a1.data()});
@@ -79,11 +120,47 @@ void dump(ds::Session& s, const std::string& path) {
                                     {"backend", s.backend().name()}});
 }
 
+// --stats FILE.json: every layer's per-head statistics (engine/map_query.h has the definitions).
+void write_stats(ds::Session& s, const std::string& path) {
+  const ds::ModelConfig& c = s.config();
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < c.layers; ++l) {
+    const std::vector<ds::HeadStats> st = s.backend().head_stats(l);
+    nlohmann::json heads = nlohmann::json::array();
+    for (size_t h = 0; h < st.size(); ++h) {
+      const ds::HeadStats& x = st[h];
+      nlohmann::json o{{"head", h},          {"entropy1", x.entropy1},     {"first1", x.first1},
+                       {"max_logit1", x.max_logit1}, {"entropy_diff", x.entropy_diff}, {"first_diff", x.first_diff},
+                       {"neg_mass", x.neg_mass}, {"diff_min", x.diff_min}, {"diff_max", x.diff_max}};
+      if (c.is_diff()) o.update({{"entropy2", x.entropy2}, {"first2", x.first2}, {"max_logit2", x.max_logit2}});
+      heads.push_back(o);
+    }
+    layers.push_back({{"layer", l}, {"lambda", c.is_diff() ? s.effective_lambda(l) : 0.0}, {"heads", heads}});
+  }
+  nlohmann::json j{{"model", s.model_dir()}, {"backend", s.backend().name()}, {"tokens", s.ids().size()},
+                   {"differential", c.is_diff()}, {"layers", layers}};
+  std::ofstream f(path);
+  if (!f) ds::fail_file(path, "cannot write");
+  f << j.dump(1) << '\n';
+  if (!f) ds::fail_file(path, "write failed");
+}
+
 int run(const Args& a) {
   if (!a.tokenize_jsonl.empty()) return tokenize_jsonl(a);
+  // Read the prompt file before loading the model: a bad file is reported at once.
+  std::string prompt = a.prompt;
+  std::optional<std::vector<int32_t>> ids = a.ids;
+  if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
+  if (!a.token_ids_file.empty()) {
+    try {
+      ids = ds::cli::parse_id_list(read_file(a.token_ids_file), a.token_ids_file);
+    } catch (const ArgError& e) {
+      throw ds::Error(e.what());  // a bad file is bad input (exit 3), not a bad argument
+    }
+  }
   auto s = ds::Session::open(a.model, ds::parse_backend_choice(a.backend), nullptr, a.threads);
-  if (a.have_prompt) s->set_prompt(a.prompt);
-  else s->set_ids(*a.ids);
+  if (a.have_prompt) s->set_prompt(prompt);
+  else s->set_ids(*ids);
   const ds::ModelConfig& c = s->config();
   if (!c.is_diff() && (!a.lambdas.empty() || a.lambda_scale))
     throw ArgError("--lambda and --lambda-scale apply to DiffLlama models; " + a.model + " is a Llama model");
@@ -94,7 +171,8 @@ int run(const Args& a) {
                      std::to_string(c.layers) + " layers)");
     s->set_lambda_override(l, v);
   }
-  s->run(!a.dump.empty());
+  const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
+  s->run(full_maps);
   const auto top = s->top_k(a.top_k);
   if (a.json) {
     nlohmann::json j;
@@ -122,8 +200,12 @@ int run(const Args& a) {
       std::printf("  %4zu %8d  %8.5f  %8.3f  %s\n", i + 1, top[i].id, top[i].prob, top[i].logit,
                   nlohmann::json(top[i].text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
+  if (!a.stats.empty()) {
+    write_stats(*s, a.stats);
+    if (!a.json) std::printf("\nwrote %s\n", a.stats.c_str());
+  }
   if (!a.dump.empty()) {
-    dump(*s, a.dump);
+    dump(*s, a);
     if (!a.json) std::printf("\nwrote %s\n", a.dump.c_str());
   }
   return 0;

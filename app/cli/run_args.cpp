@@ -1,6 +1,7 @@
 // See run_args.h.
 #include "run_args.h"
 
+#include <array>
 #include <climits>
 #include <cmath>
 
@@ -16,13 +17,23 @@ const char* kUsage =
     "  --model DIR            Hugging Face model folder (config.json + *.safetensors)\n"
     "  --prompt TEXT          prompt text (needs the folder's tokenizer.json / tokenizer.model)\n"
     "  --token-ids LIST       comma-separated token ids instead of a prompt\n"
+    "  --prompt-file FILE     the prompt's text from a file (UTF-8)\n"
+    "  --token-ids-file FILE  token ids from a file, separated by commas or whitespace\n"
     "  --backend cpu|cuda|cuda:N|auto  compute backend (default auto: CUDA when a GPU is usable; cuda:N = GPU N)\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; DiffLlama only)\n"
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
     "  --dump FILE            write logits [n, vocab], per layer layers.L.attn1/attn2 [H, n, n] and layers.L.lambda\n"
-    "                         (Llama: layers.L.attn) as safetensors\n"
+    "                         (Llama: layers.L.attn) as safetensors; with --rows or --view it writes those instead\n"
+    "                         of the full maps (and only the last position's logits): memory O(n heads + R C)\n"
+    "  --rows LIST            query positions (negative: from the end, -1 = last): layers.L.rows1 / rows2\n"
+    "                         [H, len(LIST), n] in --dump, the exact attention rows of every layer and head\n"
+    "  --view L.H             a pooled view of layer L, head H: view.a1, view.a2, view.diff [R, C] in --dump\n"
+    "  --grid R,C             the view's grid (default 256,256; capped at the rectangle: small ones are exact)\n"
+    "  --pool max|mean        how a block of cells is reduced (default max; D keeps its largest-magnitude entry)\n"
+    "  --rect Q0:Q1,K0:K1     the view's rectangle of query rows x key columns (default: the whole map)\n"
+    "  --stats FILE.json      per layer and head: entropies, first-token mass, negative mass, max |logit|\n"
     "  --tokenizer FILE       tokenizer.json or tokenizer.model (with --tokenize-jsonl)\n"
     "  --tokenize-jsonl FILE  for each line {\"text\": ...} print {\"ids\": [...]} (no special tokens added)\n"
     "  --add-special          with --tokenize-jsonl: add the tokenizer's special tokens (e.g. BOS)\n"
@@ -60,6 +71,10 @@ double parse_double(const std::string& s, const std::string& what) {
 
 Args parse_args(int argc, const char* const* argv) {
   Args a;
+  std::optional<std::pair<int, int>> grid;
+  std::optional<bool> pool_mean;
+  std::optional<std::array<int64_t, 4>> rect;
+  int sources = 0;  // --prompt, --prompt-file, --token-ids, --token-ids-file given
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) throw ArgError(std::string(argv[i]) + " needs a value");
     return argv[++i];
@@ -74,7 +89,9 @@ Args parse_args(int argc, const char* const* argv) {
     } else if (k == "--prompt") {
       a.prompt = value(i);
       a.have_prompt = true;
+      ++sources;
     } else if (k == "--token-ids") {
+      ++sources;
       const std::string s = value(i);
       std::vector<int32_t> ids;
       size_t p = 0;
@@ -87,6 +104,60 @@ Args parse_args(int argc, const char* const* argv) {
         p = q + 1;
       }
       a.ids = ids;
+    } else if (k == "--prompt-file") {
+      a.prompt_file = value(i);
+      a.have_prompt = true;
+      ++sources;
+    } else if (k == "--token-ids-file") {
+      a.token_ids_file = value(i);
+      ++sources;
+    } else if (k == "--rows") {
+      const std::string s = value(i);
+      size_t p = 0;
+      while (p <= s.size()) {
+        size_t q = s.find(',', p);
+        if (q == std::string::npos) q = s.size();
+        const long long v = parse_int(s.substr(p, q - p), "--rows");
+        if (v < -(1LL << 40) || v > (1LL << 40)) throw ArgError("--rows: " + std::to_string(v) + " is out of range");
+        a.rows.push_back(v);
+        p = q + 1;
+      }
+    } else if (k == "--view") {
+      const std::string s = value(i);
+      const size_t dot = s.find('.');
+      if (dot == std::string::npos) throw ArgError("--view takes LAYER.HEAD, e.g. --view 3.1");
+      ViewArgs v = a.view.value_or(ViewArgs{});
+      const long long l = parse_int(s.substr(0, dot), "--view layer"), h = parse_int(s.substr(dot + 1), "--view head");
+      if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX) throw ArgError("--view: layer and head must be >= 0");
+      v.layer = int(l), v.head = int(h);
+      a.view = v;
+    } else if (k == "--grid") {
+      const std::string s = value(i);
+      const size_t c = s.find(',');
+      if (c == std::string::npos) throw ArgError("--grid takes ROWS,COLS, e.g. --grid 512,512");
+      const long long r = parse_int(s.substr(0, c), "--grid rows"), cc = parse_int(s.substr(c + 1), "--grid cols");
+      if (r < 1 || r > 8192 || cc < 1 || cc > 8192) throw ArgError("--grid: rows and columns must be 1..8192");
+      grid = {int(r), int(cc)};
+    } else if (k == "--pool") {
+      const std::string s = value(i);
+      if (s != "max" && s != "mean") throw ArgError("--pool must be max or mean, not '" + s + "'");
+      pool_mean = s == "mean";
+    } else if (k == "--rect") {
+      const std::string s = value(i);
+      const size_t comma = s.find(',');
+      if (comma == std::string::npos) throw ArgError("--rect takes Q0:Q1,K0:K1, e.g. --rect 0:512,0:512");
+      std::array<int64_t, 4> b{};
+      for (int t = 0; t < 2; ++t) {
+        const std::string part = t == 0 ? s.substr(0, comma) : s.substr(comma + 1);
+        const size_t colon = part.find(':');
+        if (colon == std::string::npos) throw ArgError("--rect takes Q0:Q1,K0:K1, e.g. --rect 0:512,0:512");
+        const long long lo = parse_int(part.substr(0, colon), "--rect"), hi = parse_int(part.substr(colon + 1), "--rect");
+        if (lo < 0 || hi > (1LL << 40) || lo >= hi) throw ArgError("--rect: each range must be 0 <= start < end");
+        b[size_t(2 * t)] = lo, b[size_t(2 * t + 1)] = hi;
+      }
+      rect = b;
+    } else if (k == "--stats") {
+      a.stats = value(i);
     } else if (k == "--backend") {
       a.backend = value(i);
       try {
@@ -132,10 +203,36 @@ Args parse_args(int argc, const char* const* argv) {
     return a;
   }
   if (a.model.empty()) throw ArgError("--model DIR is required (see --help)");
-  if (a.have_prompt && a.ids) throw ArgError("give either --prompt or --token-ids, not both");
-  if (!a.have_prompt && !a.ids) throw ArgError("give a prompt: --prompt TEXT or --token-ids 1,2,3");
+  if (sources > 1)
+    throw ArgError("give one of --prompt, --prompt-file, --token-ids, --token-ids-file");
+  if (sources == 0)
+    throw ArgError("give a prompt: --prompt TEXT, --prompt-file F, --token-ids 1,2,3 or --token-ids-file F");
+  if ((grid || pool_mean || rect) && !a.view) throw ArgError("--grid, --pool and --rect go with --view L.H");
+  if (a.view) {
+    if (grid) a.view->rows = grid->first, a.view->cols = grid->second;
+    if (pool_mean) a.view->mean = *pool_mean;
+    if (rect) a.view->q0 = (*rect)[0], a.view->q1 = (*rect)[1], a.view->k0 = (*rect)[2], a.view->k1 = (*rect)[3];
+  }
+  if ((a.view || !a.rows.empty()) && a.dump.empty()) throw ArgError("--rows and --view write into --dump FILE");
   return a;
 }
 
+std::vector<int32_t> parse_id_list(const std::string& s, const std::string& what) {
+  std::vector<int32_t> ids;
+  size_t p = 0;
+  const auto sep = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (p < s.size()) {
+    while (p < s.size() && sep(s[p])) ++p;
+    size_t q = p;
+    while (q < s.size() && !sep(s[q])) ++q;
+    if (q == p) break;
+    const long long v = parse_int(s.substr(p, q - p), what);
+    if (v < 0 || v > INT32_MAX) throw ArgError(what + ": " + std::to_string(v) + " is not a valid token id");
+    ids.push_back(int32_t(v));
+    p = q;
+  }
+  if (ids.empty()) throw ArgError(what + ": no token ids");
+  return ids;
+}
 
 }  // namespace ds::cli

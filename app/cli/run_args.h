@@ -16,8 +16,19 @@ struct ArgError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// --view L.H with its grid, pooling and optional rectangle (engine/map_query.h).
+struct ViewArgs {
+  int layer = 0, head = 0;
+  int rows = 256, cols = 256;
+  bool mean = false;
+  int64_t q0 = 0, q1 = -1, k0 = 0, k1 = -1;  // -1: to the end
+};
+
 struct Args {
   std::string model, prompt, dump, tokenizer, tokenize_jsonl, backend = "auto";
+  std::string prompt_file, token_ids_file, stats;  // files read / written by run(), not by the parser
+  std::vector<int64_t> rows;                        // --rows positions (negative: from the end)
+  std::optional<ViewArgs> view;
   std::optional<std::vector<int32_t>> ids;
   bool have_prompt = false, json = false, help = false;
   bool add_special = false, decode = false;  // --tokenize-jsonl options
@@ -28,5 +39,8 @@ struct Args {
 
 // Throws ArgError with a one-line message. Sets help (and nothing else is checked) for -h/--help.
 Args parse_args(int argc, const char* const* argv);
+
+// Token ids separated by commas and/or whitespace; throws ArgError naming `what` and the bad entry.
+std::vector<int32_t> parse_id_list(const std::string& s, const std::string& what);
 
 }  // namespace ds::cli

@@ -1,0 +1,146 @@
+// The host side of the map queries (map_query.h): request checks, pooling rows into a view, the statistics.
+#include "map_query.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace ds {
+
+void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
+                  MapView& out) {
+  if (n <= 0) throw Error("no maps: run a prompt first");
+  if (req.layer < 0 || req.layer >= layers)
+    throw Error("layer " + std::to_string(req.layer) + " does not exist (the model has " + std::to_string(layers) +
+                " layers)");
+  if (req.head < 0 || req.head >= heads)
+    throw Error("head " + std::to_string(req.head) + " does not exist (layers have " + std::to_string(heads) +
+                " view heads)");
+  const int64_t q1 = req.q1 < 0 ? n : std::min(req.q1, n), k1 = req.k1 < 0 ? n : std::min(req.k1, n);
+  const int64_t q0 = std::max<int64_t>(0, req.q0), k0 = std::max<int64_t>(0, req.k0);
+  if (q0 >= q1 || k0 >= k1)
+    throw Error("empty view rectangle: queries " + std::to_string(q0) + ":" + std::to_string(q1) + ", keys " +
+                std::to_string(k0) + ":" + std::to_string(k1) + " of " + std::to_string(n) + " tokens");
+  if (req.rows <= 0 || req.cols <= 0 || req.rows > 8192 || req.cols > 8192)
+    throw Error("view grid " + std::to_string(req.rows) + "x" + std::to_string(req.cols) +
+                ": rows and columns must be between 1 and 8192");
+  out.layer = req.layer;
+  out.head = req.head;
+  out.q0 = q0, out.q1 = q1, out.k0 = k0, out.k1 = k1;
+  out.rows = int(std::min<int64_t>(req.rows, q1 - q0));
+  out.cols = int(std::min<int64_t>(req.cols, k1 - k0));
+  out.pool = req.pool;
+  out.differential = differential;
+  out.lambda = differential ? lambda : 0.f;
+  const size_t cells = size_t(out.rows) * size_t(out.cols);
+  out.a1.assign(cells, 0.f);
+  out.a2.assign(differential ? cells : 0, 0.f);
+  out.diff.assign(cells, 0.f);
+}
+
+void view_add_row(MapView& v, int64_t q, const float* a1, const float* a2) {
+  if (q < v.q0 || q >= v.q1) return;
+  const int64_t E_r = v.q1 - v.q0, E_c = v.k1 - v.k0;
+  const size_t base = size_t(view_block(q - v.q0, E_r, v.rows)) * size_t(v.cols);
+  for (int j = 0; j < v.cols; ++j) {
+    const int64_t c0 = v.k0 + view_block_start(j, E_c, v.cols), c1 = v.k0 + view_block_start(j + 1, E_c, v.cols);
+    float& o1 = v.a1[base + size_t(j)];
+    float* o2 = a2 ? &v.a2[base + size_t(j)] : nullptr;
+    float& od = v.diff[base + size_t(j)];
+    for (int64_t k = c0; k < c1; ++k) {
+      // masked cells (k > q) are 0, and the rows hold 0 there
+      const float x1 = k <= q ? a1[k] : 0.f, x2 = a2 && k <= q ? a2[k] : 0.f;
+      const float d = x1 - v.lambda * x2;
+      if (v.pool == Pool::Mean) {
+        o1 += x1;
+        if (o2) *o2 += x2;
+        od += d;
+      } else {
+        o1 = std::max(o1, x1);
+        if (o2) *o2 = std::max(*o2, x2);
+        if (std::fabs(d) > std::fabs(od) || (std::fabs(d) == std::fabs(od) && d > od)) od = d;
+      }
+    }
+  }
+}
+
+void view_finish(MapView& v) {
+  if (v.pool != Pool::Mean) return;
+  const int64_t E_r = v.q1 - v.q0, E_c = v.k1 - v.k0;
+  for (int i = 0; i < v.rows; ++i)
+    for (int j = 0; j < v.cols; ++j) {
+      const double cells = double(view_block_start(i + 1, E_r, v.rows) - view_block_start(i, E_r, v.rows)) *
+                           double(view_block_start(j + 1, E_c, v.cols) - view_block_start(j, E_c, v.cols));
+      const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
+      v.a1[at] = float(v.a1[at] / cells);
+      if (!v.a2.empty()) v.a2[at] = float(v.a2[at] / cells);
+      v.diff[at] = float(v.diff[at] / cells);
+    }
+}
+
+std::vector<int64_t> resolve_positions(const std::vector<int64_t>& positions, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t p : positions) {
+    const int64_t q = p < 0 ? n + p : p;
+    if (q < 0 || q >= n)
+      throw Error("row position " + std::to_string(p) + " is outside the prompt's " + std::to_string(n) +
+                  " tokens (negative positions count from the end: -1 is the last)");
+    out.push_back(q);
+  }
+  return out;
+}
+
+void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, float lambda, float ml1, float ml2) {
+  double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0;
+  for (int64_t k = 0; k <= q; ++k) {
+    const double x1 = a1[k], x2 = a2 ? a2[k] : 0.0;
+    if (x1 > 0) e1 -= x1 * std::log(x1);
+    if (x2 > 0) e2 -= x2 * std::log(x2);
+    const double d = x1 - double(lambda) * x2, ad = std::fabs(d);
+    absd += ad;
+    if (ad > 0) dlogd += ad * std::log(ad);
+    if (d < 0) neg -= d;
+    diff_min = std::min(diff_min, float(d));
+    diff_max = std::max(diff_max, float(d));
+  }
+  const double f2 = a2 ? a2[0] : 0.0;
+  add_terms(e1, e2, absd > 0 ? std::log(absd) - dlogd / absd : 0.0, a1[0], f2, a1[0] - double(lambda) * f2, neg,
+            diff_min, diff_max, ml1, ml2);
+}
+
+void StatsAccumulator::add_terms(double e1, double e2, double ediff, double f1, double f2, double fd, double neg,
+                                 float dmin, float dmax, float ml1, float ml2) {
+  entropy1 += e1;
+  entropy2 += e2;
+  entropy_diff += ediff;
+  first1 += f1;
+  first2 += f2;
+  first_diff += fd;
+  neg_mass += neg;
+  diff_min = std::min(diff_min, dmin);
+  diff_max = std::max(diff_max, dmax);
+  max_logit1 = std::max(max_logit1, ml1);
+  max_logit2 = std::max(max_logit2, ml2);
+  ++rows;
+}
+
+HeadStats StatsAccumulator::finish(bool differential) const {
+  HeadStats s;
+  if (rows == 0) return s;
+  const double inv = 1.0 / double(rows);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  s.entropy1 = float(entropy1 * inv);
+  s.entropy2 = differential ? float(entropy2 * inv) : nan;
+  s.entropy_diff = float(entropy_diff * inv);
+  s.first1 = float(first1 * inv);
+  s.first2 = differential ? float(first2 * inv) : nan;
+  s.first_diff = float(first_diff * inv);
+  s.neg_mass = float(neg_mass * inv);
+  s.diff_min = diff_min;
+  s.diff_max = diff_max;
+  s.max_logit1 = max_logit1;
+  s.max_logit2 = differential ? max_logit2 : nan;
+  return s;
+}
+
+}  // namespace ds

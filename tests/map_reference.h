@@ -1,0 +1,192 @@
+// Float64 references for the map queries (engine/map_query.h), built from a layer's full maps: what a pooled view,
+// a row or a head's statistics must be. Written from the definitions, independently of the engine's pooling code.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/backend.h"
+
+namespace dstest {
+
+struct RefView {
+  int rows = 0, cols = 0;
+  std::vector<double> a1, a2, diff;  // [rows, cols]
+};
+
+// Block b of E cells in B blocks: [floor(b E / B), floor((b + 1) E / B)).
+inline int64_t ref_block_start(int b, int64_t E, int B) { return int64_t(b) * E / B; }
+
+inline RefView ref_view(const ds::LayerMaps& m, int head, int64_t q0, int64_t q1, int64_t k0, int64_t k1, int R, int C,
+                        bool mean, double lambda) {
+  const int64_t n = m.n;
+  RefView v;
+  v.rows = int(std::min<int64_t>(R, q1 - q0));
+  v.cols = int(std::min<int64_t>(C, k1 - k0));
+  const bool two = !m.a2.empty();
+  const size_t cells = size_t(v.rows) * size_t(v.cols);
+  v.a1.assign(cells, 0.0);
+  v.a2.assign(two ? cells : 0, 0.0);
+  v.diff.assign(cells, 0.0);
+  for (int i = 0; i < v.rows; ++i)
+    for (int j = 0; j < v.cols; ++j) {
+      const int64_t r0 = q0 + ref_block_start(i, q1 - q0, v.rows), r1 = q0 + ref_block_start(i + 1, q1 - q0, v.rows);
+      const int64_t c0 = k0 + ref_block_start(j, k1 - k0, v.cols), c1 = k0 + ref_block_start(j + 1, k1 - k0, v.cols);
+      double s1 = 0, s2 = 0, sd = 0, m1 = 0, m2 = 0, md = 0;
+      for (int64_t q = r0; q < r1; ++q)
+        for (int64_t k = c0; k < c1; ++k) {
+          const double x1 = m.a1[(size_t(head) * size_t(n) + size_t(q)) * size_t(n) + size_t(k)];
+          const double x2 = two ? m.a2[(size_t(head) * size_t(n) + size_t(q)) * size_t(n) + size_t(k)] : 0.0;
+          const double d = two ? x1 - lambda * x2 : x1;
+          s1 += x1, s2 += x2, sd += d;
+          m1 = std::max(m1, x1), m2 = std::max(m2, x2);
+          if (std::fabs(d) > std::fabs(md) || (std::fabs(d) == std::fabs(md) && d > md)) md = d;
+        }
+      const double cnt = double(r1 - r0) * double(c1 - c0);
+      const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
+      v.a1[at] = mean ? s1 / cnt : m1;
+      if (two) v.a2[at] = mean ? s2 / cnt : m2;
+      v.diff[at] = mean ? sd / cnt : md;
+    }
+  return v;
+}
+
+struct RefStats {
+  double entropy1 = 0, entropy2 = 0, entropy_diff = 0, first1 = 0, first2 = 0, first_diff = 0, neg_mass = 0;
+  double diff_min = std::numeric_limits<double>::infinity(), diff_max = -std::numeric_limits<double>::infinity();
+};
+
+inline RefStats ref_stats(const ds::LayerMaps& m, int head, double lambda) {
+  const int64_t n = m.n;
+  const bool two = !m.a2.empty();
+  RefStats s;
+  for (int64_t q = 0; q < n; ++q) {
+    const float* r1 = m.a1.data() + (size_t(head) * size_t(n) + size_t(q)) * size_t(n);
+    const float* r2 = two ? m.a2.data() + (size_t(head) * size_t(n) + size_t(q)) * size_t(n) : nullptr;
+    double abs_sum = 0;
+    for (int64_t k = 0; k <= q; ++k) abs_sum += std::fabs(double(r1[k]) - (two ? lambda * r2[k] : 0.0));
+    for (int64_t k = 0; k <= q; ++k) {
+      const double x1 = r1[k], x2 = two ? r2[k] : 0.0, d = x1 - lambda * x2;
+      if (x1 > 0) s.entropy1 -= x1 * std::log(x1);
+      if (x2 > 0) s.entropy2 -= x2 * std::log(x2);
+      const double pd = abs_sum > 0 ? std::fabs(d) / abs_sum : 0.0;
+      if (pd > 0) s.entropy_diff -= pd * std::log(pd);
+      if (d < 0) s.neg_mass -= d;
+      s.diff_min = std::min(s.diff_min, d);
+      s.diff_max = std::max(s.diff_max, d);
+    }
+    s.first1 += r1[0];
+    s.first2 += two ? r2[0] : 0.0;
+    s.first_diff += double(r1[0]) - (two ? lambda * r2[0] : 0.0);
+  }
+  for (double* x : {&s.entropy1, &s.entropy2, &s.entropy_diff, &s.first1, &s.first2, &s.first_diff, &s.neg_mass})
+    *x /= double(n);
+  return s;
+}
+
+inline double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (size_t i = 0; i < got.size(); ++i) m = std::max(m, std::fabs(double(got[i]) - want[i]));
+  return m;
+}
+
+// Every query of the backend's last forward against the float64 references built from the same backend's full maps
+// (layer_maps): views of several rectangles (the whole map, grids that do not divide it, a rectangle cutting the
+// diagonal, one cell) with both poolings, rows at the ends and the middle, and every head's statistics. `lambda`:
+// the lambda each layer ran with.
+inline void expect_queries_match_maps(ds::Backend& be, const ds::ModelConfig& c, const std::vector<float>& lambda,
+                                      double tol, const std::string& what) {
+  for (int l = 0; l < int(c.layers); ++l) {
+    ds::LayerMaps m;
+    be.layer_maps(l, m);
+    const int64_t n = m.n;
+    const double lam = c.is_diff() ? lambda[size_t(l)] : 0.0;
+    const std::vector<ds::HeadStats> st = be.head_stats(l);
+    ASSERT_EQ(st.size(), size_t(m.heads)) << what;
+    for (int h = 0; h < int(m.heads); ++h) {
+      const std::string at = what + " layer " + std::to_string(l) + " head " + std::to_string(h);
+      struct Rect {
+        int64_t q0, q1, k0, k1;
+        int R, C;
+      };
+      const std::vector<Rect> rects = {{0, n, 0, n, int(n), int(n)},
+                                       {0, n, 0, n, 3, 5},
+                                       {n / 3, n, 0, std::max<int64_t>(1, n - 1), 2, 4},
+                                       {n - 1, n, 0, n, 7, 2},
+                                       {0, 1, 0, 1, 4, 4}};
+      for (const Rect& r : rects)
+        for (bool mean : {false, true}) {
+          ds::ViewRequest q;
+          q.layer = l, q.head = h, q.q0 = r.q0, q.q1 = r.q1, q.k0 = r.k0, q.k1 = r.k1, q.rows = r.R, q.cols = r.C;
+          q.pool = mean ? ds::Pool::Mean : ds::Pool::Max;
+          ds::MapView v;
+          be.map_view(q, v);
+          const RefView ref = ref_view(m, h, r.q0, r.q1, r.k0, r.k1, r.R, r.C, mean, lam);
+          const std::string vw = at + " view " + std::to_string(r.q0) + ":" + std::to_string(r.q1) + "," +
+                                 std::to_string(r.k0) + ":" + std::to_string(r.k1) + " grid " + std::to_string(r.R) +
+                                 "x" + std::to_string(r.C) + (mean ? " mean" : " max");
+          ASSERT_EQ(v.rows, ref.rows) << vw;
+          ASSERT_EQ(v.cols, ref.cols) << vw;
+          EXPECT_EQ(v.differential, c.is_diff()) << vw;
+          EXPECT_LE(max_abs_diff(v.a1, ref.a1), tol) << vw << " a1";
+          if (c.is_diff()) EXPECT_LE(max_abs_diff(v.a2, ref.a2), tol) << vw << " a2";
+          else EXPECT_TRUE(v.a2.empty()) << vw;
+          EXPECT_LE(max_abs_diff(v.diff, ref.diff), tol * (1 + std::fabs(lam))) << vw << " diff";
+        }
+      const RefStats rs = ref_stats(m, h, lam);
+      const ds::HeadStats& s = st[size_t(h)];
+      EXPECT_NEAR(s.entropy1, rs.entropy1, 20 * tol) << at;  // a log of each probability: looser than the maps
+      EXPECT_NEAR(s.entropy_diff, rs.entropy_diff, 20 * tol) << at;
+      EXPECT_NEAR(s.first1, rs.first1, tol) << at;
+      EXPECT_NEAR(s.first_diff, rs.first_diff, tol * (1 + std::fabs(lam))) << at;
+      EXPECT_NEAR(s.neg_mass, rs.neg_mass, tol * (1 + std::fabs(lam))) << at;
+      EXPECT_NEAR(s.diff_min, rs.diff_min, tol * (1 + std::fabs(lam))) << at;
+      EXPECT_NEAR(s.diff_max, rs.diff_max, tol * (1 + std::fabs(lam))) << at;
+      if (c.is_diff()) {
+        EXPECT_NEAR(s.entropy2, rs.entropy2, 20 * tol) << at;
+        EXPECT_NEAR(s.first2, rs.first2, tol) << at;
+      } else {
+        EXPECT_TRUE(std::isnan(s.entropy2) && std::isnan(s.first2) && std::isnan(s.max_logit2)) << at;
+      }
+      // The largest |logit| bounds each row's spread: max_k log A - min_k log A <= 2 max|logit|.
+      double spread = 0;
+      for (int64_t q = 0; q < n; ++q) {
+        const float* r1 = m.a1.data() + (size_t(h) * size_t(n) + size_t(q)) * size_t(n);
+        double lo = 1e300, hi = 0;
+        for (int64_t k = 0; k <= q; ++k) lo = std::min(lo, double(r1[k])), hi = std::max(hi, double(r1[k]));
+        if (lo > 0) spread = std::max(spread, std::log(hi / lo));
+      }
+      EXPECT_GE(2.0 * s.max_logit1 + 1e-3, spread) << at;
+    }
+    // Rows: the first, the middle and the last position, also as -1.
+    const std::vector<int64_t> pos = {0, n / 2, -1};
+    ds::MapRows rows;
+    be.map_rows(l, pos, rows);
+    ASSERT_EQ(rows.positions.size(), pos.size()) << what;
+    EXPECT_EQ(rows.positions.back(), n - 1) << what;
+    for (int h = 0; h < int(m.heads); ++h)
+      for (size_t i = 0; i < pos.size(); ++i)
+        for (int64_t k = 0; k < n; ++k) {
+          const size_t at = (size_t(h) * pos.size() + i) * size_t(n) + size_t(k);
+          const size_t src = (size_t(h) * size_t(n) + size_t(rows.positions[i])) * size_t(n) + size_t(k);
+          ASSERT_NEAR(rows.a1[at], m.a1[src], tol) << what << " rows layer " << l;
+          if (c.is_diff()) ASSERT_NEAR(rows.a2[at], m.a2[src], tol) << what << " rows layer " << l;
+        }
+    EXPECT_THROW(be.map_rows(l, {n}, rows), ds::Error) << what;
+  }
+  ds::ViewRequest bad;
+  bad.layer = int(c.layers);
+  ds::MapView v;
+  EXPECT_THROW(be.map_view(bad, v), ds::Error) << what;
+  bad.layer = 0, bad.head = int(c.view_heads());
+  EXPECT_THROW(be.map_view(bad, v), ds::Error) << what;
+}
+
+}  // namespace dstest
