@@ -26,6 +26,8 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include "engine/backend_cuda_impl.h"
 #include "engine/error.h"
 #include "engine/model.h"
+#include "map_reference.h"
+#include "engine/session.h"
 #include "test_util.h"
 #include "test_cuda_util.h"
 
@@ -219,6 +221,46 @@ TEST(CudaModel, EveryGrantedAttentionKernelMatchesTransformers) {
     }
   }
   EXPECT_GT(fused_runs, 0) << "no fused kernel ran on this device";
+}
+
+// Map queries on the GPU (views pooled on the device, rows, statistics) against float64 references from the same
+// backend's full maps (f32 arithmetic on both sides: 1e-5, as on the CPU), and against the CPU backend's queries
+// on the same prompt (bf16 weights and Q/K here: the maps' tolerance).
+TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "diff_mha_d32_f32", "diff_n1"}) {
+    const std::string dir = dstest::fixture(name);
+    Expected ex(dir);
+    auto gpu = ds::Session::open(dir, ds::BackendChoice::Cuda);
+    auto cpu = ds::Session::open(dir, ds::BackendChoice::Cpu, nullptr, 2);
+    const ds::ModelConfig& c = gpu->config();
+    for (auto* s : {gpu.get(), cpu.get()}) {
+      s->set_ids(ex.ids());
+      if (c.is_diff()) s->set_lambda_override(0, 0.35);
+      s->run();
+    }
+    std::vector<float> lam;
+    for (int l = 0; l < c.layers; ++l) lam.push_back(float(gpu->effective_lambda(l)));
+    dstest::expect_queries_match_maps(gpu->backend(), c, lam, 1e-5, std::string(name) + " (CUDA)");
+    const double tol = c.layers && dstest::fixture(name).find("f32") != std::string::npos ? kMapsAbsF32 : kMapsAbsBf16;
+    for (int l = 0; l < c.layers; ++l) {
+      ds::ViewRequest q;
+      q.layer = l, q.rows = 7, q.cols = 5, q.pool = ds::Pool::Mean;
+      ds::MapView a, b;
+      gpu->backend().map_view(q, a);
+      cpu->backend().map_view(q, b);
+      ASSERT_EQ(a.a1.size(), b.a1.size());
+      for (size_t i = 0; i < a.a1.size(); ++i) {
+        EXPECT_NEAR(a.a1[i], b.a1[i], tol) << name << " layer " << l;
+        EXPECT_NEAR(a.diff[i], b.diff[i], tol * (1 + std::fabs(a.lambda))) << name << " layer " << l;
+      }
+      const std::vector<ds::HeadStats> sa = gpu->backend().head_stats(l), sb = cpu->backend().head_stats(l);
+      for (size_t h = 0; h < sa.size(); ++h) {
+        EXPECT_NEAR(sa[h].max_logit1, sb[h].max_logit1, 2e-2 * (1 + std::fabs(sb[h].max_logit1))) << name;
+        EXPECT_NEAR(sa[h].first1, sb[h].first1, tol) << name;
+      }
+    }
+  }
 }
 
 TEST(CudaModel, UnknownAttentionOverrideIsAnError) {
