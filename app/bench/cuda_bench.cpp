@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <sys/resource.h>
 #include <random>
 #include <stdexcept>
 
@@ -243,6 +244,82 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
   return rows;
 }
 
+// Long prompts through the map queries (engine/map_query.h): for each length, the forward, a 1024 x 1024 max-pooled
+// view of one head of the middle layer (three maps), every layer's statistics, and a lambda change of the middle
+// layer followed by next-token probabilities, the view and that layer's statistics; the process's peak RSS after
+// each length (nothing n x n reaches the host, so it must not grow like n^2).
+json bench_views(CudaBackend& b, int repeat) {
+  const ModelConfig& c = b.config();
+  const int L = int(c.layers), mid = L / 2;
+  json rows = json::array();
+  std::printf("\n%-8s %12s %14s %16s %18s %14s\n", "n", "forward ms", "head view ms", "stats all ms",
+              "lambda change ms", "peak RSS MB");
+  double stats_ms_per_n2 = 0;
+  for (int64_t n : {int64_t(1024), int64_t(4096), int64_t(8192), int64_t(32768), int64_t(131072)}) {
+    json row = {{"n", n}};
+    if (n > b.max_tokens()) {
+      std::printf("%-8lld does not fit in GPU memory (room for %lld tokens)\n", (long long)n, (long long)b.max_tokens());
+      row["skipped"] = "does not fit in GPU memory";
+      rows.push_back(row);
+      continue;
+    }
+    const int reps = n <= 8192 ? std::max(3, repeat / 4) : 2;
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::uniform_int_distribution<int32_t> tok(3, int32_t(c.vocab - 1));
+    ForwardRequest req;
+    req.ids.resize(size_t(n));
+    for (auto& x : req.ids) x = tok(rng);
+    req.lambda = default_lambda(c);
+    ForwardResult res;
+    auto ms_of = [](auto&& f, int k) {
+      std::vector<double> t;
+      for (int i = 0; i < k; ++i) {
+        const auto t0 = Clock::now();
+        f();
+        t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      return median(t);
+    };
+    b.forward(req, res);  // warm-up (allocations)
+    row["forward_ms"] = ms_of([&] { b.forward(req, res); }, reps);
+    ViewRequest vq;
+    vq.layer = mid, vq.head = 0, vq.rows = 1024, vq.cols = 1024, vq.pool = Pool::Max;
+    MapView view;
+    b.map_view(vq, view);  // warm-up
+    row["head_view_ms"] = ms_of([&] { b.map_view(vq, view); }, reps);
+    // Statistics of every layer: skipped where the previous length predicts more than a minute.
+    const double predicted = stats_ms_per_n2 * double(n) * double(n);
+    if (predicted < 60e3) {
+      const double t = ms_of([&] {
+        for (int l = 0; l < L; ++l) b.head_stats(l);
+      }, n <= 8192 ? reps : 1);
+      row["stats_all_layers_ms"] = t;
+      stats_ms_per_n2 = t / (double(n) * double(n));
+      row["lambda_change_ms"] = ms_of([&] {
+        req.from_layer = mid;
+        req.lambda[size_t(mid)] += 0.01f;
+        b.forward(req, res);  // next-token logits (softmax on the host: 128K values)
+        b.map_view(vq, view);
+        b.head_stats(mid);
+      }, reps);
+      req.from_layer = 0;
+    } else {
+      row["stats_all_layers_ms"] = nullptr;
+      row["stats_skipped"] = "predicted from the previous length: " + std::to_string(int64_t(predicted / 1e3)) + " s";
+    }
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    row["peak_rss_mb"] = double(ru.ru_maxrss) / 1024.0;
+    std::printf("%-8lld %12.2f %14.2f %16s %18s %14.0f\n", (long long)n, row["forward_ms"].get<double>(),
+                row["head_view_ms"].get<double>(),
+                row["stats_all_layers_ms"].is_null() ? "skipped" : std::to_string(row["stats_all_layers_ms"].get<double>()).c_str(),
+                row.contains("lambda_change_ms") ? std::to_string(row["lambda_change_ms"].get<double>()).c_str() : "-",
+                row["peak_rss_mb"].get<double>());
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 json bench_lambda(CudaBackend& b, int repeat) {
   const ModelConfig& c = b.config();
   const int L = int(c.layers), mid = L / 2;
@@ -469,6 +546,11 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     if (want("lambda")) r["lambda"] = bench_lambda(b, o.repeat);
   }
   if (want("table7")) r["table7"] = bench_table7(b, o, model_repeat);
+  if (o.only.count("views")) {  // minutes at 128K tokens: only when asked for
+    b.load_random(kajuma_shape(), 1);
+    r["views_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";
+    r["views"] = bench_views(b, o.repeat);
+  }
   if (!o.model_dir.empty()) {
     auto m = load_model(o.model_dir);
     b.load(*m, nullptr);
