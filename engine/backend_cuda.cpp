@@ -22,6 +22,7 @@
 
 #include "kernels/attn_fwd_generic.h"
 #include "kernels/attn_maps.h"
+#include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/rmsnorm.h"
@@ -41,6 +42,13 @@ constexpr size_t kLogitsBudget = size_t(64) << 20;   // device bytes for one chu
 constexpr size_t kReserve = size_t(768) << 20;       // cuBLAS workspace, maps, logits chunks, fragmentation
 constexpr size_t kLtWorkspace = size_t(32) << 20;    // cuBLASLt workspace: room for its split-K kernels
 constexpr int kGemmCandidates = 8;                   // heuristic candidates timed per GEMM shape
+
+// One query row's statistics as the kernels write them (kernels/attn_maps.h, MAP_*), into the accumulator.
+void add_row_stats(StatsAccumulator& acc, const float* st) {
+  acc.add_terms(st[kern::MAP_ENTROPY1], st[kern::MAP_ENTROPY2], st[kern::MAP_ENTROPY_DIFF], st[kern::MAP_FIRST1],
+                st[kern::MAP_FIRST2], st[kern::MAP_FIRST_DIFF], st[kern::MAP_NEG_MASS], st[kern::MAP_DIFF_MIN],
+                st[kern::MAP_DIFF_MAX], st[kern::MAP_MAX_LOGIT1], st[kern::MAP_MAX_LOGIT2]);
+}
 
 // Profiler names of the attention kernels (the profiler sums every mark with "attn" in it, except attn_maps).
 const char* attn_mark_name(kern::AttnImpl impl) {
@@ -750,10 +758,7 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
       for (int h = 0; h < Hv; ++h)
         for (int r = 0; r < rows; ++r) {
           const float* st = host_st.data() + (size_t(h) * size_t(rows) + size_t(r)) * kern::MAP_NSTAT;
-          acc[size_t(h)].add_terms(st[kern::MAP_ENTROPY1], st[kern::MAP_ENTROPY2], st[kern::MAP_ENTROPY_DIFF],
-                                   st[kern::MAP_FIRST1], st[kern::MAP_FIRST2], st[kern::MAP_FIRST_DIFF],
-                                   st[kern::MAP_NEG_MASS], st[kern::MAP_DIFF_MIN], st[kern::MAP_DIFF_MAX],
-                                   st[kern::MAP_MAX_LOGIT1], st[kern::MAP_MAX_LOGIT2]);
+          add_row_stats(acc[size_t(h)], st);
         }
     }
   }
@@ -769,11 +774,35 @@ void CudaBackend::layer_maps(int layer, LayerMaps& out) {
   compute_maps(layer, &out, nullptr);
 }
 
+// Statistics without maps: the fused two-pass kernel (tensor cores) where it runs, else the map kernels in chunks.
+// Either way the per-row terms, [view heads][n][MAP_NSTAT], come to the host and StatsAccumulator reduces them.
 std::vector<HeadStats> CudaBackend::head_stats(int layer) {
   const DeviceGuard on(device_);
-  std::vector<HeadStats> s;
-  compute_maps(layer, nullptr, &s);
-  return s;
+  const kern::AttnParams p = layer_params(layer);
+  const int Hv = view_heads();
+  const bool fused = (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && attn_dev_.cc >= 80 &&
+                     kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
+  std::vector<HeadStats> out;
+  if (!fused) {
+    compute_maps(layer, nullptr, &out);
+    return out;
+  }
+  const int64_t n = last_n_;
+  const size_t st_bytes = size_t(Hv) * size_t(n) * kern::MAP_NSTAT * 4;
+  if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+  timed("attn_stats", layer, [&] { DS_CUDA_CHECK(kern::launch_attn_row_stats(p, map_stats_.as<float>(), stream())); });
+  std::vector<float> host(size_t(Hv) * size_t(n) * kern::MAP_NSTAT);
+  DS_CUDA_CHECK(cudaMemcpyAsync(host.data(), map_stats_.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream()));
+  sync();
+  for (int h = 0; h < Hv; ++h) {
+    StatsAccumulator acc;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* st = host.data() + (size_t(h) * size_t(n) + size_t(r)) * kern::MAP_NSTAT;
+      add_row_stats(acc, st);
+    }
+    out.push_back(acc.finish(cfg_.is_diff()));
+  }
+  return out;
 }
 
 kern::AttnParams CudaBackend::layer_params(int layer) const {

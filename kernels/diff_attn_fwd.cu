@@ -30,6 +30,7 @@
 #include <cmath>
 
 #include "attn_heads.h"
+#include "attn_maps.h"
 #include "mma_sm80.cuh"
 
 namespace ds::kern {
@@ -723,6 +724,187 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   }
 }
 
+// Row statistics of the attention maps (attn_maps.h's MAP_* per query row) without materialising them: two passes
+// over the key tiles with the S products on the tensor cores. Pass 1 finds each row's (lazy) maximum and sum as the
+// forward's online softmax does; pass 2 recomputes S and folds the normalised probabilities into the statistics.
+// A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a differential head, or of a pair of plain
+// heads; K1 | K2 of the next tile load (cp.async, double-buffered) while the current one is used. No V.
+constexpr int THREADS_S = 128;
+template <int D>
+struct StatsTile {
+  static constexpr int Q_ELEMS = 2 * BM * D, K_STAGE = 2 * BN * D;
+  static constexpr int SMEM = (Q_ELEMS + 2 * K_STAGE) * 2;  // 48 KB at d = 64, 96 KB at d = 128
+};
+
+template <int D, bool DIFF>
+__global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnParams p, float* row_stats) {
+  using T = StatsTile<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
+  bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][2 maps][BN][D]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16, g4 = lane >> 2, t4 = lane & 3;
+  const CtaWork w = cta_work<DIFF>(p);
+  const int qt = w.qt, j = w.j, q0 = qt * BM, n_kt = qt + 1, n = p.n;
+  const bf16* base = p.qkv;  // sequence 0
+  const int64_t rs = p.row_stride;
+  const TileCopy<BM, D, THREADS_S> qc(tid);
+  const TileCopy<BN, D, THREADS_S> kc(tid);
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+    qc.issue(sQ + m * BM * D, base + (q0 + qc.r) * rs + p.q_off + int64_t(w.heads.q[m]) * D + qc.c * 8, rs, n - q0, base);
+  auto load_k = [&](int it, int stage) {
+    const int k0 = (qt - it) * BN;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+      kc.issue(sK + (stage * 2 + m) * BN * D, base + (k0 + kc.r) * rs + p.k_off + int64_t(w.heads.k[m]) * D + kc.c * 8,
+               rs, n - k0, base);
+  };
+  load_k(0, 0);
+  cp_async_commit();
+
+  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? p.lambda : 0.f;
+  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {}, inv_l[2][2] = {};
+  float mabs[2][2] = {}, ent[2][2] = {}, first[2][2] = {};
+  float amin[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}}, amax[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  float absd[2] = {0.f, 0.f}, dlogd[2] = {0.f, 0.f}, neg[2] = {0.f, 0.f};
+  float dmin[2] = {INFINITY, INFINITY}, dmax[2] = {-INFINITY, -INFINITY};
+  for (int u = 0; u < 2 * n_kt; ++u) {
+    const int it = u % n_kt, pass = u / n_kt;
+    cp_async_wait<0>();
+    __syncthreads();  // tile u landed; every warp is done with tile u - 1, whose stage the next copy overwrites
+    if (u + 1 < 2 * n_kt) load_k((u + 1) % n_kt, (u + 1) & 1);
+    cp_async_commit();
+    float s[2][BN / 8][4];
+    warp_qk_maps<D, 2, false>(s, sQ, sK + (u & 1) * T::K_STAGE, wrow, lane, [](int) {});
+    const bool diag = it == 0;
+    const int k0 = (qt - it) * BN;
+    if (diag) {
+      mask_diagonal(s[0], wrow, lane);
+      mask_diagonal(s[1], wrow, lane);
+    }
+    if (pass == 0) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (s[m][nt][e] != -INFINITY) mabs[m][e >> 1] = fmaxf(mabs[m][e >> 1], fabsf(s[m][nt][e]));
+        float alpha[2];
+        warp_softmax<true>(s[m], m_run[m], l_run[m], alpha, sl2);
+      }
+      continue;
+    }
+    if (u == n_kt) {  // pass 2 begins: the rows' sums are final
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        quad_sum(l_run[m]);
+        inv_l[m][0] = 1.f / l_run[m][0];
+        inv_l[m][1] = 1.f / l_run[m][1];
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, col = nt * 8 + 2 * t4 + (e & 1);
+        const bool causal = !diag || col <= wrow + g4 + 8 * r;
+        float a[2];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const float x = fmaf(s[m][nt][e], sl2, -m_run[m][r]);  // log2 units; -inf where masked
+          a[m] = causal ? ex2_ftz(x) * inv_l[m][r] : 0.f;
+          if (a[m] > 0.f) ent[m][r] += a[m] * x;
+          if (causal) {
+            amin[m][r] = fminf(amin[m][r], a[m]);
+            amax[m][r] = fmaxf(amax[m][r], a[m]);
+          }
+          if (k0 + col == 0) first[m][r] = a[m];
+        }
+        if constexpr (DIFF) {
+          const float d = a[0] - lam * a[1], ad = fabsf(d);
+          absd[r] += ad;
+          if (ad > 0.f) dlogd[r] += ad * __logf(ad);
+          neg[r] += fmaxf(0.f, -d);
+          if (causal) {
+            dmin[r] = fminf(dmin[r], d);
+            dmax[r] = fmaxf(dmax[r], d);
+          }
+        }
+      }
+  }
+  cp_async_wait<0>();
+  // The quad of lanes sharing a row holds its columns: sums, extremes and the first-token value over the quad.
+  auto quad = [&](float v, int op) {
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      const float x = __shfl_xor_sync(0xffffffffu, v, o);
+      v = op == 0 ? v + x : op == 1 ? fminf(v, x) : fmaxf(v, x);
+    }
+    return v;
+  };
+  constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float H[2], F[2], MA[2], AMIN[2], AMAX[2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      H[m] = __logf(l_run[m][r]) - LN2 * quad(ent[m][r], 0);  // -sum a ln a = ln l - ln2 sum a x
+      F[m] = quad(first[m][r], 0);
+      MA[m] = quad(mabs[m][r], 2) * p.scale;
+      AMIN[m] = quad(amin[m][r], 1);
+      AMAX[m] = quad(amax[m][r], 2);
+    }
+    const float AD = quad(absd[r], 0), DL = quad(dlogd[r], 0), NG = quad(neg[r], 0);
+    const float DMIN = quad(dmin[r], 1), DMAX = quad(dmax[r], 2);
+    const int row = q0 + wrow + g4 + 8 * r;
+    if (t4 != 0 || row >= n) continue;
+    if constexpr (DIFF) {
+      float* st = row_stats + (int64_t(j) * n + row) * MAP_NSTAT;
+      st[MAP_ENTROPY1] = H[0];
+      st[MAP_ENTROPY2] = H[1];
+      st[MAP_ENTROPY_DIFF] = AD > 0.f ? __logf(AD) - DL / AD : 0.f;
+      st[MAP_FIRST1] = F[0];
+      st[MAP_FIRST2] = F[1];
+      st[MAP_FIRST_DIFF] = F[0] - lam * F[1];
+      st[MAP_NEG_MASS] = NG;
+      st[MAP_DIFF_MIN] = DMIN;
+      st[MAP_DIFF_MAX] = DMAX;
+      st[MAP_MAX_LOGIT1] = MA[0];
+      st[MAP_MAX_LOGIT2] = MA[1];
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {  // plain head 2j + m: D = A, and |A| renormalised is A
+        float* st = row_stats + (int64_t(2 * j + m) * n + row) * MAP_NSTAT;
+        st[MAP_ENTROPY1] = H[m];
+        st[MAP_ENTROPY2] = 0.f;
+        st[MAP_ENTROPY_DIFF] = H[m];
+        st[MAP_FIRST1] = F[m];
+        st[MAP_FIRST2] = 0.f;
+        st[MAP_FIRST_DIFF] = F[m];
+        st[MAP_NEG_MASS] = 0.f;
+        st[MAP_DIFF_MIN] = AMIN[m];
+        st[MAP_DIFF_MAX] = AMAX[m];
+        st[MAP_MAX_LOGIT1] = MA[m];
+        st[MAP_MAX_LOGIT2] = 0.f;
+      }
+    }
+  }
+}
+
+template <int D, bool DIFF>
+cudaError_t launch_stats(const AttnParams& p, float* row_stats, cudaStream_t stream) {
+  constexpr int smem = StatsTile<D>::SMEM;
+  const auto kernel = attn_row_stats_kernel<D, DIFF>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  AttnParams q = p;
+  q.tile_major = false;
+  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned(p.heads / 2);
+  kernel<<<ctas, THREADS_S, smem, stream>>>(q, row_stats);
+  return cudaGetLastError();
+}
+
 template <int D, bool DIFF>
 cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
   using T = Tile<D>;
@@ -760,6 +942,16 @@ MmaFootprint diff_attn_mma_footprint(int schedule, int d) {
   if (d == 64) return pick(Tile<64>{});
   if (d == 128) return pick(Tile<128>{});
   return {};
+}
+
+int attn_row_stats_smem(int d) { return d == 64 ? StatsTile<64>::SMEM : d == 128 ? StatsTile<128>::SMEM : 0; }
+
+cudaError_t launch_attn_row_stats(const AttnParams& p, float* row_stats, cudaStream_t stream) {
+  if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
+  if (p.d == 64) return p.diff ? launch_stats<64, true>(p, row_stats, stream) : launch_stats<64, false>(p, row_stats, stream);
+  if (p.d == 128)
+    return p.diff ? launch_stats<128, true>(p, row_stats, stream) : launch_stats<128, false>(p, row_stats, stream);
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream) {

@@ -19,4 +19,11 @@ MmaFootprint diff_attn_mma_footprint(int schedule, int d);
 // launch error (cudaSuccess when queued).
 cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stream);
 
+// Per-row statistics of every view head of a layer's maps, as launch_attn_map_softmax writes them
+// ([view heads][n][MAP_NSTAT], batch 0; attn_maps.h), from the S products on the tensor cores in two passes over
+// the keys, without materialising a map. d = 64 or 128, H even, sm_80+ with attn_row_stats_smem(d) bytes of shared
+// memory per block.
+int attn_row_stats_smem(int d);
+cudaError_t launch_attn_row_stats(const AttnParams& p, float* row_stats, cudaStream_t stream);
+
 }  // namespace ds::kern

@@ -28,6 +28,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "engine/rope.h"
 #include "kernels/attn_dispatch.h"
 #include "kernels/attn_maps.h"
+#include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -408,11 +409,15 @@ TEST(CudaKernels, AttentionRejectsUnsupportedShapes) {
   EXPECT_EQ(ds::kern::launch_attn(generic, p, nullptr), cudaErrorInvalidValue);  // the kernel checks too
 }
 
-// Maps: f32 dot products and expf against float64: 1e-5 absolute on probabilities in [0, 1].
+// Maps: f32 dot products and expf against float64: 1e-5 absolute on probabilities in [0, 1]. Row statistics from
+// the map kernels and, where it runs (head_dim 64 / 128, H even), from the fused two-pass kernel
+// (launch_attn_row_stats: tensor-core S, ex2.approx: 2e-4 on sums of n terms).
 TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(5);
-  for (AttnCase c : {AttnCase{45, 1, 4, 2, 64, true}, AttnCase{30, 1, 4, 2, 32, false}, AttnCase{1, 1, 8, 4, 128, true}}) {
+  for (AttnCase c : {AttnCase{45, 1, 4, 2, 64, true}, AttnCase{30, 1, 4, 2, 32, false}, AttnCase{1, 1, 8, 4, 128, true},
+                     AttnCase{200, 1, 4, 2, 128, true}, AttnCase{130, 1, 4, 2, 64, false},
+                     AttnCase{77, 1, 6, 3, 128, false}}) {
     AttnProblem pr(c, rng);
     DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
     ds::kern::AttnParams p = pr.params(in, dummy);
@@ -438,6 +443,17 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
         std::memcpy(&stats[(size_t(h) * n + r0) * ds::kern::MAP_NSTAT], &s[size_t(h) * rows * ds::kern::MAP_NSTAT],
                     size_t(rows) * ds::kern::MAP_NSTAT * 4);
     }
+    const bool fused = (c.d == 64 || c.d == 128) && c.heads % 2 == 0;
+    std::vector<float> fstats;
+    if (fused) {
+      DeviceBuffer fb(size_t(hv) * n * ds::kern::MAP_NSTAT * 4, "test stats");
+      std::vector<float> nan(size_t(hv) * n * ds::kern::MAP_NSTAT, NAN);
+      DS_CUDA_CHECK(cudaMemcpy(fb.get(), nan.data(), fb.bytes(), cudaMemcpyHostToDevice));
+      DS_CUDA_CHECK(ds::kern::launch_attn_row_stats(p, fb.as<float>(), nullptr));
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      fstats = to_host<float>(fb, nan.size());
+    }
+    double worst_fused = 0;
     const int H = c.heads, Hkv = c.kv_heads, d = c.d, n_rep = H / Hkv;
     double worst = 0, worst_stat = 0;
     for (int h = 0; h < hv; ++h)
@@ -462,13 +478,29 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
           for (int k = 0; k < n; ++k)
             worst = std::max(worst, std::fabs(double(maps[((size_t(h) * nm + mm) * n + i) * n + k]) - a[mm][size_t(k)]));
         }
-        double ent1 = 0, neg = 0, absd = 0, dlogd = 0;
+        double ent1 = 0, ent2 = 0, neg = 0, absd = 0, dlogd = 0, dmin = INFINITY, dmax = -INFINITY;
         for (int k = 0; k <= i; ++k) {
           if (a[0][size_t(k)] > 0) ent1 -= a[0][size_t(k)] * std::log(a[0][size_t(k)]);
+          if (c.diff && a[1][size_t(k)] > 0) ent2 -= a[1][size_t(k)] * std::log(a[1][size_t(k)]);
           const double dd = a[0][size_t(k)] - (c.diff ? double(pr.lambda) * a[1][size_t(k)] : 0.0);
           neg += std::max(0.0, -dd);
           absd += std::fabs(dd);
           if (dd != 0) dlogd += std::fabs(dd) * std::log(std::fabs(dd));
+          dmin = std::min(dmin, dd), dmax = std::max(dmax, dd);
+        }
+        if (fused) {
+          const float* f = &fstats[(size_t(h) * n + i) * ds::kern::MAP_NSTAT];
+          const double first_d = a[0][0] - (c.diff ? double(pr.lambda) * a[1][0] : 0.0);
+          for (auto [got, want] : {std::pair{f[ds::kern::MAP_ENTROPY1], ent1}, {f[ds::kern::MAP_NEG_MASS], neg},
+                                   {f[ds::kern::MAP_ENTROPY_DIFF], std::log(absd) - dlogd / absd},
+                                   {f[ds::kern::MAP_FIRST1], a[0][0]}, {f[ds::kern::MAP_FIRST_DIFF], first_d},
+                                   {f[ds::kern::MAP_DIFF_MIN], dmin}, {f[ds::kern::MAP_DIFF_MAX], dmax},
+                                   {f[ds::kern::MAP_ENTROPY2], c.diff ? ent2 : 0.0},
+                                   {f[ds::kern::MAP_FIRST2], c.diff ? a[1][0] : 0.0}})
+            worst_fused = std::max(worst_fused, std::isfinite(got) ? std::fabs(got - want) : 1e9);
+          worst_fused = std::max(worst_fused, std::fabs(f[ds::kern::MAP_MAX_LOGIT1] - mxl[0]) / std::max(1.0, mxl[0]));
+          if (c.diff)
+            worst_fused = std::max(worst_fused, std::fabs(f[ds::kern::MAP_MAX_LOGIT2] - mxl[1]) / std::max(1.0, mxl[1]));
         }
         const float* st = &stats[(size_t(h) * n + i) * ds::kern::MAP_NSTAT];
         worst_stat = std::max(worst_stat, std::fabs(st[ds::kern::MAP_ENTROPY1] - ent1));
@@ -481,6 +513,7 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
       }
     EXPECT_LT(worst, 1e-5) << case_name(c);
     EXPECT_LT(worst_stat, 1e-4) << case_name(c) << " (statistics: sums of n f32 terms)";
+    if (fused) EXPECT_LT(worst_fused, 2e-4) << case_name(c) << " (fused row statistics)";
   }
 }
 
