@@ -780,10 +780,8 @@ std::vector<HeadStats> CudaBackend::head_stats(int layer) {
   const DeviceGuard on(device_);
   const kern::AttnParams p = layer_params(layer);
   const int Hv = view_heads();
-  const bool fused = (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && attn_dev_.cc >= 80 &&
-                     kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
   std::vector<HeadStats> out;
-  if (!fused) {
+  if (!fused_map_queries(p)) {
     compute_maps(layer, nullptr, &out);
     return out;
   }
@@ -805,6 +803,13 @@ std::vector<HeadStats> CudaBackend::head_stats(int layer) {
   return out;
 }
 
+// The two-pass tensor-core kernels for statistics and views (kernels/diff_attn_fwd.h): head_dim 64 or 128, H even,
+// sm_80+ with room for their shared memory; elsewhere the map kernels run in chunks of rows.
+bool CudaBackend::fused_map_queries(const kern::AttnParams& p) const {
+  return (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) && attn_dev_.cc >= 80 &&
+         kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
+}
+
 kern::AttnParams CudaBackend::layer_params(int layer) const {
   if (!has_run_) throw Error("no maps: run a prompt first");
   if (layer < 0 || layer >= int(cfg_.layers))
@@ -814,8 +819,8 @@ kern::AttnParams CudaBackend::layer_params(int layer) const {
                      last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
 }
 
-// Rows of the rectangle in chunks of one head's full probability rows (the softmax needs the whole row), each
-// chunk pooled on the device into the grid: only the grid comes back.
+// The view is pooled on the device (the fused two-pass kernel, or the map kernels in chunks): only the grid
+// comes back.
 void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   const DeviceGuard on(device_);
   if (!has_run_) throw Error("no maps: run a prompt first");
@@ -823,12 +828,6 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
   prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out);
   const kern::AttnParams p = layer_params(out.layer);
-  const int64_t n = last_n_;
-  const size_t row_bytes = size_t(nmaps) * size_t(n) * 4;
-  const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(out.q1 - out.q0, int64_t(kMapBudget / row_bytes)));
-  if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
-  const size_t st_bytes = size_t(rpc) * kern::MAP_NSTAT * 4;
-  if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
   const size_t cells = size_t(out.rows) * size_t(out.cols);
   if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
   float* g1 = view_buf_.as<float>();
@@ -836,14 +835,26 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   float* gd = g2 + cells;
   DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
   const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
-  float* buf = map_buf_.as<float>();
-  for (int64_t r0 = out.q0; r0 < out.q1; r0 += rpc) {
-    const int rows = int(std::min(rpc, out.q1 - r0));
+  if (fused_map_queries(p)) {
     timed("attn_view", out.layer, [&] {
-      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream(), out.head, 1));
-      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream(), 1));
-      DS_CUDA_CHECK(kern::launch_attn_map_pool(buf, nmaps, rows, int(n), int(r0), va, g1, g2, gd, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_view(p, va, out.head, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
     });
+  } else {  // one head's full probability rows in chunks (the softmax needs whole rows), each pooled on the device
+    const int64_t n = last_n_;
+    const size_t row_bytes = size_t(nmaps) * size_t(n) * 4;
+    const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(out.q1 - out.q0, int64_t(kMapBudget / row_bytes)));
+    if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+    const size_t st_bytes = size_t(rpc) * kern::MAP_NSTAT * 4;
+    if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+    float* buf = map_buf_.as<float>();
+    for (int64_t r0 = out.q0; r0 < out.q1; r0 += rpc) {
+      const int rows = int(std::min(rpc, out.q1 - r0));
+      timed("attn_view", out.layer, [&] {
+        DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream(), out.head, 1));
+        DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream(), 1));
+        DS_CUDA_CHECK(kern::launch_attn_map_pool(buf, nmaps, rows, int(n), int(r0), va, g1, g2, gd, stream()));
+      });
+    }
   }
   DS_CUDA_CHECK(cudaMemcpyAsync(out.a1.data(), g1, cells * 4, cudaMemcpyDeviceToHost, stream()));
   if (nmaps == 2) DS_CUDA_CHECK(cudaMemcpyAsync(out.a2.data(), g2, cells * 4, cudaMemcpyDeviceToHost, stream()));

@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
+  bool fused_map_queries(const kern::AttnParams& p) const;
   // Runs g inside the profiler mark `name` (none when null). The shape's plan is made first, outside the mark:
   // the first call with a new shape times the candidates there (DS_GEMM_AUTOTUNE=0: heuristic's first choice).
   void gemm(const char* name, int layer, const GemmArgs& g);

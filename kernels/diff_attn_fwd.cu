@@ -724,11 +724,12 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   }
 }
 
-// Row statistics of the attention maps (attn_maps.h's MAP_* per query row) without materialising them: two passes
-// over the key tiles with the S products on the tensor cores. Pass 1 finds each row's (lazy) maximum and sum as the
-// forward's online softmax does; pass 2 recomputes S and folds the normalised probabilities into the statistics.
-// A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a differential head, or of a pair of plain
-// heads; K1 | K2 of the next tile load (cp.async, double-buffered) while the current one is used. No V.
+// Two passes over a CTA's key tiles with the S products on the tensor cores, for the map queries (row statistics and
+// pooled views) without materialising a map. Pass 1 finds each row's (lazy) maximum and sum as the forward's online
+// softmax does; pass 2 recomputes S for the key tiles from the diagonal down to tile kt_lo and hands each, with the
+// rows' maxima and 1/sum, to `tile`. A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a
+// differential head, or of a pair of plain heads; K1 | K2 of the next tile load (cp.async, double-buffered) while
+// the current one is used. No V.
 constexpr int THREADS_S = 128;
 template <int D>
 struct StatsTile {
@@ -736,15 +737,21 @@ struct StatsTile {
   static constexpr int SMEM = (Q_ELEMS + 2 * K_STAGE) * 2;  // 48 KB at d = 64, 96 KB at d = 128
 };
 
-template <int D, bool DIFF>
-__global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnParams p, float* row_stats) {
+// What pass 2 hands over per tile: S of both maps (masked: -inf), and per map and row the maximum (log2 units, as
+// online_softmax keeps it) and 1/sum, so that a = ex2(s * sl2 - m) / sum.
+struct RowNorm {
+  float m[2][2], inv_l[2][2], l[2][2];
+};
+
+template <int D, class Tile>
+__device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork& w, int kt_lo, unsigned char* smem,
+                                              float (&mabs)[2][2], Tile&& tile) {
   using T = StatsTile<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][2 maps][BN][D]
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16, g4 = lane >> 2, t4 = lane & 3;
-  const CtaWork w = cta_work<DIFF>(p);
-  const int qt = w.qt, j = w.j, q0 = qt * BM, n_kt = qt + 1, n = p.n;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
+  const int qt = w.qt, q0 = qt * BM, n = p.n;
+  const int n1 = qt + 1, n2 = qt - kt_lo + 1;  // tiles of pass 1 (all) and pass 2 (the diagonal down to kt_lo)
   const bf16* base = p.qkv;  // sequence 0
   const int64_t rs = p.row_stride;
   const TileCopy<BM, D, THREADS_S> qc(tid);
@@ -761,24 +768,20 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   };
   load_k(0, 0);
   cp_async_commit();
-
-  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? p.lambda : 0.f;
-  float m_run[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l_run[2][2] = {}, inv_l[2][2] = {};
-  float mabs[2][2] = {}, ent[2][2] = {}, first[2][2] = {};
-  float amin[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}}, amax[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-  float absd[2] = {0.f, 0.f}, dlogd[2] = {0.f, 0.f}, neg[2] = {0.f, 0.f};
-  float dmin[2] = {INFINITY, INFINITY}, dmax[2] = {-INFINITY, -INFINITY};
-  for (int u = 0; u < 2 * n_kt; ++u) {
-    const int it = u % n_kt, pass = u / n_kt;
+  const float sl2 = p.scale * 1.4426950408889634f;
+  RowNorm rn;
+  float l_run[2][2] = {};
+#pragma unroll
+  for (int m = 0; m < 2; ++m) rn.m[m][0] = rn.m[m][1] = -INFINITY, mabs[m][0] = mabs[m][1] = 0.f;
+  for (int u = 0; u < n1 + n2; ++u) {
+    const int pass = u < n1 ? 0 : 1, it = pass == 0 ? u : u - n1;
     cp_async_wait<0>();
     __syncthreads();  // tile u landed; every warp is done with tile u - 1, whose stage the next copy overwrites
-    if (u + 1 < 2 * n_kt) load_k((u + 1) % n_kt, (u + 1) & 1);
+    if (u + 1 < n1 + n2) load_k(u + 1 < n1 ? u + 1 : u + 1 - n1, (u + 1) & 1);
     cp_async_commit();
     float s[2][BN / 8][4];
     warp_qk_maps<D, 2, false>(s, sQ, sK + (u & 1) * T::K_STAGE, wrow, lane, [](int) {});
-    const bool diag = it == 0;
-    const int k0 = (qt - it) * BN;
-    if (diag) {
+    if (it == 0) {
       mask_diagonal(s[0], wrow, lane);
       mask_diagonal(s[1], wrow, lane);
     }
@@ -791,18 +794,48 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
           for (int e = 0; e < 4; ++e)
             if (s[m][nt][e] != -INFINITY) mabs[m][e >> 1] = fmaxf(mabs[m][e >> 1], fabsf(s[m][nt][e]));
         float alpha[2];
-        warp_softmax<true>(s[m], m_run[m], l_run[m], alpha, sl2);
+        warp_softmax<true>(s[m], rn.m[m], l_run[m], alpha, sl2);
+      }
+      if (u == n1 - 1) {  // pass 1 done: the rows' sums are final
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          quad_sum(l_run[m]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) rn.l[m][r] = l_run[m][r], rn.inv_l[m][r] = 1.f / l_run[m][r];
+        }
       }
       continue;
     }
-    if (u == n_kt) {  // pass 2 begins: the rows' sums are final
+    tile(s, rn, (qt - it) * BN, it == 0);
+  }
+  cp_async_wait<0>();
+}
+
+// The value v of the thread's row r over the quad of lanes sharing it: op 0 sum, 1 min, 2 max.
+__device__ __forceinline__ float quad_reduce(float v, int op) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        quad_sum(l_run[m]);
-        inv_l[m][0] = 1.f / l_run[m][0];
-        inv_l[m][1] = 1.f / l_run[m][1];
-      }
-    }
+  for (int o = 1; o <= 2; o <<= 1) {
+    const float x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = op == 0 ? v + x : op == 1 ? fminf(v, x) : fmaxf(v, x);
+  }
+  return v;
+}
+
+// Row statistics (attn_maps.h's MAP_* per query row).
+template <int D, bool DIFF>
+__global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnParams p, float* row_stats) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, wrow = (threadIdx.x >> 5) * 16, g4 = lane >> 2, t4 = lane & 3;
+  const CtaWork w = cta_work<DIFF>(p);
+  const int j = w.j, q0 = w.qt * BM, n = p.n;
+  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? p.lambda : 0.f;
+  float mabs[2][2], ent[2][2] = {}, first[2][2] = {};
+  float amin[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}}, amax[2][2] = {};
+  float absd[2] = {}, dlogd[2] = {}, neg[2] = {};
+  float dmin[2] = {INFINITY, INFINITY}, dmax[2] = {-INFINITY, -INFINITY};
+  RowNorm last;
+  two_pass_rows<D>(p, w, 0, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+    last = rn;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
@@ -812,8 +845,8 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
         float a[2];
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          const float x = fmaf(s[m][nt][e], sl2, -m_run[m][r]);  // log2 units; -inf where masked
-          a[m] = causal ? ex2_ftz(x) * inv_l[m][r] : 0.f;
+          const float x = fmaf(s[m][nt][e], sl2, -rn.m[m][r]);  // log2 units; -inf where masked
+          a[m] = causal ? ex2_ftz(x) * rn.inv_l[m][r] : 0.f;
           if (a[m] > 0.f) ent[m][r] += a[m] * x;
           if (causal) {
             amin[m][r] = fminf(amin[m][r], a[m]);
@@ -832,31 +865,21 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
           }
         }
       }
-  }
-  cp_async_wait<0>();
-  // The quad of lanes sharing a row holds its columns: sums, extremes and the first-token value over the quad.
-  auto quad = [&](float v, int op) {
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      const float x = __shfl_xor_sync(0xffffffffu, v, o);
-      v = op == 0 ? v + x : op == 1 ? fminf(v, x) : fmaxf(v, x);
-    }
-    return v;
-  };
+  });
   constexpr float LN2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float H[2], F[2], MA[2], AMIN[2], AMAX[2];
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      H[m] = __logf(l_run[m][r]) - LN2 * quad(ent[m][r], 0);  // -sum a ln a = ln l - ln2 sum a x
-      F[m] = quad(first[m][r], 0);
-      MA[m] = quad(mabs[m][r], 2) * p.scale;
-      AMIN[m] = quad(amin[m][r], 1);
-      AMAX[m] = quad(amax[m][r], 2);
+      H[m] = __logf(last.l[m][r]) - LN2 * quad_reduce(ent[m][r], 0);  // -sum a ln a = ln l - ln2 sum a x
+      F[m] = quad_reduce(first[m][r], 0);
+      MA[m] = quad_reduce(mabs[m][r], 2) * p.scale;
+      AMIN[m] = quad_reduce(amin[m][r], 1);
+      AMAX[m] = quad_reduce(amax[m][r], 2);
     }
-    const float AD = quad(absd[r], 0), DL = quad(dlogd[r], 0), NG = quad(neg[r], 0);
-    const float DMIN = quad(dmin[r], 1), DMAX = quad(dmax[r], 2);
+    const float AD = quad_reduce(absd[r], 0), DL = quad_reduce(dlogd[r], 0), NG = quad_reduce(neg[r], 0);
+    const float DMIN = quad_reduce(dmin[r], 1), DMAX = quad_reduce(dmax[r], 2);
     const int row = q0 + wrow + g4 + 8 * r;
     if (t4 != 0 || row >= n) continue;
     if constexpr (DIFF) {
@@ -890,6 +913,113 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
       }
     }
   }
+}
+
+// Folds v into a grid cell: the sum (mean pooling) or the maximum; signed: the entry of largest magnitude.
+__device__ __forceinline__ void pool_into(float* cell, float v, bool mean, bool signed_max) {
+  if (mean) {
+    atomicAdd(cell, v);
+  } else if (!signed_max) {
+    atomicMax(reinterpret_cast<int*>(cell), __float_as_int(v));  // probabilities are >= 0
+  } else {
+    unsigned* a = reinterpret_cast<unsigned*>(cell);
+    unsigned old = *a;
+    while (true) {
+      const float cur = __uint_as_float(old);
+      if (!(fabsf(v) > fabsf(cur) || (fabsf(v) == fabsf(cur) && v > cur))) return;
+      const unsigned seen = atomicCAS(a, old, __float_as_uint(v));
+      if (seen == old) return;
+      old = seen;
+    }
+  }
+}
+__device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signed_max) {
+  if (mean) return a + b;
+  if (!signed_max) return fmaxf(a, b);
+  return fabsf(b) > fabsf(a) || (fabsf(b) == fabsf(a) && b > a) ? b : a;
+}
+
+// A pooled view (engine/map_query.h) of view head `head`: the CTAs take the query tiles of the rectangle; pass 2
+// visits the key tiles that meet its columns. Each 8 x 8 block of a warp's tile (8 rows of lanes g4, 8 columns of
+// n-tile nt) that lies inside the rectangle and inside one grid cell is reduced over the warp first, so a grid cell
+// of 32 x 32 map cells takes 16 atomics per map instead of 1024; other blocks fold element by element.
+template <int D, bool DIFF>
+__global__ void __launch_bounds__(THREADS_S) attn_map_view_kernel(const AttnParams p, ViewPoolArgs v, int head,
+                                                                  float* g1, float* g2, float* gd) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, wrow = (threadIdx.x >> 5) * 16, g4 = lane >> 2, t4 = lane & 3;
+  // blockIdx.x: the rectangle's query tiles, the last (heaviest) first
+  const int qt_first = int(v.q0 / BM), qt_last = int((v.q1 - 1) / BM);
+  const int qt = qt_last - int(blockIdx.x);
+  const int pair = DIFF ? head : head / 2, mine = DIFF ? 0 : head % 2;  // plain: the head's map of its pair
+  CtaWork w{qt, pair, 0, view_head_map(true, pair, p.heads, p.kv_heads)};
+  if (!DIFF) {
+    const ViewHeadMap a = view_head_map(false, 2 * pair, p.heads, p.kv_heads);
+    const ViewHeadMap b = view_head_map(false, 2 * pair + 1, p.heads, p.kv_heads);
+    w.heads = ViewHeadMap{{a.q[0], b.q[0]}, {a.k[0], b.k[0]}, {a.v[0], b.v[0]}};
+  }
+  (void)qt_first;
+  const int kt_lo = int(v.k0 / BN);
+  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? v.lambda : 0.f;
+  const int64_t Er = v.q1 - v.q0, Ec = v.k1 - v.k0;
+  float mabs[2][2];
+  two_pass_rows<D>(p, w, kt_lo, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+    if (k0 >= v.k1) return;  // left of... right of the rectangle's columns (causal tiles only reach the diagonal)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t rowb = int64_t(w.qt) * BM + wrow + 8 * r;  // first of the 8 rows of lanes g4 = 0..7
+      const int64_t row = rowb + g4;
+      const bool rows_in = rowb >= v.q0 && rowb + 7 < v.q1 &&
+                           view_block(rowb - v.q0, Er, v.rows) == view_block(rowb + 7 - v.q0, Er, v.rows);
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        const int64_t colb = k0 + nt * 8;
+        const bool cols_in = colb >= v.k0 && colb + 7 < v.k1 &&
+                             view_block(colb - v.k0, Ec, v.cols) == view_block(colb + 7 - v.k0, Ec, v.cols);
+        float x1 = 0.f, x2 = 0.f, xd = 0.f;  // this lane's two columns, pooled
+        float e1[2], e2[2], ed[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int e = 2 * r + c, col = nt * 8 + 2 * t4 + c;
+          const bool causal = !diag || col <= wrow + g4 + 8 * r;
+          float a[2];
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+            a[m] = causal ? ex2_ftz(fmaf(s[m][nt][e], sl2, -rn.m[m][r])) * rn.inv_l[m][r] : 0.f;
+          e1[c] = DIFF ? a[0] : a[mine];
+          e2[c] = DIFF ? a[1] : 0.f;
+          ed[c] = e1[c] - lam * e2[c];
+        }
+        if (rows_in && cols_in) {  // warp-uniform: one grid cell holds the whole 8 x 8 block
+          x1 = pool_op(e1[0], e1[1], v.mean, false);
+          x2 = pool_op(e2[0], e2[1], v.mean, false);
+          xd = pool_op(ed[0], ed[1], v.mean, true);
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            x1 = pool_op(x1, __shfl_xor_sync(0xffffffffu, x1, o), v.mean, false);
+            x2 = pool_op(x2, __shfl_xor_sync(0xffffffffu, x2, o), v.mean, false);
+            xd = pool_op(xd, __shfl_xor_sync(0xffffffffu, xd, o), v.mean, true);
+          }
+          if (lane == 0) {
+            const int64_t cell = int64_t(view_block(rowb - v.q0, Er, v.rows)) * v.cols + view_block(colb - v.k0, Ec, v.cols);
+            pool_into(g1 + cell, x1, v.mean, false);
+            if (DIFF) pool_into(g2 + cell, x2, v.mean, false);
+            pool_into(gd + cell, xd, v.mean, true);
+          }
+          continue;
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t col = colb + 2 * t4 + c;
+          if (row < v.q0 || row >= v.q1 || row >= p.n || col < v.k0 || col >= v.k1) continue;
+          const int64_t cell = int64_t(view_block(row - v.q0, Er, v.rows)) * v.cols + view_block(col - v.k0, Ec, v.cols);
+          pool_into(g1 + cell, e1[c], v.mean, false);
+          if (DIFF) pool_into(g2 + cell, e2[c], v.mean, false);
+          pool_into(gd + cell, ed[c], v.mean, true);
+        }
+      }
+    }
+  });
 }
 
 template <int D, bool DIFF>
@@ -929,6 +1059,18 @@ cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <int D, bool DIFF>
+cudaError_t launch_view(const AttnParams& p, const ViewPoolArgs& v, int head, float* g1, float* g2, float* gd,
+                        cudaStream_t stream) {
+  constexpr int smem = StatsTile<D>::SMEM;
+  const auto kernel = attn_map_view_kernel<D, DIFF>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const unsigned ctas = unsigned((v.q1 - 1) / BM - v.q0 / BM + 1);
+  kernel<<<ctas, THREADS_S, smem, stream>>>(p, v, head, g1, g2, gd);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 MmaFootprint diff_attn_mma_footprint(int schedule, int d) {
@@ -942,6 +1084,19 @@ MmaFootprint diff_attn_mma_footprint(int schedule, int d) {
   if (d == 64) return pick(Tile<64>{});
   if (d == 128) return pick(Tile<128>{});
   return {};
+}
+
+cudaError_t launch_attn_map_view(const AttnParams& p, const ViewPoolArgs& v, int head, float* a1, float* a2, float* diff,
+                                 cudaStream_t stream) {
+  if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads || head < 0 ||
+      head >= view_heads(p) || v.q0 < 0 || v.q0 >= v.q1 || v.q1 > p.n || v.k0 < 0 || v.k0 >= v.k1 || v.k1 > p.n ||
+      (p.diff && !a2))
+    return cudaErrorInvalidValue;
+  if (p.d == 64) return p.diff ? launch_view<64, true>(p, v, head, a1, a2, diff, stream)
+                               : launch_view<64, false>(p, v, head, a1, a2, diff, stream);
+  if (p.d == 128) return p.diff ? launch_view<128, true>(p, v, head, a1, a2, diff, stream)
+                                : launch_view<128, false>(p, v, head, a1, a2, diff, stream);
+  return cudaErrorInvalidValue;
 }
 
 int attn_row_stats_smem(int d) { return d == 64 ? StatsTile<64>::SMEM : d == 128 ? StatsTile<128>::SMEM : 0; }

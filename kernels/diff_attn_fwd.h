@@ -2,6 +2,7 @@
 // differential heads and, in the lockstep and both-maps schedules, plain heads in pairs. Reached through
 // attn_dispatch.h, which picks the schedule that fits the device.
 #pragma once
+#include "attn_maps.h"
 #include "attn_params.h"
 
 namespace ds::kern {
@@ -25,5 +26,10 @@ cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stre
 // memory per block.
 int attn_row_stats_smem(int d);
 cudaError_t launch_attn_row_stats(const AttnParams& p, float* row_stats, cudaStream_t stream);
+// A pooled view of view head `head` (rectangle, grid and pooling in v; engine/map_query.h has the rules) by the
+// same two passes, folded into a1, a2, diff [v.rows x v.cols] (zeroed first; mean pooling leaves sums). Same
+// conditions as launch_attn_row_stats; a2 may be null for plain heads.
+cudaError_t launch_attn_map_view(const AttnParams& p, const ViewPoolArgs& v, int head, float* a1, float* a2, float* diff,
+                                 cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -517,6 +517,81 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
   }
 }
 
+// The fused view kernel (launch_attn_map_view) against float64 maps pooled by the definition (engine/map_query.h):
+// long enough (n = 700) that grid cells span many 8 x 8 blocks (the warp-reduced path) while rectangle edges and
+// small cells take the per-element path; max and mean; differential and plain heads. ex2.approx and f32 sums: 2e-5.
+TEST(CudaKernels, FusedMapViewMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(11);
+  for (AttnCase c : {AttnCase{700, 1, 4, 2, 64, true}, AttnCase{700, 1, 4, 2, 128, false},
+                     AttnCase{333, 1, 8, 4, 128, true}}) {
+    if (small_run() && c.n > 400) continue;
+    AttnProblem pr(c, rng);
+    DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
+    const ds::kern::AttnParams p = pr.params(in, dummy);
+    const int n = c.n, H = c.heads, Hkv = c.kv_heads, d = c.d, hv = c.diff ? H / 2 : H;
+    const int head = hv - 1;
+    // float64 maps of the head
+    std::vector<double> A[2];
+    for (int m = 0; m < (c.diff ? 2 : 1); ++m) {
+      const ds::kern::ViewHeadMap hm = ds::kern::view_head_map(c.diff, head, H, Hkv);
+      A[m].assign(size_t(n) * n, 0.0);
+      for (int i = 0; i < n; ++i) {
+        double mx = -INFINITY, l = 0;
+        std::vector<double> row(size_t(i) + 1);
+        for (int k = 0; k <= i; ++k) {
+          double dot = 0;
+          for (int e = 0; e < d; ++e)
+            dot += pr.at(0, i, int64_t(hm.q[m]) * d + e) * pr.at(0, k, int64_t(H) * d + int64_t(hm.k[m]) * d + e);
+          row[size_t(k)] = dot / std::sqrt(double(d));
+          mx = std::max(mx, row[size_t(k)]);
+        }
+        for (int k = 0; k <= i; ++k) l += (row[size_t(k)] = std::exp(row[size_t(k)] - mx));
+        for (int k = 0; k <= i; ++k) A[m][size_t(i) * n + k] = row[size_t(k)] / l;
+      }
+    }
+    struct Q {
+      int64_t q0, q1, k0, k1;
+      int R, C;
+    };
+    for (Q q : {Q{0, n, 0, n, 64, 50}, Q{0, n, 0, n, 7, 9}, Q{n / 4, n - 3, 5, n / 2 + 7, 31, 16},
+                Q{n - 20, n, 0, n, 20, 300}, Q{100, 164, 100, 164, 64, 64}})
+      for (bool mean : {false, true}) {
+        const int R = int(std::min<int64_t>(q.R, q.q1 - q.q0)), C = int(std::min<int64_t>(q.C, q.k1 - q.k0));
+        const ds::kern::ViewPoolArgs va{q.q0, q.q1, q.k0, q.k1, R, C, mean, pr.lambda};
+        DeviceBuffer g(size_t(3) * R * C * 4, "test view");
+        DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
+        float* g1 = g.as<float>();
+        DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
+        DS_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got = to_host<float>(g, size_t(3) * R * C);
+        double worst = 0;
+        for (int bi = 0; bi < R; ++bi)
+          for (int bj = 0; bj < C; ++bj) {
+            const int64_t r0 = q.q0 + int64_t(bi) * (q.q1 - q.q0) / R, r1 = q.q0 + int64_t(bi + 1) * (q.q1 - q.q0) / R;
+            const int64_t c0 = q.k0 + int64_t(bj) * (q.k1 - q.k0) / C, c1 = q.k0 + int64_t(bj + 1) * (q.k1 - q.k0) / C;
+            double s1 = 0, s2 = 0, sd = 0, m1 = 0, m2 = 0, md = 0;
+            for (int64_t i = r0; i < r1; ++i)
+              for (int64_t k = c0; k < c1; ++k) {
+                const double x1 = A[0][size_t(i) * n + size_t(k)], x2 = c.diff ? A[1][size_t(i) * n + size_t(k)] : 0.0;
+                const double dd = x1 - (c.diff ? double(pr.lambda) : 0.0) * x2;
+                s1 += x1, s2 += x2, sd += dd, m1 = std::max(m1, x1), m2 = std::max(m2, x2);
+                if (std::fabs(dd) > std::fabs(md)) md = dd;
+              }
+            const double cnt = double(r1 - r0) * double(c1 - c0);
+            const size_t at = size_t(bi) * C + bj;
+            const double w1 = mean ? s1 / cnt : m1, w2 = mean ? s2 / cnt : m2, wd = mean ? sd / cnt : md;
+            const double gsum = mean ? cnt : 1.0;  // mean pooling leaves sums on the device
+            worst = std::max(worst, std::fabs(got[at] / gsum - w1));
+            if (c.diff) worst = std::max(worst, std::fabs(got[size_t(R) * C + at] / gsum - w2));
+            worst = std::max(worst, std::fabs(got[size_t(2) * R * C + at] / gsum - wd));
+          }
+        EXPECT_LT(worst, 2e-5) << case_name(c) << " rect " << q.q0 << ":" << q.q1 << "," << q.k0 << ":" << q.k1
+                               << " grid " << R << "x" << C << (mean ? " mean" : " max");
+      }
+  }
+}
+
 // bf16 output rounding (2^-9 relative) bounds all the element-wise kernels below.
 constexpr double kBf16Rel = 4e-3;
 
