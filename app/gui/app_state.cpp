@@ -31,6 +31,12 @@ const char* overview_mode_name(OverviewMode m) {
       return "first-token value of A1 - lambda*A2";
     case OverviewMode::NegMass:
       return "negative mass of A1 - lambda*A2";
+    case OverviewMode::EntropyA2:
+      return "entropy of A2";
+    case OverviewMode::MaxLogit1:
+      return "max |logit| of map 1";
+    case OverviewMode::MaxLogit2:
+      return "max |logit| of map 2";
     default:
       return "?";
   }
@@ -38,6 +44,12 @@ const char* overview_mode_name(OverviewMode m) {
 
 bool overview_mode_is_map(OverviewMode m) {
   return m == OverviewMode::A1 || m == OverviewMode::A2 || m == OverviewMode::Diff;
+}
+
+bool overview_mode_needs_a2(OverviewMode m) {
+  return m == OverviewMode::A2 || m == OverviewMode::Diff || m == OverviewMode::EntropyDiff ||
+         m == OverviewMode::FirstDiff || m == OverviewMode::NegMass || m == OverviewMode::EntropyA2 ||
+         m == OverviewMode::MaxLogit2;
 }
 
 void AppState::open_model(const std::string& dir) {

@@ -19,9 +19,13 @@
 
 namespace ds::gui {
 
-enum class OverviewMode { A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, Count };
+// Appended modes keep the indices settings.json remembers.
+enum class OverviewMode {
+  A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, EntropyA2, MaxLogit1, MaxLogit2, Count
+};
 const char* overview_mode_name(OverviewMode m);
 bool overview_mode_is_map(OverviewMode m);
+bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 
 // Linked zoom, pan and hover of the three head maps, in cell coordinates of the displayed map.
 struct HeadView {
@@ -40,7 +44,7 @@ struct HeadTextures {
 };
 
 struct OverviewTexture {
-  std::shared_ptr<const RunResult> source;
+  std::shared_ptr<const Overview> source;
   uint64_t style_key = 0;
   GlTexture atlas;  // [L * tile, Hv * tile]
   int tile = 0, rows = 0, cols = 0;

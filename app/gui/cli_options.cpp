@@ -16,7 +16,8 @@ const char* cli_usage() {
          "  --head L.H             open head H of layer L in the head view\n"
          "  --lambda-scale X       multiply every layer's lambda by X\n"
          "  --theme dark|light\n"
-         "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative\n"
+         "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
+         "                         entropy-a2 | max-logit | max-logit2\n"
          "  --backend auto|cpu|cuda|cuda:N   --threads N\n"
          "  --screenshot OUT.png   render the window once the run is complete, save it, exit\n"
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
@@ -76,14 +77,16 @@ CliOptions parse_cli(int argc, char** argv) {
         throw Error("--theme: '" + v + "' is not dark or light");
       o.dark = v == "dark";
     } else if (a == "--overview") {
-      static const char* const modes[] = {"a1",           "a2",    "diff",       "entropy",
-                                          "entropy-diff", "first", "first-diff", "negative"};
+      static const char* const modes[] = {"a1",    "a2",         "diff",     "entropy",    "entropy-diff", "first",
+                                          "first-diff", "negative", "entropy-a2", "max-logit",  "max-logit2"};
       const std::string v = need(i, a);
-      for (int m = 0; m < 8; ++m)
+      for (int m = 0; m < int(sizeof modes / sizeof modes[0]); ++m)
         if (v == modes[m])
           o.overview = m;
       if (o.overview < 0)
-        throw Error("--overview: '" + v + "' is not one of a1 a2 diff entropy entropy-diff first first-diff negative");
+        throw Error("--overview: '" + v +
+                    "' is not one of a1 a2 diff entropy entropy-diff first first-diff negative entropy-a2 max-logit "
+                    "max-logit2");
     } else if (a == "--backend") {
       o.backend = need(i, a);
     } else if (a == "--threads") {

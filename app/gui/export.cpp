@@ -138,7 +138,8 @@ static nlohmann::json stats_json(const HeadStats& s) {
   return {
       {"entropy_a1", num(s.entropy1)},    {"entropy_a2", num(s.entropy2)},   {"entropy_diff", num(s.entropy_diff)},
       {"first_token_a1", num(s.first1)},  {"first_token_a2", num(s.first2)}, {"first_token_diff", num(s.first_diff)},
-      {"negative_mass", num(s.neg_mass)}, {"diff_min", num(s.diff_min)},     {"diff_max", num(s.diff_max)}};
+      {"negative_mass", num(s.neg_mass)}, {"diff_min", num(s.diff_min)},     {"diff_max", num(s.diff_max)},
+      {"max_logit1", num(s.max_logit1)},  {"max_logit2", num(s.max_logit2)}};
 }
 
 nlohmann::json session_json(const AppState& st) {
@@ -181,14 +182,16 @@ nlohmann::json session_json(const AppState& st) {
   for (const auto& t : r.top)
     top.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
   j["next_token"] = top;
+  // The engine's statistics (Backend::head_stats) of the layers the overview has computed for this result.
   json stats = json::array();
-  for (size_t l = 0; l < r.layers.size(); ++l)
-    for (size_t h = 0; h < r.layers[l].heads.size(); ++h) {
-      json e = stats_json(r.layers[l].heads[h]);
-      e["layer"] = l;
-      e["head"] = h;
-      stats.push_back(e);
-    }
+  if (const auto& ov = st.snap->overview; ov && ov->result_seq == r.seq)
+    for (size_t l = 0; l < ov->layers.size(); ++l)
+      for (size_t h = 0; h < ov->layers[l].heads.size(); ++h) {
+        json e = stats_json(ov->layers[l].heads[h]);
+        e["layer"] = l;
+        e["head"] = h;
+        stats.push_back(e);
+      }
   j["statistics"] = stats;
   const Profile& p = r.profile;
   j["device"]["peak_tflops"] = p.peak_tflops > 0 ? json(p.peak_tflops) : json(nullptr);

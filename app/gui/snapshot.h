@@ -14,15 +14,8 @@
 
 namespace ds::gui {
 
-// Summary statistics of one head, each averaged over the query rows (definitions in head_stats.h).
-struct HeadStats {
-  float entropy1 = 0, entropy2 = 0;  // nats, of the softmax maps A1 and A2
-  float entropy_diff = 0;            // nats, of |A1 - lambda*A2| renormalised per row
-  float first1 = 0, first2 = 0;      // mass on key 0 (the attention sink)
-  float first_diff = 0;              // A1 - lambda*A2 at key 0
-  float neg_mass = 0;                // sum over keys of max(0, -(A1 - lambda*A2))
-  float diff_min = 0, diff_max = 0;  // extremes of A1 - lambda*A2 over the causal cells
-};
+// Per-head statistics are the engine's (ds::HeadStats in engine/map_query.h, from Backend::head_stats): one
+// definition for the GUI, the CLI and the tests. Map-2 fields are NaN for plain (Llama) heads.
 
 // Box-averaged miniature of one head's maps for the overview grid.
 struct Thumb {
@@ -32,8 +25,16 @@ struct Thumb {
 
 struct LayerSummary {
   double lambda = 0;
-  std::vector<HeadStats> heads;  // [Hv]
-  std::vector<Thumb> thumbs;     // [Hv]
+  std::vector<HeadStats> heads;  // [Hv]; empty until computed
+  std::vector<Thumb> thumbs;     // [Hv]; empty when the prompt is too long for thumbnails
+};
+
+// The overview grid of one result: statistics of every layer, filled layer by layer (published as they come).
+struct Overview {
+  uint64_t result_seq = 0;
+  std::vector<LayerSummary> layers;  // [L]
+  std::string note;                  // what is missing and why (e.g. no thumbnails for a long prompt)
+  bool complete = false;
 };
 
 // Full maps of the head the head view shows.
@@ -43,7 +44,6 @@ struct HeadMaps {
   double lambda = 0;
   bool differential = true;         // false for Llama: a1 is the only map and diff == a1
   std::vector<float> a1, a2, diff;  // [n, n] row = query, column = key
-  HeadStats stats;
 };
 
 struct ModelInfo {
@@ -69,8 +69,6 @@ struct RunResult {
   int first_layer = 0;  // first layer the run recomputed
   double run_ms = 0;    // wall time of Session::run
   Profile profile;
-  std::vector<LayerSummary> layers;  // [L]; empty entries when the overview was skipped
-  std::string overview_note;         // why some layers are missing, if they are
 };
 
 struct SweepPoint {
@@ -104,6 +102,7 @@ struct Snapshot {
   std::shared_ptr<const ModelInfo> model;
   std::shared_ptr<const RunResult> result;
   std::shared_ptr<const HeadMaps> head;
+  std::shared_ptr<const Overview> overview;
   std::shared_ptr<const Sweep> sweep;
 };
 

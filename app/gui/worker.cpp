@@ -137,13 +137,15 @@ void Worker::step(const Request& r) {
   }
   if (session_->ids().empty())
     return;
-  // A run after a prompt or lambda change; also when the overview was just switched on (Session::run then finds
-  // nothing stale and returns at once, and the summaries are computed).
-  if (prompt_ok || lambda_changed || !session_->has_result() || (r.overview && !overview_done_))
-    run_and_summarize(r);
+  if (prompt_ok || lambda_changed || !session_->has_result())
+    run_and_publish();
+  // What is on screen first (the selected head), then the overview, then the sweep; each stage returns early when
+  // a newer request is waiting and picks up where it was on the next step.
   if (superseded())
     return;
   refresh_head(r);
+  if (r.overview && !superseded())
+    summarize(r);
   if (r.sweep && session_->config().is_diff() && !superseded())
     run_sweep(r);
 }
@@ -197,12 +199,13 @@ void Worker::open(const std::string& dir) {
   info->load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   applied_prompt_ = 0;
   head_layer_ = head_head_ = -1;
-  overview_done_ = false;
+  ov_ = nullptr;
   publish([&](Snapshot& s) {
     s.loading = false;
     s.model = info;
     s.result = nullptr;
     s.head = nullptr;
+    s.overview = nullptr;
     s.sweep = nullptr;
   });
 }
@@ -226,8 +229,8 @@ bool Worker::apply_lambda(const LambdaControl& want) {
   return changed;
 }
 
-// [SECTION] run, top-k, per-layer summaries
-void Worker::run_and_summarize(const Request& r) {
+// [SECTION] run and top-k
+void Worker::run_and_publish() {
   publish([](Snapshot& s) { s.running = true; });
   auto res = std::make_shared<RunResult>();
   const auto t0 = Clock::now();
@@ -250,30 +253,55 @@ void Worker::run_and_summarize(const Request& r) {
   res->control = session_->lambda_control();
   res->profile = session_->backend().profile();
 
-  // Publish the run first, so the next-token panel and profiler move while summaries are computed.
-  auto partial = std::make_shared<RunResult>(*res);
-  publish([&](Snapshot& s) { s.result = partial; });
-
-  res->layers.resize(L);
-  overview_done_ = false;
-  if (r.overview) {
-    const auto& cfg = session_->config();
-    const double n = double(res->ids.size());
-    const double bytes = double(L) * double(cfg.view_heads()) * n * n * 4.0 * (cfg.is_diff() ? 2 : 1);
-    const bool all = bytes <= k_overview_budget_bytes;
-    if (!all)
-      res->overview_note = "overview shows the selected layer only: maps of all layers would need " +
-                           std::to_string(int64_t(bytes / 1e9)) + " GB";
-    for (int l = 0; l < L; ++l) {
-      if (!all && l != r.layer)
-        continue;
-      if (superseded())
-        return;  // a newer state is waiting; its run summarises again
-      res->layers[l] = summarize_layer(session_->maps(l), res->lambda[l]);
-    }
-    overview_done_ = true;
+  // The overview keeps the layers this run did not recompute (their inputs and lambda are unchanged) when it
+  // described the previous result; the rest is computed again by summarize().
+  if (ov_ && ov_->result_seq + 1 == res->seq && int(ov_->layers.size()) == L) {
+    for (int l = std::max(0, res->first_layer); l < L; ++l)
+      ov_->layers[l] = LayerSummary{};
+  } else {
+    ov_ = std::make_shared<Overview>();
+    ov_->layers.resize(L);
   }
-  publish([&](Snapshot& s) { s.result = res; });
+  ov_->result_seq = res->seq;
+  ov_->complete = false;
+  publish([&](Snapshot& s) {
+    s.result = res;
+    s.overview = std::make_shared<Overview>(*ov_);
+  });
+}
+
+// [SECTION] the overview: every layer's per-head statistics (Backend::head_stats) and thumbnails
+void Worker::summarize(const Request& r) {
+  if (!ov_ || ov_->complete || ov_->result_seq != result_seq_)
+    return;
+  const auto& cfg = session_->config();
+  const int L = int(cfg.layers);
+  const int64_t n = int64_t(session_->ids().size());
+  const double bytes = double(L) * double(cfg.view_heads()) * double(n) * double(n) * 4.0 * (cfg.is_diff() ? 2 : 1);
+  const bool thumbs = bytes <= k_overview_budget_bytes;
+  ov_->note = thumbs ? "" : "no thumbnails: maps of all layers would need " + std::to_string(int64_t(bytes / 1e9)) + " GB";
+  // The selected layer first, so that its row of the grid fills at once.
+  std::vector<int> order{std::clamp(r.layer, 0, L - 1)};
+  for (int l = 0; l < L; ++l)
+    if (l != order[0])
+      order.push_back(l);
+  for (int l : order) {
+    if (!ov_->layers[l].heads.empty())
+      continue;
+    if (superseded())
+      return;  // a newer state is waiting; it continues from here
+    LayerSummary ls;
+    ls.lambda = session_->effective_lambda(l);
+    ls.heads = session_->backend().head_stats(l);
+    if (thumbs)
+      ls.thumbs = layer_thumbs(session_->maps(l), ls.lambda);
+    ov_->layers[l] = std::move(ls);
+    auto partial = std::make_shared<Overview>(*ov_);
+    publish([&](Snapshot& s) { s.overview = partial; });
+  }
+  ov_->complete = true;
+  auto done = std::make_shared<Overview>(*ov_);
+  publish([&](Snapshot& s) { s.overview = done; });
 }
 
 // [SECTION] the selected head
@@ -311,13 +339,9 @@ void Worker::run_sweep(const Request& r) {
   sw->token = top[0].id;
   sw->token_text = top[0].text;
 
-  // The maps of `layer` don't depend on its own lambda (lambda acts on the layer's output), so the entropy
-  // curve comes from the current maps; the log-probability needs a run from `layer` per point.
-  const LayerMaps& maps = session_->maps(layer);
-  const int64_t n = maps.n, nn = n * n;
-  std::vector<float> a1(maps.a1.begin() + head * nn, maps.a1.begin() + (head + 1) * nn);
-  std::vector<float> a2(maps.a2.begin() + head * nn, maps.a2.begin() + (head + 1) * nn);
-
+  // Each point runs from `layer` with its lambda overridden: the log-probability of the next token, and the
+  // engine's statistics of the layer under that lambda (the maps of `layer` do not depend on its own lambda, the
+  // difference does), so the entropy of |A1 - lambda*A2| costs one head_stats per point and no maps.
   const double lo = std::min(-0.5, sw->current_lambda - 0.25), hi = std::max(1.5, sw->current_lambda + 0.25);
   const int points = std::max(3, r.sweep_points);
   const std::optional<double> saved = layer < int(session_->lambda_control().override_.size())
@@ -335,7 +359,8 @@ void Worker::run_sweep(const Request& r) {
       session_->set_lambda_override(layer, lam);
       session_->run();
       const auto lp = session_->next_token_logprobs();
-      sw->points.push_back({lam, double(lp[sw->token]), diff_entropy(a1.data(), a2.data(), n, lam)});
+      const std::vector<HeadStats> hs = session_->backend().head_stats(layer);
+      sw->points.push_back({lam, double(lp[sw->token]), double(hs.at(size_t(head)).entropy_diff)});
       if (i % 4 == 3) {
         auto partial = std::make_shared<Sweep>(*sw);
         publish([&](Snapshot& s) { s.sweep = partial; });

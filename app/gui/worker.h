@@ -49,7 +49,8 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
-  void run_and_summarize(const Request& r);
+  void run_and_publish();
+  void summarize(const Request& r);
   void refresh_head(const Request& r);
   void run_sweep(const Request& r);
   bool superseded() const;
@@ -74,7 +75,7 @@ class Worker {
   uint64_t applied_open_ = 0, applied_prompt_ = 0;
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
-  bool overview_done_ = false;
+  std::shared_ptr<Overview> ov_;  // the overview being filled (published as copies)
   std::thread thread_;
 };
 
