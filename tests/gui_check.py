@@ -3,7 +3,7 @@
 --state-json sidecar and on the pixels of the PNG it wrote. Standard library only (PNG decoded with zlib).
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
-CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args
+CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view
 """
 import argparse
 import json
@@ -283,16 +283,41 @@ def case_export(r):
     check([w, h] == st["panels"]["Head"][2:], "panel PNG is %dx%d, panel is %s" % (w, h, st["panels"]["Head"]))
 
 
+def case_view(r):
+    # A zoomed rectangle is asked of the engine at one cell per token; the pooled whole map in mean mode has
+    # the same row sums (each causal row sums to 1, and mean pooling of a full map keeps block averages).
+    rc, st, img = r.run("view", "--model", r.fixture(), "--ids", IDS, "--head", "1.2", "--view", "4:12,4:12",
+                        "--mouse", "900,200")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    v = st["head_view"]
+    check([v["q0"], v["q1"], v["k0"], v["k1"]] == [4, 12, 4, 12], "view rectangle %s" % v)
+    check(v["rows"] == 8 and v["cols"] == 8 and v["exact"], "a small rectangle must be exact: %s" % v)
+    # Rows 4..11 restricted to keys 4..11 sum to at most 8; the map regions are still drawn.
+    check(0 < st["head_maps"]["a1_sum"] <= 8 + 1e-3, "A1 sum over the rectangle %s" % st["head_maps"]["a1_sum"])
+    for key in ("a1", "a2", "diff"):
+        px = region(img, st["map_rects"][key])
+        check(len(set(px)) >= 8, "%s map region is nearly uniform (%d colours)" % (key, len(set(px))))
+    # Keys past the end are clamped into the map; --pool mean is reported back.
+    rc, st, img = r.run("view_clamp", "--model", r.fixture(), "--ids", IDS, "--view", "20:40,20:40", "--pool", "mean")
+    v = st["head_view"]
+    check(rc == 0 and v["q1"] == 25 and v["k1"] == 25 and v["q1"] - v["q0"] == 20, "clamped view %s" % v)
+    check(v["pool"] == "mean", "pool %s" % v["pool"])
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
     check(p.returncode == 2 and "--head" in out, "bad --head: rc %d, %r" % (p.returncode, out))
     p = subprocess.run([r.exe, "--state-json", "x.json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     check(p.returncode == 2, "--state-json without --screenshot accepted")
+    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"]):
+        p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        check(p.returncode == 2 and bad[0] in p.stdout.decode(), "%s: rc %d, %r" % (bad, p.returncode, p.stdout))
 
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
-         "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export}
+         "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
+         "view": case_view}
 
 
 def main():

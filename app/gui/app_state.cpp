@@ -207,6 +207,7 @@ void AppState::absorb_snapshot() {
   }
   if (snap->model && snap->model->seq != seen_model_seq) {
     const ModelInfo& m = *snap->model;
+    const bool first_model = seen_model_seq == 0;
     seen_model_seq = m.seq;
     path_input = m.dir;
     settings.add_recent(m.dir);
@@ -222,7 +223,8 @@ void AppState::absorb_snapshot() {
     head = std::clamp(head, 0, int(m.cfg.view_heads()) - 1);
     req.layer = layer;
     req.head = head;
-    view = HeadView{};
+    if (!first_model)
+      view = HeadView{};  // the first model keeps the view --view asked for
     if (!m.has_tokenizer) {
       ids_mode = true;
       if (prompt_ids.empty())

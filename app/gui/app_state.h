@@ -27,20 +27,21 @@ const char* overview_mode_name(OverviewMode m);
 bool overview_mode_is_map(OverviewMode m);
 bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 
-// Linked zoom, pan and hover of the three head maps, in cell coordinates of the displayed map.
+// Linked zoom, pan and hover of the three head maps, in token coordinates. The panel turns this into the visible
+// rectangle and asks the engine for it (Request::view); the last image stays on screen until the new one comes.
 struct HeadView {
-  float zoom = 1.0f;               // 1 = the whole map fits
-  float cx = 0.5f, cy = 0.5f;      // centre of the view, fraction of the map
-  int hover_q = -1, hover_k = -1;  // cell under the mouse in any of the three maps
-  bool locked = false;             // click locks the cursor cell; click again unlocks
-  int lock_q = -1, lock_k = -1;
+  double span = 0;                         // tokens along each side of the square; 0 = the whole map
+  double cq = -1, ck = -1;                 // centre of the view (query, key), in tokens; -1 = the map's centre
+  int64_t hover_q = -1, hover_k = -1;      // token under the mouse in any of the three maps
+  bool locked = false;                     // click locks the cursor token; click again unlocks
+  int64_t lock_q = -1, lock_k = -1;
 };
 
 struct HeadTextures {
   std::shared_ptr<const HeadMaps> source;
   uint64_t style_key = 0;
-  GlTexture tex[3];      // A1, A2, A1 - lambda*A2
-  HeatmapImage meta[3];  // geometry and scale of each (pixels dropped after upload)
+  GlTexture tex[3];      // A1, A2, A1 - lambda*A2: one texel per grid cell of source->view
+  HeatmapImage meta[3];  // size and scale of each (pixels dropped after upload)
 };
 
 struct OverviewTexture {

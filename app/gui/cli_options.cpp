@@ -14,6 +14,8 @@ const char* cli_usage() {
          "  --prompt TEXT          prompt text (needs the model's tokenizer.json)\n"
          "  --ids 1,2,3            prompt as token ids (models without a tokenizer)\n"
          "  --head L.H             open head H of layer L in the head view\n"
+         "  --view Q0:Q1,K0:K1     head view zoomed to queries Q0..Q1-1 and keys K0..K1-1 (a square around them)\n"
+         "  --pool max|mean        how the head view pools tokens into a cell when they outnumber the pixels\n"
          "  --lambda-scale X       multiply every layer's lambda by X\n"
          "  --theme dark|light\n"
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
@@ -23,7 +25,8 @@ const char* cli_usage() {
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"
          "  --export-dir DIR       with --screenshot: also export the head (.npy, .csv), session (.json), Head PNG\n"
-         "  --size WxH             window size (default 1600x1000)\n";
+         "  --size WxH             window size (default 1600x1000)\n"
+         "  --mouse X,Y            with --screenshot: the mouse pointer rests at X,Y (shows tooltips)\n";
 }
 
 static std::vector<int> parse_ids(const std::string& s) {
@@ -65,6 +68,19 @@ CliOptions parse_cli(int argc, char** argv) {
       const std::string v = need(i, a);
       if (std::sscanf(v.c_str(), "%d.%d", &o.layer, &o.head) != 2 || o.layer < 0 || o.head < 0)
         throw Error("--head: '" + v + "' is not LAYER.HEAD. HINT: --head 1.3");
+    } else if (a == "--view") {
+      const std::string v = need(i, a);
+      long long q0, q1, k0, k1;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%lld:%lld,%lld:%lld%c", &q0, &q1, &k0, &k1, &tail) != 4 || q0 < 0 || k0 < 0 ||
+          q1 <= q0 || k1 <= k0)
+        throw Error("--view: '" + v + "' is not Q0:Q1,K0:K1 with Q0 < Q1 and K0 < K1. HINT: --view 0:64,0:64");
+      o.view = std::array<int64_t, 4>{q0, q1, k0, k1};
+    } else if (a == "--pool") {
+      const std::string v = need(i, a);
+      if (v != "max" && v != "mean")
+        throw Error("--pool: '" + v + "' is not max or mean");
+      o.mean_pool = v == "mean";
     } else if (a == "--lambda-scale") {
       const std::string v = need(i, a);
       char* end = nullptr;
@@ -99,6 +115,12 @@ CliOptions parse_cli(int argc, char** argv) {
       o.open_after = need(i, a);
     } else if (a == "--export-dir") {
       o.export_dir = need(i, a);
+    } else if (a == "--mouse") {
+      const std::string v = need(i, a);
+      float x, y;
+      if (std::sscanf(v.c_str(), "%f,%f", &x, &y) != 2)
+        throw Error("--mouse: '" + v + "' is not X,Y");
+      o.mouse = std::array<float, 2>{x, y};
     } else if (a == "--size") {
       const std::string v = need(i, a);
       if (std::sscanf(v.c_str(), "%dx%d", &o.width, &o.height) != 2 || o.width < 320 || o.height < 240)
@@ -115,6 +137,8 @@ CliOptions parse_cli(int argc, char** argv) {
     throw Error("--state-json needs --screenshot");
   if (!o.open_after.empty() && o.screenshot.empty())
     throw Error("--open-after needs --screenshot");
+  if (o.mouse && o.screenshot.empty())
+    throw Error("--mouse needs --screenshot");
   if (!o.export_dir.empty() && o.screenshot.empty())
     throw Error("--export-dir needs --screenshot");
   return o;

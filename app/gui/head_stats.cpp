@@ -48,26 +48,4 @@ std::vector<Thumb> layer_thumbs(const LayerMaps& maps, double lambda, int thumb_
   return out;
 }
 
-HeadMaps extract_head(const LayerMaps& maps, int layer, int head, double lambda) {
-  HeadMaps hm;
-  hm.layer = layer;
-  hm.head = head;
-  hm.n = maps.n;
-  hm.lambda = lambda;
-  hm.differential = !maps.a2.empty();
-  const int64_t nn = maps.n * maps.n;
-  const float* a1 = maps.a1.data() + head * nn;
-  hm.a1.assign(a1, a1 + nn);
-  if (hm.differential) {
-    const float* a2 = maps.a2.data() + head * nn;
-    hm.a2.assign(a2, a2 + nn);
-    hm.diff.resize(nn);
-    for (int64_t i = 0; i < nn; ++i)
-      hm.diff[i] = float(a1[i] - lambda * a2[i]);
-  } else {
-    hm.diff = hm.a1;
-  }
-  return hm;
-}
-
 }  // namespace ds::gui

@@ -1,4 +1,4 @@
-// Thumbnails and the selected head's maps, cut from LayerMaps. The statistics are the engine's (Backend::head_stats).
+// Overview thumbnails, cut from LayerMaps. The statistics are the engine's (Backend::head_stats).
 #pragma once
 #include <cstdint>
 
@@ -12,8 +12,5 @@ void downsample(const float* m, int64_t n, int size, std::vector<float>& out);
 
 // Thumbnails of every head of one layer; thumb_size 0 picks min(n, 32).
 std::vector<Thumb> layer_thumbs(const LayerMaps& maps, double lambda, int thumb_size = 0);
-
-// One head's full maps, with D = A1 - lambda*A2 (D = A1 for Llama).
-HeadMaps extract_head(const LayerMaps& maps, int layer, int head, double lambda);
 
 }  // namespace ds::gui

@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
     st.settings.dark = *opt.dark;
   if (opt.overview >= 0)
     st.settings.overview_mode = opt.overview;
+  if (opt.mean_pool)
+    st.settings.mean_pool = *opt.mean_pool;
   st.ov_mode = OverviewMode(std::clamp(st.settings.overview_mode, 0, int(OverviewMode::Count) - 1));
   st.greek = load_fonts(st.settings.font_size);
   apply_theme(st.settings.dark);
@@ -132,6 +134,12 @@ int main(int argc, char** argv) {
     st.head = st.req.head = opt.head;
   }
   st.pending_scale = opt.lambda_scale;
+  if (opt.view) {  // the square of tokens around the rectangle, centred on it
+    const auto& v = *opt.view;
+    st.view.span = double(std::max(v[1] - v[0], v[3] - v[2]));
+    st.view.cq = double(v[0] + v[1]) / 2;
+    st.view.ck = double(v[2] + v[3]) / 2;
+  }
   st.req.sweep = st.settings.sweep;
   const std::string model = !opt.model.empty() ? opt.model : default_model(st.assets_dir);
   if (opt.layer < 0 && opt.model.empty()) {
@@ -171,6 +179,8 @@ int main(int argc, char** argv) {
 
     ImGui_ImplOpenGL3_NewFrame();
     ImGui_ImplGlfw_NewFrame();
+    if (shot && opt.mouse)
+      io.MousePos = ImVec2((*opt.mouse)[0], (*opt.mouse)[1]);  // after the backend read the real pointer
     ImGui::NewFrame();
     draw_frame(st);
     ImGui::Render();

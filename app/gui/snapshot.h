@@ -37,13 +37,23 @@ struct Overview {
   bool complete = false;
 };
 
-// Full maps of the head the head view shows.
+// The head view's maps: the rectangle [q0, q1) x [k0, k1) of one head that the UI asked for, pooled by the engine
+// (Backend::map_view) to at most the panel's pixels; exact (one cell per token) when the rectangle fits.
 struct HeadMaps {
+  uint64_t result_seq = 0;
   int layer = -1, head = -1;
   int64_t n = 0;
   double lambda = 0;
-  bool differential = true;         // false for Llama: a1 is the only map and diff == a1
-  std::vector<float> a1, a2, diff;  // [n, n] row = query, column = key
+  bool differential = true;  // false for Llama: a1 is the only map and diff == a1
+  MapView view;              // a1, a2, diff [rows, cols], row = query block, column = key block
+  bool exact() const { return view.rows == view.q1 - view.q0 && view.cols == view.k1 - view.k0; }
+  // Block arithmetic of map_query.h: first token of row block i / column block j (i = rows gives q1), and the
+  // block holding a token.
+  int64_t row_start(int i) const { return view.q0 + view_block_start(i, view.q1 - view.q0, view.rows); }
+  int64_t col_start(int j) const { return view.k0 + view_block_start(j, view.k1 - view.k0, view.cols); }
+  int row_of(int64_t q) const { return view_block(q - view.q0, view.q1 - view.q0, view.rows); }
+  int col_of(int64_t k) const { return view_block(k - view.k0, view.k1 - view.k0, view.cols); }
+  bool contains(int64_t q, int64_t k) const { return q >= view.q0 && q < view.q1 && k >= view.k0 && k < view.k1; }
 };
 
 struct ModelInfo {

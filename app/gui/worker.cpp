@@ -304,19 +304,39 @@ void Worker::summarize(const Request& r) {
   publish([&](Snapshot& s) { s.overview = done; });
 }
 
-// [SECTION] the selected head
+// [SECTION] the selected head: the visible rectangle at the panel's resolution
+namespace {
+bool same_view(const ViewRequest& a, const ViewRequest& b) {
+  return a.q0 == b.q0 && a.q1 == b.q1 && a.k0 == b.k0 && a.k1 == b.k1 && a.rows == b.rows && a.cols == b.cols &&
+         a.pool == b.pool;
+}
+}  // namespace
+
 void Worker::refresh_head(const Request& r) {
   if (!session_->has_result())
     return;
   const int L = int(session_->config().layers), H = int(session_->config().view_heads());
   const int layer = std::clamp(r.layer, 0, L - 1), head = std::clamp(r.head, 0, H - 1);
-  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_)
+  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
     return;
-  auto hm =
-      std::make_shared<HeadMaps>(extract_head(session_->maps(layer), layer, head, session_->effective_lambda(layer)));
+  auto hm = std::make_shared<HeadMaps>();
+  hm->result_seq = result_seq_;
+  hm->layer = layer;
+  hm->head = head;
+  hm->n = int64_t(session_->ids().size());
+  hm->lambda = session_->effective_lambda(layer);
+  hm->differential = session_->config().is_diff();
+  ViewRequest vr = r.view;
+  vr.layer = layer;
+  vr.head = head;
+  // A rectangle from an older prompt may lie outside this one: clamp it (prepare_view refuses empty ones).
+  if (vr.q0 >= hm->n || vr.k0 >= hm->n)
+    vr.q0 = vr.k0 = 0, vr.q1 = vr.k1 = -1;
+  session_->backend().map_view(vr, hm->view);
   head_layer_ = layer;
   head_head_ = head;
   head_result_ = result_seq_;
+  head_view_ = r.view;
   publish([&](Snapshot& s) { s.head = hm; });
 }
 

@@ -26,6 +26,8 @@ struct Request {
   std::vector<int32_t> ids;
   LambdaControl lambda;  // override_ sized to the model's layers, or empty
   int layer = 0, head = 0;
+  // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
+  ViewRequest view;
   bool overview = true;  // per-layer statistics and thumbnails for every layer
   bool sweep = true;     // lambda sweep of the selected layer
   int sweep_points = 17;
@@ -75,6 +77,7 @@ class Worker {
   uint64_t applied_open_ = 0, applied_prompt_ = 0;
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
+  ViewRequest head_view_;
   std::shared_ptr<Overview> ov_;  // the overview being filled (published as copies)
   std::thread thread_;
 };
