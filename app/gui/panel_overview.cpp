@@ -76,10 +76,11 @@ void rebuild_atlas(AppState& st, const Overview& r, int heads) {
       sc.diverging = diff;
       sc.hi = std::max(hi, 1e-12f);
       sc.lo = diff ? -sc.hi : 0;
+      const GridGeom g{0, r.n, 0, r.n, th.size, th.size};
       for (int y = 0; y < th.size; ++y)
         for (int x = 0; x < th.size; ++x) {
-          // Tiles above the diagonal average only masked cells: keep them in the masked colour.
-          const uint32_t c = x > y ? theme_colors().masked : colormap_rgba(cm, sc.to_t(m[y * th.size + x]));
+          // Blocks wholly above the diagonal average only masked cells: keep them in the masked colour.
+          const uint32_t c = g.masked(y, x) ? theme_colors().masked : colormap_rgba(cm, sc.to_t(m[y * th.size + x]));
           px[size_t(l * tile + y) * W + h * tile + x] = c;
         }
     }

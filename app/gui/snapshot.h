@@ -17,10 +17,10 @@ namespace ds::gui {
 // Per-head statistics are the engine's (ds::HeadStats in engine/map_query.h, from Backend::head_stats): one
 // definition for the GUI, the CLI and the tests. Map-2 fields are NaN for plain (Llama) heads.
 
-// Box-averaged miniature of one head's maps for the overview grid.
+// Miniature of one head's maps for the overview grid: the whole map mean-pooled by the engine (map_view).
 struct Thumb {
   int size = 0;
-  std::vector<float> a1, a2, diff;  // [size, size]; a2 empty for Llama
+  std::vector<float> a1, a2, diff;  // [size, size]; a2 empty for Llama, where diff = a1
 };
 
 struct LayerSummary {
@@ -32,6 +32,7 @@ struct LayerSummary {
 // The overview grid of one result: statistics of every layer, filled layer by layer (published as they come).
 struct Overview {
   uint64_t result_seq = 0;
+  int64_t n = 0;                     // tokens
   std::vector<LayerSummary> layers;  // [L]
   std::string note;                  // what is missing and why (e.g. no thumbnails for a long prompt)
   bool complete = false;

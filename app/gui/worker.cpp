@@ -8,16 +8,16 @@
 #include <exception>
 
 #include "engine/error.h"
-#include "head_stats.h"
 
 namespace ds::gui {
 
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// Above this many bytes of maps for all layers, the overview covers only the selected layer: the session keeps
-// the maps it computes, and [L, Hv, n, n] x 2 floats grows as n^2 (16 layers x 16 heads at n = 4096 is 137 GB).
-constexpr double k_overview_budget_bytes = 2.0e9;
+// Thumbnails (a mean-pooled 32 x 32 view of every head) only up to this many tokens: each costs a pass over the
+// head's map in the engine, like its statistics, and at longer prompts the grid of statistics is what stays fast.
+constexpr int64_t k_thumb_max_tokens = 4096;
+constexpr int k_thumb_size = 32;
 }  // namespace
 
 Worker::Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads)
@@ -275,11 +275,11 @@ void Worker::summarize(const Request& r) {
   if (!ov_ || ov_->complete || ov_->result_seq != result_seq_)
     return;
   const auto& cfg = session_->config();
-  const int L = int(cfg.layers);
+  const int L = int(cfg.layers), H = int(cfg.view_heads());
   const int64_t n = int64_t(session_->ids().size());
-  const double bytes = double(L) * double(cfg.view_heads()) * double(n) * double(n) * 4.0 * (cfg.is_diff() ? 2 : 1);
-  const bool thumbs = bytes <= k_overview_budget_bytes;
-  ov_->note = thumbs ? "" : "no thumbnails: maps of all layers would need " + std::to_string(int64_t(bytes / 1e9)) + " GB";
+  const bool thumbs = n <= k_thumb_max_tokens;
+  ov_->n = n;
+  ov_->note = thumbs ? "" : "no thumbnails above " + std::to_string(k_thumb_max_tokens) + " tokens: colour by a statistic";
   // The selected layer first, so that its row of the grid fills at once.
   std::vector<int> order{std::clamp(r.layer, 0, L - 1)};
   for (int l = 0; l < L; ++l)
@@ -293,8 +293,21 @@ void Worker::summarize(const Request& r) {
     LayerSummary ls;
     ls.lambda = session_->effective_lambda(l);
     ls.heads = session_->backend().head_stats(l);
-    if (thumbs)
-      ls.thumbs = layer_thumbs(session_->maps(l), ls.lambda);
+    for (int h = 0; thumbs && h < H; ++h) {
+      ViewRequest vr;
+      vr.layer = l;
+      vr.head = h;
+      vr.rows = vr.cols = k_thumb_size;
+      vr.pool = Pool::Mean;
+      MapView v;
+      session_->backend().map_view(vr, v);
+      Thumb t;
+      t.size = v.rows;
+      t.a1 = std::move(v.a1);
+      t.a2 = std::move(v.a2);
+      t.diff = std::move(v.diff);
+      ls.thumbs.push_back(std::move(t));
+    }
     ov_->layers[l] = std::move(ls);
     auto partial = std::make_shared<Overview>(*ov_);
     publish([&](Snapshot& s) { s.overview = partial; });
