@@ -3,7 +3,7 @@
 --state-json sidecar and on the pixels of the PNG it wrote. Standard library only (PNG decoded with zlib).
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
-CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view
+CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row
 """
 import argparse
 import json
@@ -153,8 +153,12 @@ def case_fixture(r):
     check(st["lambda"]["effective"] == st["lambda"]["model"], "lambda changed without being asked to")
     check(st["timings"]["forward_ms"] > 0 and st["timings"]["kernels"], "no profile")
     check(st["sweep"]["complete"] and len(st["sweep"]["points"]) >= 5, "lambda sweep missing")
-    for name in ("Model", "Prompt", "Head", "Overview", "Lambda", "Profiler"):
+    for name in ("Model", "Prompt", "Head", "Row", "Overview", "Lambda", "Profiler"):
         check(name in st["panels"], "panel %s not drawn" % name)
+    # The row view starts on the last token; its exact softmax rows sum to 1.
+    rv = st["row_view"]
+    check(rv["q"] == 24 and rv["layer"] == 1 and rv["n"] == 25, "row view %s" % rv)
+    check(abs(rv["a1_sum"] - 1) < 1e-4 and abs(rv["a2_sum"] - 1) < 1e-4, "row view rows do not sum to 1: %s" % rv)
 
 
 def case_lambda(r):
@@ -304,20 +308,34 @@ def case_view(r):
     check(v["pool"] == "mean", "pool %s" % v["pool"])
 
 
+def case_row(r):
+    rc, st, img = r.run("row", "--model", r.fixture(), "--ids", IDS, "--head", "2.3", "--row", "5")
+    assert_sane_run(rc, st, img, 25)
+    rv = st["row_view"]
+    check(rv["q"] == 5 and rv["layer"] == 2 and rv["head"] == 3, "row view %s" % rv)
+    check(abs(rv["a1_sum"] - 1) < 1e-4 and abs(rv["a2_sum"] - 1) < 1e-4, "row view rows do not sum to 1: %s" % rv)
+    x, y, w, h = st["panels"]["Row"]
+    px = region(img, [x + 4, y + 30, w - 8, h - 34])
+    check(len(set(px)) >= 30, "row panel is nearly empty (%d colours)" % len(set(px)))
+    # Negative positions count from the end.
+    rc, st, img = r.run("row_neg", "--model", r.fixture(), "--ids", IDS, "--row", "-3")
+    check(rc == 0 and st["row_view"]["q"] == 22, "--row -3: %s" % st.get("row_view"))
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
     check(p.returncode == 2 and "--head" in out, "bad --head: rc %d, %r" % (p.returncode, out))
     p = subprocess.run([r.exe, "--state-json", "x.json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     check(p.returncode == 2, "--state-json without --screenshot accepted")
-    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"]):
+    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"], ["--row", "x"]):
         p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
         check(p.returncode == 2 and bad[0] in p.stdout.decode(), "%s: rc %d, %r" % (bad, p.returncode, p.stdout))
 
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
-         "view": case_view}
+         "view": case_view, "row": case_row}
 
 
 def main():

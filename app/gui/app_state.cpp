@@ -139,6 +139,16 @@ void AppState::select_head(int l, int h) {
   submit();
 }
 
+void AppState::select_row(int64_t q) {
+  row_scroll = true;
+  show_row = true;
+  if (q == row && req.row == q)
+    return;
+  row = q;
+  req.row = q;
+  submit();
+}
+
 void AppState::notify(const std::string& text, bool error) {
   toast.text = text;
   toast.error = error;

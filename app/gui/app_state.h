@@ -98,6 +98,9 @@ struct AppState {
   // --- selection and views
   int layer = 0, head = 0;
   HeadView view;
+  int64_t row = -1;        // the row view's query position (-1: the last token)
+  int row_color = 0;       // row view text colour: 0 difference, 1 A1, 2 A2
+  bool row_scroll = true;  // scroll the row view's text to the query once
   OverviewMode ov_mode = OverviewMode::A1;
   HeadTextures head_tex;
   OverviewTexture ov_tex;
@@ -106,7 +109,7 @@ struct AppState {
 
   // --- panels and layout
   bool show_model = true, show_prompt = true, show_overview = true, show_head = true, show_lambda = true,
-       show_profiler = true, show_shortcuts = false, show_imgui_demo = false;
+       show_profiler = true, show_row = true, show_shortcuts = false, show_imgui_demo = false;
   bool reset_layout = false;
   std::map<std::string, PanelRect> panel_rects;  // last frame's panel rectangles (PNG export, state JSON)
   PanelRect map_rects[3];                        // last frame's A1 / A2 / difference image rectangles
@@ -123,6 +126,7 @@ struct AppState {
   void reset_lambda();
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
+  void select_row(int64_t q);  // the row view's query (negative counts from the end)
   void notify(const std::string& text, bool error = false);
   void show_error(const std::string& line);
   // Call once per frame after taking the snapshot: reacts to a new model, result or error.

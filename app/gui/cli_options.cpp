@@ -15,6 +15,7 @@ const char* cli_usage() {
          "  --ids 1,2,3            prompt as token ids (models without a tokenizer)\n"
          "  --head L.H             open head H of layer L in the head view\n"
          "  --view Q0:Q1,K0:K1     head view zoomed to queries Q0..Q1-1 and keys K0..K1-1 (a square around them)\n"
+         "  --row Q                row view of query Q (negative counts from the end; default -1, the last token)\n"
          "  --pool max|mean        how the head view pools tokens into a cell when they outnumber the pixels\n"
          "  --lambda-scale X       multiply every layer's lambda by X\n"
          "  --theme dark|light\n"
@@ -76,6 +77,13 @@ CliOptions parse_cli(int argc, char** argv) {
           q1 <= q0 || k1 <= k0)
         throw Error("--view: '" + v + "' is not Q0:Q1,K0:K1 with Q0 < Q1 and K0 < K1. HINT: --view 0:64,0:64");
       o.view = std::array<int64_t, 4>{q0, q1, k0, k1};
+    } else if (a == "--row") {
+      const std::string v = need(i, a);
+      char* end = nullptr;
+      const long long q = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0')
+        throw Error("--row: '" + v + "' is not a token position. HINT: --row 12, or --row -1 for the last token");
+      o.row = q;
     } else if (a == "--pool") {
       const std::string v = need(i, a);
       if (v != "max" && v != "mean")

@@ -19,6 +19,7 @@ struct CliOptions {
   int layer = -1, head = -1;  // --head L.H
   std::optional<std::array<int64_t, 4>> view;  // --view Q0:Q1,K0:K1: the head view's rectangle at start
   std::optional<bool> mean_pool;               // --pool max|mean
+  std::optional<int64_t> row;                  // --row Q: the row view's query (negative from the end)
   std::optional<double> lambda_scale;
   std::optional<bool> dark;
   int overview = -1;  // --overview MODE: OverviewMode index, -1 = remembered / default

@@ -134,6 +134,8 @@ int main(int argc, char** argv) {
     st.head = st.req.head = opt.head;
   }
   st.pending_scale = opt.lambda_scale;
+  if (opt.row)
+    st.row = st.req.row = *opt.row;
   if (opt.view) {  // the square of tokens around the rectangle, centred on it
     const auto& v = *opt.view;
     st.view.span = double(std::max(v[1] - v[0], v[3] - v[2]));

@@ -411,6 +411,7 @@ void draw_head_panel(AppState& st) {
         st.view.locked = true;
         st.view.lock_q = hover_q;
         st.view.lock_k = hover_k;
+        st.select_row(hover_q);  // the row view follows the clicked query
       }
     }
 
@@ -503,7 +504,7 @@ void draw_head_panel(AppState& st) {
       ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A %.4f%s", tag, (long long)cq, label_at(cq).c_str(),
                   (long long)ck, label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
   } else {
-    ImGui::TextDisabled("%s%s   |   wheel: zoom   drag: pan   click: lock cursor   double-click: reset", res,
+    ImGui::TextDisabled("%s%s   |   wheel: zoom   drag: pan   click: lock cursor + row view   double-click: reset", res,
                         pending ? "   updating..." : "");
   }
   end_panel();

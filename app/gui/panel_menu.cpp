@@ -127,7 +127,7 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::BeginMenu("Export PNG")) {
       if (ImGui::MenuItem("Whole window", "Ctrl+P"))
         export_png(st, "");
-      for (const char* p : {"Model", "Prompt", "Head", "Overview", "Lambda", "Profiler"})
+      for (const char* p : {"Model", "Prompt", "Head", "Row", "Overview", "Lambda", "Profiler"})
         if (ImGui::MenuItem(p, nullptr, false, st.panel_rects.count(p) > 0))
           export_png(st, p);
       ImGui::EndMenu();
@@ -152,6 +152,7 @@ void draw_menu_bar(AppState& st) {
     ImGui::MenuItem("Model", nullptr, &st.show_model);
     ImGui::MenuItem("Prompt", nullptr, &st.show_prompt);
     ImGui::MenuItem("Head", nullptr, &st.show_head);
+    ImGui::MenuItem("Row", nullptr, &st.show_row);
     ImGui::MenuItem("Overview", nullptr, &st.show_overview);
     ImGui::MenuItem("Lambda", nullptr, &st.show_lambda);
     ImGui::MenuItem("Profiler", nullptr, &st.show_profiler);

@@ -4,6 +4,7 @@
 #include <imgui.h>
 #include <stb_image_write.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -155,6 +156,19 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
                         {"pool", v.pool == Pool::Mean ? "mean" : "max"},
                         {"exact", hm.exact()},
                         {"span", st.view.span}};
+    }
+    if (st.snap && st.snap->row) {
+      const RowMaps& rm = *st.snap->row;
+      const int h = std::clamp(st.head, 0, int(std::max<int64_t>(1, rm.rows.heads)) - 1);
+      const size_t n = size_t(rm.rows.n);
+      auto row_sum = [&](const std::vector<float>& v) {
+        double s = 0;
+        for (size_t k = 0; k < n && !v.empty(); ++k)
+          s += v[size_t(h) * n + k];
+        return s;
+      };
+      j["row_view"] = {{"layer", rm.layer}, {"q", rm.q},         {"head", h},
+                       {"n", rm.rows.n},    {"a1_sum", row_sum(rm.rows.a1)}, {"a2_sum", row_sum(rm.rows.a2)}};
     }
     std::ofstream f(opt_.state_json);
     f << j.dump(2) << "\n";

@@ -57,6 +57,16 @@ struct HeadMaps {
   bool contains(int64_t q, int64_t k) const { return q >= view.q0 && q < view.q1 && k >= view.k0 && k < view.k1; }
 };
 
+// The row view: the exact attention rows of one query position in one layer, every head (Backend::map_rows).
+struct RowMaps {
+  uint64_t result_seq = 0;
+  int layer = -1;
+  int64_t q = -1;    // the query position
+  double lambda = 0;  // the layer's lambda (D = A1 - lambda*A2; 0 for Llama, where D = A1)
+  bool differential = true;
+  MapRows rows;  // a1 / a2 [heads, 1, n]
+};
+
 struct ModelInfo {
   uint64_t seq = 0;  // 1, 2, ... per successful open
   std::string dir;
@@ -114,6 +124,7 @@ struct Snapshot {
   std::shared_ptr<const RunResult> result;
   std::shared_ptr<const HeadMaps> head;
   std::shared_ptr<const Overview> overview;
+  std::shared_ptr<const RowMaps> row;
   std::shared_ptr<const Sweep> sweep;
 };
 

@@ -144,6 +144,8 @@ void Worker::step(const Request& r) {
   if (superseded())
     return;
   refresh_head(r);
+  if (!superseded())
+    refresh_row(r);
   if (r.overview && !superseded())
     summarize(r);
   if (r.sweep && session_->config().is_diff() && !superseded())
@@ -206,6 +208,7 @@ void Worker::open(const std::string& dir) {
     s.result = nullptr;
     s.head = nullptr;
     s.overview = nullptr;
+    s.row = nullptr;
     s.sweep = nullptr;
   });
 }
@@ -351,6 +354,29 @@ void Worker::refresh_head(const Request& r) {
   head_result_ = result_seq_;
   head_view_ = r.view;
   publish([&](Snapshot& s) { s.head = hm; });
+}
+
+// [SECTION] the row view: exact rows of one query position, every head of the selected layer
+void Worker::refresh_row(const Request& r) {
+  if (!session_->has_result())
+    return;
+  const int L = int(session_->config().layers);
+  const int layer = std::clamp(r.layer, 0, L - 1);
+  const int64_t n = int64_t(session_->ids().size());
+  const int64_t q = std::clamp<int64_t>(r.row < 0 ? n + r.row : r.row, 0, n - 1);
+  {
+    auto cur = snapshot()->row;
+    if (cur && cur->result_seq == result_seq_ && cur->layer == layer && cur->q == q)
+      return;
+  }
+  auto rm = std::make_shared<RowMaps>();
+  rm->result_seq = result_seq_;
+  rm->layer = layer;
+  rm->q = q;
+  rm->lambda = session_->effective_lambda(layer);
+  rm->differential = session_->config().is_diff();
+  session_->backend().map_rows(layer, {q}, rm->rows);
+  publish([&](Snapshot& s) { s.row = rm; });
 }
 
 // [SECTION] lambda sweep of the selected layer

@@ -28,6 +28,7 @@ struct Request {
   int layer = 0, head = 0;
   // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
   ViewRequest view;
+  int64_t row = -1;  // the row view's query position (negative counts from the end: -1 = the last token)
   bool overview = true;  // per-layer statistics and thumbnails for every layer
   bool sweep = true;     // lambda sweep of the selected layer
   int sweep_points = 17;
@@ -54,6 +55,7 @@ class Worker {
   void run_and_publish();
   void summarize(const Request& r);
   void refresh_head(const Request& r);
+  void refresh_row(const Request& r);
   void run_sweep(const Request& r);
   bool superseded() const;
   void report_error(const std::string& what);
