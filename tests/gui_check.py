@@ -3,7 +3,7 @@
 --state-json sidecar and on the pixels of the PNG it wrote. Standard library only (PNG decoded with zlib).
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
-CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row
+CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row | prompt_file
 """
 import argparse
 import json
@@ -322,20 +322,51 @@ def case_row(r):
     check(rc == 0 and st["row_view"]["q"] == 22, "--row -3: %s" % st.get("row_view"))
 
 
+def case_prompt_file(r):
+    # A prompt longer than the head panel has pixels, from a file: the head view is the engine's pooled grid of the
+    # whole map at about one cell per pixel (never more than 1024 per side), the row view the exact last row.
+    with open(os.path.join(r.source, "assets", "models", "default_prompt.txt")) as f:
+        text = f.read().strip()
+    path = r.path("long_prompt.txt")
+    with open(path, "w") as f:
+        f.write(" ".join([text] * 2) + "\n")
+    rc, st, img = r.run("prompt_file", "--prompt-file", path, "--mouse", "560,300")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    n = st["n_tokens"]
+    check(n > 400, "the prompt file gave %d tokens" % n)
+    check(st["prompt"]["text"] == " ".join([text] * 2), "prompt text is not the file's (trailing newline dropped)")
+    v = st["head_view"]
+    check([v["q0"], v["q1"], v["k0"], v["k1"]] == [0, n, 0, n], "head view rectangle %s" % v)
+    w = st["map_rects"]["a1"][2]
+    check(not v["exact"] and v["rows"] == v["cols"] and v["rows"] <= min(n, 1024) and abs(v["rows"] - w) <= 2,
+          "grid %s for a %d-pixel map of %d tokens" % (v, w, n))
+    rv = st["row_view"]
+    check(rv["q"] == n - 1 and abs(rv["a1_sum"] - 1) < 1e-4, "row view %s" % rv)
+    L, H = st["model"]["layers"], st["model"]["view_heads"]
+    check(len(st["statistics"]) == L * H, "statistics for %d heads" % len(st["statistics"]))
+    px = region(img, st["map_rects"]["a1"])
+    check(len(set(px)) >= 20, "A1 map region is nearly uniform")
+    # An unreadable file is a usage error before any window opens.
+    p = subprocess.run([r.exe, "--prompt-file", r.path("missing.txt")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    check(p.returncode == 2 and "missing.txt" in p.stdout.decode(), "missing prompt file: rc %d" % p.returncode)
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
     check(p.returncode == 2 and "--head" in out, "bad --head: rc %d, %r" % (p.returncode, out))
     p = subprocess.run([r.exe, "--state-json", "x.json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     check(p.returncode == 2, "--state-json without --screenshot accepted")
-    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"], ["--row", "x"]):
+    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"], ["--row", "x"],
+                ["--prompt", "a", "--prompt-file", "b"]):
         p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
         check(p.returncode == 2 and bad[0] in p.stdout.decode(), "%s: rc %d, %r" % (bad, p.returncode, p.stdout))
 
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
-         "view": case_view, "row": case_row}
+         "view": case_view, "row": case_row, "prompt_file": case_prompt_file}
 
 
 def main():

@@ -10,7 +10,7 @@ if(DS_BUILD_GUI AND TARGET diffscope)
   endif()
   set(DS_GUI_CASES fixture lambda corrupt text light export bad_args view row)
   if(EXISTS ${PROJECT_SOURCE_DIR}/assets/models/diffllama-demo/config.json)
-    list(APPEND DS_GUI_CASES demo)
+    list(APPEND DS_GUI_CASES demo prompt_file)
   endif()
   foreach(case ${DS_GUI_CASES})
     add_test(NAME gui_${case}

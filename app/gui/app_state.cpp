@@ -117,6 +117,41 @@ void AppState::run_prompt() {
   submit();
 }
 
+bool read_prompt_file(const std::string& path, std::string& text, std::string* why) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (why)
+      *why = path + ": is a folder, not a prompt file";
+    return false;
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    if (why)
+      *why = path + ": cannot open the prompt file (does it exist, is it readable?)";
+    return false;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  text = ss.str();
+  if (!text.empty() && text.back() == '\n')
+    text.pop_back();
+  if (!text.empty() && text.back() == '\r')
+    text.pop_back();
+  return true;
+}
+
+bool AppState::open_prompt_file(const std::string& path, std::string* why) {
+  std::string text;
+  if (!read_prompt_file(path, text, why))
+    return false;
+  prompt_text = std::move(text);
+  prompt_path = path;
+  ids_mode = false;
+  if (snap && snap->model)
+    run_prompt();
+  return true;
+}
+
 void AppState::reset_lambda() {
   req.lambda.scale = 1.0;
   std::fill(req.lambda.override_.begin(), req.lambda.override_.end(), std::nullopt);

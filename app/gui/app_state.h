@@ -24,6 +24,8 @@ enum class OverviewMode {
   A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, EntropyA2, MaxLogit1, MaxLogit2, Count
 };
 const char* overview_mode_name(OverviewMode m);
+// The whole file as prompt text, one trailing newline dropped; false with *why when it cannot be read.
+bool read_prompt_file(const std::string& path, std::string& text, std::string* why);
 bool overview_mode_is_map(OverviewMode m);
 bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 
@@ -93,6 +95,8 @@ struct AppState {
   // --- prompt panel
   std::string prompt_text, prompt_ids;
   bool ids_mode = false;
+  std::string prompt_path;        // File > Open prompt...: the path field
+  bool open_prompt_popup = false;  // open the popup next frame
   bool focus_prompt = false;
 
   // --- selection and views
@@ -132,6 +136,9 @@ struct AppState {
   // Call once per frame after taking the snapshot: reacts to a new model, result or error.
   void absorb_snapshot();
   std::vector<int32_t> parse_prompt_ids(std::string* why) const;
+  // Reads a prompt file into the prompt text (one trailing newline dropped) and runs it; false with *why when it
+  // cannot be read.
+  bool open_prompt_file(const std::string& path, std::string* why);
   std::string default_prompt() const;
   std::string default_ids(int64_t vocab) const;
   std::string export_path(const std::string& stem, const std::string& ext) const;

@@ -12,6 +12,7 @@ const char* cli_usage() {
   return "usage: diffscope [MODEL_DIR] [options]\n"
          "  --model DIR            checkpoint folder (config.json + *.safetensors)\n"
          "  --prompt TEXT          prompt text (needs the model's tokenizer.json)\n"
+         "  --prompt-file FILE     prompt text from a file (long prompts; one trailing newline is dropped)\n"
          "  --ids 1,2,3            prompt as token ids (models without a tokenizer)\n"
          "  --head L.H             open head H of layer L in the head view\n"
          "  --view Q0:Q1,K0:K1     head view zoomed to queries Q0..Q1-1 and keys K0..K1-1 (a square around them)\n"
@@ -63,6 +64,8 @@ CliOptions parse_cli(int argc, char** argv) {
       o.model = need(i, a);
     } else if (a == "--prompt") {
       o.prompt = need(i, a);
+    } else if (a == "--prompt-file") {
+      o.prompt_file = need(i, a);
     } else if (a == "--ids") {
       o.ids = parse_ids(need(i, a));
     } else if (a == "--head") {
@@ -141,6 +144,8 @@ CliOptions parse_cli(int argc, char** argv) {
       throw Error("unexpected argument '" + a + "': only one model folder can be given");
     }
   }
+  if (o.prompt && !o.prompt_file.empty())
+    throw Error("--prompt and --prompt-file: give one of them");
   if (!o.state_json.empty() && o.screenshot.empty())
     throw Error("--state-json needs --screenshot");
   if (!o.open_after.empty() && o.screenshot.empty())

@@ -1,5 +1,5 @@
 // Command line of the diffscope GUI:
-//   diffscope [DIR] [--model DIR] [--prompt TEXT | --ids 1,2,3] [--head L.H] [--view Q0:Q1,K0:K1] [--pool max|mean]
+//   diffscope [DIR] [--model DIR] [--prompt TEXT | --prompt-file FILE | --ids 1,2,3] [--head L.H] [--view Q0:Q1,K0:K1] [--pool max|mean]
 //             [--lambda-scale X]
 //             [--theme light|dark] [--overview MODE] [--backend cpu|cuda|auto] [--threads N]
 //             [--screenshot OUT.png [--state-json OUT.json] [--open-after DIR] [--export-dir DIR] [--size WxH]]
@@ -15,6 +15,7 @@ namespace ds::gui {
 struct CliOptions {
   std::string model;  // empty: the default model
   std::optional<std::string> prompt;
+  std::string prompt_file;  // --prompt-file FILE: the prompt text from a file
   std::optional<std::vector<int>> ids;
   int layer = -1, head = -1;  // --head L.H
   std::optional<std::array<int64_t, 4>> view;  // --view Q0:Q1,K0:K1: the head view's rectangle at start

@@ -73,6 +73,14 @@ int main(int argc, char** argv) {
     std::fputs(cli_usage(), stdout);
     return 0;
   }
+  std::string file_prompt;
+  if (!opt.prompt_file.empty()) {
+    std::string why;
+    if (!read_prompt_file(opt.prompt_file, file_prompt, &why)) {
+      std::fprintf(stderr, "diffscope: --prompt-file: %s\n", why.c_str());
+      return 2;
+    }
+  }
   const bool shot = !opt.screenshot.empty();
 
   glfwSetErrorCallback(on_glfw_error);
@@ -123,7 +131,8 @@ int main(int argc, char** argv) {
 
   auto worker = std::make_unique<Worker>([] { glfwPostEmptyEvent(); }, backend, opt.threads);
   st.worker = worker.get();
-  st.prompt_text = opt.prompt ? *opt.prompt : st.default_prompt();
+  st.prompt_text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
+  st.prompt_path = opt.prompt_file;
   if (opt.ids) {
     st.ids_mode = true;
     for (size_t i = 0; i < opt.ids->size(); ++i)

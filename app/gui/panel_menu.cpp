@@ -63,6 +63,8 @@ void handle_shortcuts(AppState& st) {
   const ImGuiIO& io = ImGui::GetIO();
   if (ctrl_key(GLFW_KEY_O))
     st.focus_path = st.show_model = true;
+  if (ctrl_key(GLFW_KEY_O, true))
+    st.open_prompt_popup = true;
   if (ctrl_key(GLFW_KEY_ENTER) && !io.WantTextInput)
     st.run_prompt();
   if (ctrl_key(GLFW_KEY_R))
@@ -103,12 +105,45 @@ void handle_shortcuts(AppState& st) {
   }
 }
 
+// File > Open prompt...: a path field (there is no native file dialog); the file's text becomes the prompt and runs.
+static void open_prompt_popup(AppState& st) {
+  if (st.open_prompt_popup) {
+    ImGui::OpenPopup("Open prompt");
+    st.open_prompt_popup = false;
+  }
+  if (!ImGui::BeginPopupModal("Open prompt", nullptr, ImGuiWindowFlags_AlwaysAutoResize))
+    return;
+  ImGui::TextUnformatted("A text file whose contents become the prompt (UTF-8; it runs at once).");
+  if (ImGui::IsWindowAppearing())
+    ImGui::SetKeyboardFocusHere();
+  ImGui::SetNextItemWidth(520);
+  const bool enter =
+      ImGui::InputTextWithHint("##path", "/path/to/prompt.txt", &st.prompt_path, ImGuiInputTextFlags_EnterReturnsTrue);
+  static std::string why;
+  if (ImGui::Button("Open") || enter) {
+    why.clear();
+    if (st.open_prompt_file(st.prompt_path, &why))
+      ImGui::CloseCurrentPopup();
+  }
+  ImGui::SameLine();
+  if (ImGui::Button("Cancel") || ImGui::IsKeyPressed(GLFW_KEY_ESCAPE)) {
+    why.clear();
+    ImGui::CloseCurrentPopup();
+  }
+  if (!why.empty())
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().error_text), "%s", why.c_str());
+  ImGui::EndPopup();
+}
+
 void draw_menu_bar(AppState& st) {
+  open_prompt_popup(st);
   if (!ImGui::BeginMainMenuBar())
     return;
   if (ImGui::BeginMenu("File")) {
     if (ImGui::MenuItem("Open model...", "Ctrl+O"))
       st.focus_path = st.show_model = true;
+    if (ImGui::MenuItem("Open prompt...", "Ctrl+Shift+O"))
+      st.open_prompt_popup = true;
     if (ImGui::BeginMenu("Recent models", !st.settings.recent.empty())) {
       for (const auto& r : st.settings.recent)
         if (ImGui::MenuItem(r.c_str())) {
