@@ -3,7 +3,7 @@
 --state-json sidecar and on the pixels of the PNG it wrote. Standard library only (PNG decoded with zlib).
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
-CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args
+CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row | prompt_file
 """
 import argparse
 import json
@@ -153,8 +153,12 @@ def case_fixture(r):
     check(st["lambda"]["effective"] == st["lambda"]["model"], "lambda changed without being asked to")
     check(st["timings"]["forward_ms"] > 0 and st["timings"]["kernels"], "no profile")
     check(st["sweep"]["complete"] and len(st["sweep"]["points"]) >= 5, "lambda sweep missing")
-    for name in ("Model", "Prompt", "Head", "Overview", "Lambda", "Profiler"):
+    for name in ("Model", "Prompt", "Head", "Row", "Overview", "Lambda", "Profiler"):
         check(name in st["panels"], "panel %s not drawn" % name)
+    # The row view starts on the last token; its exact softmax rows sum to 1.
+    rv = st["row_view"]
+    check(rv["q"] == 24 and rv["layer"] == 1 and rv["n"] == 25, "row view %s" % rv)
+    check(abs(rv["a1_sum"] - 1) < 1e-4 and abs(rv["a2_sum"] - 1) < 1e-4, "row view rows do not sum to 1: %s" % rv)
 
 
 def case_lambda(r):
@@ -283,16 +287,86 @@ def case_export(r):
     check([w, h] == st["panels"]["Head"][2:], "panel PNG is %dx%d, panel is %s" % (w, h, st["panels"]["Head"]))
 
 
+def case_view(r):
+    # A zoomed rectangle is asked of the engine at one cell per token; the pooled whole map in mean mode has
+    # the same row sums (each causal row sums to 1, and mean pooling of a full map keeps block averages).
+    rc, st, img = r.run("view", "--model", r.fixture(), "--ids", IDS, "--head", "1.2", "--view", "4:12,4:12",
+                        "--mouse", "900,200")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    v = st["head_view"]
+    check([v["q0"], v["q1"], v["k0"], v["k1"]] == [4, 12, 4, 12], "view rectangle %s" % v)
+    check(v["rows"] == 8 and v["cols"] == 8 and v["exact"], "a small rectangle must be exact: %s" % v)
+    # Rows 4..11 restricted to keys 4..11 sum to at most 8; the map regions are still drawn.
+    check(0 < st["head_maps"]["a1_sum"] <= 8 + 1e-3, "A1 sum over the rectangle %s" % st["head_maps"]["a1_sum"])
+    for key in ("a1", "a2", "diff"):
+        px = region(img, st["map_rects"][key])
+        check(len(set(px)) >= 8, "%s map region is nearly uniform (%d colours)" % (key, len(set(px))))
+    # Keys past the end are clamped into the map; --pool mean is reported back.
+    rc, st, img = r.run("view_clamp", "--model", r.fixture(), "--ids", IDS, "--view", "20:40,20:40", "--pool", "mean")
+    v = st["head_view"]
+    check(rc == 0 and v["q1"] == 25 and v["k1"] == 25 and v["q1"] - v["q0"] == 20, "clamped view %s" % v)
+    check(v["pool"] == "mean", "pool %s" % v["pool"])
+
+
+def case_row(r):
+    rc, st, img = r.run("row", "--model", r.fixture(), "--ids", IDS, "--head", "2.3", "--row", "5")
+    assert_sane_run(rc, st, img, 25)
+    rv = st["row_view"]
+    check(rv["q"] == 5 and rv["layer"] == 2 and rv["head"] == 3, "row view %s" % rv)
+    check(abs(rv["a1_sum"] - 1) < 1e-4 and abs(rv["a2_sum"] - 1) < 1e-4, "row view rows do not sum to 1: %s" % rv)
+    x, y, w, h = st["panels"]["Row"]
+    px = region(img, [x + 4, y + 30, w - 8, h - 34])
+    check(len(set(px)) >= 30, "row panel is nearly empty (%d colours)" % len(set(px)))
+    # Negative positions count from the end.
+    rc, st, img = r.run("row_neg", "--model", r.fixture(), "--ids", IDS, "--row", "-3")
+    check(rc == 0 and st["row_view"]["q"] == 22, "--row -3: %s" % st.get("row_view"))
+
+
+def case_prompt_file(r):
+    # A prompt longer than the head panel has pixels, from a file: the head view is the engine's pooled grid of the
+    # whole map at about one cell per pixel (never more than 1024 per side), the row view the exact last row.
+    with open(os.path.join(r.source, "assets", "models", "default_prompt.txt")) as f:
+        text = f.read().strip()
+    path = r.path("long_prompt.txt")
+    with open(path, "w") as f:
+        f.write(" ".join([text] * 2) + "\n")
+    rc, st, img = r.run("prompt_file", "--prompt-file", path, "--mouse", "560,300")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    n = st["n_tokens"]
+    check(n > 400, "the prompt file gave %d tokens" % n)
+    check(st["prompt"]["text"] == " ".join([text] * 2), "prompt text is not the file's (trailing newline dropped)")
+    v = st["head_view"]
+    check([v["q0"], v["q1"], v["k0"], v["k1"]] == [0, n, 0, n], "head view rectangle %s" % v)
+    w = st["map_rects"]["a1"][2]
+    check(not v["exact"] and v["rows"] == v["cols"] and v["rows"] <= min(n, 1024) and abs(v["rows"] - w) <= 2,
+          "grid %s for a %d-pixel map of %d tokens" % (v, w, n))
+    rv = st["row_view"]
+    check(rv["q"] == n - 1 and abs(rv["a1_sum"] - 1) < 1e-4, "row view %s" % rv)
+    L, H = st["model"]["layers"], st["model"]["view_heads"]
+    check(len(st["statistics"]) == L * H, "statistics for %d heads" % len(st["statistics"]))
+    px = region(img, st["map_rects"]["a1"])
+    check(len(set(px)) >= 20, "A1 map region is nearly uniform")
+    # An unreadable file is a usage error before any window opens.
+    p = subprocess.run([r.exe, "--prompt-file", r.path("missing.txt")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    check(p.returncode == 2 and "missing.txt" in p.stdout.decode(), "missing prompt file: rc %d" % p.returncode)
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
     check(p.returncode == 2 and "--head" in out, "bad --head: rc %d, %r" % (p.returncode, out))
     p = subprocess.run([r.exe, "--state-json", "x.json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     check(p.returncode == 2, "--state-json without --screenshot accepted")
+    for bad in (["--view", "5:4,0:3"], ["--view", "x"], ["--pool", "median"], ["--mouse", "1,2"], ["--row", "x"],
+                ["--prompt", "a", "--prompt-file", "b"]):
+        p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        check(p.returncode == 2 and bad[0] in p.stdout.decode(), "%s: rc %d, %r" % (bad, p.returncode, p.stdout))
 
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
-         "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export}
+         "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
+         "view": case_view, "row": case_row, "prompt_file": case_prompt_file}
 
 
 def main():

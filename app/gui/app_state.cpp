@@ -31,6 +31,12 @@ const char* overview_mode_name(OverviewMode m) {
       return "first-token value of A1 - lambda*A2";
     case OverviewMode::NegMass:
       return "negative mass of A1 - lambda*A2";
+    case OverviewMode::EntropyA2:
+      return "entropy of A2";
+    case OverviewMode::MaxLogit1:
+      return "max |logit| of map 1";
+    case OverviewMode::MaxLogit2:
+      return "max |logit| of map 2";
     default:
       return "?";
   }
@@ -38,6 +44,12 @@ const char* overview_mode_name(OverviewMode m) {
 
 bool overview_mode_is_map(OverviewMode m) {
   return m == OverviewMode::A1 || m == OverviewMode::A2 || m == OverviewMode::Diff;
+}
+
+bool overview_mode_needs_a2(OverviewMode m) {
+  return m == OverviewMode::A2 || m == OverviewMode::Diff || m == OverviewMode::EntropyDiff ||
+         m == OverviewMode::FirstDiff || m == OverviewMode::NegMass || m == OverviewMode::EntropyA2 ||
+         m == OverviewMode::MaxLogit2;
 }
 
 void AppState::open_model(const std::string& dir) {
@@ -105,6 +117,41 @@ void AppState::run_prompt() {
   submit();
 }
 
+bool read_prompt_file(const std::string& path, std::string& text, std::string* why) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (why)
+      *why = path + ": is a folder, not a prompt file";
+    return false;
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    if (why)
+      *why = path + ": cannot open the prompt file (does it exist, is it readable?)";
+    return false;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  text = ss.str();
+  if (!text.empty() && text.back() == '\n')
+    text.pop_back();
+  if (!text.empty() && text.back() == '\r')
+    text.pop_back();
+  return true;
+}
+
+bool AppState::open_prompt_file(const std::string& path, std::string* why) {
+  std::string text;
+  if (!read_prompt_file(path, text, why))
+    return false;
+  prompt_text = std::move(text);
+  prompt_path = path;
+  ids_mode = false;
+  if (snap && snap->model)
+    run_prompt();
+  return true;
+}
+
 void AppState::reset_lambda() {
   req.lambda.scale = 1.0;
   std::fill(req.lambda.override_.begin(), req.lambda.override_.end(), std::nullopt);
@@ -124,6 +171,16 @@ void AppState::select_head(int l, int h) {
   req.layer = l;
   req.head = h;
   view = HeadView{};
+  submit();
+}
+
+void AppState::select_row(int64_t q) {
+  row_scroll = true;
+  show_row = true;
+  if (q == row && req.row == q)
+    return;
+  row = q;
+  req.row = q;
   submit();
 }
 
@@ -195,6 +252,7 @@ void AppState::absorb_snapshot() {
   }
   if (snap->model && snap->model->seq != seen_model_seq) {
     const ModelInfo& m = *snap->model;
+    const bool first_model = seen_model_seq == 0;
     seen_model_seq = m.seq;
     path_input = m.dir;
     settings.add_recent(m.dir);
@@ -210,7 +268,8 @@ void AppState::absorb_snapshot() {
     head = std::clamp(head, 0, int(m.cfg.view_heads()) - 1);
     req.layer = layer;
     req.head = head;
-    view = HeadView{};
+    if (!first_model)
+      view = HeadView{};  // the first model keeps the view --view asked for
     if (!m.has_tokenizer) {
       ids_mode = true;
       if (prompt_ids.empty())

@@ -19,28 +19,35 @@
 
 namespace ds::gui {
 
-enum class OverviewMode { A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, Count };
+// Appended modes keep the indices settings.json remembers.
+enum class OverviewMode {
+  A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, EntropyA2, MaxLogit1, MaxLogit2, Count
+};
 const char* overview_mode_name(OverviewMode m);
+// The whole file as prompt text, one trailing newline dropped; false with *why when it cannot be read.
+bool read_prompt_file(const std::string& path, std::string& text, std::string* why);
 bool overview_mode_is_map(OverviewMode m);
+bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 
-// Linked zoom, pan and hover of the three head maps, in cell coordinates of the displayed map.
+// Linked zoom, pan and hover of the three head maps, in token coordinates. The panel turns this into the visible
+// rectangle and asks the engine for it (Request::view); the last image stays on screen until the new one comes.
 struct HeadView {
-  float zoom = 1.0f;               // 1 = the whole map fits
-  float cx = 0.5f, cy = 0.5f;      // centre of the view, fraction of the map
-  int hover_q = -1, hover_k = -1;  // cell under the mouse in any of the three maps
-  bool locked = false;             // click locks the cursor cell; click again unlocks
-  int lock_q = -1, lock_k = -1;
+  double span = 0;                         // tokens along each side of the square; 0 = the whole map
+  double cq = -1, ck = -1;                 // centre of the view (query, key), in tokens; -1 = the map's centre
+  int64_t hover_q = -1, hover_k = -1;      // token under the mouse in any of the three maps
+  bool locked = false;                     // click locks the cursor token; click again unlocks
+  int64_t lock_q = -1, lock_k = -1;
 };
 
 struct HeadTextures {
   std::shared_ptr<const HeadMaps> source;
   uint64_t style_key = 0;
-  GlTexture tex[3];      // A1, A2, A1 - lambda*A2
-  HeatmapImage meta[3];  // geometry and scale of each (pixels dropped after upload)
+  GlTexture tex[3];      // A1, A2, A1 - lambda*A2: one texel per grid cell of source->view
+  HeatmapImage meta[3];  // size and scale of each (pixels dropped after upload)
 };
 
 struct OverviewTexture {
-  std::shared_ptr<const RunResult> source;
+  std::shared_ptr<const Overview> source;
   uint64_t style_key = 0;
   GlTexture atlas;  // [L * tile, Hv * tile]
   int tile = 0, rows = 0, cols = 0;
@@ -88,11 +95,16 @@ struct AppState {
   // --- prompt panel
   std::string prompt_text, prompt_ids;
   bool ids_mode = false;
+  std::string prompt_path;        // File > Open prompt...: the path field
+  bool open_prompt_popup = false;  // open the popup next frame
   bool focus_prompt = false;
 
   // --- selection and views
   int layer = 0, head = 0;
   HeadView view;
+  int64_t row = -1;        // the row view's query position (-1: the last token)
+  int row_color = 0;       // row view text colour: 0 difference, 1 A1, 2 A2
+  bool row_scroll = true;  // scroll the row view's text to the query once
   OverviewMode ov_mode = OverviewMode::A1;
   HeadTextures head_tex;
   OverviewTexture ov_tex;
@@ -101,7 +113,7 @@ struct AppState {
 
   // --- panels and layout
   bool show_model = true, show_prompt = true, show_overview = true, show_head = true, show_lambda = true,
-       show_profiler = true, show_shortcuts = false, show_imgui_demo = false;
+       show_profiler = true, show_row = true, show_shortcuts = false, show_imgui_demo = false;
   bool reset_layout = false;
   std::map<std::string, PanelRect> panel_rects;  // last frame's panel rectangles (PNG export, state JSON)
   PanelRect map_rects[3];                        // last frame's A1 / A2 / difference image rectangles
@@ -118,11 +130,15 @@ struct AppState {
   void reset_lambda();
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
+  void select_row(int64_t q);  // the row view's query (negative counts from the end)
   void notify(const std::string& text, bool error = false);
   void show_error(const std::string& line);
   // Call once per frame after taking the snapshot: reacts to a new model, result or error.
   void absorb_snapshot();
   std::vector<int32_t> parse_prompt_ids(std::string* why) const;
+  // Reads a prompt file into the prompt text (one trailing newline dropped) and runs it; false with *why when it
+  // cannot be read.
+  bool open_prompt_file(const std::string& path, std::string* why);
   std::string default_prompt() const;
   std::string default_ids(int64_t vocab) const;
   std::string export_path(const std::string& stem, const std::string& ext) const;

@@ -12,17 +12,23 @@ const char* cli_usage() {
   return "usage: diffscope [MODEL_DIR] [options]\n"
          "  --model DIR            checkpoint folder (config.json + *.safetensors)\n"
          "  --prompt TEXT          prompt text (needs the model's tokenizer.json)\n"
+         "  --prompt-file FILE     prompt text from a file (long prompts; one trailing newline is dropped)\n"
          "  --ids 1,2,3            prompt as token ids (models without a tokenizer)\n"
          "  --head L.H             open head H of layer L in the head view\n"
+         "  --view Q0:Q1,K0:K1     head view zoomed to queries Q0..Q1-1 and keys K0..K1-1 (a square around them)\n"
+         "  --row Q                row view of query Q (negative counts from the end; default -1, the last token)\n"
+         "  --pool max|mean        how the head view pools tokens into a cell when they outnumber the pixels\n"
          "  --lambda-scale X       multiply every layer's lambda by X\n"
          "  --theme dark|light\n"
-         "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative\n"
+         "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
+         "                         entropy-a2 | max-logit | max-logit2\n"
          "  --backend auto|cpu|cuda|cuda:N   --threads N\n"
          "  --screenshot OUT.png   render the window once the run is complete, save it, exit\n"
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"
          "  --export-dir DIR       with --screenshot: also export the head (.npy, .csv), session (.json), Head PNG\n"
-         "  --size WxH             window size (default 1600x1000)\n";
+         "  --size WxH             window size (default 1600x1000)\n"
+         "  --mouse X,Y            with --screenshot: the mouse pointer rests at X,Y (shows tooltips)\n";
 }
 
 static std::vector<int> parse_ids(const std::string& s) {
@@ -58,12 +64,34 @@ CliOptions parse_cli(int argc, char** argv) {
       o.model = need(i, a);
     } else if (a == "--prompt") {
       o.prompt = need(i, a);
+    } else if (a == "--prompt-file") {
+      o.prompt_file = need(i, a);
     } else if (a == "--ids") {
       o.ids = parse_ids(need(i, a));
     } else if (a == "--head") {
       const std::string v = need(i, a);
       if (std::sscanf(v.c_str(), "%d.%d", &o.layer, &o.head) != 2 || o.layer < 0 || o.head < 0)
         throw Error("--head: '" + v + "' is not LAYER.HEAD. HINT: --head 1.3");
+    } else if (a == "--view") {
+      const std::string v = need(i, a);
+      long long q0, q1, k0, k1;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%lld:%lld,%lld:%lld%c", &q0, &q1, &k0, &k1, &tail) != 4 || q0 < 0 || k0 < 0 ||
+          q1 <= q0 || k1 <= k0)
+        throw Error("--view: '" + v + "' is not Q0:Q1,K0:K1 with Q0 < Q1 and K0 < K1. HINT: --view 0:64,0:64");
+      o.view = std::array<int64_t, 4>{q0, q1, k0, k1};
+    } else if (a == "--row") {
+      const std::string v = need(i, a);
+      char* end = nullptr;
+      const long long q = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0')
+        throw Error("--row: '" + v + "' is not a token position. HINT: --row 12, or --row -1 for the last token");
+      o.row = q;
+    } else if (a == "--pool") {
+      const std::string v = need(i, a);
+      if (v != "max" && v != "mean")
+        throw Error("--pool: '" + v + "' is not max or mean");
+      o.mean_pool = v == "mean";
     } else if (a == "--lambda-scale") {
       const std::string v = need(i, a);
       char* end = nullptr;
@@ -76,14 +104,16 @@ CliOptions parse_cli(int argc, char** argv) {
         throw Error("--theme: '" + v + "' is not dark or light");
       o.dark = v == "dark";
     } else if (a == "--overview") {
-      static const char* const modes[] = {"a1",           "a2",    "diff",       "entropy",
-                                          "entropy-diff", "first", "first-diff", "negative"};
+      static const char* const modes[] = {"a1",    "a2",         "diff",     "entropy",    "entropy-diff", "first",
+                                          "first-diff", "negative", "entropy-a2", "max-logit",  "max-logit2"};
       const std::string v = need(i, a);
-      for (int m = 0; m < 8; ++m)
+      for (int m = 0; m < int(sizeof modes / sizeof modes[0]); ++m)
         if (v == modes[m])
           o.overview = m;
       if (o.overview < 0)
-        throw Error("--overview: '" + v + "' is not one of a1 a2 diff entropy entropy-diff first first-diff negative");
+        throw Error("--overview: '" + v +
+                    "' is not one of a1 a2 diff entropy entropy-diff first first-diff negative entropy-a2 max-logit "
+                    "max-logit2");
     } else if (a == "--backend") {
       o.backend = need(i, a);
     } else if (a == "--threads") {
@@ -96,6 +126,12 @@ CliOptions parse_cli(int argc, char** argv) {
       o.open_after = need(i, a);
     } else if (a == "--export-dir") {
       o.export_dir = need(i, a);
+    } else if (a == "--mouse") {
+      const std::string v = need(i, a);
+      float x, y;
+      if (std::sscanf(v.c_str(), "%f,%f", &x, &y) != 2)
+        throw Error("--mouse: '" + v + "' is not X,Y");
+      o.mouse = std::array<float, 2>{x, y};
     } else if (a == "--size") {
       const std::string v = need(i, a);
       if (std::sscanf(v.c_str(), "%dx%d", &o.width, &o.height) != 2 || o.width < 320 || o.height < 240)
@@ -108,10 +144,14 @@ CliOptions parse_cli(int argc, char** argv) {
       throw Error("unexpected argument '" + a + "': only one model folder can be given");
     }
   }
+  if (o.prompt && !o.prompt_file.empty())
+    throw Error("--prompt and --prompt-file: give one of them");
   if (!o.state_json.empty() && o.screenshot.empty())
     throw Error("--state-json needs --screenshot");
   if (!o.open_after.empty() && o.screenshot.empty())
     throw Error("--open-after needs --screenshot");
+  if (o.mouse && o.screenshot.empty())
+    throw Error("--mouse needs --screenshot");
   if (!o.export_dir.empty() && o.screenshot.empty())
     throw Error("--export-dir needs --screenshot");
   return o;

@@ -1,8 +1,11 @@
 // Command line of the diffscope GUI:
-//   diffscope [DIR] [--model DIR] [--prompt TEXT | --ids 1,2,3] [--head L.H] [--lambda-scale X]
+//   diffscope [DIR] [--model DIR] [--prompt TEXT | --prompt-file FILE | --ids 1,2,3] [--head L.H] [--view Q0:Q1,K0:K1] [--pool max|mean]
+//             [--lambda-scale X]
 //             [--theme light|dark] [--overview MODE] [--backend cpu|cuda|auto] [--threads N]
 //             [--screenshot OUT.png [--state-json OUT.json] [--open-after DIR] [--export-dir DIR] [--size WxH]]
 #pragma once
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,8 +15,12 @@ namespace ds::gui {
 struct CliOptions {
   std::string model;  // empty: the default model
   std::optional<std::string> prompt;
+  std::string prompt_file;  // --prompt-file FILE: the prompt text from a file
   std::optional<std::vector<int>> ids;
   int layer = -1, head = -1;  // --head L.H
+  std::optional<std::array<int64_t, 4>> view;  // --view Q0:Q1,K0:K1: the head view's rectangle at start
+  std::optional<bool> mean_pool;               // --pool max|mean
+  std::optional<int64_t> row;                  // --row Q: the row view's query (negative from the end)
   std::optional<double> lambda_scale;
   std::optional<bool> dark;
   int overview = -1;  // --overview MODE: OverviewMode index, -1 = remembered / default
@@ -24,6 +31,7 @@ struct CliOptions {
   std::string open_after;  // screenshot mode: open this model after the first run (error-path tests)
   std::string export_dir;  // screenshot mode: also run every exporter into this folder (tests)
   int width = 1600, height = 1000;
+  std::optional<std::array<float, 2>> mouse;  // --mouse X,Y: with --screenshot, the pointer rests there (tooltips)
   bool help = false;
 };
 

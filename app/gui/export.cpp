@@ -70,6 +70,8 @@ bool write_npy(const std::string& path, const float* data, int64_t rows, int64_t
   return true;
 }
 
+// The head view's maps as the engine gave them: the visible rectangle's grid (the full map, exactly, when it is
+// small enough to be shown one cell per token).
 bool export_head_npy(const AppState& st, const std::string& prefix, std::vector<std::string>* files, std::string* err) {
   const auto& hm = st.snap ? st.snap->head : nullptr;
   if (!hm) {
@@ -77,11 +79,12 @@ bool export_head_npy(const AppState& st, const std::string& prefix, std::vector<
       *err = "no head to export: run a prompt first";
     return false;
   }
+  const MapView& v = hm->view;
   const std::pair<const char*, const std::vector<float>*> maps[] = {
-      {hm->differential ? "a1" : "a", &hm->a1}, {"a2", &hm->a2}, {"diff", &hm->diff}};
+      {hm->differential ? "a1" : "a", &v.a1}, {"a2", &v.a2}, {"diff", &v.diff}};
   for (int i = 0; i < (hm->differential ? 3 : 1); ++i) {
     const std::string path = prefix + "_" + maps[i].first + ".npy";
-    if (!write_npy(path, maps[i].second->data(), hm->n, hm->n, err))
+    if (!write_npy(path, maps[i].second->data(), v.rows, v.cols, err))
       return false;
     if (files)
       files->push_back(path);
@@ -110,19 +113,35 @@ bool export_head_csv(const AppState& st, const std::string& path, std::string* e
       *err = path + ": cannot open for writing";
     return false;
   }
-  f << "# layer " << hm->layer << ", head " << hm->head << ", lambda " << hm->lambda << "\n";
-  f << "query,key,query_token,key_token,a1,a2,diff\n";
-  const int64_t n = hm->n;
+  const MapView& v = hm->view;
+  const bool exact = hm->exact();
+  f << "# layer " << hm->layer << ", head " << hm->head << ", lambda " << hm->lambda << ", queries " << v.q0 << ":"
+    << v.q1 << ", keys " << v.k0 << ":" << v.k1 << " of " << hm->n << " tokens";
+  if (exact) {
+    f << ", one row per causal cell\n";
+    f << "query,key,query_token,key_token,a1,a2,diff\n";
+  } else {
+    f << ", " << v.rows << " x " << v.cols << " cells, " << (v.pool == Pool::Mean ? "mean" : "max")
+      << " of each block of tokens [query_start, query_end) x [key_start, key_end)\n";
+    f << "query_start,query_end,key_start,key_end,a1,a2,diff\n";
+  }
+  auto tok = [&](int64_t i) { return csv_field(i < int64_t(res->tokens.size()) ? res->tokens[size_t(i)] : ""); };
   char num[96];
-  for (int64_t q = 0; q < n; ++q) {
-    const std::string qt = csv_field(q < int64_t(res->tokens.size()) ? res->tokens[q] : "");
-    for (int64_t k = 0; k <= q; ++k) {
-      const std::string kt = csv_field(k < int64_t(res->tokens.size()) ? res->tokens[k] : "");
+  for (int i = 0; i < v.rows; ++i) {
+    const int64_t r0 = hm->row_start(i), r1 = hm->row_start(i + 1);
+    for (int j = 0; j < v.cols; ++j) {
+      const int64_t c0 = hm->col_start(j), c1 = hm->col_start(j + 1);
+      if (c0 > r1 - 1)
+        break;  // this block and the rest of the row lie past the diagonal
+      const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
       if (hm->differential)
-        std::snprintf(num, sizeof num, "%.7g,%.7g,%.7g", hm->a1[q * n + k], hm->a2[q * n + k], hm->diff[q * n + k]);
+        std::snprintf(num, sizeof num, "%.7g,%.7g,%.7g", v.a1[at], v.a2[at], v.diff[at]);
       else
-        std::snprintf(num, sizeof num, "%.7g,,%.7g", hm->a1[q * n + k], hm->a1[q * n + k]);
-      f << q << ',' << k << ',' << qt << ',' << kt << ',' << num << '\n';
+        std::snprintf(num, sizeof num, "%.7g,,%.7g", v.a1[at], v.a1[at]);
+      if (exact)
+        f << r0 << ',' << c0 << ',' << tok(r0) << ',' << tok(c0) << ',' << num << '\n';
+      else
+        f << r0 << ',' << r1 << ',' << c0 << ',' << c1 << ',' << num << '\n';
     }
   }
   if (!f) {
@@ -138,7 +157,8 @@ static nlohmann::json stats_json(const HeadStats& s) {
   return {
       {"entropy_a1", num(s.entropy1)},    {"entropy_a2", num(s.entropy2)},   {"entropy_diff", num(s.entropy_diff)},
       {"first_token_a1", num(s.first1)},  {"first_token_a2", num(s.first2)}, {"first_token_diff", num(s.first_diff)},
-      {"negative_mass", num(s.neg_mass)}, {"diff_min", num(s.diff_min)},     {"diff_max", num(s.diff_max)}};
+      {"negative_mass", num(s.neg_mass)}, {"diff_min", num(s.diff_min)},     {"diff_max", num(s.diff_max)},
+      {"max_logit1", num(s.max_logit1)},  {"max_logit2", num(s.max_logit2)}};
 }
 
 nlohmann::json session_json(const AppState& st) {
@@ -181,14 +201,16 @@ nlohmann::json session_json(const AppState& st) {
   for (const auto& t : r.top)
     top.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
   j["next_token"] = top;
+  // The engine's statistics (Backend::head_stats) of the layers the overview has computed for this result.
   json stats = json::array();
-  for (size_t l = 0; l < r.layers.size(); ++l)
-    for (size_t h = 0; h < r.layers[l].heads.size(); ++h) {
-      json e = stats_json(r.layers[l].heads[h]);
-      e["layer"] = l;
-      e["head"] = h;
-      stats.push_back(e);
-    }
+  if (const auto& ov = st.snap->overview; ov && ov->result_seq == r.seq)
+    for (size_t l = 0; l < ov->layers.size(); ++l)
+      for (size_t h = 0; h < ov->layers[l].heads.size(); ++h) {
+        json e = stats_json(ov->layers[l].heads[h]);
+        e["layer"] = l;
+        e["head"] = h;
+        stats.push_back(e);
+      }
   j["statistics"] = stats;
   const Profile& p = r.profile;
   j["device"]["peak_tflops"] = p.peak_tflops > 0 ? json(p.peak_tflops) : json(nullptr);

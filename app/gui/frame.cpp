@@ -24,6 +24,8 @@ void draw_frame(AppState& st) {
     draw_lambda_panel(st);
   if (st.show_head)
     draw_head_panel(st);
+  if (st.show_row)
+    draw_row_panel(st);
   if (st.show_overview)
     draw_overview_panel(st);
   if (st.show_profiler)

@@ -4,38 +4,33 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 namespace ds::gui {
 
-ColorScale heatmap_scale(const float* m, int64_t n, const HeatmapStyle& st) {
+ColorScale heatmap_scale(const float* m, const GridGeom& g, const HeatmapStyle& st) {
   ColorScale s;
   s.diverging = st.diverging;
   s.log = st.log;
   // Sequential log: four decades below the maximum. Symmetric log of the difference: linear within 1% of the
   // largest magnitude (a smaller threshold saturates every cell).
   s.floor = st.diverging ? 1e-2f : 1e-4f;
-  const int64_t k0 = st.hide_first ? 1 : 0;
-  // Magnitudes of the cells that set the range: causal, visible columns, and query rows from 1 on, because row 0
-  // can only attend to itself (A = 1 there) and would pin every map's range at 1. Large maps are sampled.
-  const int64_t cells = n * (n + 1) / 2;
-  const int64_t step = std::max<int64_t>(1, cells / 2000000);
+  // Magnitudes of the cells that set the range: not wholly masked, and not the block of query 0 and key 0, because
+  // query 0 can only attend to itself (A = 1 there) and would pin every map's range at 1 (unless it is all there is).
   std::vector<float> mags;
-  mags.reserve(size_t(cells / step + 1));
+  mags.reserve(size_t(g.rows) * size_t(g.cols));
   float top = 0;
-  int64_t i = 0;
-  for (int64_t q = n > 1 ? 1 : 0; q < n; ++q) {
-    const int64_t kend = st.causal ? q + 1 : n;
-    for (int64_t k = k0; k < kend; ++k, ++i) {
-      const float v = m[q * n + k];
+  const bool skip00 = g.row_start(0) == 0 && g.col_start(0) == 0 && (g.rows > 1 || g.cols > 1);
+  for (int i = 0; i < g.rows; ++i)
+    for (int j = 0; j < g.cols; ++j) {
+      if (g.masked(i, j) || (skip00 && i == 0 && j == 0))
+        continue;
+      const float v = m[size_t(i) * g.cols + j];
       if (!std::isfinite(v))
         continue;
       const float a = st.diverging ? std::fabs(v) : std::max(v, 0.0f);
       top = std::max(top, a);
-      if (i % step == 0)
-        mags.push_back(a);
+      mags.push_back(a);
     }
-  }
   float hi = top;
   if (st.robust && !mags.empty()) {
     // Long causal rows spread attention thin while the first rows concentrate it: a max-based range leaves most
@@ -104,49 +99,30 @@ struct IndexFn {
 
 }  // namespace
 
-void build_heatmap(const float* m, int64_t n, const HeatmapStyle& st, const ColorScale& scale, int max_tex,
+void build_heatmap(const float* m, const GridGeom& g, const HeatmapStyle& st, const ColorScale& scale,
                    HeatmapImage& out) {
-  out.n = n;
-  out.first_col = st.hide_first && n > 1 ? 1 : 0;
   out.scale = scale;
-  const int64_t cols = n - out.first_col;
-  // Maps larger than the largest texture are shown strided (the head view says so); 4096 fits everywhere.
-  out.stride = int(std::max<int64_t>(1, (std::max(cols, n) + max_tex - 1) / max_tex));
-  out.w = int((cols + out.stride - 1) / out.stride);
-  out.h = int((n + out.stride - 1) / out.stride);
+  out.w = g.cols;
+  out.h = g.rows;
   out.rgba.resize(size_t(out.w) * out.h);
   uint32_t lut[256];
   for (int i = 0; i < 256; ++i)
     lut[i] = colormap_rgba(st.cmap, i / 255.0f);
   const IndexFn index(scale);
-  auto rows = [&](int y0, int y1) {
-    for (int y = y0; y < y1; ++y) {
-      const int64_t q = int64_t(y) * out.stride;
-      uint32_t* row = out.rgba.data() + size_t(y) * out.w;
-      const float* src = m + q * n + out.first_col;
-      // Causal: pixels whose key is past the query are masked; everything before is a straight loop.
-      const int visible = st.causal ? int(std::clamp<int64_t>((q - out.first_col) / out.stride + 1, 0, out.w)) : out.w;
-      if (out.stride == 1)
-        for (int x = 0; x < visible; ++x)
-          row[x] = lut[index(src[x])];
-      else
-        for (int x = 0; x < visible; ++x)
-          row[x] = lut[index(src[int64_t(x) * out.stride])];
-      for (int x = visible; x < out.w; ++x)
-        row[x] = st.masked_rgba;
-    }
-  };
-  // Large maps: split rows over the cores (a 4096^2 map is 16 M cells; this runs only when the map changes).
-  const int threads = int(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), out.h / 256 + 1));
-  if (threads <= 1) {
-    rows(0, out.h);
-    return;
+  // Column block starts once; row i shows blocks up to the last one holding a key <= its last query.
+  std::vector<int64_t> cs(size_t(g.cols) + 1);
+  for (int j = 0; j <= g.cols; ++j)
+    cs[size_t(j)] = g.col_start(j);
+  for (int y = 0; y < g.rows; ++y) {
+    const int64_t q_last = g.row_start(y + 1) - 1;
+    const int visible = int(std::upper_bound(cs.begin(), cs.end() - 1, q_last) - cs.begin());
+    uint32_t* row = out.rgba.data() + size_t(y) * out.w;
+    const float* src = m + size_t(y) * g.cols;
+    for (int x = 0; x < visible; ++x)
+      row[x] = lut[index(src[x])];
+    for (int x = visible; x < out.w; ++x)
+      row[x] = st.masked_rgba;
   }
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back(rows, out.h * t / threads, out.h * (t + 1) / threads);
-  for (auto& th : pool)
-    th.join();
 }
 
 }  // namespace ds::gui

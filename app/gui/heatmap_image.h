@@ -1,11 +1,12 @@
-// Turns an attention map [n, n] into RGBA pixels: colour scale chosen from the visible cells, the causal upper
-// triangle painted in a neutral "masked" colour, optionally without the first key column (the attention sink,
-// which otherwise dominates the colour range). CPU only; the caller uploads the pixels to a GlTexture.
+// Turns a pooled view of an attention map (rows x cols cells over a rectangle of tokens, engine/map_query.h) into
+// RGBA pixels: colour scale chosen from the visible cells, blocks that lie wholly in the causal upper triangle
+// painted in a neutral "masked" colour. CPU only; the caller uploads the pixels to a GlTexture.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "colormap.h"
+#include "engine/map_query.h"
 
 namespace ds::gui {
 
@@ -13,26 +14,32 @@ struct HeatmapStyle {
   Colormap cmap = Colormap::Viridis;
   bool diverging = false;  // symmetric limits around zero
   bool log = false;
-  bool hide_first = false;
-  bool causal = true;  // grey out k > q
   bool robust = true;  // range up to the 99.5th percentile of magnitudes (brighter cells clamp), else the max
   uint32_t masked_rgba = 0xff404040u;
 };
 
+// The geometry of a grid: the rectangle [q0, q1) x [k0, k1) pooled into rows x cols blocks (map_query.h's rule).
+struct GridGeom {
+  int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
+  int rows = 0, cols = 0;
+  static GridGeom of(const MapView& v) { return {v.q0, v.q1, v.k0, v.k1, v.rows, v.cols}; }
+  int64_t row_start(int i) const { return q0 + view_block_start(i, q1 - q0, rows); }
+  int64_t col_start(int j) const { return k0 + view_block_start(j, k1 - k0, cols); }
+  // Every key of column block j comes after every query of row block i: the block is all masked (k > q).
+  bool masked(int i, int j) const { return col_start(j) > row_start(i + 1) - 1; }
+};
+
 struct HeatmapImage {
-  int w = 0, h = 0;   // pixels (= cells, or fewer when the map is larger than the GPU's textures)
-  int first_col = 0;  // 1 when the first key column is hidden
-  int64_t n = 0;
-  int stride = 1;  // cells per pixel when downsampled
+  int w = 0, h = 0;  // pixels = grid cells
   ColorScale scale;
   std::vector<uint32_t> rgba;  // [h, w]
 };
 
-// Colour range over the causal cells of the visible columns, query rows 1.. (row 0 is always 1): [0, max] for maps,
-// [-m, m] for the difference.
-ColorScale heatmap_scale(const float* m, int64_t n, const HeatmapStyle& st);
+// Colour range over the grid's cells that are not all masked, leaving out the block of query 0 / key 0 (A = 1 there
+// whatever the head does): [0, max] for maps, [-m, m] for the difference.
+ColorScale heatmap_scale(const float* m, const GridGeom& g, const HeatmapStyle& st);
 // Build the pixels with a given scale (panels share one scale across maps when linked).
-void build_heatmap(const float* m, int64_t n, const HeatmapStyle& st, const ColorScale& scale, int max_tex,
+void build_heatmap(const float* m, const GridGeom& g, const HeatmapStyle& st, const ColorScale& scale,
                    HeatmapImage& out);
 
 }  // namespace ds::gui

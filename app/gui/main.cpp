@@ -73,6 +73,14 @@ int main(int argc, char** argv) {
     std::fputs(cli_usage(), stdout);
     return 0;
   }
+  std::string file_prompt;
+  if (!opt.prompt_file.empty()) {
+    std::string why;
+    if (!read_prompt_file(opt.prompt_file, file_prompt, &why)) {
+      std::fprintf(stderr, "diffscope: --prompt-file: %s\n", why.c_str());
+      return 2;
+    }
+  }
   const bool shot = !opt.screenshot.empty();
 
   glfwSetErrorCallback(on_glfw_error);
@@ -111,6 +119,8 @@ int main(int argc, char** argv) {
     st.settings.dark = *opt.dark;
   if (opt.overview >= 0)
     st.settings.overview_mode = opt.overview;
+  if (opt.mean_pool)
+    st.settings.mean_pool = *opt.mean_pool;
   st.ov_mode = OverviewMode(std::clamp(st.settings.overview_mode, 0, int(OverviewMode::Count) - 1));
   st.greek = load_fonts(st.settings.font_size);
   apply_theme(st.settings.dark);
@@ -121,7 +131,8 @@ int main(int argc, char** argv) {
 
   auto worker = std::make_unique<Worker>([] { glfwPostEmptyEvent(); }, backend, opt.threads);
   st.worker = worker.get();
-  st.prompt_text = opt.prompt ? *opt.prompt : st.default_prompt();
+  st.prompt_text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
+  st.prompt_path = opt.prompt_file;
   if (opt.ids) {
     st.ids_mode = true;
     for (size_t i = 0; i < opt.ids->size(); ++i)
@@ -132,6 +143,14 @@ int main(int argc, char** argv) {
     st.head = st.req.head = opt.head;
   }
   st.pending_scale = opt.lambda_scale;
+  if (opt.row)
+    st.row = st.req.row = *opt.row;
+  if (opt.view) {  // the square of tokens around the rectangle, centred on it
+    const auto& v = *opt.view;
+    st.view.span = double(std::max(v[1] - v[0], v[3] - v[2]));
+    st.view.cq = double(v[0] + v[1]) / 2;
+    st.view.ck = double(v[2] + v[3]) / 2;
+  }
   st.req.sweep = st.settings.sweep;
   const std::string model = !opt.model.empty() ? opt.model : default_model(st.assets_dir);
   if (opt.layer < 0 && opt.model.empty()) {
@@ -171,6 +190,8 @@ int main(int argc, char** argv) {
 
     ImGui_ImplOpenGL3_NewFrame();
     ImGui_ImplGlfw_NewFrame();
+    if (shot && opt.mouse)
+      io.MousePos = ImVec2((*opt.mouse)[0], (*opt.mouse)[1]);  // after the backend read the real pointer
     ImGui::NewFrame();
     draw_frame(st);
     ImGui::Render();

@@ -1,6 +1,9 @@
 // Head view: A1, A2 and A1 - lambda*A2 of one head side by side, keys on x and queries on y, with linked zoom,
-// pan and hover cursor, token labels on both axes, the causal upper triangle greyed, colour bars, optional log
-// scale and a hidden first-token column. Textures are rebuilt only when the maps or the display options change.
+// pan and hover cursor, token labels (or positions, when tokens are too narrow for text) on both axes, the causal
+// upper triangle hatched, colour bars and optional log scale. The maps are the engine's pooled view of the visible
+// rectangle (Backend::map_view) at the panel's pixel resolution: zoom and pan ask the worker for the new rectangle,
+// and the last image stays on screen, moved with the view, until it arrives. Textures are rebuilt only when the
+// view's data or the display options change.
 #include <imgui.h>
 
 #include <algorithm>
@@ -15,38 +18,42 @@ namespace ds::gui {
 
 namespace {
 
-// Token labels of the current result and their widest width, recomputed when the result changes.
+constexpr int k_max_grid = 1024;  // cells per side of the head view's grid (the engine pools beyond)
+
+// Token labels of the current result, made on demand (a long prompt has too many to lay out every frame).
 struct LabelCache {
   uint64_t seq = 0;
-  std::vector<std::string> labels;
-  float max_w = 0;
+  std::shared_ptr<const RunResult> result;
+  float max_w = 0;  // widest label of the first 4096 tokens
 };
 LabelCache g_labels;
 
-void update_labels(const RunResult& r) {
-  if (g_labels.seq == r.seq && g_labels.labels.size() == r.tokens.size())
+void update_labels(const std::shared_ptr<const RunResult>& r) {
+  if (g_labels.result == r)
     return;
-  g_labels.seq = r.seq;
-  g_labels.labels.clear();
+  g_labels.result = r;
   g_labels.max_w = 0;
-  for (const auto& t : r.tokens) {
-    g_labels.labels.push_back(token_label(t, 12));
-    g_labels.max_w = std::max(g_labels.max_w, ImGui::CalcTextSize(g_labels.labels.back().c_str()).x);
-  }
+  const size_t count = std::min<size_t>(r->tokens.size(), 4096);
+  for (size_t i = 0; i < count; ++i)
+    g_labels.max_w = std::max(g_labels.max_w, ImGui::CalcTextSize(token_label(r->tokens[i], 12).c_str()).x);
 }
 
-const char* label_at(int64_t i) {
-  return i >= 0 && i < int64_t(g_labels.labels.size()) ? g_labels.labels[i].c_str() : "?";
+std::string label_at(int64_t i) {
+  const auto& r = g_labels.result;
+  return r && i >= 0 && i < int64_t(r->tokens.size()) ? token_label(r->tokens[size_t(i)], 12) : std::string("?");
 }
 
 uint64_t style_key(const AppState& st) {
-  return uint64_t(st.settings.seq_cmap) | uint64_t(st.settings.log_scale) << 4 | uint64_t(st.settings.hide_first) << 5 |
-         uint64_t(st.settings.link_scales) << 6 | uint64_t(theme_is_dark()) << 7 |
-         uint64_t(st.settings.robust_range) << 8;
+  return uint64_t(st.settings.seq_cmap) | uint64_t(st.settings.log_scale) << 4 | uint64_t(st.settings.link_scales) << 6 |
+         uint64_t(theme_is_dark()) << 7 | uint64_t(st.settings.robust_range) << 8;
 }
 
 bool same_scale(const ColorScale& a, const ColorScale& b) {
   return a.lo == b.lo && a.hi == b.hi && a.log == b.log && a.diverging == b.diverging;
+}
+
+bool same_geom(const MapView& a, const MapView& b) {
+  return a.q0 == b.q0 && a.q1 == b.q1 && a.k0 == b.k0 && a.k1 == b.k1 && a.rows == b.rows && a.cols == b.cols;
 }
 
 // Build the three textures, skipping any whose data and scale did not change (moving this layer's lambda changes
@@ -58,31 +65,31 @@ void rebuild_textures(AppState& st) {
   if (T.source == src && T.style_key == key)
     return;
   const HeadMaps& hm = *src;
-  const bool same_style = T.source && T.style_key == key && T.source->n == hm.n;
+  const MapView& v = hm.view;
+  const GridGeom g = GridGeom::of(v);
+  const bool same_style = T.source && T.style_key == key && same_geom(T.source->view, v);
   HeatmapStyle seq;
   seq.cmap = Colormap(st.settings.seq_cmap);
   seq.log = st.settings.log_scale;
-  seq.hide_first = st.settings.hide_first;
   seq.robust = st.settings.robust_range;
   seq.masked_rgba = 0;  // transparent: the panel draws a hatch behind the causal upper triangle
   HeatmapStyle div = seq;
   div.cmap = Colormap::CoolWarm;
   div.diverging = true;
 
-  const std::vector<float>* data[3] = {&hm.a1, &hm.a2, &hm.diff};
+  const std::vector<float>* data[3] = {&v.a1, &v.a2, &v.diff};
   const std::vector<float>* prev[3] = {nullptr, nullptr, nullptr};
   if (same_style)
-    prev[0] = &T.source->a1, prev[1] = &T.source->a2, prev[2] = &T.source->diff;
+    prev[0] = &T.source->view.a1, prev[1] = &T.source->view.a2, prev[2] = &T.source->view.diff;
   ColorScale sc[3];
-  sc[0] = heatmap_scale(hm.a1.data(), hm.n, seq);
+  sc[0] = heatmap_scale(v.a1.data(), g, seq);
   if (hm.differential) {
-    sc[1] = heatmap_scale(hm.a2.data(), hm.n, seq);
+    sc[1] = heatmap_scale(v.a2.data(), g, seq);
     if (st.settings.link_scales)
       sc[0].hi = sc[1].hi = std::max(sc[0].hi, sc[1].hi);
-    sc[2] = heatmap_scale(hm.diff.data(), hm.n, div);
+    sc[2] = heatmap_scale(v.diff.data(), g, div);
   }
   const int maps = hm.differential ? 3 : 1;
-  const int max_tex = GlTexture::max_size();
   for (int i = 0; i < 3; ++i) {
     if (i >= maps) {
       T.tex[i].reset();
@@ -91,7 +98,7 @@ void rebuild_textures(AppState& st) {
     if (prev[i] && *prev[i] == *data[i] && same_scale(T.meta[i].scale, sc[i]) && T.tex[i].valid())
       continue;
     HeatmapImage img;
-    build_heatmap(data[i]->data(), hm.n, i == 2 ? div : seq, sc[i], max_tex, img);
+    build_heatmap(data[i]->data(), g, i == 2 ? div : seq, sc[i], img);
     T.tex[i].upload(img.rgba.data(), img.w, img.h, /*mipmaps=*/true);
     img.rgba = {};
     T.meta[i] = std::move(img);
@@ -100,27 +107,61 @@ void rebuild_textures(AppState& st) {
   T.style_key = key;
 }
 
-// The visible part of a texture of tw x th texels drawn in a square of side S.
-struct ViewBox {
-  float b = 1;           // pixels per texel at zoom 1
-  float px = 1;          // pixels per texel now
-  float u0 = 0, v0 = 0;  // first visible texel (fractional)
-  float vw = 0, vh = 0;  // visible texels
+// The visible part of the map: a square of `span` tokens per side drawn in S pixels, clamped to the map (queries
+// [0, n), keys [kf, n); kf = 1 hides the first key column).
+struct Frame {
+  int64_t n = 0, kf = 0;
+  double span = 1, ppt = 1;  // tokens per side, pixels per token
+  double qlo = 0, klo = 0;   // first visible query / key (fractional)
+  double vq = 1, vk = 1;     // visible queries / keys (<= span)
 };
 
-ViewBox view_box(HeadView& v, int tw, int th, float S) {
-  ViewBox b;
-  b.b = S / float(std::max(tw, th));
-  const float max_zoom = std::max(1.0f, float(std::max(tw, th)) / 4.0f);  // at least 4 cells stay visible
-  v.zoom = std::clamp(v.zoom, 1.0f, max_zoom);
-  b.px = b.b * v.zoom;
-  b.vw = std::min(float(tw), S / b.px);
-  b.vh = std::min(float(th), S / b.px);
-  v.cx = std::clamp(v.cx, b.vw / (2 * tw), 1 - b.vw / (2 * tw));
-  v.cy = std::clamp(v.cy, b.vh / (2 * th), 1 - b.vh / (2 * th));
-  b.u0 = v.cx * tw - b.vw / 2;
-  b.v0 = v.cy * th - b.vh / 2;
-  return b;
+Frame make_frame(HeadView& v, int64_t n, int64_t kf, float S) {
+  Frame f;
+  f.n = n;
+  f.kf = std::min(kf, n - 1);
+  const double full = double(n), min_span = std::min(4.0, full);  // at least 4 tokens stay visible
+  f.span = v.span <= 0 ? full : std::clamp(v.span, min_span, full);
+  v.span = f.span >= full ? 0 : f.span;
+  f.vq = std::min(f.span, full);
+  f.vk = std::min(f.span, double(n - f.kf));
+  f.ppt = S / f.span;
+  const double cq = v.cq < 0 ? full / 2 : v.cq, ck = v.ck < 0 ? (double(f.kf) + full) / 2 : v.ck;
+  f.qlo = std::clamp(cq - f.vq / 2, 0.0, full - f.vq);
+  f.klo = std::clamp(ck - f.vk / 2, double(f.kf), full - f.vk);
+  if (v.span > 0)
+    v.cq = f.qlo + f.vq / 2, v.ck = f.klo + f.vk / 2;
+  return f;
+}
+
+// The engine request for a frame: the integer rectangle around the visible part, at most one cell per pixel.
+ViewRequest frame_request(const Frame& f, float S_px, bool mean) {
+  ViewRequest r;
+  r.q0 = int64_t(std::floor(f.qlo));
+  r.q1 = std::min(f.n, int64_t(std::ceil(f.qlo + f.vq - 1e-9)));
+  r.k0 = int64_t(std::floor(f.klo));
+  r.k1 = std::min(f.n, int64_t(std::ceil(f.klo + f.vk - 1e-9)));
+  const int grid = std::clamp(int(S_px), 16, k_max_grid);
+  r.rows = int(std::min<int64_t>(r.q1 - r.q0, grid));
+  r.cols = int(std::min<int64_t>(r.k1 - r.k0, grid));
+  r.pool = mean ? Pool::Mean : Pool::Max;
+  return r;
+}
+
+bool same_request(const ViewRequest& a, const ViewRequest& b) {
+  return a.q0 == b.q0 && a.q1 == b.q1 && a.k0 == b.k0 && a.k1 == b.k1 && a.rows == b.rows && a.cols == b.cols &&
+         a.pool == b.pool;
+}
+
+// The smallest 1, 2 or 5 x 10^k at or above x: tick spacing in tokens.
+int64_t nice_step(double x) {
+  double p = 1;
+  while (p * 10 <= x)
+    p *= 10;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= x)
+      return int64_t(m * p);
+  return int64_t(10 * p);
 }
 
 void toolbar(AppState& st, const ModelInfo& m) {
@@ -131,8 +172,9 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::SetNextItemWidth(110);
   ImGui::SliderInt("head", &head, 0, int(m.cfg.view_heads()) - 1);
   if (layer != st.layer || head != st.head) {
+    const HeadView keep = st.view;  // a new head keeps the zoomed rectangle, so heads compare like for like
     st.select_head(layer, head);
-    st.view = HeadView{};
+    st.view = keep;
   }
   ImGui::SameLine();
   ImGui::SetNextItemWidth(90);
@@ -140,6 +182,17 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::Combo("##cmap", &st.settings.seq_cmap, cmaps, 2);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(70);
+  int pool = st.settings.mean_pool ? 1 : 0;
+  const char* pools[] = {"max", "mean"};
+  if (ImGui::Combo("##pool", &pool, pools, 2))
+    st.settings.mean_pool = pool == 1;
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(
+        "When the visible map has more tokens than the panel has pixels, each cell pools a block of tokens:\n"
+        "max shows the block's largest value (its largest magnitude for the difference), so a single strong\n"
+        "key stays visible; mean shows the block's average (masked cells count as 0).");
   ImGui::SameLine();
   ImGui::Checkbox("log", &st.settings.log_scale);
   if (ImGui::IsItemHovered())
@@ -156,27 +209,60 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::Checkbox("robust range", &st.settings.robust_range);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip(
-        "Colour range up to the 99.5th percentile of the cells (brighter cells clamp, marked on the\n"
-        "colour bar); off: up to the largest cell. Query row 0 never sets the range (it is always 1).");
+        "Colour range up to the 99.5th percentile of the visible cells (brighter cells clamp, marked on the\n"
+        "colour bar); off: up to the largest cell. The cell of query 0 never sets the range (it is always 1).");
   ImGui::SameLine();
   if (ImGui::SmallButton("reset view"))
     st.view = HeadView{};
 }
 
-void hover_tooltip(const AppState& st, const HeadMaps& hm, int q, int k) {
-  const int64_t n = hm.n;
+const char* pool_name(Pool p) {
+  return p == Pool::Mean ? "mean" : "max";
+}
+
+void token_line(const char* what, const char* plural, int64_t a, int64_t b) {
+  if (b - a == 1)
+    ImGui::Text("%s %lld  \"%s\"", what, (long long)a, label_at(a).c_str());
+  else
+    ImGui::Text("%s %lld..%lld (%lld tokens)", plural, (long long)a, (long long)(b - 1), (long long)(b - a));
+}
+
+void hover_tooltip(const AppState& st, const HeadMaps& hm, int64_t q, int64_t k) {
   ImGui::BeginTooltip();
-  ImGui::Text("query %d  \"%s\"", q, label_at(q));
-  ImGui::Text("key   %d  \"%s\"", k, label_at(k));
-  if (k > q) {
+  if (!hm.contains(q, k)) {
+    ImGui::Text("query %lld  \"%s\"", (long long)q, label_at(q).c_str());
+    ImGui::Text("key   %lld  \"%s\"", (long long)k, label_at(k).c_str());
+    ImGui::TextDisabled("computing this part of the map...");
+    ImGui::EndTooltip();
+    return;
+  }
+  const MapView& v = hm.view;
+  const int i = hm.row_of(q), j = hm.col_of(k);
+  const int64_t r0 = hm.row_start(i), r1 = hm.row_start(i + 1), c0 = hm.col_start(j), c1 = hm.col_start(j + 1);
+  const bool single = r1 - r0 == 1 && c1 - c0 == 1;
+  token_line("query", "queries", r0, r1);
+  token_line("key  ", "keys   ", c0, c1);
+  if (c0 > r1 - 1) {
     ImGui::TextDisabled("masked: a token never attends to later tokens");
-  } else if (hm.differential) {
-    ImGui::Separator();
-    ImGui::Text("A1 = %.5f", hm.a1[q * n + k]);
-    ImGui::Text("A2 = %.5f", hm.a2[q * n + k]);
-    ImGui::Text("A1 - %s*A2 = %+.5f   (%s = %.3f)", st.lam(), hm.diff[q * n + k], st.lam(), hm.lambda);
+    ImGui::EndTooltip();
+    return;
+  }
+  ImGui::Separator();
+  const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
+  const char* agg = single ? "" : (v.pool == Pool::Mean ? "mean " : "max ");
+  if (hm.differential) {
+    ImGui::Text("%sA1 = %.5f", agg, v.a1[at]);
+    ImGui::Text("%sA2 = %.5f", agg, v.a2[at]);
+    ImGui::Text("%sA1 - %s*A2 = %+.5f   (%s = %.3f)", agg, st.lam(), v.diff[at], st.lam(), hm.lambda);
   } else {
-    ImGui::Text("A = %.5f", hm.a1[q * n + k]);
+    ImGui::Text("%sA = %.5f", agg, v.a1[at]);
+  }
+  if (!single) {
+    ImGui::Separator();
+    ImGui::TextDisabled("one cell pools %lld x %lld tokens (%s); zoom in for single tokens", (long long)(r1 - r0),
+                        (long long)(c1 - c0), pool_name(v.pool));
+    ImGui::TextDisabled("under the mouse: query %lld \"%s\", key %lld \"%s\"", (long long)q, label_at(q).c_str(),
+                        (long long)k, label_at(k).c_str());
   }
   ImGui::EndTooltip();
 }
@@ -206,55 +292,82 @@ void draw_head_panel(AppState& st) {
     return end_panel();
   }
   const HeadMaps& hm = *s.head;
-  update_labels(*s.result);
+  const MapView& mv = hm.view;
+  update_labels(s.result);
   rebuild_textures(st);
   const HeadTextures& T = st.head_tex;
 
   const int maps = hm.differential ? 3 : 1;
   const float lh = ImGui::GetTextLineHeight();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const bool labels = T.meta[0].stride == 1;
-  const float label_w = labels ? std::clamp(g_labels.max_w + 8, 28.0f, 110.0f) : 28.0f;
+  const int64_t n = int64_t(s.result->tokens.size());
+  // Token text labels need a wider band than positions; use them when a token is at least a line tall.
+  char digits[32];
+  std::snprintf(digits, sizeof digits, "%lld", (long long)n);
+  const float num_w = std::clamp(ImGui::CalcTextSize(digits).x + 12, 28.0f, 110.0f);
+  const float tok_w = std::clamp(std::max(g_labels.max_w, ImGui::CalcTextSize(digits).x) + 8, 28.0f, 110.0f);
   const float cbw = colorbar_width(), gap = 14;
   const float title_h = lh + 6, footer_h = lh + 8;
-  const float S =
-      std::floor(std::min((avail.x - label_w - maps * (cbw + gap)) / maps, avail.y - title_h - label_w - footer_h));
-  if (S < 48) {
+  auto side = [&](float lw) {
+    return std::floor(std::min((avail.x - lw - maps * (cbw + gap)) / maps, avail.y - title_h - lw - footer_h));
+  };
+  const double span_now = st.view.span > 0 ? std::min(st.view.span, double(n)) : double(n);
+  const bool token_labels = side(tok_w) / span_now >= lh + 1;
+  const float label_w = token_labels ? tok_w : num_w;
+  const float S = side(label_w);
+  if (S < 48 || n < 1) {
     empty_state("Make this panel larger to see the maps.");
     return end_panel();
   }
+  // The rectangle this frame shows; the worker is asked for it when it changes.
+  Frame f = make_frame(st.view, n, st.settings.hide_first ? 1 : 0, S);
+  const ViewRequest want = frame_request(f, S * st.fb_scale, st.settings.mean_pool);
+  if (!same_request(want, st.req.view)) {
+    st.req.view = want;
+    st.submit();
+  }
+  const bool pending = !(hm.result_seq == s.result->seq && hm.layer == st.layer && hm.head == st.head &&
+                         same_request(want, [&] {
+                           ViewRequest r;
+                           r.q0 = mv.q0, r.q1 = mv.q1, r.k0 = mv.k0, r.k1 = mv.k1;
+                           r.rows = mv.rows, r.cols = mv.cols, r.pool = mv.pool;
+                           return r;
+                         }()));
+
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const ThemeColors& tc = theme_colors();
   const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text);
   const ImVec2 origin = ImGui::GetCursorScreenPos();
-  const int tw = T.meta[0].w, th = T.meta[0].h;
-  const ViewBox vb = view_box(st.view, tw, th, S);
-  const int stride = T.meta[0].stride, first_col = T.meta[0].first_col;
   ImGuiIO& io = ImGui::GetIO();
+  const float ppt = float(f.ppt);
+  auto sx = [&](const ImVec2& p0, double k) { return p0.x + float((k - f.klo) * f.ppt); };
+  auto sy = [&](const ImVec2& p0, double q) { return p0.y + float((q - f.qlo) * f.ppt); };
 
-  int hover_q = -1, hover_k = -1;
+  // Labels: every token's text when a token is taller than a line, else positions at round steps.
+  const int64_t step = token_labels ? 1 : nice_step((lh + 2) / ppt);
+
+  int64_t hover_q = -1, hover_k = -1;
   const std::string lam = st.lam();
   char diff_title[96];
   std::snprintf(diff_title, sizeof diff_title, "A1 - %s*A2   (%s = %.3f)", lam.c_str(), lam.c_str(), hm.lambda);
   const char* titles[3] = {hm.differential ? "A1" : "A (softmax)", "A2", diff_title};
+  bool view_changed = false;
   for (int i = 0; i < maps; ++i) {
     const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
-    const ImVec2 img1(p0.x + vb.vw * vb.px, p0.y + vb.vh * vb.px);
+    const ImVec2 img1(p0.x + float(f.vk * f.ppt), p0.y + float(f.vq * f.ppt));
     dl->AddText(ImVec2(p0.x, origin.y), text_col, titles[i]);
-    // The image: the visible texels of the texture.
-    dl->AddRectFilled(p0, img1, ImGui::GetColorU32(ImGuiCol_FrameBg));
-    // Hatch for the masked (k > q) cells, which the texture leaves transparent: it reads as "no value" in both
-    // themes and can't be mistaken for the neutral zero of the difference map.
+    // Hatch behind the image: masked cells are transparent, and so is what a new view has not filled in yet.
     dl->PushClipRect(p0, img1, true);
     for (float t = -(img1.y - p0.y); t < img1.x - p0.x; t += 7.0f)
       dl->AddLine(ImVec2(p0.x + t, img1.y), ImVec2(p0.x + t + (img1.y - p0.y), p0.y), tc.masked, 1.0f);
+    if (T.tex[i].valid())
+      dl->AddImage(T.tex[i].im_id(), ImVec2(sx(p0, double(mv.k0)), sy(p0, double(mv.q0))),
+                   ImVec2(sx(p0, double(mv.k1)), sy(p0, double(mv.q1))));
     dl->PopClipRect();
-    dl->AddImage(T.tex[i].im_id(), p0, img1, ImVec2(vb.u0 / tw, vb.v0 / th),
-                 ImVec2((vb.u0 + vb.vw) / tw, (vb.v0 + vb.vh) / th));
     dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(img1.x + 1, img1.y + 1), tc.grid);
     st.map_rects[i] =
         PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
-    draw_colorbar(dl, ImVec2(img1.x + 6, p0.y), ImVec2(img1.x + 20, img1.y),
+    draw_colorbar(dl, ImVec2(p0.x + S + 6, p0.y), ImVec2(p0.x + S + 20, img1.y),
                   i == 2 ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap), T.meta[i].scale, text_col);
 
     // Interaction: wheel zooms around the cursor, drag pans, click locks the cursor, double-click resets.
@@ -263,26 +376,33 @@ void draw_head_panel(AppState& st) {
     ImGui::InvisibleButton("map", ImVec2(std::max(img1.x - p0.x, 1.0f), std::max(img1.y - p0.y, 1.0f)));
     ImGui::PopID();
     const bool hovered = ImGui::IsItemHovered();
-    if (hovered) {
-      const float tx = vb.u0 + (io.MousePos.x - p0.x) / vb.px, ty = vb.v0 + (io.MousePos.y - p0.y) / vb.px;
-      if (tx >= 0 && ty >= 0 && tx < tw && ty < th) {
-        hover_k = int(tx) * stride + first_col;
-        hover_q = int(ty) * stride;
+    if (hovered && !view_changed) {
+      const double tk = f.klo + (io.MousePos.x - p0.x) / f.ppt, tq = f.qlo + (io.MousePos.y - p0.y) / f.ppt;
+      if (tk >= f.kf && tq >= 0 && tk < double(n) && tq < double(n)) {
+        hover_k = int64_t(tk);
+        hover_q = int64_t(tq);
       }
       if (io.MouseWheel != 0) {
-        const float dx = io.MousePos.x - p0.x, dy = io.MousePos.y - p0.y;
-        const float fx = vb.u0 + dx / vb.px, fy = vb.v0 + dy / vb.px;
-        st.view.zoom *= std::pow(1.25f, io.MouseWheel);
-        const ViewBox nb = view_box(st.view, tw, th, S);
-        st.view.cx = (fx - dx / nb.px + nb.vw / 2) / tw;
-        st.view.cy = (fy - dy / nb.px + nb.vh / 2) / th;
+        // Keep the token under the mouse where it is.
+        const double span = std::clamp(f.span / std::pow(1.25, double(io.MouseWheel)), std::min(4.0, double(n)),
+                                       double(n));
+        const double dx = (io.MousePos.x - p0.x) / f.ppt, dy = (io.MousePos.y - p0.y) / f.ppt;
+        const double scale = span / f.span;
+        st.view.span = span;
+        st.view.ck = tk - dx * scale + std::min(span, double(n - f.kf)) / 2;
+        st.view.cq = tq - dy * scale + std::min(span, double(n)) / 2;
+        view_changed = true;
       }
-      if (ImGui::IsMouseDoubleClicked(0))
+      if (ImGui::IsMouseDoubleClicked(0)) {
         st.view = HeadView{};
+        view_changed = true;
+      }
     }
-    if (ImGui::IsItemActive() && ImGui::IsMouseDragging(0, 2.0f)) {
-      st.view.cx -= io.MouseDelta.x / vb.px / tw;
-      st.view.cy -= io.MouseDelta.y / vb.px / th;
+    if (ImGui::IsItemActive() && ImGui::IsMouseDragging(0, 2.0f) && !view_changed) {
+      st.view.span = f.span;
+      st.view.ck = f.klo + f.vk / 2 - io.MouseDelta.x / f.ppt;
+      st.view.cq = f.qlo + f.vq / 2 - io.MouseDelta.y / f.ppt;
+      view_changed = true;
     }
     if (ImGui::IsItemDeactivated() && io.MouseDragMaxDistanceSqr[0] < 9 && hover_q >= 0) {
       if (st.view.locked && st.view.lock_q == hover_q && st.view.lock_k == hover_k) {
@@ -291,31 +411,45 @@ void draw_head_panel(AppState& st) {
         st.view.locked = true;
         st.view.lock_q = hover_q;
         st.view.lock_k = hover_k;
+        st.select_row(hover_q);  // the row view follows the clicked query
       }
     }
 
     // Key labels under the map, query labels left of the first map.
-    const int step = std::max(1, int(std::ceil((lh + 1) / vb.px)));
-    dl->PushClipRect(ImVec2(p0.x - 2, img1.y), ImVec2(img1.x + 2, img1.y + label_w + 2), true);
-    for (int c = int(vb.u0) / step * step; c < vb.u0 + vb.vw; c += step) {
-      const float x = p0.x + (c + 0.5f - vb.u0) * vb.px;
-      if (!labels)
-        break;
-      const int k = c + first_col;
-      add_text_vertical(dl, ImVec2(x, img1.y + 4), k == hover_k ? tc.selection : text_col, label_at(k));
+    char num[32];
+    dl->PushClipRect(ImVec2(p0.x - lh, img1.y), ImVec2(img1.x + lh, img1.y + label_w + 2), true);
+    for (int64_t k = int64_t(std::ceil(f.klo / double(step))) * step; double(k) < f.klo + f.vk; k += step) {
+      const float x = sx(p0, double(k) + (token_labels ? 0.5 : 0.0));
+      const ImU32 col = k == hover_k ? tc.selection : text_col;
+      if (token_labels) {
+        add_text_vertical(dl, ImVec2(x, img1.y + 4), col, label_at(k).c_str());
+      } else {
+        std::snprintf(num, sizeof num, "%lld", (long long)k);
+        dl->AddLine(ImVec2(x, img1.y), ImVec2(x, img1.y + 3), tc.grid);
+        add_text_vertical(dl, ImVec2(x, img1.y + 5), col, num);
+      }
     }
     dl->PopClipRect();
-    if (i == 0 && labels) {
-      dl->PushClipRect(ImVec2(origin.x, p0.y - 2), ImVec2(p0.x, img1.y + 2), true);
-      for (int r = int(vb.v0) / step * step; r < vb.v0 + vb.vh; r += step) {
-        const float y = p0.y + (r + 0.5f - vb.v0) * vb.px;
-        const char* t = label_at(r);
-        const float w = ImGui::CalcTextSize(t).x;
-        dl->AddText(ImVec2(p0.x - 6 - w, y - lh * 0.5f), r == hover_q ? tc.selection : text_col, t);
+    if (i == 0) {
+      dl->PushClipRect(ImVec2(origin.x, p0.y - lh), ImVec2(p0.x, img1.y + lh), true);
+      for (int64_t q = int64_t(std::ceil(f.qlo / double(step))) * step; double(q) < f.qlo + f.vq; q += step) {
+        const float y = sy(p0, double(q) + (token_labels ? 0.5 : 0.0));
+        std::string t;
+        if (token_labels) {
+          t = label_at(q);
+        } else {
+          std::snprintf(num, sizeof num, "%lld", (long long)q);
+          t = num;
+          dl->AddLine(ImVec2(p0.x - 3, y), ImVec2(p0.x, y), tc.grid);
+        }
+        const float w = ImGui::CalcTextSize(t.c_str()).x;
+        dl->AddText(ImVec2(p0.x - 6 - w, y - lh * 0.5f), q == hover_q ? tc.selection : text_col, t.c_str());
       }
       dl->PopClipRect();
     }
   }
+  if (view_changed)
+    f = make_frame(st.view, n, st.settings.hide_first ? 1 : 0, S);  // the cursor below uses the new frame
   if (hover_q >= 0) {
     st.view.hover_q = hover_q;
     st.view.hover_k = hover_k;
@@ -324,39 +458,54 @@ void draw_head_panel(AppState& st) {
     st.view.hover_q = st.view.hover_k = -1;
   }
 
-  // Cursor in all three maps: the hovered cell, else the locked one.
-  const int cq = hover_q >= 0 ? hover_q : (st.view.locked ? st.view.lock_q : -1);
-  const int ck = hover_q >= 0 ? hover_k : (st.view.locked ? st.view.lock_k : -1);
-  if (cq >= 0) {
-    const float cy = (float(cq / stride) - vb.v0) * vb.px, cx = (float((ck - first_col) / stride) - vb.u0) * vb.px;
+  // Cursor in all three maps: the hovered cell (the pooled block under the mouse), else the locked token.
+  const int64_t cq = hover_q >= 0 ? hover_q : (st.view.locked ? st.view.lock_q : -1);
+  const int64_t ck = hover_q >= 0 ? hover_k : (st.view.locked ? st.view.lock_k : -1);
+  if (cq >= 0 && cq < n && ck < n) {
+    int64_t r0 = cq, r1 = cq + 1, c0 = ck, c1 = ck + 1;
+    if (hm.contains(cq, ck)) {
+      const int i = hm.row_of(cq), j = hm.col_of(ck);
+      r0 = hm.row_start(i), r1 = hm.row_start(i + 1), c0 = hm.col_start(j), c1 = hm.col_start(j + 1);
+    }
     for (int i = 0; i < maps; ++i) {
       const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
-      const ImVec2 img1(p0.x + vb.vw * vb.px, p0.y + vb.vh * vb.px);
+      const ImVec2 img1(p0.x + float(f.vk * f.ppt), p0.y + float(f.vq * f.ppt));
       dl->PushClipRect(p0, img1, true);
       const ImU32 faint = (tc.cursor & 0x00ffffffu) | 0x50000000u;
-      dl->AddLine(ImVec2(p0.x, p0.y + cy + vb.px * 0.5f), ImVec2(img1.x, p0.y + cy + vb.px * 0.5f), faint);
-      dl->AddLine(ImVec2(p0.x + cx + vb.px * 0.5f, p0.y), ImVec2(p0.x + cx + vb.px * 0.5f, img1.y), faint);
-      dl->AddRect(ImVec2(p0.x + cx - 1, p0.y + cy - 1), ImVec2(p0.x + cx + vb.px + 1, p0.y + cy + vb.px + 1), tc.cursor,
-                  0, 0, 2);
+      const float ymid = sy(p0, double(cq) + 0.5), xmid = sx(p0, double(ck) + 0.5);
+      dl->AddLine(ImVec2(p0.x, ymid), ImVec2(img1.x, ymid), faint);
+      dl->AddLine(ImVec2(xmid, p0.y), ImVec2(xmid, img1.y), faint);
+      dl->AddRect(ImVec2(sx(p0, double(c0)) - 1, sy(p0, double(r0)) - 1),
+                  ImVec2(std::max(sx(p0, double(c1)), sx(p0, double(c0)) + 2) + 1,
+                         std::max(sy(p0, double(r1)), sy(p0, double(r0)) + 2) + 1),
+                  tc.cursor, 0, 0, 2);
       dl->PopClipRect();
     }
   }
 
-  // Footer: the cursor cell's values, or how to interact.
+  // Footer: the cursor cell's values, or the view's resolution and how to interact.
   ImGui::SetCursorScreenPos(ImVec2(origin.x, origin.y + title_h + S + label_w + 4));
-  if (cq >= 0 && ck <= cq && cq < hm.n) {
-    const int64_t n = hm.n;
+  char res[160];
+  if (hm.exact())
+    std::snprintf(res, sizeof res, "%lld x %lld tokens, one cell per token", (long long)(mv.q1 - mv.q0),
+                  (long long)(mv.k1 - mv.k0));
+  else
+    std::snprintf(res, sizeof res, "%lld x %lld tokens in %d x %d cells (%s)", (long long)(mv.q1 - mv.q0),
+                  (long long)(mv.k1 - mv.k0), mv.rows, mv.cols, pool_name(mv.pool));
+  if (cq >= 0 && hm.contains(cq, ck) && ck <= cq) {
+    const int i = hm.row_of(cq), j = hm.col_of(ck);
+    const size_t at = size_t(i) * size_t(mv.cols) + size_t(j);
+    const char* tag = st.view.locked && hover_q < 0 ? "[locked] " : "";
     if (hm.differential)
-      ImGui::Text("%s q %d \"%s\"  k %d \"%s\"   A1 %.4f   A2 %.4f   A1 - %s*A2 %+.4f",
-                  st.view.locked && hover_q < 0 ? "[locked]" : "", cq, label_at(cq), ck, label_at(ck),
-                  hm.a1[cq * n + ck], hm.a2[cq * n + ck], st.lam(), hm.diff[cq * n + ck]);
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A1 %.4f   A2 %.4f   A1 - %s*A2 %+.4f%s", tag, (long long)cq,
+                  label_at(cq).c_str(), (long long)ck, label_at(ck).c_str(), mv.a1[at], mv.a2[at], st.lam(),
+                  mv.diff[at], hm.exact() ? "" : "   (pooled cell)");
     else
-      ImGui::Text("q %d \"%s\"  k %d \"%s\"   A %.4f", cq, label_at(cq), ck, label_at(ck), hm.a1[cq * n + ck]);
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A %.4f%s", tag, (long long)cq, label_at(cq).c_str(),
+                  (long long)ck, label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
   } else {
-    ImGui::TextDisabled(
-        "keys on x, queries on y   |   wheel: zoom   drag: pan   click: lock cursor   "
-        "double-click: reset%s",
-        stride > 1 ? "   (map larger than the GPU's textures: shown strided)" : "");
+    ImGui::TextDisabled("%s%s   |   wheel: zoom   drag: pan   click: lock cursor + row view   double-click: reset", res,
+                        pending ? "   updating..." : "");
   }
   end_panel();
 }

@@ -9,8 +9,8 @@
 
 namespace ds::gui {
 
-// Inputs on the left (model, prompt with the next-token table, profiler), the head view across the top right,
-// the overview and the lambda controls below it.
+// Inputs on the left (model, prompt with the next-token table, profiler), the head view across the top right, the
+// row view under it, the overview and the lambda controls below.
 static ImRect slot_rect(Slot s) {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   // On the very first frame WorkPos does not yet account for the main menu bar (ImGui applies it a frame later),
@@ -21,7 +21,8 @@ static ImRect slot_rect(Slot s) {
   const float h = sz.y;
   const float model_h = std::clamp(h * 0.18f, 160.0f, 200.0f);
   const float prompt_h = std::clamp(h * 0.44f, 300.0f, 520.0f);
-  const float head_h = std::max(360.0f, h * 0.48f);
+  const float head_h = std::max(330.0f, h * 0.45f);
+  const float row_h = std::max(150.0f, h * 0.18f);
   const float rx = o.x + lw, rw = sz.x - lw;
   const float ow = std::max(rw * 0.45f, 280.0f);
   switch (s) {
@@ -33,10 +34,12 @@ static ImRect slot_rect(Slot s) {
       return ImRect(o.x, o.y + model_h + prompt_h, o.x + lw, o.y + h);
     case Slot::Head:
       return ImRect(rx, o.y, o.x + sz.x, o.y + head_h);
+    case Slot::Row:
+      return ImRect(rx, o.y + head_h, o.x + sz.x, o.y + head_h + row_h);
     case Slot::Overview:
-      return ImRect(rx, o.y + head_h, rx + ow, o.y + h);
+      return ImRect(rx, o.y + head_h + row_h, rx + ow, o.y + h);
     case Slot::Lambda:
-      return ImRect(rx + ow, o.y + head_h, o.x + sz.x, o.y + h);
+      return ImRect(rx + ow, o.y + head_h + row_h, o.x + sz.x, o.y + h);
   }
   return ImRect(o, ImVec2(o.x + sz.x, o.y + sz.y));
 }

@@ -63,6 +63,8 @@ void handle_shortcuts(AppState& st) {
   const ImGuiIO& io = ImGui::GetIO();
   if (ctrl_key(GLFW_KEY_O))
     st.focus_path = st.show_model = true;
+  if (ctrl_key(GLFW_KEY_O, true))
+    st.open_prompt_popup = true;
   if (ctrl_key(GLFW_KEY_ENTER) && !io.WantTextInput)
     st.run_prompt();
   if (ctrl_key(GLFW_KEY_R))
@@ -103,12 +105,45 @@ void handle_shortcuts(AppState& st) {
   }
 }
 
+// File > Open prompt...: a path field (there is no native file dialog); the file's text becomes the prompt and runs.
+static void open_prompt_popup(AppState& st) {
+  if (st.open_prompt_popup) {
+    ImGui::OpenPopup("Open prompt");
+    st.open_prompt_popup = false;
+  }
+  if (!ImGui::BeginPopupModal("Open prompt", nullptr, ImGuiWindowFlags_AlwaysAutoResize))
+    return;
+  ImGui::TextUnformatted("A text file whose contents become the prompt (UTF-8; it runs at once).");
+  if (ImGui::IsWindowAppearing())
+    ImGui::SetKeyboardFocusHere();
+  ImGui::SetNextItemWidth(520);
+  const bool enter =
+      ImGui::InputTextWithHint("##path", "/path/to/prompt.txt", &st.prompt_path, ImGuiInputTextFlags_EnterReturnsTrue);
+  static std::string why;
+  if (ImGui::Button("Open") || enter) {
+    why.clear();
+    if (st.open_prompt_file(st.prompt_path, &why))
+      ImGui::CloseCurrentPopup();
+  }
+  ImGui::SameLine();
+  if (ImGui::Button("Cancel") || ImGui::IsKeyPressed(GLFW_KEY_ESCAPE)) {
+    why.clear();
+    ImGui::CloseCurrentPopup();
+  }
+  if (!why.empty())
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().error_text), "%s", why.c_str());
+  ImGui::EndPopup();
+}
+
 void draw_menu_bar(AppState& st) {
+  open_prompt_popup(st);
   if (!ImGui::BeginMainMenuBar())
     return;
   if (ImGui::BeginMenu("File")) {
     if (ImGui::MenuItem("Open model...", "Ctrl+O"))
       st.focus_path = st.show_model = true;
+    if (ImGui::MenuItem("Open prompt...", "Ctrl+Shift+O"))
+      st.open_prompt_popup = true;
     if (ImGui::BeginMenu("Recent models", !st.settings.recent.empty())) {
       for (const auto& r : st.settings.recent)
         if (ImGui::MenuItem(r.c_str())) {
@@ -127,7 +162,7 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::BeginMenu("Export PNG")) {
       if (ImGui::MenuItem("Whole window", "Ctrl+P"))
         export_png(st, "");
-      for (const char* p : {"Model", "Prompt", "Head", "Overview", "Lambda", "Profiler"})
+      for (const char* p : {"Model", "Prompt", "Head", "Row", "Overview", "Lambda", "Profiler"})
         if (ImGui::MenuItem(p, nullptr, false, st.panel_rects.count(p) > 0))
           export_png(st, p);
       ImGui::EndMenu();
@@ -152,6 +187,7 @@ void draw_menu_bar(AppState& st) {
     ImGui::MenuItem("Model", nullptr, &st.show_model);
     ImGui::MenuItem("Prompt", nullptr, &st.show_prompt);
     ImGui::MenuItem("Head", nullptr, &st.show_head);
+    ImGui::MenuItem("Row", nullptr, &st.show_row);
     ImGui::MenuItem("Overview", nullptr, &st.show_overview);
     ImGui::MenuItem("Lambda", nullptr, &st.show_lambda);
     ImGui::MenuItem("Profiler", nullptr, &st.show_profiler);

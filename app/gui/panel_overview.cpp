@@ -26,6 +26,12 @@ float stat_of(const HeadStats& s, OverviewMode m) {
       return s.first_diff;
     case OverviewMode::NegMass:
       return s.neg_mass;
+    case OverviewMode::EntropyA2:
+      return s.entropy2;
+    case OverviewMode::MaxLogit1:
+      return s.max_logit1;
+    case OverviewMode::MaxLogit2:
+      return s.max_logit2;
     default:
       return 0;
   }
@@ -33,12 +39,12 @@ float stat_of(const HeadStats& s, OverviewMode m) {
 
 // The thumbnails of every head in one atlas texture: row = layer, column = head, each tile scaled to its own max
 // (symmetric for the difference) so that every head's pattern is visible.
-void rebuild_atlas(AppState& st, const RunResult& r, int heads) {
+void rebuild_atlas(AppState& st, const Overview& r, int heads) {
   OverviewTexture& T = st.ov_tex;
   const uint64_t key = uint64_t(st.ov_mode) | uint64_t(st.settings.seq_cmap) << 8 | uint64_t(theme_is_dark()) << 12;
-  if (T.source == st.snap->result && T.style_key == key)
+  if (T.source == st.snap->overview && T.style_key == key)
     return;
-  T.source = st.snap->result;
+  T.source = st.snap->overview;
   T.style_key = key;
   int tile = 0;
   for (const auto& l : r.layers)
@@ -70,10 +76,11 @@ void rebuild_atlas(AppState& st, const RunResult& r, int heads) {
       sc.diverging = diff;
       sc.hi = std::max(hi, 1e-12f);
       sc.lo = diff ? -sc.hi : 0;
+      const GridGeom g{0, r.n, 0, r.n, th.size, th.size};
       for (int y = 0; y < th.size; ++y)
         for (int x = 0; x < th.size; ++x) {
-          // Tiles above the diagonal average only masked cells: keep them in the masked colour.
-          const uint32_t c = x > y ? theme_colors().masked : colormap_rgba(cm, sc.to_t(m[y * th.size + x]));
+          // Blocks wholly above the diagonal average only masked cells: keep them in the masked colour.
+          const uint32_t c = g.masked(y, x) ? theme_colors().masked : colormap_rgba(cm, sc.to_t(m[y * th.size + x]));
           px[size_t(l * tile + y) * W + h * tile + x] = c;
         }
     }
@@ -96,8 +103,7 @@ void draw_overview_panel(AppState& st) {
   ImGui::SetNextItemWidth(std::min(300.0f, ImGui::GetContentRegionAvail().x));
   if (ImGui::BeginCombo("##ovmode", overview_mode_name(st.ov_mode))) {
     for (int i = 0; i < int(OverviewMode::Count); ++i) {
-      if (!cfg.is_diff() && i != int(OverviewMode::A1) && i != int(OverviewMode::EntropyA1) &&
-          i != int(OverviewMode::FirstA1))
+      if (!cfg.is_diff() && overview_mode_needs_a2(OverviewMode(i)))
         continue;
       if (ImGui::Selectable(overview_mode_name(OverviewMode(i)), i == mode))
         mode = i;
@@ -110,11 +116,11 @@ void draw_overview_panel(AppState& st) {
   ImGui::TextDisabled("click a head to open it");
 
   const auto no_stats = [](const LayerSummary& l) { return l.heads.empty(); };
-  if (!s.result || std::all_of(s.result->layers.begin(), s.result->layers.end(), no_stats)) {
-    empty_state(s.running ? "Computing..." : "Run a prompt (Ctrl+Enter) to fill this grid.");
+  if (!s.result || !s.overview || std::all_of(s.overview->layers.begin(), s.overview->layers.end(), no_stats)) {
+    empty_state(s.running || (s.result && !s.overview) ? "Computing..." : "Run a prompt (Ctrl+Enter) to fill this grid.");
     return end_panel();
   }
-  const RunResult& r = *s.result;
+  const Overview& r = *s.overview;
   const int L = int(r.layers.size()), H = int(cfg.view_heads());
   const bool maps = overview_mode_is_map(st.ov_mode);
   if (maps)
@@ -149,7 +155,10 @@ void draw_overview_panel(AppState& st) {
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float left = ImGui::CalcTextSize("L00").x + 8, top = lh + 4;
   const float cbw = maps ? 0.0f : colorbar_width() + 10;
-  const float note_h = r.overview_note.empty() ? 0.0f : lh + 4;
+  std::string note = r.note;
+  if (!r.complete)
+    note = "computing..." + (note.empty() ? "" : "   " + note);
+  const float note_h = note.empty() ? 0.0f : lh + 4;
   const float cell =
       std::floor(std::clamp(std::min((avail.x - left - cbw) / H, (avail.y - top - note_h - 4) / L), 14.0f, 110.0f));
   ImGui::BeginChild("##grid", ImVec2(0, avail.y - note_h), false, ImGuiWindowFlags_HorizontalScrollbar);
@@ -175,15 +184,17 @@ void draw_overview_panel(AppState& st) {
         dl->AddRectFilled(p0, p1, tc.masked);
         continue;
       }
-      if (maps && st.ov_tex.atlas.valid()) {
+      if (maps && st.ov_tex.atlas.valid() && h < int(ls.thumbs.size())) {
         const float T = float(st.ov_tex.tile), W = float(st.ov_tex.atlas.width()), Hh = float(st.ov_tex.atlas.height());
         const float ts = float(ls.thumbs[h].size);
         dl->AddImage(st.ov_tex.atlas.im_id(), p0, p1, ImVec2(h * T / W, l * T / Hh),
                      ImVec2((h * T + ts) / W, (l * T + ts) / Hh));
-      } else if (!maps) {
+      } else if (maps) {
+        dl->AddRectFilled(p0, p1, tc.masked);
+      } else {
         const float v = stat_of(ls.heads[h], st.ov_mode);
-        dl->AddRectFilled(p0, p1, colormap_rgba(cm, sc.to_t(v)));
-        if (cell >= 44) {
+        dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(cm, sc.to_t(v)) : tc.masked);
+        if (cell >= 44 && std::isfinite(v)) {
           const std::string t = fmt_value(v);
           const float tw = ImGui::CalcTextSize(t.c_str()).x;
           const float lum = sc.to_t(v);
@@ -206,10 +217,17 @@ void draw_overview_panel(AppState& st) {
         ImGui::BeginTooltip();
         ImGui::Text("layer %d, head %d   (%s = %.3f)", l, h, st.lam(), ls.lambda);
         ImGui::Separator();
-        ImGui::Text("entropy A1 %.3f   A2 %.3f   |A1 - %s*A2| %.3f", hs.entropy1, hs.entropy2, st.lam(),
-                    hs.entropy_diff);
-        ImGui::Text("first-token mass A1 %.3f   A2 %.3f   diff %+.3f", hs.first1, hs.first2, hs.first_diff);
-        ImGui::Text("negative mass %.4f   diff range [%.3f, %.3f]", hs.neg_mass, hs.diff_min, hs.diff_max);
+        if (cfg.is_diff()) {
+          ImGui::Text("entropy A1 %.3f   A2 %.3f   |A1 - %s*A2| %.3f", hs.entropy1, hs.entropy2, st.lam(),
+                      hs.entropy_diff);
+          ImGui::Text("first-token mass A1 %.3f   A2 %.3f   diff %+.3f", hs.first1, hs.first2, hs.first_diff);
+          ImGui::Text("negative mass %.4f   diff range [%.3f, %.3f]", hs.neg_mass, hs.diff_min, hs.diff_max);
+          ImGui::Text("max |logit| map 1 %.2f   map 2 %.2f", hs.max_logit1, hs.max_logit2);
+        } else {
+          ImGui::Text("entropy %.3f   first-token mass %.3f   range [%.3f, %.3f]", hs.entropy1, hs.first1,
+                      hs.diff_min, hs.diff_max);
+          ImGui::Text("max |logit| %.2f", hs.max_logit1);
+        }
         ImGui::TextDisabled("click to open in the head view");
         ImGui::EndTooltip();
       }
@@ -221,8 +239,8 @@ void draw_overview_panel(AppState& st) {
   ImGui::SetCursorScreenPos(ImVec2(o.x, o.y + top + L * cell + 2));
   ImGui::Dummy(ImVec2(left + H * cell + cbw, 1));
   ImGui::EndChild();
-  if (!r.overview_note.empty())
-    ImGui::TextDisabled("%s", r.overview_note.c_str());
+  if (!note.empty())
+    ImGui::TextDisabled("%s", note.c_str());
   end_panel();
 }
 

@@ -3,38 +3,43 @@
 #include <imgui.h>
 #include <imgui_stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "panels.h"
 #include "plot_draw.h"
 #include "theme.h"
+#include "token_flow.h"
 
 namespace ds::gui {
 
-static void token_strip(const RunResult& r) {
-  // The flow layout of ImGui's demo ("Manipulating wrap width"): a button per token, wrapped at the window edge.
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  const float spacing = 2;
-  const size_t shown = std::min<size_t>(r.tokens.size(), 400);
-  ImGui::PushStyleVar(ImGuiStyleVar_FramePadding, ImVec2(4, 1));
-  ImGui::PushStyleVar(ImGuiStyleVar_ItemSpacing, ImVec2(spacing, spacing));
-  for (size_t i = 0; i < shown; ++i) {
-    const std::string lab = token_label(r.tokens[i], 18);
-    ImGui::PushID(int(i));
-    ImGui::Button(lab.c_str());
-    ImGui::PopID();
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("position %zu\nid %d\n\"%s\"", i, r.ids[i], r.tokens[i].c_str());
-    if (i + 1 < shown) {
-      const float next_w = ImGui::CalcTextSize(token_label(r.tokens[i + 1], 18).c_str()).x + 8;
-      if (ImGui::GetItemRectMax().x + spacing + next_w < right)
-        ImGui::SameLine();
-    }
+// The tokens as the model sees them, wrapped like text; only the lines on screen are laid out and drawn, so the list
+// stays usable at 128K tokens. Click a token to see its attention row in the row view.
+static TokenFlow g_token_flow;
+
+static void token_list(AppState& st, const std::shared_ptr<const RunResult>& rp) {
+  const RunResult& r = *rp;
+  const int64_t n = int64_t(r.tokens.size());
+  g_token_flow.layout(rp, n, ImGui::GetContentRegionAvail().x - ImGui::GetStyle().ScrollbarSize - 4);
+  const float lines_h = float(g_token_flow.lines()) * (ImGui::GetTextLineHeight() + 2 + TokenFlow::spacing());
+  const float h = std::clamp(lines_h + 4, ImGui::GetTextLineHeight() * 2, ImGui::GetTextLineHeight() * 9);
+  const ThemeColors& tc = theme_colors();
+  const int64_t row = st.snap->row ? st.snap->row->q : -1;
+  const int64_t hovered = g_token_flow.draw("##tokens", h, [&](int64_t i, ImVec2 a, ImVec2 b, bool hov) {
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    dl->AddRectFilled(a, b, ImGui::GetColorU32(hov ? ImGuiCol_ButtonHovered : ImGuiCol_Button), 2.0f);
+    dl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1), ImGui::GetColorU32(ImGuiCol_Text),
+                TokenFlow::label(r, i).c_str());
+    if (i == row)
+      dl->AddRect(a, b, tc.selection, 2.0f, 0, 2.0f);
+  });
+  if (hovered >= 0) {
+    ImGui::SetTooltip("position %lld\nid %d\n\"%s\"\nclick: show its attention row", (long long)hovered,
+                      r.ids[size_t(hovered)], r.tokens[size_t(hovered)].c_str());
+    if (ImGui::IsMouseClicked(0))
+      st.select_row(hovered);
   }
-  ImGui::PopStyleVar(2);
-  if (shown < r.tokens.size())
-    ImGui::TextDisabled("... %zu more tokens", r.tokens.size() - shown);
 }
 
 static void top_k_table(const RunResult& r) {
@@ -113,8 +118,10 @@ void draw_prompt_panel(AppState& st) {
     return end_panel();
   }
   const RunResult& r = *s.result;
-  if (ImGui::CollapsingHeader("Tokens", ImGuiTreeNodeFlags_None))
-    token_strip(r);
+  char tokens_title[64];
+  std::snprintf(tokens_title, sizeof tokens_title, "Tokens (%zu)###Tokens", r.tokens.size());
+  if (ImGui::CollapsingHeader(tokens_title, ImGuiTreeNodeFlags_None))
+    token_list(st, s.result);
   section_title("Next token");
   top_k_table(r);
   end_panel();

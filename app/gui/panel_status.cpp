@@ -13,12 +13,13 @@ static void shortcuts_window(AppState& st) {
   ImGui::SetNextWindowPos(ImGui::GetMainViewport()->GetCenter(), ImGuiCond_Appearing, ImVec2(0.5f, 0.5f));
   if (ImGui::Begin("Keyboard shortcuts", &st.show_shortcuts, ImGuiWindowFlags_AlwaysAutoResize)) {
     static const char* const rows[][2] = {{"Ctrl+O", "open a model (focus the path field)"},
+                                          {"Ctrl+Shift+O", "open a prompt file"},
                                           {"Ctrl+Enter", "run the prompt"},
                                           {"Ctrl+R", "reset lambda"},
                                           {"Up / Down", "previous / next layer"},
                                           {"Left / Right", "previous / next head"},
                                           {"wheel, drag", "zoom, pan the head maps"},
-                                          {"click, double-click", "lock cursor, reset view"},
+                                          {"click, double-click", "lock cursor + row view, reset view"},
                                           {"Ctrl+0", "reset head zoom"},
                                           {"Ctrl+L", "log colour scale"},
                                           {"Ctrl+H", "hide the first-token column"},

@@ -4,6 +4,7 @@
 #include <imgui.h>
 #include <stb_image_write.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -128,22 +129,46 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
     j["panels"] = panels;
     if (st.snap && st.snap->head) {
       const HeadMaps& hm = *st.snap->head;
+      const MapView& v = hm.view;
       j["map_rects"] = {
           {"a1", rect_json(st.map_rects[0])}, {"a2", rect_json(st.map_rects[1])}, {"diff", rect_json(st.map_rects[2])}};
       double abs_diff = 0;
-      for (float f : hm.diff)
+      for (float f : v.diff)
         abs_diff += std::fabs(f);
+      // Sums and checksums are over the view's grid (the whole map, exactly, for a short prompt at zoom 1).
       j["head_maps"] = {{"layer", hm.layer},
                         {"head", hm.head},
                         {"n", hm.n},
                         {"lambda", hm.lambda},
                         {"differential", hm.differential},
-                        {"a1_sum", sum(hm.a1)},
-                        {"a2_sum", sum(hm.a2)},
-                        {"diff_sum", sum(hm.diff)},
+                        {"a1_sum", sum(v.a1)},
+                        {"a2_sum", sum(v.a2)},
+                        {"diff_sum", sum(v.diff)},
                         {"diff_abs_sum", abs_diff},
-                        {"a1_checksum", std::to_string(fnv1a(hm.a1))},
-                        {"diff_checksum", std::to_string(fnv1a(hm.diff))}};
+                        {"a1_checksum", std::to_string(fnv1a(v.a1))},
+                        {"diff_checksum", std::to_string(fnv1a(v.diff))}};
+      j["head_view"] = {{"q0", v.q0},
+                        {"q1", v.q1},
+                        {"k0", v.k0},
+                        {"k1", v.k1},
+                        {"rows", v.rows},
+                        {"cols", v.cols},
+                        {"pool", v.pool == Pool::Mean ? "mean" : "max"},
+                        {"exact", hm.exact()},
+                        {"span", st.view.span}};
+    }
+    if (st.snap && st.snap->row) {
+      const RowMaps& rm = *st.snap->row;
+      const int h = std::clamp(st.head, 0, int(std::max<int64_t>(1, rm.rows.heads)) - 1);
+      const size_t n = size_t(rm.rows.n);
+      auto row_sum = [&](const std::vector<float>& v) {
+        double s = 0;
+        for (size_t k = 0; k < n && !v.empty(); ++k)
+          s += v[size_t(h) * n + k];
+        return s;
+      };
+      j["row_view"] = {{"layer", rm.layer}, {"q", rm.q},         {"head", h},
+                       {"n", rm.rows.n},    {"a1_sum", row_sum(rm.rows.a1)}, {"a2_sum", row_sum(rm.rows.a2)}};
     }
     std::ofstream f(opt_.state_json);
     f << j.dump(2) << "\n";

@@ -51,6 +51,7 @@ Settings load_settings() {
     s.hide_first = j.value("hide_first", s.hide_first);
     s.link_scales = j.value("link_scales", s.link_scales);
     s.robust_range = j.value("robust_range", s.robust_range);
+    s.mean_pool = j.value("mean_pool", s.mean_pool);
     s.overview_mode = j.value("overview_mode", s.overview_mode);
     s.sweep = j.value("sweep", s.sweep);
     s.font_size = j.value("font_size", s.font_size);
@@ -72,6 +73,7 @@ void save_settings(const Settings& s) {
                       {"hide_first", s.hide_first},
                       {"link_scales", s.link_scales},
                       {"robust_range", s.robust_range},
+                      {"mean_pool", s.mean_pool},
                       {"overview_mode", s.overview_mode},
                       {"sweep", s.sweep},
                       {"font_size", s.font_size},

@@ -15,6 +15,7 @@ struct Settings {
   bool hide_first = false;
   bool link_scales = true;   // A1 and A2 share one colour range
   bool robust_range = true;  // colour range to the 99.5th percentile instead of the max
+  bool mean_pool = false;    // head view: a pooled cell shows its block's mean instead of its max
   int overview_mode = 0;
   bool sweep = true;
   float font_size = 15.0f;

@@ -14,36 +14,57 @@
 
 namespace ds::gui {
 
-// Summary statistics of one head, each averaged over the query rows (definitions in head_stats.h).
-struct HeadStats {
-  float entropy1 = 0, entropy2 = 0;  // nats, of the softmax maps A1 and A2
-  float entropy_diff = 0;            // nats, of |A1 - lambda*A2| renormalised per row
-  float first1 = 0, first2 = 0;      // mass on key 0 (the attention sink)
-  float first_diff = 0;              // A1 - lambda*A2 at key 0
-  float neg_mass = 0;                // sum over keys of max(0, -(A1 - lambda*A2))
-  float diff_min = 0, diff_max = 0;  // extremes of A1 - lambda*A2 over the causal cells
-};
+// Per-head statistics are the engine's (ds::HeadStats in engine/map_query.h, from Backend::head_stats): one
+// definition for the GUI, the CLI and the tests. Map-2 fields are NaN for plain (Llama) heads.
 
-// Box-averaged miniature of one head's maps for the overview grid.
+// Miniature of one head's maps for the overview grid: the whole map mean-pooled by the engine (map_view).
 struct Thumb {
   int size = 0;
-  std::vector<float> a1, a2, diff;  // [size, size]; a2 empty for Llama
+  std::vector<float> a1, a2, diff;  // [size, size]; a2 empty for Llama, where diff = a1
 };
 
 struct LayerSummary {
   double lambda = 0;
-  std::vector<HeadStats> heads;  // [Hv]
-  std::vector<Thumb> thumbs;     // [Hv]
+  std::vector<HeadStats> heads;  // [Hv]; empty until computed
+  std::vector<Thumb> thumbs;     // [Hv]; empty when the prompt is too long for thumbnails
 };
 
-// Full maps of the head the head view shows.
+// The overview grid of one result: statistics of every layer, filled layer by layer (published as they come).
+struct Overview {
+  uint64_t result_seq = 0;
+  int64_t n = 0;                     // tokens
+  std::vector<LayerSummary> layers;  // [L]
+  std::string note;                  // what is missing and why (e.g. no thumbnails for a long prompt)
+  bool complete = false;
+};
+
+// The head view's maps: the rectangle [q0, q1) x [k0, k1) of one head that the UI asked for, pooled by the engine
+// (Backend::map_view) to at most the panel's pixels; exact (one cell per token) when the rectangle fits.
 struct HeadMaps {
+  uint64_t result_seq = 0;
   int layer = -1, head = -1;
   int64_t n = 0;
   double lambda = 0;
-  bool differential = true;         // false for Llama: a1 is the only map and diff == a1
-  std::vector<float> a1, a2, diff;  // [n, n] row = query, column = key
-  HeadStats stats;
+  bool differential = true;  // false for Llama: a1 is the only map and diff == a1
+  MapView view;              // a1, a2, diff [rows, cols], row = query block, column = key block
+  bool exact() const { return view.rows == view.q1 - view.q0 && view.cols == view.k1 - view.k0; }
+  // Block arithmetic of map_query.h: first token of row block i / column block j (i = rows gives q1), and the
+  // block holding a token.
+  int64_t row_start(int i) const { return view.q0 + view_block_start(i, view.q1 - view.q0, view.rows); }
+  int64_t col_start(int j) const { return view.k0 + view_block_start(j, view.k1 - view.k0, view.cols); }
+  int row_of(int64_t q) const { return view_block(q - view.q0, view.q1 - view.q0, view.rows); }
+  int col_of(int64_t k) const { return view_block(k - view.k0, view.k1 - view.k0, view.cols); }
+  bool contains(int64_t q, int64_t k) const { return q >= view.q0 && q < view.q1 && k >= view.k0 && k < view.k1; }
+};
+
+// The row view: the exact attention rows of one query position in one layer, every head (Backend::map_rows).
+struct RowMaps {
+  uint64_t result_seq = 0;
+  int layer = -1;
+  int64_t q = -1;    // the query position
+  double lambda = 0;  // the layer's lambda (D = A1 - lambda*A2; 0 for Llama, where D = A1)
+  bool differential = true;
+  MapRows rows;  // a1 / a2 [heads, 1, n]
 };
 
 struct ModelInfo {
@@ -69,8 +90,6 @@ struct RunResult {
   int first_layer = 0;  // first layer the run recomputed
   double run_ms = 0;    // wall time of Session::run
   Profile profile;
-  std::vector<LayerSummary> layers;  // [L]; empty entries when the overview was skipped
-  std::string overview_note;         // why some layers are missing, if they are
 };
 
 struct SweepPoint {
@@ -104,6 +123,8 @@ struct Snapshot {
   std::shared_ptr<const ModelInfo> model;
   std::shared_ptr<const RunResult> result;
   std::shared_ptr<const HeadMaps> head;
+  std::shared_ptr<const Overview> overview;
+  std::shared_ptr<const RowMaps> row;
   std::shared_ptr<const Sweep> sweep;
 };
 

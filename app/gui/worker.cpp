@@ -8,16 +8,16 @@
 #include <exception>
 
 #include "engine/error.h"
-#include "head_stats.h"
 
 namespace ds::gui {
 
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// Above this many bytes of maps for all layers, the overview covers only the selected layer: the session keeps
-// the maps it computes, and [L, Hv, n, n] x 2 floats grows as n^2 (16 layers x 16 heads at n = 4096 is 137 GB).
-constexpr double k_overview_budget_bytes = 2.0e9;
+// Thumbnails (a mean-pooled 32 x 32 view of every head) only up to this many tokens: each costs a pass over the
+// head's map in the engine, like its statistics, and at longer prompts the grid of statistics is what stays fast.
+constexpr int64_t k_thumb_max_tokens = 4096;
+constexpr int k_thumb_size = 32;
 }  // namespace
 
 Worker::Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads)
@@ -137,13 +137,17 @@ void Worker::step(const Request& r) {
   }
   if (session_->ids().empty())
     return;
-  // A run after a prompt or lambda change; also when the overview was just switched on (Session::run then finds
-  // nothing stale and returns at once, and the summaries are computed).
-  if (prompt_ok || lambda_changed || !session_->has_result() || (r.overview && !overview_done_))
-    run_and_summarize(r);
+  if (prompt_ok || lambda_changed || !session_->has_result())
+    run_and_publish();
+  // What is on screen first (the selected head), then the overview, then the sweep; each stage returns early when
+  // a newer request is waiting and picks up where it was on the next step.
   if (superseded())
     return;
   refresh_head(r);
+  if (!superseded())
+    refresh_row(r);
+  if (r.overview && !superseded())
+    summarize(r);
   if (r.sweep && session_->config().is_diff() && !superseded())
     run_sweep(r);
 }
@@ -197,12 +201,14 @@ void Worker::open(const std::string& dir) {
   info->load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   applied_prompt_ = 0;
   head_layer_ = head_head_ = -1;
-  overview_done_ = false;
+  ov_ = nullptr;
   publish([&](Snapshot& s) {
     s.loading = false;
     s.model = info;
     s.result = nullptr;
     s.head = nullptr;
+    s.overview = nullptr;
+    s.row = nullptr;
     s.sweep = nullptr;
   });
 }
@@ -226,8 +232,8 @@ bool Worker::apply_lambda(const LambdaControl& want) {
   return changed;
 }
 
-// [SECTION] run, top-k, per-layer summaries
-void Worker::run_and_summarize(const Request& r) {
+// [SECTION] run and top-k
+void Worker::run_and_publish() {
   publish([](Snapshot& s) { s.running = true; });
   auto res = std::make_shared<RunResult>();
   const auto t0 = Clock::now();
@@ -250,46 +256,127 @@ void Worker::run_and_summarize(const Request& r) {
   res->control = session_->lambda_control();
   res->profile = session_->backend().profile();
 
-  // Publish the run first, so the next-token panel and profiler move while summaries are computed.
-  auto partial = std::make_shared<RunResult>(*res);
-  publish([&](Snapshot& s) { s.result = partial; });
-
-  res->layers.resize(L);
-  overview_done_ = false;
-  if (r.overview) {
-    const auto& cfg = session_->config();
-    const double n = double(res->ids.size());
-    const double bytes = double(L) * double(cfg.view_heads()) * n * n * 4.0 * (cfg.is_diff() ? 2 : 1);
-    const bool all = bytes <= k_overview_budget_bytes;
-    if (!all)
-      res->overview_note = "overview shows the selected layer only: maps of all layers would need " +
-                           std::to_string(int64_t(bytes / 1e9)) + " GB";
-    for (int l = 0; l < L; ++l) {
-      if (!all && l != r.layer)
-        continue;
-      if (superseded())
-        return;  // a newer state is waiting; its run summarises again
-      res->layers[l] = summarize_layer(session_->maps(l), res->lambda[l]);
-    }
-    overview_done_ = true;
+  // The overview keeps the layers this run did not recompute (their inputs and lambda are unchanged) when it
+  // described the previous result; the rest is computed again by summarize().
+  if (ov_ && ov_->result_seq + 1 == res->seq && int(ov_->layers.size()) == L) {
+    for (int l = std::max(0, res->first_layer); l < L; ++l)
+      ov_->layers[l] = LayerSummary{};
+  } else {
+    ov_ = std::make_shared<Overview>();
+    ov_->layers.resize(L);
   }
-  publish([&](Snapshot& s) { s.result = res; });
+  ov_->result_seq = res->seq;
+  ov_->complete = false;
+  publish([&](Snapshot& s) {
+    s.result = res;
+    s.overview = std::make_shared<Overview>(*ov_);
+  });
 }
 
-// [SECTION] the selected head
+// [SECTION] the overview: every layer's per-head statistics (Backend::head_stats) and thumbnails
+void Worker::summarize(const Request& r) {
+  if (!ov_ || ov_->complete || ov_->result_seq != result_seq_)
+    return;
+  const auto& cfg = session_->config();
+  const int L = int(cfg.layers), H = int(cfg.view_heads());
+  const int64_t n = int64_t(session_->ids().size());
+  const bool thumbs = n <= k_thumb_max_tokens;
+  ov_->n = n;
+  ov_->note = thumbs ? "" : "no thumbnails above " + std::to_string(k_thumb_max_tokens) + " tokens: colour by a statistic";
+  // The selected layer first, so that its row of the grid fills at once.
+  std::vector<int> order{std::clamp(r.layer, 0, L - 1)};
+  for (int l = 0; l < L; ++l)
+    if (l != order[0])
+      order.push_back(l);
+  for (int l : order) {
+    if (!ov_->layers[l].heads.empty())
+      continue;
+    if (superseded())
+      return;  // a newer state is waiting; it continues from here
+    LayerSummary ls;
+    ls.lambda = session_->effective_lambda(l);
+    ls.heads = session_->backend().head_stats(l);
+    for (int h = 0; thumbs && h < H; ++h) {
+      ViewRequest vr;
+      vr.layer = l;
+      vr.head = h;
+      vr.rows = vr.cols = k_thumb_size;
+      vr.pool = Pool::Mean;
+      MapView v;
+      session_->backend().map_view(vr, v);
+      Thumb t;
+      t.size = v.rows;
+      t.a1 = std::move(v.a1);
+      t.a2 = std::move(v.a2);
+      t.diff = std::move(v.diff);
+      ls.thumbs.push_back(std::move(t));
+    }
+    ov_->layers[l] = std::move(ls);
+    auto partial = std::make_shared<Overview>(*ov_);
+    publish([&](Snapshot& s) { s.overview = partial; });
+  }
+  ov_->complete = true;
+  auto done = std::make_shared<Overview>(*ov_);
+  publish([&](Snapshot& s) { s.overview = done; });
+}
+
+// [SECTION] the selected head: the visible rectangle at the panel's resolution
+namespace {
+bool same_view(const ViewRequest& a, const ViewRequest& b) {
+  return a.q0 == b.q0 && a.q1 == b.q1 && a.k0 == b.k0 && a.k1 == b.k1 && a.rows == b.rows && a.cols == b.cols &&
+         a.pool == b.pool;
+}
+}  // namespace
+
 void Worker::refresh_head(const Request& r) {
   if (!session_->has_result())
     return;
   const int L = int(session_->config().layers), H = int(session_->config().view_heads());
   const int layer = std::clamp(r.layer, 0, L - 1), head = std::clamp(r.head, 0, H - 1);
-  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_)
+  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
     return;
-  auto hm =
-      std::make_shared<HeadMaps>(extract_head(session_->maps(layer), layer, head, session_->effective_lambda(layer)));
+  auto hm = std::make_shared<HeadMaps>();
+  hm->result_seq = result_seq_;
+  hm->layer = layer;
+  hm->head = head;
+  hm->n = int64_t(session_->ids().size());
+  hm->lambda = session_->effective_lambda(layer);
+  hm->differential = session_->config().is_diff();
+  ViewRequest vr = r.view;
+  vr.layer = layer;
+  vr.head = head;
+  // A rectangle from an older prompt may lie outside this one: clamp it (prepare_view refuses empty ones).
+  if (vr.q0 >= hm->n || vr.k0 >= hm->n)
+    vr.q0 = vr.k0 = 0, vr.q1 = vr.k1 = -1;
+  session_->backend().map_view(vr, hm->view);
   head_layer_ = layer;
   head_head_ = head;
   head_result_ = result_seq_;
+  head_view_ = r.view;
   publish([&](Snapshot& s) { s.head = hm; });
+}
+
+// [SECTION] the row view: exact rows of one query position, every head of the selected layer
+void Worker::refresh_row(const Request& r) {
+  if (!session_->has_result())
+    return;
+  const int L = int(session_->config().layers);
+  const int layer = std::clamp(r.layer, 0, L - 1);
+  const int64_t n = int64_t(session_->ids().size());
+  const int64_t q = std::clamp<int64_t>(r.row < 0 ? n + r.row : r.row, 0, n - 1);
+  {
+    auto cur = snapshot()->row;
+    if (cur && cur->result_seq == result_seq_ && cur->layer == layer && cur->q == q)
+      return;
+  }
+  auto rm = std::make_shared<RowMaps>();
+  rm->result_seq = result_seq_;
+  rm->layer = layer;
+  rm->q = q;
+  rm->lambda = session_->effective_lambda(layer);
+  rm->differential = session_->config().is_diff();
+  session_->backend().map_rows(layer, {q}, rm->rows);
+  publish([&](Snapshot& s) { s.row = rm; });
 }
 
 // [SECTION] lambda sweep of the selected layer
@@ -311,13 +398,9 @@ void Worker::run_sweep(const Request& r) {
   sw->token = top[0].id;
   sw->token_text = top[0].text;
 
-  // The maps of `layer` don't depend on its own lambda (lambda acts on the layer's output), so the entropy
-  // curve comes from the current maps; the log-probability needs a run from `layer` per point.
-  const LayerMaps& maps = session_->maps(layer);
-  const int64_t n = maps.n, nn = n * n;
-  std::vector<float> a1(maps.a1.begin() + head * nn, maps.a1.begin() + (head + 1) * nn);
-  std::vector<float> a2(maps.a2.begin() + head * nn, maps.a2.begin() + (head + 1) * nn);
-
+  // Each point runs from `layer` with its lambda overridden: the log-probability of the next token, and the
+  // engine's statistics of the layer under that lambda (the maps of `layer` do not depend on its own lambda, the
+  // difference does), so the entropy of |A1 - lambda*A2| costs one head_stats per point and no maps.
   const double lo = std::min(-0.5, sw->current_lambda - 0.25), hi = std::max(1.5, sw->current_lambda + 0.25);
   const int points = std::max(3, r.sweep_points);
   const std::optional<double> saved = layer < int(session_->lambda_control().override_.size())
@@ -335,7 +418,8 @@ void Worker::run_sweep(const Request& r) {
       session_->set_lambda_override(layer, lam);
       session_->run();
       const auto lp = session_->next_token_logprobs();
-      sw->points.push_back({lam, double(lp[sw->token]), diff_entropy(a1.data(), a2.data(), n, lam)});
+      const std::vector<HeadStats> hs = session_->backend().head_stats(layer);
+      sw->points.push_back({lam, double(lp[sw->token]), double(hs.at(size_t(head)).entropy_diff)});
       if (i % 4 == 3) {
         auto partial = std::make_shared<Sweep>(*sw);
         publish([&](Snapshot& s) { s.sweep = partial; });

@@ -26,6 +26,9 @@ struct Request {
   std::vector<int32_t> ids;
   LambdaControl lambda;  // override_ sized to the model's layers, or empty
   int layer = 0, head = 0;
+  // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
+  ViewRequest view;
+  int64_t row = -1;  // the row view's query position (negative counts from the end: -1 = the last token)
   bool overview = true;  // per-layer statistics and thumbnails for every layer
   bool sweep = true;     // lambda sweep of the selected layer
   int sweep_points = 17;
@@ -49,8 +52,10 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
-  void run_and_summarize(const Request& r);
+  void run_and_publish();
+  void summarize(const Request& r);
   void refresh_head(const Request& r);
+  void refresh_row(const Request& r);
   void run_sweep(const Request& r);
   bool superseded() const;
   void report_error(const std::string& what);
@@ -74,7 +79,8 @@ class Worker {
   uint64_t applied_open_ = 0, applied_prompt_ = 0;
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
-  bool overview_done_ = false;
+  ViewRequest head_view_;
+  std::shared_ptr<Overview> ov_;  // the overview being filled (published as copies)
   std::thread thread_;
 };
 

@@ -1,0 +1,204 @@
+// Row view: one query token's attention in the selected head, exactly (Backend::map_rows): A1, A2 and
+// A1 - lambda*A2 over the key positions 0..q as a plot, and the prompt up to q with every token coloured by the
+// chosen row. Pick the query by clicking a cell in the head view, a token in the prompt's token list, or a token
+// here; it starts on the last token (the one whose next-token prediction the prompt asks for).
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "panels.h"
+#include "plot_draw.h"
+#include "theme.h"
+#include "token_flow.h"
+
+namespace ds::gui {
+
+namespace {
+
+TokenFlow g_flow;
+
+// One series over keys [0, count) drawn as a per-pixel-column min..max envelope joined column to column, so a
+// row of 128K keys costs one pass and every spike stays visible.
+void plot_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col) {
+  const int W = std::max(1, int(b.x - a.x));
+  auto y_of = [&](float x) { return b.y - (x - lo) / (hi - lo) * (b.y - a.y); };
+  float prev_x = -1, prev_y = 0;
+  for (int px = 0; px < W; ++px) {
+    const int64_t k0 = int64_t(px) * count / W, k1 = std::max(k0 + 1, int64_t(px + 1) * count / W);
+    if (k0 >= count)
+      break;
+    float mn = v[k0], mx = v[k0];
+    for (int64_t k = k0; k < k1 && k < count; ++k)
+      mn = std::min(mn, v[k]), mx = std::max(mx, v[k]);
+    const float x = count <= W ? a.x + (float(k0) + 0.5f) / float(count) * (b.x - a.x) : a.x + float(px) + 0.5f;
+    if (prev_x >= 0)
+      dl->AddLine(ImVec2(prev_x, prev_y), ImVec2(x, y_of(v[k0])), col, 1.5f);
+    dl->AddLine(ImVec2(x, y_of(mn)), ImVec2(x, y_of(mx) - 0.5f), col, 1.5f);
+    prev_x = x;
+    prev_y = y_of(v[std::min(k1, count) - 1]);
+  }
+}
+
+}  // namespace
+
+void draw_row_panel(AppState& st) {
+  char title[96];
+  const auto& rp = st.snap->row;
+  if (rp && st.snap->result)
+    std::snprintf(title, sizeof title, "Row  query %lld, L%d.H%d###Row", (long long)rp->q, rp->layer, st.head);
+  else
+    std::snprintf(title, sizeof title, "Row###Row");
+  if (!begin_panel(st, title, &st.show_row, Slot::Row))
+    return end_panel();
+  const Snapshot& s = *st.snap;
+  if (!s.model || !s.result || !rp || rp->result_seq != s.result->seq) {
+    empty_state(s.result ? "Computing..." : "Run a prompt; then click a row of the head view to see that token's attention.");
+    return end_panel();
+  }
+  const RowMaps& rm = *rp;
+  const RunResult& r = *s.result;
+  const int64_t n = rm.rows.n, q = rm.q, count = q + 1;  // keys 0..q (later keys are masked)
+  const int head = std::clamp(st.head, 0, int(rm.rows.heads) - 1);
+  const float* a1 = rm.rows.a1.data() + size_t(head) * size_t(n);
+  const float* a2 = rm.differential ? rm.rows.a2.data() + size_t(head) * size_t(n) : nullptr;
+  std::vector<float> d(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k)
+    d[size_t(k)] = a2 ? float(a1[k] - rm.lambda * a2[k]) : a1[k];
+
+  // Header: the query and what colours the text.
+  const std::string qlab = TokenFlow::label(r, q);
+  ImGui::Text("query %lld \"%s\"", (long long)q, qlab.c_str());
+  ImGui::SameLine();
+  if (ImGui::SmallButton("last token"))
+    st.select_row(-1);
+  ImGui::SameLine();
+  ImGui::TextDisabled("| colour text by");
+  ImGui::SameLine();
+  const char* names[3] = {"A1 - lambda*A2", "A1", "A2"};
+  char diff_name[48];
+  std::snprintf(diff_name, sizeof diff_name, "A1 - %s*A2", st.lam());
+  names[0] = diff_name;
+  if (!rm.differential)
+    st.row_color = 1, names[1] = "A";
+  ImGui::SetNextItemWidth(130);
+  ImGui::Combo("##rowcol", &st.row_color, names, rm.differential ? 3 : 2);
+  const float* colour_src = st.row_color == 0 ? d.data() : (st.row_color == 1 || !a2) ? a1 : a2;
+  const bool diverging = st.row_color == 0 && rm.differential;
+
+  const ThemeColors& tc = theme_colors();
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float plot_w = avail.x >= 700 ? std::floor(avail.x * 0.42f) : avail.x;
+  const float plot_h = avail.x >= 700 ? avail.y : std::min(avail.y * 0.45f, 140.0f);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+  const float lh = ImGui::GetTextLineHeight();
+
+  // Plot over key positions.
+  {
+    const ImVec2 p0 = ImGui::GetCursorScreenPos();
+    const float left = ImGui::CalcTextSize("-0.00").x + 6;
+    const ImVec2 a(p0.x + left, p0.y + 2), b(p0.x + plot_w - 8, p0.y + plot_h - lh - 4);
+    float lo = 0, hi = 0;
+    for (int64_t k = 0; k < count; ++k) {
+      lo = std::min({lo, a1[k], a2 ? a2[k] : 0.0f, d[size_t(k)]});
+      hi = std::max({hi, a1[k], a2 ? a2[k] : 0.0f, d[size_t(k)]});
+    }
+    hi = std::max(hi, lo + 1e-6f);
+    if (b.x - a.x > 20 && b.y - a.y > 20) {
+      dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+      dl->AddRect(a, b, tc.grid);
+      const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
+      dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
+      if (a2)
+        plot_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
+      plot_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);
+      if (a2)
+        plot_series(dl, a, b, d.data(), count, lo, hi, tc.selection);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", hi);
+      dl->AddText(ImVec2(p0.x, a.y), text, buf);
+      std::snprintf(buf, sizeof buf, "%.2f", lo);
+      dl->AddText(ImVec2(p0.x, b.y - lh), text, buf);
+      dl->AddText(ImVec2(a.x, b.y + 2), text, "key 0");
+      std::snprintf(buf, sizeof buf, "key %lld", (long long)q);
+      dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(buf).x, b.y + 2), text, buf);
+      // Legend in the middle of the axis line.
+      float lx = a.x + ImGui::CalcTextSize("key 0").x + 16;
+      auto legend = [&](const char* name, ImU32 col) {
+        dl->AddLine(ImVec2(lx, b.y + 2 + lh * 0.5f), ImVec2(lx + 14, b.y + 2 + lh * 0.5f), col, 2.5f);
+        dl->AddText(ImVec2(lx + 18, b.y + 2), text, name);
+        lx += 18 + ImGui::CalcTextSize(name).x + 12;
+      };
+      legend(rm.differential ? "A1" : "A", tc.plot_a);
+      if (a2) {
+        legend("A2", tc.plot_b);
+        legend(diff_name, tc.selection);
+      }
+      // Hover: the key under the mouse.
+      const ImVec2 m = ImGui::GetIO().MousePos;
+      if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
+        const int64_t k = std::clamp<int64_t>(int64_t((m.x - a.x) / (b.x - a.x) * float(count)), 0, q);
+        dl->AddLine(ImVec2(m.x, a.y), ImVec2(m.x, b.y), tc.cursor);
+        ImGui::BeginTooltip();
+        ImGui::Text("key %lld \"%s\"", (long long)k, TokenFlow::label(r, k).c_str());
+        if (a2)
+          ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[k], a2[k], st.lam(), d[size_t(k)]);
+        else
+          ImGui::Text("A %.5f", a1[k]);
+        ImGui::EndTooltip();
+      }
+    }
+    ImGui::Dummy(ImVec2(plot_w, plot_h));
+  }
+  if (avail.x >= 700) {
+    ImGui::SameLine();
+  }
+
+  // The prompt up to the query, each token on its row's colour.
+  ColorScale sc;
+  sc.diverging = diverging;
+  float top = 0;
+  for (int64_t k = 1; k < count; ++k)  // key 0 (the sink) would set the range for most heads
+    top = std::max(top, diverging ? std::fabs(colour_src[k]) : colour_src[k]);
+  if (count == 1)
+    top = std::fabs(colour_src[0]);
+  sc.hi = std::max(top, 1e-6f);
+  sc.lo = diverging ? -sc.hi : 0.0f;
+  const Colormap cm = diverging ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap);
+  ImGui::BeginGroup();
+  const float text_w = ImGui::GetContentRegionAvail().x;
+  g_flow.layout(s.result, count, text_w - ImGui::GetStyle().ScrollbarSize - 4);
+  const int64_t hovered = g_flow.draw(
+      "##rowtext", ImGui::GetContentRegionAvail().y,
+      [&](int64_t i, ImVec2 a, ImVec2 b, bool hov) {
+        ImDrawList* cdl = ImGui::GetWindowDrawList();
+        const float t = sc.to_t(colour_src[i]);
+        cdl->AddRectFilled(a, b, colormap_rgba(cm, t), 2.0f);
+        const bool dark_text = diverging ? std::fabs(t - 0.5f) < 0.3f : t > 0.55f;
+        cdl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1),
+                     dark_text ? IM_COL32(0, 0, 0, 255) : IM_COL32(255, 255, 255, 255),
+                     TokenFlow::label(r, i).c_str());
+        if (i == q || hov)
+          cdl->AddRect(a, b, i == q ? tc.selection : tc.cursor, 2.0f, 0, 2.0f);
+      },
+      st.row_scroll ? q : -1);
+  st.row_scroll = false;
+  ImGui::EndGroup();
+  if (hovered >= 0) {
+    ImGui::BeginTooltip();
+    ImGui::Text("key %lld \"%s\"", (long long)hovered, TokenFlow::label(r, hovered).c_str());
+    if (a2)
+      ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[hovered], a2[hovered], st.lam(), d[size_t(hovered)]);
+    else
+      ImGui::Text("A %.5f", a1[hovered]);
+    ImGui::TextDisabled("click: make it the query");
+    ImGui::EndTooltip();
+    if (ImGui::IsMouseClicked(0))
+      st.select_row(hovered);
+  }
+  end_panel();
+}
+
+}  // namespace ds::gui
