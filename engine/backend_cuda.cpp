@@ -835,7 +835,12 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   float* gd = g2 + cells;
   DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
   const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
-  if (fused_map_queries(p)) {
+  // The fused kernel has one CTA per 64 query rows of the rectangle and folds 8 x 8 blocks over the warp only when a
+  // grid cell holds them: measured on an H100 (1024 x 1024 grid, bench/results/latest/s14_views_*), it beats the
+  // chunked map kernels at 32K rows (33 vs 68 ms) but not at 4K (16 vs 3.4 ms) or 8K (10 vs 5.8 ms).
+  const bool fused = fused_map_queries(p) && out.q1 - out.q0 >= 16384 && out.q1 - out.q0 >= 8 * int64_t(out.rows) &&
+                     out.k1 - out.k0 >= 8 * int64_t(out.cols);
+  if (fused) {
     timed("attn_view", out.layer, [&] {
       DS_CUDA_CHECK(kern::launch_attn_map_view(p, va, out.head, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
     });
