@@ -216,13 +216,8 @@ class CpuBackend final : public Backend {
     require_run();
     check_layer(layer);
     const int64_t n = int64_t(ids_.size()), Hv = cfg_.view_heads();
-    out.layer = layer;
-    out.heads = Hv;
-    out.n = n;
-    out.positions = resolve_positions(positions, n);
+    prepare_rows(layer, Hv, n, cfg_.is_diff(), positions, out);
     const size_t P = out.positions.size();
-    out.a1.assign(size_t(Hv) * P * size_t(n), 0.f);
-    out.a2.assign(cfg_.is_diff() ? out.a1.size() : 0, 0.f);
     for (int64_t h = 0; h < Hv; ++h)
       for (size_t i = 0; i < P; ++i) {
         const int64_t q = out.positions[i];

@@ -874,13 +874,8 @@ void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, Map
   const kern::AttnParams p = layer_params(layer);
   const int64_t n = last_n_, Hv = view_heads();
   const int nmaps = cfg_.is_diff() ? 2 : 1;
-  out.layer = layer;
-  out.heads = Hv;
-  out.n = n;
-  out.positions = resolve_positions(positions, n);
+  prepare_rows(layer, Hv, n, nmaps == 2, positions, out);
   const size_t P = out.positions.size();
-  out.a1.assign(size_t(Hv) * P * size_t(n), 0.f);
-  out.a2.assign(nmaps == 2 ? out.a1.size() : 0, 0.f);
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
   if (map_buf_.bytes() < row_bytes) map_buf_ = DeviceBuffer(row_bytes, "attention maps");
   if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)

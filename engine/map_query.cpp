@@ -90,6 +90,16 @@ std::vector<int64_t> resolve_positions(const std::vector<int64_t>& positions, in
   return out;
 }
 
+void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const std::vector<int64_t>& positions,
+                  MapRows& out) {
+  out.layer = layer;
+  out.heads = heads;
+  out.n = n;
+  out.positions = resolve_positions(positions, n);
+  out.a1.assign(size_t(heads) * out.positions.size() * size_t(n), 0.f);
+  out.a2.assign(differential ? out.a1.size() : 0, 0.f);
+}
+
 void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, float lambda, float ml1, float ml2) {
   double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0;
   for (int64_t k = 0; k <= q; ++k) {

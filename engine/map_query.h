@@ -69,6 +69,9 @@ struct MapRows {
 };
 // Positions as the CLI takes them (negative counts from the end: -1 is the last token), checked against n.
 std::vector<int64_t> resolve_positions(const std::vector<int64_t>& positions, int64_t n);
+// Fills out's shape and resolved positions and sizes its rows (zeroed); throws ds::Error for a bad position.
+void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const std::vector<int64_t>& positions,
+                  MapRows& out);
 
 // ---------------------------------------------------------------------------------------------------------------
 // statistics

@@ -132,19 +132,6 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   }
 }
 
-// Larger |value| wins (on a tie the larger value): the signed max-pool of D.
-__device__ __forceinline__ void atomic_max_abs(float* at, float v) {
-  unsigned* a = reinterpret_cast<unsigned*>(at);
-  unsigned old = *a;
-  while (true) {
-    const float cur = __uint_as_float(old);
-    if (!(fabsf(v) > fabsf(cur) || (fabsf(v) == fabsf(cur) && v > cur))) return;
-    const unsigned seen = atomicCAS(a, old, __float_as_uint(v));
-    if (seen == old) return;
-    old = seen;
-  }
-}
-
 // One thread per (chunk row, grid column): reduces its row's cells of that column block and folds the result into
 // the grid cell of the row's block. Probabilities are >= 0, so their max can use the integer atomicMax.
 __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nmaps, int rows, int n, int row0,

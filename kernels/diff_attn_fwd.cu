@@ -32,6 +32,7 @@
 #include "attn_heads.h"
 #include "attn_maps.h"
 #include "mma_sm80.cuh"
+#include "warp_reduce.cuh"
 
 namespace ds::kern {
 namespace {
@@ -922,15 +923,7 @@ __device__ __forceinline__ void pool_into(float* cell, float v, bool mean, bool 
   } else if (!signed_max) {
     atomicMax(reinterpret_cast<int*>(cell), __float_as_int(v));  // probabilities are >= 0
   } else {
-    unsigned* a = reinterpret_cast<unsigned*>(cell);
-    unsigned old = *a;
-    while (true) {
-      const float cur = __uint_as_float(old);
-      if (!(fabsf(v) > fabsf(cur) || (fabsf(v) == fabsf(cur) && v > cur))) return;
-      const unsigned seen = atomicCAS(a, old, __float_as_uint(v));
-      if (seen == old) return;
-      old = seen;
-    }
+    atomic_max_abs(cell, v);
   }
 }
 __device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signed_max) {
