@@ -322,6 +322,26 @@ def case_row(r):
     check(rc == 0 and st["row_view"]["q"] == 22, "--row -3: %s" % st.get("row_view"))
 
 
+def case_replay(r):
+    # A lambda drag replayed one value a frame: the log has a line per frame, every value was set once in order,
+    # the last one set is the one shown at the end, and latencies are positive.
+    log = r.path("replay.csv")
+    rc, st, img = r.run("replay", "--model", r.fixture(), "--ids", IDS, "--head", "1.0",
+                        "--replay-lambda", "1,-0.2,1.2,12", "--replay-log", log)
+    assert_sane_run(rc, st, img, 25)
+    import csv
+    with open(log) as f:
+        rows = list(csv.DictReader(f))
+    sets = [float(x["lambda_set"]) for x in rows if x["lambda_set"]]
+    check(len(sets) == 12 and abs(sets[0] + 0.2) < 1e-9 and abs(sets[-1] - 1.2) < 1e-9, "values set %s" % sets)
+    check(all(b > a for a, b in zip(sets, sets[1:])), "values not set in order: %s" % sets)
+    check(abs(float(rows[-1]["lambda_shown"]) - 1.2) < 1e-9, "last shown %s" % rows[-1])
+    lat = [float(x["latency_ms"]) for x in rows if x["latency_ms"]]
+    check(lat and all(x > 0 for x in lat), "latencies %s" % lat)
+    check(abs(st["lambda"]["override"][1] - 1.2) < 1e-9 if "lambda" in st and "override" in st["lambda"] else True,
+          "state lambda %s" % st.get("lambda"))
+
+
 def case_prompt_file(r):
     # A prompt longer than the head panel has pixels, from a file: the head view is the engine's pooled grid of the
     # whole map at about one cell per pixel (never more than 1024 per side), the row view the exact last row.
@@ -366,7 +386,7 @@ def case_bad_args(r):
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
-         "view": case_view, "row": case_row, "prompt_file": case_prompt_file}
+         "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay}
 
 
 def main():

@@ -1,6 +1,7 @@
 // Argument parsing for the GUI. See cli_options.h.
 #include "cli_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -28,7 +29,11 @@ const char* cli_usage() {
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"
          "  --export-dir DIR       with --screenshot: also export the head (.npy, .csv), session (.json), Head PNG\n"
          "  --size WxH             window size (default 1600x1000)\n"
-         "  --mouse X,Y            with --screenshot: the mouse pointer rests at X,Y (shows tooltips)\n";
+         "  --mouse X,Y            with --screenshot: the mouse pointer rests at X,Y (shows tooltips)\n"
+         "  --replay-lambda L,FROM,TO,STEPS  with --screenshot: after the first run, drag layer L's lambda from FROM\n"
+         "                         to TO, one value a frame over STEPS frames, then capture\n"
+         "  --replay-log FILE      with --replay-lambda: per frame the time, the lambda set and the lambda shown, and\n"
+         "                         per shown value its latency from being set (CSV)\n";
 }
 
 static std::vector<int> parse_ids(const std::string& s) {
@@ -132,6 +137,15 @@ CliOptions parse_cli(int argc, char** argv) {
       if (std::sscanf(v.c_str(), "%f,%f", &x, &y) != 2)
         throw Error("--mouse: '" + v + "' is not X,Y");
       o.mouse = std::array<float, 2>{x, y};
+    } else if (a == "--replay-lambda") {
+      const std::string v = need(i, a);
+      CliOptions::Replay r;
+      if (std::sscanf(v.c_str(), "%d,%lf,%lf,%d", &r.layer, &r.from, &r.to, &r.steps) != 4 || r.layer < 0 ||
+          r.steps < 2 || r.steps > 100000 || !std::isfinite(r.from) || !std::isfinite(r.to))
+        throw Error("--replay-lambda: '" + v + "' is not LAYER,FROM,TO,STEPS (e.g. 8,0,1.5,60)");
+      o.replay = r;
+    } else if (a == "--replay-log") {
+      o.replay_log = need(i, a);
     } else if (a == "--size") {
       const std::string v = need(i, a);
       if (std::sscanf(v.c_str(), "%dx%d", &o.width, &o.height) != 2 || o.width < 320 || o.height < 240)
@@ -154,6 +168,10 @@ CliOptions parse_cli(int argc, char** argv) {
     throw Error("--mouse needs --screenshot");
   if (!o.export_dir.empty() && o.screenshot.empty())
     throw Error("--export-dir needs --screenshot");
+  if ((o.replay || !o.replay_log.empty()) && o.screenshot.empty())
+    throw Error("--replay-lambda and --replay-log need --screenshot");
+  if (!o.replay_log.empty() && !o.replay)
+    throw Error("--replay-log needs --replay-lambda");
   return o;
 }
 

@@ -32,6 +32,15 @@ struct CliOptions {
   std::string export_dir;  // screenshot mode: also run every exporter into this folder (tests)
   int width = 1600, height = 1000;
   std::optional<std::array<float, 2>> mouse;  // --mouse X,Y: with --screenshot, the pointer rests there (tooltips)
+  // --replay-lambda L,FROM,TO,STEPS: with --screenshot, drag layer L's lambda from FROM to TO over STEPS frames
+  // (one value a frame, as a mouse drag does), then capture; --replay-log FILE: per-frame times as CSV.
+  struct Replay {
+    int layer = 0;
+    double from = 0, to = 1;
+    int steps = 0;
+  };
+  std::optional<Replay> replay;
+  std::string replay_log;
   bool help = false;
 };
 

@@ -71,9 +71,17 @@ void ScreenshotDriver::advance(AppState& st) {
           st.open_model(opt_.open_after);
           return;
         }
+        if (opt_.replay && replay_set_.empty() && st.snap->model && opt_.replay->layer < st.snap->model->cfg.layers) {
+          phase_ = Phase::Replay;
+          replay_frame(st);
+          return;
+        }
         phase_ = Phase::Settle;
         settle_frames_ = 0;
       }
+      break;
+    case Phase::Replay:
+      replay_frame(st);
       break;
     case Phase::Settle:
       if (!ready(st)) {
@@ -87,7 +95,60 @@ void ScreenshotDriver::advance(AppState& st) {
   }
 }
 
+// One frame of a lambda drag: note which value the engine shows now (and how long after it was set), then set the
+// next value as a slider drag does (an override of the layer, submitted); once every value is set, wait for the
+// last one to be shown before settling.
+void ScreenshotDriver::replay_frame(AppState& st) {
+  const auto& r = *opt_.replay;
+  const double now = ImGui::GetTime() * 1e3;
+  const double frame = last_frame_ms_ > 0 ? now - last_frame_ms_ : 0;
+  last_frame_ms_ = now;
+  double shown = NAN, latency = NAN;
+  if (st.snap && st.snap->result && size_t(r.layer) < st.snap->result->lambda.size()) {
+    shown = st.snap->result->lambda[size_t(r.layer)];
+    const bool changed = replay_log_.empty() || !(replay_log_.back().lambda_shown == shown);
+    for (size_t i = replay_shown_; changed && i < replay_set_.size(); ++i)
+      if (std::fabs(replay_set_[i].first - shown) < 1e-9) {  // a value set earlier reached the screen
+        latency = now - replay_set_[i].second;
+        replay_shown_ = i;
+        break;
+      }
+  }
+  const size_t k = replay_set_.size();
+  double set = NAN;
+  if (k < size_t(r.steps)) {
+    set = r.from + (r.to - r.from) * double(k) / double(r.steps - 1);
+    if (size_t(r.layer) < st.req.lambda.override_.size()) {
+      st.req.lambda.override_[size_t(r.layer)] = set;
+      st.submit();
+    }
+    replay_set_.push_back({set, now});
+  } else if (replay_shown_ + 1 == replay_set_.size() && ready(st)) {
+    phase_ = Phase::Settle;
+    settle_frames_ = 0;
+  }
+  replay_log_.push_back({now, frame, set, shown, latency});
+}
+
+void ScreenshotDriver::write_replay_log() const {
+  if (opt_.replay_log.empty())
+    return;
+  std::ofstream f(opt_.replay_log);
+  if (!f) {
+    std::fprintf(stderr, "diffscope: --replay-log: cannot write %s\n", opt_.replay_log.c_str());
+    return;
+  }
+  f << "frame,t_ms,frame_ms,lambda_set,lambda_shown,latency_ms\n";
+  auto num = [](double x) { return std::isnan(x) ? std::string() : std::to_string(x); };
+  for (size_t i = 0; i < replay_log_.size(); ++i) {
+    const ReplayFrame& r = replay_log_[i];
+    f << i << ',' << num(r.t_ms) << ',' << num(r.frame_ms) << ',' << num(r.lambda_set) << ',' << num(r.lambda_shown)
+      << ',' << num(r.latency_ms) << '\n';
+  }
+}
+
 int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
+  write_replay_log();
   const bool timed_out = ImGui::GetTime() - start_ > k_timeout_s;
   int rc = 0;
   std::string err;

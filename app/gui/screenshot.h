@@ -4,6 +4,8 @@
 // the run never completed.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "app_state.h"
 #include "cli_options.h"
@@ -21,13 +23,23 @@ class ScreenshotDriver {
   bool waiting_on_engine() const { return phase_ == Phase::Wait; }
 
  private:
-  enum class Phase { Wait, Settle, Capture };
+  enum class Phase { Wait, Replay, Settle, Capture };
   bool ready(const AppState& st) const;
+  void replay_frame(AppState& st);
+  void write_replay_log() const;
   CliOptions opt_;
   Phase phase_ = Phase::Wait;
   bool opened_after_ = false;
   int settle_frames_ = 0;
   double start_ = 0;
+  // --replay-lambda: the values set so far with their times, one log line per frame.
+  struct ReplayFrame {
+    double t_ms, frame_ms, lambda_set, lambda_shown, latency_ms;
+  };
+  std::vector<std::pair<double, double>> replay_set_;  // (lambda, time set in ms)
+  std::vector<ReplayFrame> replay_log_;
+  double last_frame_ms_ = 0;
+  size_t replay_shown_ = 0;  // index into replay_set_ of the newest value the engine has shown
 };
 
 }  // namespace ds::gui
