@@ -157,6 +157,8 @@ void CudaBackend::reset_model() {
   xf_.reset();
   map_buf_.reset();
   map_stats_.reset();
+  view_buf_.reset();
+  stats_sum_.reset();
   head_ns_.reset();
 }
 
@@ -788,16 +790,21 @@ std::vector<HeadStats> CudaBackend::head_stats(int layer) {
   const int64_t n = last_n_;
   const size_t st_bytes = size_t(Hv) * size_t(n) * kern::MAP_NSTAT * 4;
   if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
-  timed("attn_stats", layer, [&] { DS_CUDA_CHECK(kern::launch_attn_row_stats(p, map_stats_.as<float>(), stream())); });
-  std::vector<float> host(size_t(Hv) * size_t(n) * kern::MAP_NSTAT);
-  DS_CUDA_CHECK(cudaMemcpyAsync(host.data(), map_stats_.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream()));
+  if (stats_sum_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 8)
+    stats_sum_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 8, "attention statistics sums");
+  timed("attn_stats", layer, [&] {
+    DS_CUDA_CHECK(kern::launch_attn_row_stats(p, map_stats_.as<float>(), stream()));
+    DS_CUDA_CHECK(kern::launch_attn_stats_reduce(map_stats_.as<float>(), Hv, int(n), stats_sum_.as<double>(), stream()));
+  });
+  std::vector<double> sums(size_t(Hv) * kern::MAP_NSTAT);
+  DS_CUDA_CHECK(cudaMemcpyAsync(sums.data(), stats_sum_.get(), sums.size() * 8, cudaMemcpyDeviceToHost, stream()));
   sync();
   for (int h = 0; h < Hv; ++h) {
+    const double* t = sums.data() + size_t(h) * kern::MAP_NSTAT;
     StatsAccumulator acc;
-    for (int64_t r = 0; r < n; ++r) {
-      const float* st = host.data() + (size_t(h) * size_t(n) + size_t(r)) * kern::MAP_NSTAT;
-      add_row_stats(acc, st);
-    }
+    acc.add_sums(t[kern::MAP_ENTROPY1], t[kern::MAP_ENTROPY2], t[kern::MAP_ENTROPY_DIFF], t[kern::MAP_FIRST1],
+                 t[kern::MAP_FIRST2], t[kern::MAP_FIRST_DIFF], t[kern::MAP_NEG_MASS], float(t[kern::MAP_DIFF_MIN]),
+                 float(t[kern::MAP_DIFF_MAX]), float(t[kern::MAP_MAX_LOGIT1]), float(t[kern::MAP_MAX_LOGIT2]), n);
     out.push_back(acc.finish(cfg_.is_diff()));
   }
   return out;

@@ -189,6 +189,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer logits_;       // [rows, vocab] f32
   DeviceBuffer xf_;           // [rows, E] bf16, final-normed rows for the lm_head
   DeviceBuffer map_buf_, map_stats_, view_buf_;
+  DeviceBuffer stats_sum_;    // [view heads][MAP_NSTAT] f64: head_stats' device reduction
   DeviceBuffer head_ns_;      // [L][view heads] u64
   // last run
   bool has_run_ = false;

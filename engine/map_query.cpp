@@ -120,6 +120,11 @@ void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, floa
 
 void StatsAccumulator::add_terms(double e1, double e2, double ediff, double f1, double f2, double fd, double neg,
                                  float dmin, float dmax, float ml1, float ml2) {
+  add_sums(e1, e2, ediff, f1, f2, fd, neg, dmin, dmax, ml1, ml2, 1);
+}
+
+void StatsAccumulator::add_sums(double e1, double e2, double ediff, double f1, double f2, double fd, double neg,
+                                float dmin, float dmax, float ml1, float ml2, int64_t count) {
   entropy1 += e1;
   entropy2 += e2;
   entropy_diff += ediff;
@@ -131,7 +136,7 @@ void StatsAccumulator::add_terms(double e1, double e2, double ediff, double f1, 
   diff_max = std::max(diff_max, dmax);
   max_logit1 = std::max(max_logit1, ml1);
   max_logit2 = std::max(max_logit2, ml2);
-  ++rows;
+  rows += count;
 }
 
 HeadStats StatsAccumulator::finish(bool differential) const {

@@ -105,6 +105,9 @@ struct StatsAccumulator {
   // all-zero row), the three first-token values, the negative mass, D's extremes and the largest |logit|s.
   void add_terms(double e1, double e2, double ediff, double f1, double f2, double fd, double neg, float dmin,
                  float dmax, float ml1, float ml2);
+  // The same terms already summed (and min / max reduced) over `count` rows (the CUDA backend's device reduction).
+  void add_sums(double e1, double e2, double ediff, double f1, double f2, double fd, double neg, float dmin,
+                float dmax, float ml1, float ml2, int64_t count);
   HeadStats finish(bool differential) const;
 };
 

@@ -132,6 +132,29 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   }
 }
 
+// One block per head: sums (f64), minima and maxima of the rows' statistics, reduced over the block in shared memory.
+__global__ void __launch_bounds__(256) stats_reduce_kernel(const float* row_stats, int n, double* out) {
+  __shared__ double red[256];
+  const int h = int(blockIdx.x), t = int(threadIdx.x);
+  const float* st = row_stats + int64_t(h) * n * MAP_NSTAT;
+  for (int k = 0; k < MAP_NSTAT; ++k) {
+    const bool is_min = k == MAP_DIFF_MIN, is_max = k == MAP_DIFF_MAX || k == MAP_MAX_LOGIT1 || k == MAP_MAX_LOGIT2;
+    double acc = is_min ? INFINITY : is_max ? -INFINITY : 0.0;
+    for (int r = t; r < n; r += 256) {
+      const double v = st[int64_t(r) * MAP_NSTAT + k];
+      acc = is_min ? fmin(acc, v) : is_max ? fmax(acc, v) : acc + v;
+    }
+    red[t] = acc;
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+      if (t < s) red[t] = is_min ? fmin(red[t], red[t + s]) : is_max ? fmax(red[t], red[t + s]) : red[t] + red[t + s];
+      __syncthreads();
+    }
+    if (t == 0) out[int64_t(h) * MAP_NSTAT + k] = red[0];
+    __syncthreads();
+  }
+}
+
 // One thread per (chunk row, grid column): reduces its row's cells of that column block and folds the result into
 // the grid cell of the row's block. Probabilities are >= 0, so their max can use the integer atomicMax.
 __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nmaps, int rows, int n, int row0,
@@ -171,6 +194,12 @@ __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nm
 }
 
 }  // namespace
+
+cudaError_t launch_attn_stats_reduce(const float* row_stats, int heads, int n, double* out, cudaStream_t stream) {
+  if (heads <= 0 || n <= 0) return cudaErrorInvalidValue;
+  stats_reduce_kernel<<<unsigned(heads), 256, 0, stream>>>(row_stats, n, out);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_attn_map_pool(const float* maps, int nmaps, int rows, int n, int row0, const ViewPoolArgs& v,
                                  float* a1, float* a2, float* diff, cudaStream_t stream) {

@@ -22,6 +22,11 @@ cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, floa
 cudaError_t launch_attn_map_softmax(const AttnParams& p, int row0, int rows, float* maps, float* row_stats,
                                     cudaStream_t stream, int nheads = -1);
 
+// Per view head, the rows' statistics reduced on the device: out [heads][MAP_NSTAT] f64 holds the sums over the n
+// rows of the summed terms (entropies, first-token values, negative mass), the min of MAP_DIFF_MIN and the max of
+// MAP_DIFF_MAX and of the max-logit terms. row_stats: [heads][n][MAP_NSTAT].
+cudaError_t launch_attn_stats_reduce(const float* row_stats, int heads, int n, double* out, cudaStream_t stream);
+
 // A pooled view's rectangle and grid (engine/map_query.h has the rules): query rows [q0, q1), keys [k0, k1),
 // rows x cols blocks, max or mean, D = A1 - lambda A2.
 struct ViewPoolArgs {
