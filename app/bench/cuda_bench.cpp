@@ -86,7 +86,7 @@ ModelConfig kajuma_shape() {
 
 std::vector<float> default_lambda(const ModelConfig& c) {
   std::vector<float> l(size_t(c.layers));
-  for (int64_t i = 0; i < c.layers; ++i) l[size_t(i)] = float(0.8 - 0.6 * std::exp(-0.3 * double(i)) + 0.05);
+  for (int64_t i = 0; i < c.layers; ++i) l[size_t(i)] = float(kern::lambda_init(i) + 0.05);
   return l;
 }
 
