@@ -189,8 +189,25 @@ __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nm
   } else {
     atomicMax(reinterpret_cast<int*>(a1 + cell), __float_as_int(x1));
     if (s2) atomicMax(reinterpret_cast<int*>(a2 + cell), __float_as_int(x2));
-    atomic_max_abs(dd + cell, xd);
+    atomicMax(reinterpret_cast<unsigned*>(dd + cell), max_abs_key(xd));
   }
+}
+
+// The accumulators to values: mean sums divided by their cells' entry counts, signed max keys decoded.
+__global__ void __launch_bounds__(256) view_finish_kernel(ViewPoolArgs v, float* a1, float* a2, float* dd) {
+  const int64_t t = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (t >= int64_t(v.rows) * v.cols) return;
+  if (!v.mean) {
+    dd[t] = max_abs_value(reinterpret_cast<const unsigned*>(dd)[t]);
+    return;
+  }
+  const int i = int(t / v.cols), j = int(t % v.cols);
+  const int64_t Er = v.q1 - v.q0, Ec = v.k1 - v.k0;
+  const float inv = 1.f / (float(view_block_start(i + 1, Er, v.rows) - view_block_start(i, Er, v.rows)) *
+                           float(view_block_start(j + 1, Ec, v.cols) - view_block_start(j, Ec, v.cols)));
+  a1[t] *= inv;
+  if (a2) a2[t] *= inv;
+  dd[t] *= inv;
 }
 
 }  // namespace
@@ -206,6 +223,13 @@ cudaError_t launch_attn_map_pool(const float* maps, int nmaps, int rows, int n, 
   if (rows <= 0 || v.rows <= 0 || v.cols <= 0 || (nmaps == 2 && !a2)) return cudaErrorInvalidValue;
   const int64_t threads = int64_t(rows) * v.cols;
   map_pool_kernel<<<unsigned((threads + 255) / 256), 256, 0, stream>>>(maps, nmaps, rows, n, row0, v, a1, a2, diff);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_attn_view_finish(const ViewPoolArgs& v, float* a1, float* a2, float* diff, cudaStream_t stream) {
+  if (v.rows <= 0 || v.cols <= 0) return cudaErrorInvalidValue;
+  const int64_t cells = int64_t(v.rows) * v.cols;
+  view_finish_kernel<<<unsigned((cells + 255) / 256), 256, 0, stream>>>(v, a1, a2, diff);
   return cudaGetLastError();
 }
 

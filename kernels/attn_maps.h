@@ -35,10 +35,14 @@ struct ViewPoolArgs {
   bool mean;
   float lambda;
 };
-// Folds one head's probability rows [row0, row0 + rows) (maps: [nmaps][rows][n], after the softmax pass) into the
-// grids a1, a2, diff [rows x cols] (zeroed before the first chunk; mean pooling leaves sums, to be divided by the
-// cell counts). a2 may be null for nmaps = 1.
+// The grids a1, a2, diff [rows x cols] are accumulators while a view is pooled: zeroed first, then every pooling
+// launch folds into them (launch_attn_map_pool here, launch_attn_map_view in diff_attn_fwd.h): sums for mean
+// pooling, maxima for max pooling, the signed map's maxima as warp_reduce.cuh's max_abs_key. launch_attn_view_finish
+// turns them into the view's values (means, decoded maxima). a2 may be null for nmaps = 1.
+//
+// Folds one head's probability rows [row0, row0 + rows) (maps: [nmaps][rows][n], after the softmax pass).
 cudaError_t launch_attn_map_pool(const float* maps, int nmaps, int rows, int n, int row0, const ViewPoolArgs& v,
                                  float* a1, float* a2, float* diff, cudaStream_t stream);
+cudaError_t launch_attn_view_finish(const ViewPoolArgs& v, float* a1, float* a2, float* diff, cudaStream_t stream);
 
 }  // namespace ds::kern

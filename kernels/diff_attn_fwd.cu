@@ -27,6 +27,7 @@
 // lane-constant offsets (LaneChunks) +2-3%. What was tried and not kept: bench/EXPERIMENTS.md.
 #include "diff_attn_fwd.h"
 
+#include <climits>
 #include <cmath>
 
 #include "attn_heads.h"
@@ -727,8 +728,8 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 
 // Two passes over a CTA's key tiles with the S products on the tensor cores, for the map queries (row statistics and
 // pooled views) without materialising a map. Pass 1 finds each row's (lazy) maximum and sum as the forward's online
-// softmax does; pass 2 recomputes S for the key tiles from the diagonal down to tile kt_lo and hands each, with the
-// rows' maxima and 1/sum, to `tile`. A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a
+// softmax does; pass 2 recomputes S for the key tiles from min(diagonal, kt_hi) down to kt_lo and hands each, with
+// the rows' maxima and 1/sum, to `tile`. A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a
 // differential head, or of a pair of plain heads; K1 | K2 of the next tile load (cp.async, double-buffered) while
 // the current one is used. No V.
 constexpr int THREADS_S = 128;
@@ -745,14 +746,15 @@ struct RowNorm {
 };
 
 template <int D, class Tile>
-__device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork& w, int kt_lo, unsigned char* smem,
-                                              float (&mabs)[2][2], Tile&& tile) {
+__device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork& w, int kt_lo, int kt_hi,
+                                              unsigned char* smem, float (&mabs)[2][2], Tile&& tile) {
   using T = StatsTile<D>;
   bf16* sQ = reinterpret_cast<bf16*>(smem);  // [2 maps][BM][D]
   bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][2 maps][BN][D]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
   const int qt = w.qt, q0 = qt * BM, n = p.n;
-  const int n1 = qt + 1, n2 = qt - kt_lo + 1;  // tiles of pass 1 (all) and pass 2 (the diagonal down to kt_lo)
+  const int top2 = min(qt, kt_hi);                      // pass 2's first tile
+  const int n1 = qt + 1, n2 = max(0, top2 - kt_lo + 1);  // tiles of pass 1 (all) and pass 2
   const bf16* base = p.qkv;  // sequence 0
   const int64_t rs = p.row_stride;
   const TileCopy<BM, D, THREADS_S> qc(tid);
@@ -760,8 +762,9 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
 #pragma unroll
   for (int m = 0; m < 2; ++m)
     qc.issue(sQ + m * BM * D, base + (q0 + qc.r) * rs + p.q_off + int64_t(w.heads.q[m]) * D + qc.c * 8, rs, n - q0, base);
-  auto load_k = [&](int it, int stage) {
-    const int k0 = (qt - it) * BN;
+  auto key_tile = [&](int u) { return u < n1 ? qt - u : top2 - (u - n1); };
+  auto load_k = [&](int u, int stage) {
+    const int k0 = key_tile(u) * BN;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
       kc.issue(sK + (stage * 2 + m) * BN * D, base + (k0 + kc.r) * rs + p.k_off + int64_t(w.heads.k[m]) * D + kc.c * 8,
@@ -775,14 +778,14 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
 #pragma unroll
   for (int m = 0; m < 2; ++m) rn.m[m][0] = rn.m[m][1] = -INFINITY, mabs[m][0] = mabs[m][1] = 0.f;
   for (int u = 0; u < n1 + n2; ++u) {
-    const int pass = u < n1 ? 0 : 1, it = pass == 0 ? u : u - n1;
+    const int pass = u < n1 ? 0 : 1, kt = key_tile(u);
     cp_async_wait<0>();
     __syncthreads();  // tile u landed; every warp is done with tile u - 1, whose stage the next copy overwrites
-    if (u + 1 < n1 + n2) load_k(u + 1 < n1 ? u + 1 : u + 1 - n1, (u + 1) & 1);
+    if (u + 1 < n1 + n2) load_k(u + 1, (u + 1) & 1);
     cp_async_commit();
     float s[2][BN / 8][4];
     warp_qk_maps<D, 2, false>(s, sQ, sK + (u & 1) * T::K_STAGE, wrow, lane, [](int) {});
-    if (it == 0) {
+    if (kt == qt) {
       mask_diagonal(s[0], wrow, lane);
       mask_diagonal(s[1], wrow, lane);
     }
@@ -807,7 +810,7 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
       }
       continue;
     }
-    tile(s, rn, (qt - it) * BN, it == 0);
+    tile(s, rn, kt * BN, kt == qt);
   }
   cp_async_wait<0>();
 }
@@ -835,7 +838,7 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   float absd[2] = {}, dlogd[2] = {}, neg[2] = {};
   float dmin[2] = {INFINITY, INFINITY}, dmax[2] = {-INFINITY, -INFINITY};
   RowNorm last;
-  two_pass_rows<D>(p, w, 0, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+  two_pass_rows<D>(p, w, 0, INT_MAX, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
     last = rn;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -916,14 +919,18 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   }
 }
 
-// Folds v into a grid cell: the sum (mean pooling) or the maximum; signed: the entry of largest magnitude.
-__device__ __forceinline__ void pool_into(float* cell, float v, bool mean, bool signed_max) {
+// Folds a pooled value of each map into grid cell `cell` (attn_maps.h's accumulators): a sum (mean pooling), or a
+// maximum; the signed map's maximum goes through max_abs_key. Fire-and-forget reductions: nothing waits for them.
+__device__ __forceinline__ void pool_into(float* g1, float* g2, float* gd, int64_t cell, float x1, float x2, float xd,
+                                          bool mean) {
   if (mean) {
-    atomicAdd(cell, v);
-  } else if (!signed_max) {
-    atomicMax(reinterpret_cast<int*>(cell), __float_as_int(v));  // probabilities are >= 0
+    atomicAdd(g1 + cell, x1);
+    if (g2) atomicAdd(g2 + cell, x2);
+    atomicAdd(gd + cell, xd);
   } else {
-    atomic_max_abs(cell, v);
+    atomicMax(reinterpret_cast<int*>(g1 + cell), __float_as_int(x1));  // probabilities are >= 0
+    if (g2) atomicMax(reinterpret_cast<int*>(g2 + cell), __float_as_int(x2));
+    atomicMax(reinterpret_cast<unsigned*>(gd + cell), max_abs_key(xd));
   }
 }
 __device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signed_max) {
@@ -932,18 +939,25 @@ __device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signe
   return fabsf(b) > fabsf(a) || (fabsf(b) == fabsf(a) && b > a) ? b : a;
 }
 
+// The grid row of the 8 query rows [rb, rb + 8) when they all lie in the rectangle and in one grid row, else -1.
+__device__ __forceinline__ int block_of_8(int64_t rb, int64_t lo, int64_t hi, int blocks) {
+  if (rb < lo || rb + 7 >= hi) return -1;
+  const int b = view_block(rb - lo, hi - lo, blocks);
+  return b == view_block(rb + 7 - lo, hi - lo, blocks) ? b : -1;
+}
+
 // A pooled view (engine/map_query.h) of view head `head`: the CTAs take the query tiles of the rectangle; pass 2
-// visits the key tiles that meet its columns. Each 8 x 8 block of a warp's tile (8 rows of lanes g4, 8 columns of
-// n-tile nt) that lies inside the rectangle and inside one grid cell is reduced over the warp first, so a grid cell
-// of 32 x 32 map cells takes 16 atomics per map instead of 1024; other blocks fold element by element.
+// visits the key tiles that meet its columns. A warp pools its 16 x 64 part of a tile by runs: while its 8 or 16
+// rows lie in one grid row and successive 8-column blocks in one grid column, each lane folds its entries in
+// registers, and a run ends with one warp reduction and one atomic per map (a 32 x 32 cell of a 32K-token view:
+// 2 per tile instead of 64 x 16). Entries of blocks that straddle cells or the rectangle's edge fold one by one.
 template <int D, bool DIFF>
 __global__ void __launch_bounds__(THREADS_S) attn_map_view_kernel(const AttnParams p, ViewPoolArgs v, int head,
                                                                   float* g1, float* g2, float* gd) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, wrow = (threadIdx.x >> 5) * 16, g4 = lane >> 2, t4 = lane & 3;
   // blockIdx.x: the rectangle's query tiles, the last (heaviest) first
-  const int qt_first = int(v.q0 / BM), qt_last = int((v.q1 - 1) / BM);
-  const int qt = qt_last - int(blockIdx.x);
+  const int qt = int((v.q1 - 1) / BM) - int(blockIdx.x);
   const int pair = DIFF ? head : head / 2, mine = DIFF ? 0 : head % 2;  // plain: the head's map of its pair
   CtaWork w{qt, pair, 0, view_head_map(true, pair, p.heads, p.kv_heads)};
   if (!DIFF) {
@@ -951,66 +965,77 @@ __global__ void __launch_bounds__(THREADS_S) attn_map_view_kernel(const AttnPara
     const ViewHeadMap b = view_head_map(false, 2 * pair + 1, p.heads, p.kv_heads);
     w.heads = ViewHeadMap{{a.q[0], b.q[0]}, {a.k[0], b.k[0]}, {a.v[0], b.v[0]}};
   }
-  (void)qt_first;
-  const int kt_lo = int(v.k0 / BN);
+  const int kt_lo = int(v.k0 / BN), kt_hi = int((v.k1 - 1) / BN);
   const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? v.lambda : 0.f;
   const int64_t Er = v.q1 - v.q0, Ec = v.k1 - v.k0;
+  const int64_t rowb = int64_t(qt) * BM + wrow;  // the warp's first row
+  const int rc[2] = {block_of_8(rowb, v.q0, v.q1, v.rows), block_of_8(rowb + 8, v.q0, v.q1, v.rows)};
+  const bool merged = rc[0] >= 0 && rc[0] == rc[1];  // all 16 rows in one grid row
+  float* const g2m = DIFF ? g2 : nullptr;
   float mabs[2][2];
-  two_pass_rows<D>(p, w, kt_lo, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
-    if (k0 >= v.k1) return;  // left of... right of the rectangle's columns (causal tiles only reach the diagonal)
+  two_pass_rows<D>(p, w, kt_lo, kt_hi, smem, mabs,
+                   [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+    // entry e (= 2 r + c) of n-tile nt of this lane: A1, A2 (0 for plain heads) and D
+    auto probs = [&](int nt, int e, float& x1, float& x2, float& xd) {
+      const int r = e >> 1, col = nt * 8 + 2 * t4 + (e & 1);
+      const bool causal = !diag || col <= wrow + g4 + 8 * r;
+      float a[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t rowb = int64_t(w.qt) * BM + wrow + 8 * r;  // first of the 8 rows of lanes g4 = 0..7
-      const int64_t row = rowb + g4;
-      const bool rows_in = rowb >= v.q0 && rowb + 7 < v.q1 &&
-                           view_block(rowb - v.q0, Er, v.rows) == view_block(rowb + 7 - v.q0, Er, v.rows);
+      for (int m = 0; m < 2; ++m) a[m] = causal ? ex2_ftz(fmaf(s[m][nt][e], sl2, -rn.m[m][r])) * rn.inv_l[m][r] : 0.f;
+      x1 = DIFF ? a[0] : a[mine];
+      x2 = DIFF ? a[1] : 0.f;
+      xd = x1 - lam * x2;
+    };
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {  // row groups: both 8-row halves at once when merged, else each half
+      if (merged && g == 1) break;
+      const int grow = merged ? rc[0] : rc[g];
+      float x1 = 0.f, x2 = 0.f, xd = 0.f;
+      int run = -1;  // the grid column being folded (warp-uniform)
+      auto flush = [&] {
+        if (run < 0) return;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          x1 = pool_op(x1, __shfl_xor_sync(0xffffffffu, x1, o), v.mean, false);
+          x2 = pool_op(x2, __shfl_xor_sync(0xffffffffu, x2, o), v.mean, false);
+          xd = pool_op(xd, __shfl_xor_sync(0xffffffffu, xd, o), v.mean, true);
+        }
+        if (lane == 0) pool_into(g1, g2m, gd, int64_t(grow) * v.cols + run, x1, x2, xd, v.mean);
+        x1 = x2 = xd = 0.f;
+        run = -1;
+      };
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
-        const int64_t colb = k0 + nt * 8;
-        const bool cols_in = colb >= v.k0 && colb + 7 < v.k1 &&
-                             view_block(colb - v.k0, Ec, v.cols) == view_block(colb + 7 - v.k0, Ec, v.cols);
-        float x1 = 0.f, x2 = 0.f, xd = 0.f;  // this lane's two columns, pooled
-        float e1[2], e2[2], ed[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int e = 2 * r + c, col = nt * 8 + 2 * t4 + c;
-          const bool causal = !diag || col <= wrow + g4 + 8 * r;
-          float a[2];
-#pragma unroll
-          for (int m = 0; m < 2; ++m)
-            a[m] = causal ? ex2_ftz(fmaf(s[m][nt][e], sl2, -rn.m[m][r])) * rn.inv_l[m][r] : 0.f;
-          e1[c] = DIFF ? a[0] : a[mine];
-          e2[c] = DIFF ? a[1] : 0.f;
-          ed[c] = e1[c] - lam * e2[c];
-        }
-        if (rows_in && cols_in) {  // warp-uniform: one grid cell holds the whole 8 x 8 block
-          x1 = pool_op(e1[0], e1[1], v.mean, false);
-          x2 = pool_op(e2[0], e2[1], v.mean, false);
-          xd = pool_op(ed[0], ed[1], v.mean, true);
-#pragma unroll
-          for (int o = 1; o < 32; o <<= 1) {
-            x1 = pool_op(x1, __shfl_xor_sync(0xffffffffu, x1, o), v.mean, false);
-            x2 = pool_op(x2, __shfl_xor_sync(0xffffffffu, x2, o), v.mean, false);
-            xd = pool_op(xd, __shfl_xor_sync(0xffffffffu, xd, o), v.mean, true);
+        const int64_t colb = int64_t(k0) + nt * 8;
+        const int gcol = grow >= 0 ? block_of_8(colb, v.k0, v.k1, v.cols) : -1;
+        if (gcol >= 0) {
+          if (gcol != run) {
+            flush();
+            run = gcol;
           }
-          if (lane == 0) {
-            const int64_t cell = int64_t(view_block(rowb - v.q0, Er, v.rows)) * v.cols + view_block(colb - v.k0, Ec, v.cols);
-            pool_into(g1 + cell, x1, v.mean, false);
-            if (DIFF) pool_into(g2 + cell, x2, v.mean, false);
-            pool_into(gd + cell, xd, v.mean, true);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (!merged && (e >> 1) != g) continue;
+            float y1, y2, yd;
+            probs(nt, e, y1, y2, yd);
+            x1 = pool_op(x1, y1, v.mean, false);
+            x2 = pool_op(x2, y2, v.mean, false);
+            xd = pool_op(xd, yd, v.mean, true);
           }
           continue;
         }
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t col = colb + 2 * t4 + c;
+        for (int e = 0; e < 4; ++e) {  // one entry at a time
+          if (!merged && (e >> 1) != g) continue;
+          const int64_t row = rowb + g4 + 8 * (e >> 1), col = colb + 2 * t4 + (e & 1);
           if (row < v.q0 || row >= v.q1 || row >= p.n || col < v.k0 || col >= v.k1) continue;
-          const int64_t cell = int64_t(view_block(row - v.q0, Er, v.rows)) * v.cols + view_block(col - v.k0, Ec, v.cols);
-          pool_into(g1 + cell, e1[c], v.mean, false);
-          if (DIFF) pool_into(g2 + cell, e2[c], v.mean, false);
-          pool_into(gd + cell, ed[c], v.mean, true);
+          float y1, y2, yd;
+          probs(nt, e, y1, y2, yd);
+          pool_into(g1, g2m, gd, int64_t(view_block(row - v.q0, Er, v.rows)) * v.cols + view_block(col - v.k0, Ec, v.cols),
+                    y1, y2, yd, v.mean);
         }
       }
+      flush();
     }
   });
 }

@@ -1,6 +1,7 @@
-// Warp-wide reductions by butterfly shuffles (every lane of the full warp gets the result), and the atomic of the
+// Warp-wide reductions by butterfly shuffles (every lane of the full warp gets the result), and the key of the
 // signed max-pool.
 #pragma once
+#include <cstring>
 
 namespace ds::kern {
 
@@ -20,18 +21,19 @@ __device__ __forceinline__ float warp_min(float v) {
   return v;
 }
 
-// *at = v when |v| > |*at| (on a tie the larger value wins): the max-pool of a signed map keeps the entry of
-// largest magnitude with its sign.
-__device__ __forceinline__ void atomic_max_abs(float* at, float v) {
-  unsigned* a = reinterpret_cast<unsigned*>(at);
-  unsigned old = *a;
-  while (true) {
-    const float cur = __uint_as_float(old);
-    if (!(fabsf(v) > fabsf(cur) || (fabsf(v) == fabsf(cur) && v > cur))) return;
-    const unsigned seen = atomicCAS(a, old, __float_as_uint(v));
-    if (seen == old) return;
-    old = seen;
-  }
+// The signed max-pool keeps the entry of largest magnitude with its sign (on a tie, the positive one). As unsigned
+// integers the keys (|v|'s bits << 1) | (v >= 0) order entries that way, so the pool is one atomicMax, a
+// fire-and-forget reduction with no compare-and-swap loop; max_abs_value decodes a key (0, a zeroed cell, is 0).
+__host__ __device__ __forceinline__ unsigned max_abs_key(float v) {
+  unsigned b;
+  memcpy(&b, &v, 4);
+  return ((b & 0x7fffffffu) << 1) | ((b >> 31) ^ 1u);
+}
+__host__ __device__ __forceinline__ float max_abs_value(unsigned key) {
+  const unsigned mag = key >> 1, b = mag == 0 ? 0u : mag | ((key & 1u) ? 0u : 0x80000000u);
+  float v;
+  memcpy(&v, &b, 4);
+  return v;
 }
 
 }  // namespace ds::kern
