@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "kernels/attn_fwd_generic.h"
 #include "kernels/attn_maps.h"
@@ -826,14 +827,14 @@ kern::AttnParams CudaBackend::layer_params(int layer) const {
                      last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
 }
 
-// The view is pooled on the device (the fused two-pass kernel, or the map kernels in chunks): only the grid
-// comes back.
+// The view is pooled on the device (the fused two-pass kernel, or the map kernels in chunks) and finished there
+// (means, decoded signed maxima): only the grid comes back.
 void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   const DeviceGuard on(device_);
   if (!has_run_) throw Error("no maps: run a prompt first");
   const int L = int(cfg_.layers), Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
   const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
-  prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out);
+  prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out, /*zero=*/false);
   const kern::AttnParams p = layer_params(out.layer);
   const size_t cells = size_t(out.rows) * size_t(out.cols);
   if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
@@ -842,12 +843,10 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   float* gd = g2 + cells;
   DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
   const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
-  // The fused kernel has one CTA per 64 query rows of the rectangle and folds 8 x 8 blocks over the warp only when a
-  // grid cell holds them: measured on an H100 (1024 x 1024 grid, bench/results/latest/s14_views_*), it beats the
-  // chunked map kernels at 32K rows (33 vs 68 ms) but not at 4K (16 vs 3.4 ms) or 8K (10 vs 5.8 ms).
-  const bool fused = fused_map_queries(p) && out.q1 - out.q0 >= 16384 && out.q1 - out.q0 >= 8 * int64_t(out.rows) &&
-                     out.k1 - out.k0 >= 8 * int64_t(out.cols);
-  if (fused) {
+  // The fused kernel where cells are at least 8 rows tall (its warps fold runs of entries in registers); smaller
+  // cells favour the chunked map kernels (H100, 1024 x 1024 grid, bench/results/latest/s15_views_*: 1.6 vs 1.9 ms
+  // at 1K tokens, 2.1 vs 2.5 ms at 4K; 4.8 vs 3.4 ms at 8K, 68 vs 6.9 ms at 32K).
+  if (fused_views_ && fused_map_queries(p) && out.q1 - out.q0 >= 8 * int64_t(out.rows)) {
     timed("attn_view", out.layer, [&] {
       DS_CUDA_CHECK(kern::launch_attn_map_view(p, va, out.head, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
     });
@@ -868,11 +867,63 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
       });
     }
   }
-  DS_CUDA_CHECK(cudaMemcpyAsync(out.a1.data(), g1, cells * 4, cudaMemcpyDeviceToHost, stream()));
-  if (nmaps == 2) DS_CUDA_CHECK(cudaMemcpyAsync(out.a2.data(), g2, cells * 4, cudaMemcpyDeviceToHost, stream()));
-  DS_CUDA_CHECK(cudaMemcpyAsync(out.diff.data(), gd, cells * 4, cudaMemcpyDeviceToHost, stream()));
-  sync();
-  view_finish(out);
+  DS_CUDA_CHECK(kern::launch_attn_view_finish(va, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
+  if (nmaps == 2) {
+    copy_to_host({{out.a1.data(), g1, cells * 4}, {out.a2.data(), g2, cells * 4}, {out.diff.data(), gd, cells * 4}});
+  } else {
+    copy_to_host({{out.a1.data(), g1, cells * 4}, {out.diff.data(), gd, cells * 4}});
+  }
+}
+
+// Device -> pageable host memory. cudaMemcpy to pageable memory stages through the driver's buffers at a fraction
+// of the link's speed, and one thread's memcpy out of pinned memory is slower than the link: every piece (<= 1 MB)
+// is copied into pinned staging at once, each with an event, and up to 4 threads move the pieces into place as
+// they land. Rounds of at most 64 MB.
+void CudaBackend::copy_to_host(std::initializer_list<HostCopy> copies) {
+  constexpr size_t kPiece = size_t(1) << 20, kRound = size_t(64) << 20;
+  struct Piece {
+    char* dst;
+    const char* src;
+    size_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const HostCopy& c : copies)
+    for (size_t o = 0; o < c.bytes; o += kPiece)
+      pieces.push_back({static_cast<char*>(c.dst) + o, static_cast<const char*>(c.src) + o, std::min(kPiece, c.bytes - o)});
+  for (size_t first = 0; first < pieces.size();) {
+    size_t last = first, staged = 0;
+    while (last < pieces.size() && staged + pieces[last].bytes <= kRound) staged += pieces[last++].bytes;
+    if (host_stage_.bytes() < staged) host_stage_ = PinnedBuffer(staged);
+    while (stage_ev_.size() < last - first) stage_ev_.emplace_back();
+    std::vector<char*> at(last - first);
+    size_t off = 0;
+    for (size_t i = first; i < last; ++i) {
+      at[i - first] = host_stage_.as<char>() + off;
+      off += pieces[i].bytes;
+      DS_CUDA_CHECK(cudaMemcpyAsync(at[i - first], pieces[i].src, pieces[i].bytes, cudaMemcpyDeviceToHost, stream()));
+      DS_CUDA_CHECK(cudaEventRecord(stage_ev_[i - first].get(), stream()));
+    }
+    const size_t count = last - first, workers = std::min<size_t>(4, count);
+    std::vector<std::string> errors(workers);
+    auto work = [&](size_t w) {
+      try {
+        for (size_t i = w; i < count; i += workers) {
+          DS_CUDA_CHECK(cudaEventSynchronize(stage_ev_[i].get()));
+          std::memcpy(pieces[first + i].dst, at[i], pieces[first + i].bytes);
+        }
+      } catch (const std::exception& e) {
+        errors[w] = e.what();
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      for (size_t w = 1; w < workers; ++w) threads.emplace_back(work, w);
+      work(0);
+    }  // joined
+    for (const std::string& e : errors)
+      if (!e.empty()) throw Error(e);
+    first = last;
+  }
 }
 
 // One launch pair per position, every head at once; each row comes back whole (heads x maps x n floats).
@@ -895,12 +946,10 @@ void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, Map
       DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, q, 1, buf, map_stats_.as<float>(), stream()));
     });
     for (int64_t h = 0; h < Hv; ++h)
-      for (int m = 0; m < nmaps; ++m) {
+      for (int m = 0; m < nmaps; ++m) {  // synchronous: buf is reused by the next position
         float* dst = (m == 0 ? out.a1.data() : out.a2.data()) + (size_t(h) * P + i) * size_t(n);
-        DS_CUDA_CHECK(cudaMemcpyAsync(dst, buf + (size_t(h) * nmaps + size_t(m)) * size_t(n), size_t(n) * 4,
-                                      cudaMemcpyDeviceToHost, stream()));
+        copy_to_host({{dst, buf + (size_t(h) * nmaps + size_t(m)) * size_t(n), size_t(n) * 4}});
       }
-    sync();  // buf is reused by the next position
   }
 }
 

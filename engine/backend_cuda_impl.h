@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <compare>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -137,6 +138,9 @@ class CudaBackend final : public Backend {
   // Overrides for tests and benchmarks (the environment's DS_ATTN_* are read once, at construction).
   void set_attn_options(const kern::AttnOptions& o) { attn_opt_ = o; }
   const kern::AttnDevice& attn_device() const { return attn_dev_; }
+  // Views pool with the fused two-pass kernel where it runs (default); false: the map kernels in chunks (tests and
+  // benchmarks compare the two).
+  void set_fused_views(bool on) { fused_views_ = on; }
   const ModelConfig& config() const { return cfg_; }
   size_t weight_bytes() const { return weight_bytes_; }
   const std::string& device_name() const { return device_name_; }
@@ -158,6 +162,12 @@ class CudaBackend final : public Backend {
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
   bool fused_map_queries(const kern::AttnParams& p) const;
+  struct HostCopy {
+    void* dst;  // pageable host memory
+    const void* src;
+    size_t bytes;
+  };
+  void copy_to_host(std::initializer_list<HostCopy> copies);  // synchronous, through host_stage_
   // Runs g inside the profiler mark `name` (none when null). The shape's plan is made first, outside the mark:
   // the first call with a new shape times the candidates there (DS_GEMM_AUTOTUNE=0: heuristic's first choice).
   void gemm(const char* name, int layer, const GemmArgs& g);
@@ -189,6 +199,9 @@ class CudaBackend final : public Backend {
   DeviceBuffer logits_;       // [rows, vocab] f32
   DeviceBuffer xf_;           // [rows, E] bf16, final-normed rows for the lm_head
   DeviceBuffer map_buf_, map_stats_, view_buf_;
+  bool fused_views_ = true;
+  PinnedBuffer host_stage_;           // copy_to_host's staging (up to 64 MB)
+  std::vector<CudaEvent> stage_ev_;
   DeviceBuffer stats_sum_;    // [view heads][MAP_NSTAT] f64: head_stats' device reduction
   DeviceBuffer head_ns_;      // [L][view heads] u64
   // last run

@@ -8,7 +8,7 @@
 namespace ds {
 
 void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
-                  MapView& out) {
+                  MapView& out, bool zero) {
   if (n <= 0) throw Error("no maps: run a prompt first");
   if (req.layer < 0 || req.layer >= layers)
     throw Error("layer " + std::to_string(req.layer) + " does not exist (the model has " + std::to_string(layers) +
@@ -33,9 +33,14 @@ void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool
   out.differential = differential;
   out.lambda = differential ? lambda : 0.f;
   const size_t cells = size_t(out.rows) * size_t(out.cols);
-  out.a1.assign(cells, 0.f);
-  out.a2.assign(differential ? cells : 0, 0.f);
-  out.diff.assign(cells, 0.f);
+  for (std::vector<float>* g : {&out.a1, &out.a2, &out.diff}) {
+    const size_t want = g == &out.a2 && !differential ? 0 : cells;
+    if (zero) {
+      g->assign(want, 0.f);
+    } else {
+      g->resize(want);  // a backend that writes every cell: no pass over a grid kept from the previous view
+    }
+  }
 }
 
 void view_add_row(MapView& v, int64_t q, const float* a1, const float* a2) {

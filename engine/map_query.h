@@ -43,9 +43,9 @@ struct MapView {
 };
 
 // Checks `req` against a layer count, a view-head count and n, and fills the clamped rectangle and capped grid of
-// `out` (its vectors sized and zeroed). Throws ds::Error with a one-line reason.
+// `out` (its vectors sized, and zeroed unless `zero` is false). Throws ds::Error with a one-line reason.
 void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
-                  MapView& out);
+                  MapView& out, bool zero = true);
 
 // Block arithmetic of the grid, shared with the device code.
 using kern::view_block;

@@ -241,19 +241,27 @@ TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
     }
     std::vector<float> lam;
     for (int l = 0; l < c.layers; ++l) lam.push_back(float(gpu->effective_lambda(l)));
-    dstest::expect_queries_match_maps(gpu->backend(), c, lam, 1e-5, std::string(name) + " (CUDA)");
     const double tol = c.layers && dstest::fixture(name).find("f32") != std::string::npos ? kMapsAbsF32 : kMapsAbsBf16;
+    for (bool fused : {true, false}) {  // views by the fused two-pass kernel (where it runs) and by the map kernels
+      ds::cuda::as_cuda(gpu->backend()).set_fused_views(fused);
+      const std::string what = std::string(name) + (fused ? " (CUDA, fused views)" : " (CUDA, chunked views)");
+      dstest::expect_queries_match_maps(gpu->backend(), c, lam, 1e-5, what);
+      for (int l = 0; l < c.layers; ++l)
+        for (ds::Pool pool : {ds::Pool::Mean, ds::Pool::Max}) {
+          ds::ViewRequest q;
+          q.layer = l, q.rows = 7, q.cols = 5, q.pool = pool;
+          ds::MapView a, b;
+          gpu->backend().map_view(q, a);
+          cpu->backend().map_view(q, b);
+          ASSERT_EQ(a.a1.size(), b.a1.size());
+          for (size_t i = 0; i < a.a1.size(); ++i) {
+            EXPECT_NEAR(a.a1[i], b.a1[i], tol) << what << " layer " << l;
+            EXPECT_NEAR(a.diff[i], b.diff[i], tol * (1 + std::fabs(a.lambda))) << what << " layer " << l;
+          }
+        }
+    }
+    ds::cuda::as_cuda(gpu->backend()).set_fused_views(true);
     for (int l = 0; l < c.layers; ++l) {
-      ds::ViewRequest q;
-      q.layer = l, q.rows = 7, q.cols = 5, q.pool = ds::Pool::Mean;
-      ds::MapView a, b;
-      gpu->backend().map_view(q, a);
-      cpu->backend().map_view(q, b);
-      ASSERT_EQ(a.a1.size(), b.a1.size());
-      for (size_t i = 0; i < a.a1.size(); ++i) {
-        EXPECT_NEAR(a.a1[i], b.a1[i], tol) << name << " layer " << l;
-        EXPECT_NEAR(a.diff[i], b.diff[i], tol * (1 + std::fabs(a.lambda))) << name << " layer " << l;
-      }
       const std::vector<ds::HeadStats> sa = gpu->backend().head_stats(l), sb = cpu->backend().head_stats(l);
       for (size_t h = 0; h < sa.size(); ++h) {
         EXPECT_NEAR(sa[h].max_logit1, sb[h].max_logit1, 2e-2 * (1 + std::fabs(sb[h].max_logit1))) << name;
