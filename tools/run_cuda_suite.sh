@@ -7,7 +7,9 @@
 #                                             plus the non-system shared libraries into .dev/cuda_suite.tar.xz
 #   tools/run_cuda_suite.sh [STAGE...]        (on the GPU machine, repo root) stages: env tests sanitize sass bench
 #                                             peers compare soak; default: all. Results and logs go to $OUT.
-#                                             Not in the default: peers_attn (FD1/FD2 at d = 128 and 64), ncu,
+#                                             Not in the default: views and peers_views (long prompts through the
+#                                             map queries, and their transformers peers), peers_attn (FD1/FD2 at
+#                                             d = 128 and 64), ncu,
 #                                             bench_noautotune, and bench_prev (the attention benchmark of the
 #                                             binary packed from PREV_COMMIT, alternating with this one).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
@@ -282,13 +284,24 @@ if has sanitize; then
   export DS_CUDA_TEST_SMALL=1
   timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied:Fixtures/FixtureCuda.MatchesTransformers/llama_gqa_d32_f32" >"$OUT/sanitize.log" 2>&1
   log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
   DS_CUDA_INITCHECK_MARK_GEMM=1 timeout 200 "$CS" --tool initcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied" >>"$OUT/sanitize.log" 2>&1
   log "initcheck (GEMM outputs pre-zeroed: cuBLAS's stores are invisible to it) exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "synccheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
   unset DS_CUDA_TEST_SMALL
+fi
+
+if has views; then
+  log "## views: long prompts through the map queries (kajuma shape, 1K .. 128K tokens)"
+  timeout 400 "$DS/bin/diffscope-bench" --backend cuda --only views --json "$OUT/views.json" >"$OUT/views.log" 2>&1
+  log "views exit $?"; tail -8 "$OUT/views.log" | tee -a "$SUMMARY"
+fi
+if has peers_views; then
+  log "## transformers peers of the views (eager output_attentions, sdpa logits)"
+  timeout 300 python3 bench/peers/peer_views.py "$OUT/peer_views.json" >"$OUT/peer_views.log" 2>&1
+  log "peer_views exit $?"; tail -10 "$OUT/peer_views.log" | tee -a "$SUMMARY"
 fi
 
 if has soak; then

@@ -247,7 +247,8 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
 // Long prompts through the map queries (engine/map_query.h): for each length, the forward, a 1024 x 1024 max-pooled
 // view of one head of the middle layer (three maps), every layer's statistics, and a lambda change of the middle
 // layer followed by next-token probabilities, the view and that layer's statistics; the process's peak RSS after
-// each length (nothing n x n reaches the host, so it must not grow like n^2).
+// each length (nothing n x n reaches the host, so it must not grow like n^2). Up to 32K, the view is also timed on
+// the chunked path (head_view_chunked_ms) that GPUs without the fused kernel take.
 json bench_views(CudaBackend& b, int repeat) {
   const ModelConfig& c = b.config();
   const int L = int(c.layers), mid = L / 2;
@@ -287,6 +288,12 @@ json bench_views(CudaBackend& b, int repeat) {
     MapView view;
     b.map_view(vq, view);  // warm-up
     row["head_view_ms"] = ms_of([&] { b.map_view(vq, view); }, reps);
+    if (n <= 32768) {  // the other path: probability rows from the map kernels in chunks, pooled
+      b.set_fused_views(false);
+      b.map_view(vq, view);
+      row["head_view_chunked_ms"] = ms_of([&] { b.map_view(vq, view); }, reps);
+      b.set_fused_views(true);
+    }
     // Statistics of every layer: skipped where the previous length predicts more than a minute.
     const double predicted = stats_ms_per_n2 * double(n) * double(n);
     if (predicted < 60e3) {
