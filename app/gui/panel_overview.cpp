@@ -122,18 +122,25 @@ void draw_overview_panel(AppState& st) {
   }
   const Overview& r = *s.overview;
   const int L = int(r.layers.size()), H = int(cfg.view_heads());
-  const bool maps = overview_mode_is_map(st.ov_mode);
+  // A map mode without thumbnails (a long prompt) shows the entropy statistic of the same map instead of an empty grid.
+  const auto has_thumbs = [](const LayerSummary& l) { return !l.thumbs.empty(); };
+  const bool thumbs = std::any_of(r.layers.begin(), r.layers.end(), has_thumbs);
+  OverviewMode shown = st.ov_mode;
+  if (overview_mode_is_map(shown) && !thumbs)
+    shown = shown == OverviewMode::A2 ? OverviewMode::EntropyA2
+            : shown == OverviewMode::Diff && cfg.is_diff() ? OverviewMode::EntropyDiff : OverviewMode::EntropyA1;
+  const bool maps = overview_mode_is_map(shown);
   if (maps)
     rebuild_atlas(st, r, H);
 
   // Statistic range (shared by all cells).
   ColorScale sc;
-  const bool signed_stat = st.ov_mode == OverviewMode::FirstDiff;
+  const bool signed_stat = shown == OverviewMode::FirstDiff;
   if (!maps) {
     float lo = INFINITY, hi = -INFINITY;
     for (const auto& l : r.layers)
       for (const auto& h : l.heads) {
-        const float v = stat_of(h, st.ov_mode);
+        const float v = stat_of(h, shown);
         if (std::isfinite(v))
           lo = std::min(lo, v), hi = std::max(hi, v);
       }
@@ -149,7 +156,7 @@ void draw_overview_panel(AppState& st) {
     }
   }
   const Colormap cm =
-      (st.ov_mode == OverviewMode::Diff || signed_stat) ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap);
+      (shown == OverviewMode::Diff || signed_stat) ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap);
 
   const float lh = ImGui::GetTextLineHeight();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
@@ -192,7 +199,7 @@ void draw_overview_panel(AppState& st) {
       } else if (maps) {
         dl->AddRectFilled(p0, p1, tc.masked);
       } else {
-        const float v = stat_of(ls.heads[h], st.ov_mode);
+        const float v = stat_of(ls.heads[h], shown);
         dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(cm, sc.to_t(v)) : tc.masked);
         if (cell >= 44 && std::isfinite(v)) {
           const std::string t = fmt_value(v);

@@ -282,7 +282,7 @@ void Worker::summarize(const Request& r) {
   const int64_t n = int64_t(session_->ids().size());
   const bool thumbs = n <= k_thumb_max_tokens;
   ov_->n = n;
-  ov_->note = thumbs ? "" : "no thumbnails above " + std::to_string(k_thumb_max_tokens) + " tokens: colour by a statistic";
+  ov_->note = thumbs ? "" : "no thumbnails above " + std::to_string(k_thumb_max_tokens) + " tokens: map modes show the map's entropy";
   // The selected layer first, so that its row of the grid fills at once.
   std::vector<int> order{std::clamp(r.layer, 0, L - 1)};
   for (int l = 0; l < L; ++l)
