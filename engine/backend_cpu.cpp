@@ -44,7 +44,26 @@ struct LayerW {
   std::vector<float> ln1, ln2;        // [D]
   std::vector<float> wq, wk, wv, wo;  // [H*d, D] [Hkv*d, D] [Hkv*d, D] [D, H*d]
   std::vector<float> gate, up, down;  // [I, D] [I, D] [D, I]
+  std::vector<float> act;             // PolyNorm: w0, w1, w2, b
 };
+
+// PolyNorm (arch.h) of each row of g [n, I], in place: w0 N(g^3) + w1 N(g^2) + w2 N(g) + b.
+void polynorm(float* g, int64_t n, int64_t I, const float* wb, double eps) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* x = g + r * I;
+    double s2 = 0, s4 = 0, s6 = 0;
+    for (int64_t c = 0; c < I; ++c) {
+      const double v = x[c], v2 = v * v;
+      s2 += v2, s4 += v2 * v2, s6 += v2 * v2 * v2;
+    }
+    const double f1 = wb[2] / std::sqrt(s2 / double(I) + eps), f2 = wb[1] / std::sqrt(s4 / double(I) + eps),
+                 f3 = wb[0] / std::sqrt(s6 / double(I) + eps);
+    for (int64_t c = 0; c < I; ++c) {
+      const double v = x[c];
+      x[c] = float(f3 * v * v * v + f2 * v * v + f1 * v + wb[3]);
+    }
+  }
+}
 
 // y[m, n] = x[m, k] * W[n, k]^T  (a torch Linear)
 void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
@@ -122,10 +141,17 @@ class CpuBackend final : public Backend {
       LayerW& w = layers_[l];
       conv(t.ln1, w.ln1);
       conv(t.ln2, w.ln2);
-      conv(t.wq, w.wq);
-      conv(t.wk, w.wk);
-      conv(t.wv, w.wv);
-      conv(t.wo, w.wo);
+      for (auto [which, dst] : {std::pair{LayerWeight::Q, &w.wq}, std::pair{LayerWeight::K, &w.wk},
+                                std::pair{LayerWeight::V, &w.wv}, std::pair{LayerWeight::O, &w.wo}}) {
+        const TensorInfo* ti = m.layer_tensor(int64_t(l), which);
+        *dst = m.layer_weight_f32(int64_t(l), which);  // the family's layout (arch.h)
+        done += ti->nbytes;
+        if (progress) progress(total ? double(done) / double(total) : 1.0, ti->name);
+      }
+      if (t.act_w) {
+        w.act = tensor_to_f32(*t.act_w);
+        w.act.push_back(tensor_to_f32(*t.act_b).at(0));
+      }
       conv(t.gate, w.gate);
       conv(t.up, w.up);
       conv(t.down, w.down);
@@ -378,7 +404,7 @@ class CpuBackend final : public Backend {
     std::vector<float> P1(static_cast<size_t>(n * n)), P2(diff ? size_t(n * n) : 0), Vh(size_t(n * vw)), O1(size_t(n * vw)),
         O2(diff ? size_t(n * vw) : 0);
     const float scale = float(1.0 / std::sqrt(double(d)));
-    const double lam_init = kern::lambda_init(l);
+    const double lam_init = cfg_.lambda_init(l);
     auto ta = Clock::now();
     for (int64_t j = 0; j < Hv; ++j) {
       auto th = Clock::now();
@@ -413,8 +439,8 @@ class CpuBackend final : public Backend {
           dst[i] = o1[i] - lam * o2[i];
           ss += double(dst[i]) * dst[i];
         }
-        // inner RMS norm over 2d (no weight), then the fixed (1 - lambda_init)
-        const float r = float(1.0 / std::sqrt(ss / double(vw) + cfg_.rms_eps));
+        // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
+        const float r = float(1.0 / std::sqrt(ss / double(vw) + cfg_.subln_eps));
         const float f = float(1.0 - lam_init);
         for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * r);
       }
@@ -460,7 +486,12 @@ class CpuBackend final : public Backend {
     std::vector<float> g(static_cast<size_t>(n * I)), u(size_t(n * I));
     linear(h.data(), w.gate.data(), g.data(), n, I, D);
     linear(h.data(), w.up.data(), u.data(), n, I, D);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
+    if (cfg_.spec().mlp == MlpAct::PolyNorm) {
+      polynorm(g.data(), n, I, w.act.data(), cfg_.spec().act_eps);
+      for (size_t i = 0; i < g.size(); ++i) g[i] *= u[i];
+    } else {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
+    }
     std::vector<float> o(static_cast<size_t>(n * D));
     linear(g.data(), w.down.data(), o.data(), n, D, I);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];

@@ -17,6 +17,8 @@ int64_t ModelConfig::params() const {
   const int64_t d = head_dim;
   int64_t per_layer = hidden * heads * d * 2 + hidden * kv_heads * d * 2 + 3 * hidden * intermediate + 2 * hidden;
   if (is_diff()) per_layer += 4 * d;
+  if (spec().subln_weight) per_layer += 2 * d;
+  if (spec().mlp == MlpAct::PolyNorm) per_layer += 4;
   int64_t p = layers * per_layer + vocab * hidden + hidden;
   if (!tie_embeddings) p += vocab * hidden;
   return p;
@@ -117,15 +119,12 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
       j["architectures"][0].is_string())
     arch_name = j["architectures"][0].get<std::string>();
   c.model_type = get_string(j, "model_type");
-  if (arch_name == "DiffLlamaForCausalLM" || (arch_name.empty() && c.model_type == "diffllama")) {
-    c.arch = Arch::DiffLlama;
-  } else if (arch_name == "LlamaForCausalLM" || (arch_name.empty() && c.model_type == "llama")) {
-    c.arch = Arch::Llama;
-  } else {
+  const ArchSpec* spec = find_arch(arch_name, c.model_type);
+  if (!spec) {
     const std::string what = !arch_name.empty() ? arch_name : (c.model_type.empty() ? "(none given)" : c.model_type);
-    fail_file(file, "unsupported architecture " + what +
-                        " (diffscope runs DiffLlamaForCausalLM and LlamaForCausalLM)");
+    fail_file(file, "unsupported architecture " + what + " (diffscope runs " + supported_architectures() + ")");
   }
+  c.arch = spec->arch;
   c.hidden = get_int(j, "hidden_size", file, true, 0);
   c.layers = get_int(j, "num_hidden_layers", file, true, 0);
   c.heads = get_int(j, "num_attention_heads", file, true, 0);
@@ -143,16 +142,20 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
     fail_file(file, "num_attention_heads (" + std::to_string(c.heads) + ") is not a multiple of num_key_value_heads (" +
                         std::to_string(c.kv_heads) + ")");
   if (c.is_diff()) {
-    if (c.heads % 2) fail_file(file, "DiffLlama needs an even num_attention_heads (two maps per differential head)");
-    if (c.kv_heads % 2) fail_file(file, "DiffLlama needs an even num_key_value_heads");
+    if (c.heads % 2)
+      fail_file(file, std::string(spec->family) + " needs an even num_attention_heads (two maps per differential head)");
+    if (c.kv_heads % 2) fail_file(file, std::string(spec->family) + " needs an even num_key_value_heads");
   }
   // Products that size buffers: keep them well inside 64 bits (each factor <= 2^24, so two or three are safe).
   if (double(c.heads) * c.head_dim > double(kMaxDim)) fail_file(file, "num_attention_heads x head_dim is too large");
   c.rms_eps = get_num(j, "rms_norm_eps", file, 1e-6);
   if (!(c.rms_eps > 0)) fail_file(file, "rms_norm_eps must be positive");
+  c.subln_eps = get_num(j, spec->subln_eps_key, file, c.rms_eps);
+  if (!(c.subln_eps > 0)) fail_file(file, std::string(spec->subln_eps_key) + " must be positive");
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", file, false);
-  if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != "silu")
-    fail_file(file, "hidden_act '" + j["hidden_act"].get<std::string>() + "' is not supported (only silu)");
+  if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != spec->hidden_act)
+    fail_file(file, "hidden_act '" + j["hidden_act"].get<std::string>() + "' is not supported for " + spec->family +
+                        " (only " + spec->hidden_act + ")");
   if (get_bool(j, "attention_bias", file, false)) fail_file(file, "attention_bias = true is not supported");
   if (get_bool(j, "mlp_bias", file, false)) fail_file(file, "mlp_bias = true is not supported");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"];

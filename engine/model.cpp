@@ -2,6 +2,7 @@
 // implies; inconsistent head counts and unknown layouts are refused before any backend sees the weights.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -13,6 +14,37 @@ namespace fs = std::filesystem;
 namespace ds {
 
 size_t Model::weight_bytes() const { return ckpt ? ckpt->total_bytes() : 0; }
+
+const TensorInfo* Model::layer_tensor(int64_t layer, LayerWeight w) const {
+  const LayerTensors& t = layers.at(size_t(layer));
+  return w == LayerWeight::Q ? t.wq : w == LayerWeight::K ? t.wk : w == LayerWeight::V ? t.wv : t.wo;
+}
+
+bool Model::weight_transformed(LayerWeight w) const {
+  const ArchSpec& s = cfg.spec();
+  return w == LayerWeight::O ? s.subln_weight : s.pairing == Pairing::Interleaved;
+}
+
+std::vector<float> Model::layer_weight_f32(int64_t layer, LayerWeight w) const {
+  const TensorInfo& t = *layer_tensor(layer, w);
+  std::vector<float> x = tensor_to_f32(t);
+  if (!weight_transformed(w)) return x;
+  const int64_t d = cfg.head_dim, cols = t.shape.at(1);
+  if (w == LayerWeight::O) {  // columns j 2d + i of every differential head j scaled by g[i]
+    const std::vector<float> g = tensor_to_f32(*layers.at(size_t(layer)).subln);
+    for (int64_t r = 0; r < t.shape[0]; ++r)
+      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] *= g[size_t(c % (2 * d))];
+    return x;
+  }
+  // Interleaved pairs: head 2i -> i, head 2i + 1 -> heads/2 + i (blocks of d rows).
+  const int64_t heads = t.shape[0] / d, half = heads / 2;
+  std::vector<float> y(x.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t to = (h % 2 == 0 ? h / 2 : half + h / 2);
+    std::copy_n(x.begin() + h * d * cols, d * cols, y.begin() + to * d * cols);
+  }
+  return y;
+}
 
 namespace {
 
@@ -78,16 +110,23 @@ std::unique_ptr<Model> load_model(const std::string& dir_in) {
     t.gate = need(ck, p + "mlp.gate_proj.weight", {I, D});
     t.up = need(ck, p + "mlp.up_proj.weight", {I, D});
     t.down = need(ck, p + "mlp.down_proj.weight", {D, I});
+    const ArchSpec& s = c.spec();
     if (c.is_diff()) {
-      t.lq1 = need(ck, p + "self_attn.lambda_q1", {d});
-      t.lk1 = need(ck, p + "self_attn.lambda_k1", {d});
-      t.lq2 = need(ck, p + "self_attn.lambda_q2", {d});
-      t.lk2 = need(ck, p + "self_attn.lambda_k2", {d});
-      const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + kern::lambda_init(l);
+      t.lq1 = need(ck, p + s.lambda_q1, {d});
+      t.lk1 = need(ck, p + s.lambda_k1, {d});
+      t.lq2 = need(ck, p + s.lambda_q2, {d});
+      t.lk2 = need(ck, p + s.lambda_k2, {d});
+      const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + c.lambda_init(l);
       if (!std::isfinite(lam)) fail_file(t.lq1->file, "layer " + std::to_string(l) + " lambda is not finite");
       m->model_lambda.push_back(lam);
     } else if (ck.find(p + "self_attn.lambda_q1")) {
-      fail_file(ck.path(), "config.json says LlamaForCausalLM but the weights have lambda vectors (a DiffLlama?)");
+      fail_file(ck.path(), std::string("config.json says ") + s.architecture +
+                               " but the weights have lambda vectors (a differential model?)");
+    }
+    if (s.subln_weight) t.subln = need(ck, p + s.subln, {2 * d}, "the sub-layer norm over 2 x head_dim");
+    if (s.mlp == MlpAct::PolyNorm) {
+      t.act_w = need(ck, p + s.act_weight, {3}, "PolyNorm's weights of x^3, x^2, x");
+      t.act_b = need(ck, p + s.act_bias, {1});
     }
     m->layers.push_back(t);
   }

@@ -179,7 +179,27 @@ TEST(CorruptInput, UnknownArchitecture) {
     c["architectures"] = {"MistralForCausalLM"};
     c["model_type"] = "mistral";
   });
-  expect_refused(d, {d + "/config.json", "unsupported architecture MistralForCausalLM"});
+  expect_refused(d, {d + "/config.json", "unsupported architecture MistralForCausalLM",
+                     "DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM"});
+}
+
+// A DiffLlama checkpoint relabelled as Motif: the Motif row's options are checked against the config and the
+// tensors, each with its own one-line reason.
+TEST(CorruptInput, FamilyOptionsAreChecked) {
+  dstest::TempDir t;
+  const std::string d = copy_model(t);
+  edit_config(d, [](json& c) {
+    c["architectures"] = {"MotifForCausalLM"};
+    c["model_type"] = "motif";
+  });  // hidden_act silu
+  expect_refused(d, {d + "/config.json", "hidden_act 'silu' is not supported for Motif (only poly_norm)"});
+  edit_config(d, [](json& c) {
+    c["hidden_act"] = "poly_norm";
+    c["attn_rms_norm_eps"] = -1;
+  });
+  expect_refused(d, {d + "/config.json", "attn_rms_norm_eps must be positive"});
+  edit_config(d, [](json& c) { c["attn_rms_norm_eps"] = 1e-5; });
+  expect_refused(d, {"model.layers.0.self_attn.subln.weight"});  // the tensors a DiffLlama does not have
 }
 
 TEST(CorruptInput, AbsurdConfigValues) {

@@ -1,5 +1,5 @@
-// diffscope-run: run a prompt through a DiffLlama / Llama checkpoint, print the next-token candidates, optionally
-// dump logits, maps and lambdas to a safetensors file. Also a scripted tokenizer (--tokenize-jsonl).
+// diffscope-run: run a prompt through a checkpoint of a family in engine/arch.h, print the next-token candidates,
+// optionally dump logits, maps and lambdas to a safetensors file. Also a scripted tokenizer (--tokenize-jsonl).
 //
 // Exit codes: 0 ok, 2 bad arguments, 3 unusable model or input file (one line on stderr each).
 #include <cmath>
@@ -163,7 +163,8 @@ int run(const Args& a) {
   else s->set_ids(*ids);
   const ds::ModelConfig& c = s->config();
   if (!c.is_diff() && (!a.lambdas.empty() || a.lambda_scale))
-    throw ArgError("--lambda and --lambda-scale apply to DiffLlama models; " + a.model + " is a Llama model");
+    throw ArgError("--lambda and --lambda-scale apply to differential models; " + a.model + " is a " + c.family() +
+                   " model");
   if (a.lambda_scale) s->set_lambda_scale(*a.lambda_scale);
   for (auto [l, v] : a.lambdas) {
     if (l >= c.layers)
@@ -191,7 +192,7 @@ int run(const Args& a) {
     std::cout << j.dump() << '\n';
   } else {
     std::printf("model   %s (%s, %lld layers, %lld %s heads)\nbackend %s\ntokens  %zu   forward %.2f ms\n",
-                a.model.c_str(), c.is_diff() ? "DiffLlama" : "Llama", (long long)c.layers, (long long)c.view_heads(),
+                a.model.c_str(), c.family(), (long long)c.layers, (long long)c.view_heads(),
                 c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
                 s->result().ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());

@@ -171,7 +171,7 @@ nlohmann::json session_json(const AppState& st) {
   const ModelInfo& m = *st.snap->model;
   const ModelConfig& c = m.cfg;
   j["model"] = {{"dir", m.dir},
-                {"arch", c.is_diff() ? "DiffLlama" : "Llama"},
+                {"arch", c.family()},
                 {"model_type", c.model_type},
                 {"layers", c.layers},
                 {"heads", c.heads},

@@ -118,12 +118,14 @@ void draw_lambda_panel(AppState& st) {
     return end_panel();
   const Snapshot& s = *st.snap;
   if (!s.model) {
-    empty_state("Open a DiffLlama model to move its lambda.");
+    empty_state("Open a differential model (DiffLlama, Motif) to move its lambda.");
     return end_panel();
   }
   const ModelInfo& m = *s.model;
   if (!m.cfg.is_diff()) {
-    empty_state("This is a Llama model: one softmax per head, no lambda. Open a DiffLlama checkpoint to compare.");
+    empty_state((std::string("This is a ") + m.cfg.family() +
+                 " model: one softmax per head, no lambda. Open a differential checkpoint to compare.")
+                    .c_str());
     return end_panel();
   }
   const ImVec2 avail = ImGui::GetContentRegionAvail();

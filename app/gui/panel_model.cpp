@@ -102,7 +102,8 @@ void draw_model_panel(AppState& st) {
     if (!s.loading)
       empty_state(
           "No model loaded.\nType a checkpoint folder above and press Open, drop a folder on this window, "
-          "or start `diffscope DIR`.\nA folder holds config.json and model.safetensors (DiffLlama or Llama).");
+          "or start `diffscope DIR`.\nA folder holds config.json and the safetensors weights (DiffLlama, Motif or "
+          "Llama).");
     return end_panel();
   }
   const ModelInfo& m = *s.model;
@@ -127,11 +128,11 @@ void draw_model_panel(AppState& st) {
   ImGui::TableSetupColumn("k");
   ImGui::TableSetupColumn("v", ImGuiTableColumnFlags_WidthStretch);
   if (c.is_diff())
-    std::snprintf(buf, sizeof buf, "DiffLlama, %lld layers x %lld differential heads (%lld q, %lld kv)",
+    std::snprintf(buf, sizeof buf, "%s, %lld layers x %lld differential heads (%lld q, %lld kv)", c.family(),
                   (long long)c.layers, (long long)c.view_heads(), (long long)c.heads, (long long)c.kv_heads);
   else
-    std::snprintf(buf, sizeof buf, "Llama, %lld layers x %lld heads (%lld kv)", (long long)c.layers, (long long)c.heads,
-                  (long long)c.kv_heads);
+    std::snprintf(buf, sizeof buf, "%s, %lld layers x %lld heads (%lld kv)", c.family(), (long long)c.layers,
+                  (long long)c.heads, (long long)c.kv_heads);
   info_row("model", buf);
   std::snprintf(buf, sizeof buf, "%s params, hidden %lld, d %lld, vocab %s", human_count(double(c.params())).c_str(),
                 (long long)c.hidden, (long long)c.head_dim, human_count(double(c.vocab)).c_str());

@@ -1,0 +1,62 @@
+// The model families diffscope opens, as rows of one table. Every family is the same decoder (embedding, L blocks
+// of pre-RMSNorm rotary attention and a gated MLP, final RMSNorm, LM head) plus a few options; a row names its
+// config.json identity, its tensor names, and those options. The config parser, the checkpoint validator, both
+// backends, the GUI's labels, the CLI and export read the row instead of testing for a family.
+//
+// Adding a family: add a row to kArchTable (arch.cpp) and an Arch value; if it needs an op the options below do not
+// describe, add the option here, its CPU code (engine/backend_cpu.cpp), its kernel (kernels/), a float64 reference
+// in tools/ and fixtures in tests/fixtures/ (CONTRIBUTING.md, "A new model family").
+#pragma once
+#include <string>
+#include <vector>
+
+namespace ds {
+
+enum class Arch { DiffLlama, Llama, Motif };
+
+// How a differential checkpoint lays out the two maps' query/key/value heads. Chunked (transformers' DiffLlama):
+// map 1 of differential head j is query head j, map 2 is j + H/2 (keys and values likewise in halves). Interleaved
+// (the unilm Differential Transformer code, Motif): maps 1 and 2 are query heads 2j and 2j + 1. Loaders permute
+// interleaved q/k/v rows into the chunked order (exact: a permutation), so that the kernels see one layout.
+enum class Pairing { None, Chunked, Interleaved };
+
+// The MLP's gate activation: down(act(gate(x)) * up(x)).
+enum class MlpAct {
+  Silu,      // silu(g)
+  PolyNorm,  // w0 N(g^3) + w1 N(g^2) + w2 N(g) + b, N(z) = z / sqrt(mean(z^2) + eps) over the row (Motif)
+};
+
+struct ArchSpec {
+  Arch arch;
+  const char* family;        // label in the GUI, the CLI and exports
+  const char* architecture;  // config.json "architectures"[0]
+  const char* model_type;    // config.json "model_type"
+  bool differential;
+  Pairing pairing;
+  // lambda_init(l) = 0.8 - 0.6 exp(-0.3 (l + lambda_layer_offset)): 0 in the paper and DiffLlama, -1 in Motif.
+  int lambda_layer_offset;
+  // The differential heads' sub-layer RMSNorm over 2d: its eps's config key, and whether it has a learned scale
+  // (a [2d] vector shared by the heads; loaders fold it into o_proj's columns, exact up to rounding).
+  const char* subln_eps_key;
+  bool subln_weight;
+  MlpAct mlp;
+  const char* hidden_act;    // the hidden_act value config.json must carry (or leave out)
+  double act_eps;            // PolyNorm's eps (fixed in the published code, not in config.json)
+  // Tensor names inside model.layers.{l}. (nullptr: the family has none)
+  const char* lambda_q1;
+  const char* lambda_k1;
+  const char* lambda_q2;
+  const char* lambda_k2;
+  const char* subln;         // [2d]
+  const char* act_weight;    // PolyNorm [3]
+  const char* act_bias;      // PolyNorm [1]
+};
+
+const std::vector<ArchSpec>& arch_table();
+const ArchSpec& arch_spec(Arch a);
+// The row whose architecture (or, when config.json names none, whose model_type) matches; nullptr if none.
+const ArchSpec* find_arch(const std::string& architecture, const std::string& model_type);
+// "DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM": for the unsupported-architecture message.
+std::string supported_architectures();
+
+}  // namespace ds
