@@ -26,6 +26,7 @@
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
+#include "kernels/polynorm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -210,11 +211,23 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
     const LayerTensors& t = model.layers[size_t(l)];
     LayerWeights& w = layers_[size_t(l)];
     w.qkv = DeviceBuffer(size_t((H + 2 * Hkv) * d * E) * 2, "weights");
-    up.to_bf16(*t.wq, w.qkv.as<bf16>());
-    up.to_bf16(*t.wk, w.qkv.as<bf16>() + H * d * E);
-    up.to_bf16(*t.wv, w.qkv.as<bf16>() + (H + Hkv) * d * E);
     w.o = DeviceBuffer(size_t(E * H * d) * 2, "weights");
-    up.to_bf16(*t.wo, w.o.as<bf16>());
+    // q/k/v/o in the layout the kernels compute with (arch.h): streamed as stored, or transformed on the host
+    for (auto [which, dst] : {std::pair{LayerWeight::Q, w.qkv.as<bf16>()}, std::pair{LayerWeight::K, w.qkv.as<bf16>() + H * d * E},
+                              std::pair{LayerWeight::V, w.qkv.as<bf16>() + (H + Hkv) * d * E},
+                              std::pair{LayerWeight::O, w.o.as<bf16>()}}) {
+      const TensorInfo& ti = *model.layer_tensor(l, which);
+      if (model.weight_transformed(which)) {
+        up.to_bf16(model.layer_weight_f32(l, which), dst, ti.name);
+      } else {
+        up.to_bf16(ti, dst);
+      }
+    }
+    if (t.act_w) {
+      std::vector<float> wb = tensor_to_f32(*t.act_w);
+      wb.push_back(tensor_to_f32(*t.act_b).at(0));
+      upload_f32(wb, w.act, "weights", stream());
+    }
     w.gate_up = DeviceBuffer(size_t(2 * I * E) * 2, "weights");
     up.to_bf16(*t.gate, w.gate_up.as<bf16>());
     up.to_bf16(*t.up, w.gate_up.as<bf16>() + I * E);
@@ -264,6 +277,7 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
     rnd(w.down, E * I);
     ones(w.ln1, E);
     ones(w.ln2, E);
+    if (c.spec().mlp == MlpAct::PolyNorm) upload_f32({1.f / 3, 1.f / 3, 1.f / 3, 0.f}, w.act, "weights", stream());
   }
   rnd(embed_, c.vocab * E);
   if (c.tie_embeddings) {
@@ -534,7 +548,7 @@ kern::AttnParams attn_params(const ModelConfig& c, const bf16* qkv, int64_t n, i
 
 }  // namespace
 
-void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only) {
+void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only, bool gemms_only) {
   const int64_t T = int64_t(batch) * n, E = cfg_.hidden, W = qkv_width(), I = cfg_.intermediate;
   const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
   const LayerWeights& w = layers_[size_t(l)];
@@ -544,25 +558,26 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   bf16* x = act_.x.as<bf16>();
   const float eps = float(cfg_.rms_eps);
 
-  timed("rmsnorm", l, [&] {
-    DS_CUDA_CHECK(kern::launch_rmsnorm(h_in, E, w.ln1.as<float>(), x, E, T, int(E), eps, stream()));
-  });
+  const auto step = [&](const char* name, auto&& f) {  // a kernel other than a GEMM (run_gemms_only skips them)
+    if (!gemms_only) timed(name, l, f);
+  };
+  step("rmsnorm", [&] { DS_CUDA_CHECK(kern::launch_rmsnorm(h_in, E, w.ln1.as<float>(), x, E, T, int(E), eps, stream())); });
   // Q, K, V leave the GEMM in bf16 (as q/k/v_proj's outputs in a bf16 transformers model), straight into this
   // layer's cache, where RoPE rotates Q and K in place.
   gemm("gemm_qkv", l, {.out_f = W, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
-  timed("rope", l, [&] {
+  step("rope", [&] {
     DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
                                                stream()));
   });
   kern::AttnParams p = attn_params(cfg_, qkv, n, batch, lambda);
-  p.out_scale = float(1.0 - kern::lambda_init(l));
-  p.eps = eps;
+  p.out_scale = float(1.0 - cfg_.lambda_init(l));
+  p.eps = float(cfg_.subln_eps);
   p.out = act_.attn.as<bf16>();
   p.out_row_stride = H * d;
   p.out_batch_stride = n * H * d;
   p.head_ns = profiling_ ? head_ns_.as<unsigned long long>() + size_t(l) * size_t(view_heads()) : nullptr;
   const kern::AttnChoice choice = attn_choice(p);
-  timed(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
+  step(attn_mark_name(choice.impl), [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
   // After attention every row is independent. When only the next-token logits are wanted, the last layer goes on
   // with the last row of each sequence (rows n - 1, 2n - 1, ...: strided GEMM operands); its other rows of
   // hidden[L] are left unwritten and run() remembers that.
@@ -575,14 +590,21 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   gemm("gemm_o", l, {.out_f = E, .tokens = R, .in_f = H * d, .w = w.o.as<bf16>(),
                      .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
                      .c = h_in_r, .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
-  timed("rmsnorm", l, [&] {
+  step("rmsnorm", [&] {
     DS_CUDA_CHECK(kern::launch_rmsnorm(h_out_r, hs, w.ln2.as<float>(), x, E, R, int(E), eps, stream()));
   });
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
   // SwiGLU then reads half the bytes it would read in f32.
   bf16* gu = act_.scratch32.as<bf16>();
   gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-  timed("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
+  if (cfg_.spec().mlp == MlpAct::PolyNorm) {
+    step("polynorm", [&] {
+      DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), act_.act.as<bf16>(),
+                                              R, int(I), stream()));
+    });
+  } else {
+    step("swiglu", [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
+  }
   // scratch32 is dead once SwiGLU has read it: the spare that timing this in-place accumulation writes into.
   gemm("gemm_down", l, {.out_f = E, .tokens = R, .in_f = I, .w = w.down.as<bf16>(), .x = act_.act.as<bf16>(),
                         .y = h_out_r, .y_f32 = true, .beta = 1.f, .ldy = hs, .spare = act_.scratch32.get(),
@@ -647,6 +669,18 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   last_n_ = n;
   last_lambda_ = lam;
   has_run_ = true;
+}
+
+void CudaBackend::run_gemms_only(int batch, int64_t n, bool last_rows_only) {
+  const DeviceGuard on(device_);
+  const int L = int(cfg_.layers);
+  if (!loaded_ || int64_t(batch) * n > act_.cap) throw Error("run_gemms_only: run() this batch and n first");
+  has_run_ = false;  // the activations are overwritten with what the GEMMs make of them: no maps from them
+  marks_.clear();
+  events_used_ = 0;
+  for (int l = 0; l < L; ++l) layer_forward(l, batch, n, 0.f, last_rows_only && l == L - 1, true);
+  gemm("gemm_lm_head", L, {.out_f = cfg_.vocab, .tokens = batch, .in_f = cfg_.hidden, .w = lm_head_ptr_,
+                           .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});
 }
 
 void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {

@@ -40,6 +40,7 @@ using bf16 = __nv_bfloat16;
 struct LayerWeights {
   DeviceBuffer qkv, o, gate_up, down;  // bf16
   DeviceBuffer ln1, ln2;               // f32
+  DeviceBuffer act;                    // f32 {w0, w1, w2, b}: PolyNorm (arch.h)
 };
 
 struct Activations {
@@ -125,6 +126,9 @@ class CudaBackend final : public Backend {
   void run(const int32_t* ids, int batch, int64_t n, const std::vector<float>& lambda, int from_layer,
            bool want_logits, bool last_rows_only = false);
   const float* logits_dev() const { return logits_.as<float>(); }
+  // The GEMMs of run(ids, batch, n, ..., last_rows_only) alone, over the activations a run of that batch and n
+  // left: the floor that a forward with these GEMMs cannot beat (benchmarks). Leaves no maps to query.
+  void run_gemms_only(int batch, int64_t n, bool last_rows_only);
   // After a run() with profiling on (and the stream synchronised): fills profile() from its marks, as forward()
   // does for its own run. The benchmarks use it for batched runs.
   void build_profile(double wall_ms, int64_t tokens, int from_layer, int batch, int64_t n);
@@ -157,7 +161,7 @@ class CudaBackend final : public Backend {
   void reset_model();
   void ensure_activations(int64_t tokens, int64_t n);
   void ensure_logits(int64_t rows);
-  void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false);
+  void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false, bool gemms_only = false);
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
@@ -228,6 +232,8 @@ class WeightUploader {
   WeightUploader(cudaStream_t stream, const ProgressFn& progress, size_t total_bytes);
   // Converts t (F32/F16/BF16/F64) to bf16 at dst (device), numel(t) elements.
   void to_bf16(const TensorInfo& t, bf16* dst);
+  // The same for a host f32 array (a tensor the family's layout transformed: Model::layer_weight_f32).
+  void to_bf16(const std::vector<float>& host, bf16* dst, const std::string& name);
   void finish();
 
  private:

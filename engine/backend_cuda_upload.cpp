@@ -81,6 +81,23 @@ void WeightUploader::to_bf16(const TensorInfo& t, bf16* dst) {
   }
 }
 
+void WeightUploader::to_bf16(const std::vector<float>& host, bf16* dst, const std::string& name) {
+  for (size_t off = 0; off < host.size(); off += kChunk) {
+    const size_t cnt = std::min(kChunk, host.size() - off);
+    DS_CUDA_CHECK(cudaEventSynchronize(free_[cur_].get()));
+    uint16_t* st = stage_[cur_].as<uint16_t>();
+    const float* src = host.data() + off;
+    parallel_for(cnt, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) st[i] = f32_to_bf16(src[i]);
+    });
+    DS_CUDA_CHECK(cudaMemcpyAsync(dst + off, st, cnt * 2, cudaMemcpyHostToDevice, stream_));
+    DS_CUDA_CHECK(cudaEventRecord(free_[cur_].get(), stream_));
+    cur_ ^= 1;
+    done_ += cnt * 2;
+    if (progress_ && total_) progress_(std::min(1.0, double(done_) / double(total_)), "uploading " + name);
+  }
+}
+
 void WeightUploader::finish() { DS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 }  // namespace ds::cuda

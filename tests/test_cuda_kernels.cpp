@@ -32,6 +32,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "kernels/embedding.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/polynorm.h"
 #include "kernels/swiglu.h"
 
 namespace {
@@ -676,7 +677,7 @@ TEST(CudaKernels, RopeMatchesFloat64) {
     }
 }
 
-TEST(CudaKernels, SwigluAndEmbeddingMatchFloat64) {
+TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(21);
   // bf16 gate/up as the GEMM leaves them; 8200 covers a partial block, 36 (not a multiple of 8) the scalar kernel.
@@ -697,6 +698,36 @@ TEST(CudaKernels, SwigluAndEmbeddingMatchFloat64) {
         den += ref * ref;
       }
     EXPECT_LT(std::sqrt(num / den), kBf16Rel) << rows << "x" << inter;
+  }
+
+  // PolyNorm * up (Motif's MLP activation) against float64 rows: the three mean squares over the whole row, then
+  // w0 N(g^3) + w1 N(g^2) + w2 N(g) + b times up; weights away from their init so that a swapped power shows.
+  const float wb_h[4] = {0.7f, -0.45f, 1.3f, 0.2f};
+  DeviceBuffer dwb = to_device(std::vector<float>(wb_h, wb_h + 4));
+  for (auto [rows, inter] : {std::pair{19, 136}, std::pair{3, 8200}, std::pair{5, 36}}) {
+    const std::vector<uint16_t> gu = random_bf16(size_t(rows) * 2 * inter, rng, 3.f);
+    DeviceBuffer dgu = to_device(gu), dout(size_t(rows) * inter * 2, "test");
+    std::vector<uint16_t> poison(size_t(rows) * inter, kBf16NaN);
+    DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(ds::kern::launch_polynorm_mul(dgu.as<bf16>(), dwb.as<float>(), 1e-6f, dout.as<bf16>(), rows, inter,
+                                                nullptr));
+    const auto o = to_host<uint16_t>(dout, size_t(rows) * inter);
+    double num = 0, den = 0;
+    for (int r = 0; r < rows; ++r) {
+      double s[4] = {};
+      for (int c = 0; c < inter; ++c)
+        for (int k = 1; k <= 3; ++k) s[k] += std::pow(bf(gu[size_t(r) * 2 * inter + c]), 2 * k);
+      for (int c = 0; c < inter; ++c) {
+        const double g = bf(gu[size_t(r) * 2 * inter + c]), u = bf(gu[size_t(r) * 2 * inter + inter + c]);
+        double a = wb_h[3];
+        for (int k = 1; k <= 3; ++k) a += wb_h[3 - k] * std::pow(g, k) / std::sqrt(s[k] / inter + 1e-6);
+        const double ref = a * u, v = bf(o[size_t(r) * inter + c]);
+        ASSERT_TRUE(std::isfinite(v)) << "polynorm " << rows << "x" << inter << " at " << r << "," << c;
+        num += (v - ref) * (v - ref);
+        den += ref * ref;
+      }
+    }
+    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << "polynorm " << rows << "x" << inter;
   }
 
   const int vocab = 50, hidden = 72, tokens = 23;

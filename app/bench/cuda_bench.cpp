@@ -84,9 +84,30 @@ ModelConfig kajuma_shape() {
   return c;
 }
 
+// Motif-Technologies/Motif-2.6b-v1.1-LC (docs/models/motif.md): 8 differential heads of d = 128 (MHA), PolyNorm MLP,
+// 16K context with RoPE base 500000.
+ModelConfig motif_shape() {
+  ModelConfig c;
+  c.arch = Arch::Motif;
+  c.model_type = "motif";
+  c.hidden = 2048;
+  c.layers = 32;
+  c.heads = 16;
+  c.kv_heads = 16;
+  c.head_dim = 128;
+  c.intermediate = 8192;
+  c.vocab = 219520;
+  c.max_positions = 16384;
+  c.rms_eps = 1e-5;
+  c.subln_eps = 1e-5;
+  c.tie_embeddings = true;
+  c.rope.theta = 500000.0;
+  return c;
+}
+
 std::vector<float> default_lambda(const ModelConfig& c) {
   std::vector<float> l(size_t(c.layers));
-  for (int64_t i = 0; i < c.layers; ++i) l[size_t(i)] = float(kern::lambda_init(i) + 0.05);
+  for (int64_t i = 0; i < c.layers; ++i) l[size_t(i)] = float(c.lambda_init(i) + 0.05);
   return l;
 }
 
@@ -240,6 +261,41 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
     std::printf("%-34s %6d %5d %10.3f %10.3f %12.0f\n", label.c_str(), n, B, ms, median(wall), toks);
     rows.push_back({{"name", label}, {"n", n}, {"batch", B}, {"ms", ms}, {"wall_ms", median(wall)},
                     {"tok_s", toks}, {"kernels", kernels}});
+  }
+  return rows;
+}
+
+// A family's prefill (next-token logits, batch 1) against the GEMM-only floor of the same shapes in the same run:
+// run_gemms_only issues exactly the forward's GEMMs, so forward / floor is what the rest (attention, norms, RoPE,
+// the MLP activation) costs on top.
+json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::string& label) {
+  json rows = json::array();
+  const ModelConfig& c = b.config();
+  const std::vector<float> lam = default_lambda(c);
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<int32_t> tok(3, int32_t(c.vocab - 1));
+  std::printf("\n%-30s %6s %12s %12s %12s %8s\n", "prefill vs GEMM floor", "n", "forward ms", "GEMMs ms", "tokens/s",
+              "ratio");
+  for (int n : {4096, 16384}) {
+    if (n > b.max_tokens() || n > c.max_positions) continue;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& x : ids) x = tok(rng);
+    b.set_profiling(false);
+    const double ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) { b.run(ids.data(), 1, n, lam, 0, true, true); });
+    const double floor_ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) { b.run_gemms_only(1, n, true); });
+    b.set_profiling(true);
+    ForwardRequest req;
+    req.ids = ids;
+    req.lambda = lam;
+    ForwardResult res;
+    b.forward(req, res);
+    json kernels = json::array();
+    for (const KernelTiming& k : b.profile().kernels)
+      kernels.push_back({{"name", k.name}, {"count", k.count}, {"total_ms", k.total_ms}});
+    const double toks = double(n) / ms * 1e3;
+    std::printf("%-30s %6d %12.3f %12.3f %12.0f %8.3f\n", label.c_str(), n, ms, floor_ms, toks, ms / floor_ms);
+    rows.push_back({{"name", label}, {"n", n}, {"batch", 1}, {"ms", ms}, {"gemm_floor_ms", floor_ms}, {"tok_s", toks},
+                    {"ratio_to_gemm_floor", ms / floor_ms}, {"kernels", kernels}});
   }
   return rows;
 }
@@ -553,6 +609,11 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     if (want("lambda")) r["lambda"] = bench_lambda(b, o.repeat);
   }
   if (want("table7")) r["table7"] = bench_table7(b, o, model_repeat);
+  if (want("motif")) {
+    b.load_random(motif_shape(), 1);
+    r["motif_shape"] = "Motif-Technologies/Motif-2.6b-v1.1-LC (random bf16 weights on the GPU)";
+    r["motif"] = bench_family_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[motif]");
+  }
   if (o.only.count("views")) {  // minutes at 128K tokens: only when asked for
     b.load_random(kajuma_shape(), 1);
     r["views_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";

@@ -55,6 +55,8 @@ const char* kUsage =
     "                                    DIFF model (12 differential heads of 128) against its Transformer twin\n"
     "                                    (24 heads of 128) at 2K x 8 and 4K x 4 tokens, random bf16 weights;\n"
     "                                    28 layers, MLP 8192, vocab 100288 are assumed (the JSON says so)\n"
+    "                         motif      prefill of a Motif-2.6b-v1.1-LC-shaped model (random bf16 weights) at\n"
+    "                                    1 x 4K and 1 x 16K tokens against the GEMM-only floor of the same shapes\n"
     "                         views      long prompts (1K .. 128K tokens, kajuma shape) through the map queries:\n"
     "                                    forward, a 1024 x 1024 head view, every layer's statistics, a lambda\n"
     "                                    change, peak RSS (only with --only views: minutes at 128K)\n"
