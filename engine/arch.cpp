@@ -8,13 +8,14 @@ namespace {
 
 const std::vector<ArchSpec> kArchTable = {
     {Arch::DiffLlama, "DiffLlama", "DiffLlamaForCausalLM", "diffllama", true, Pairing::Chunked, 0, "rms_norm_eps", false,
-     MlpAct::Silu, "silu", 0.0, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2", "self_attn.lambda_k2",
-     nullptr, nullptr, nullptr},
+     MlpAct::Silu, nullptr, "silu", 0.0, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2", "self_attn.lambda_k2",
+     nullptr, nullptr, nullptr, {}, nullptr},
     {Arch::Llama, "Llama", "LlamaForCausalLM", "llama", false, Pairing::None, 0, "rms_norm_eps", false, MlpAct::Silu,
-     "silu", 0.0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     nullptr, "silu", 0.0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, {}, nullptr},
     {Arch::Motif, "Motif", "MotifForCausalLM", "motif", true, Pairing::Interleaved, -1, "attn_rms_norm_eps", true,
-     MlpAct::PolyNorm, "poly_norm", 1e-6, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2",
-     "self_attn.lambda_k2", "self_attn.subln.weight", "mlp.act_fn.weight", "mlp.act_fn.bias"},
+     MlpAct::PolyNorm, "num_noise_heads", "poly_norm", 1e-6, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2",
+     "self_attn.lambda_k2", "self_attn.subln.weight", "mlp.act_fn.weight", "mlp.act_fn.bias",
+     {"kv_lora_rank", "mhc_enabled", "num_experts"}, "a Motif-3 model (latent attention, mixture of experts)"},
 };
 
 }  // namespace

@@ -40,6 +40,11 @@ struct ArchSpec {
   const char* subln_eps_key;
   bool subln_weight;
   MlpAct mlp;
+  // Grouped differential attention (Motif-2-12.7B): config key of the noise-head count N. With it, q_proj's Hq
+  // heads form N groups of Hq/N: Hq/N - 1 signal heads and one noise head whose map (A2) the group's signal heads
+  // share; the loader gives every signal head a copy of its noise head's query rows, which makes it an ordinary
+  // differential head (without the key, or with N = Hq/2, every group is one pair).
+  const char* noise_heads_key;
   const char* hidden_act;    // the hidden_act value config.json must carry (or leave out)
   double act_eps;            // PolyNorm's eps (fixed in the published code, not in config.json)
   // Tensor names inside model.layers.{l}. (nullptr: the family has none)
@@ -50,6 +55,10 @@ struct ArchSpec {
   const char* subln;         // [2d]
   const char* act_weight;    // PolyNorm [3]
   const char* act_bias;      // PolyNorm [1]
+  // config.json keys that mark a variant under the same architecture name that the engine does not run, and what
+  // it is (Motif-3 reuses MotifForCausalLM for latent attention and experts).
+  std::vector<std::string> refuse_keys;
+  const char* refused_variant;
 };
 
 const std::vector<ArchSpec>& arch_table();

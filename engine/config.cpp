@@ -15,7 +15,8 @@ namespace ds {
 
 int64_t ModelConfig::params() const {
   const int64_t d = head_dim;
-  int64_t per_layer = hidden * heads * d * 2 + hidden * kv_heads * d * 2 + 3 * hidden * intermediate + 2 * hidden;
+  const int64_t qh = stored_q_heads ? stored_q_heads : heads;
+  int64_t per_layer = hidden * (qh + heads) * d + hidden * kv_heads * d * 2 + 3 * hidden * intermediate + 2 * hidden;
   if (is_diff()) per_layer += 4 * d;
   if (spec().subln_weight) per_layer += 2 * d;
   if (spec().mlp == MlpAct::PolyNorm) per_layer += 4;
@@ -135,6 +136,22 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
   if (c.hidden % c.heads != 0 && !(j.contains("head_dim") && j["head_dim"].is_number_integer()))
     fail_file(file, "hidden_size is not a multiple of num_attention_heads and no head_dim is given");
   c.head_dim = get_int(j, "head_dim", file, false, c.hidden / c.heads);
+  c.stored_q_heads = c.heads;
+  if (spec->noise_heads_key && j.contains(spec->noise_heads_key) && !j[spec->noise_heads_key].is_null()) {
+    const int64_t N = get_int(j, spec->noise_heads_key, file, true, 0), Hq = c.heads;
+    const std::string nk = spec->noise_heads_key;
+    if (Hq % N || Hq / N < 2)
+      fail_file(file, "num_attention_heads (" + std::to_string(Hq) + ") must be a multiple of " + nk + " (" +
+                          std::to_string(N) + ") with at least one signal head per group");
+    if (j.contains("k_ratio") && !j["k_ratio"].is_null() && get_int(j, "k_ratio", file, false, 1) != 1)
+      fail_file(file, "k_ratio = " + j["k_ratio"].dump() + " is not supported (grouped differential attention with "
+                      "k_ratio 1 only)");
+    if (c.kv_heads % 2 || N % (c.kv_heads / 2))
+      fail_file(file, nk + " (" + std::to_string(N) + ") must be a multiple of num_key_value_heads / 2 (" +
+                          std::to_string(c.kv_heads / 2) + ")");
+    c.noise_group = Hq / N - 1;
+    c.heads = 2 * N * c.noise_group;  // every signal head paired with a copy of its group's noise head
+  }
   if (c.layers > 4096) fail_file(file, "num_hidden_layers = " + std::to_string(c.layers) + " is absurd");
   if (c.heads > 4096) fail_file(file, "num_attention_heads = " + std::to_string(c.heads) + " is absurd");
   if (c.head_dim % 2) fail_file(file, "head_dim must be even for rotary embeddings");
@@ -156,7 +173,13 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
   if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != spec->hidden_act)
     fail_file(file, "hidden_act '" + j["hidden_act"].get<std::string>() + "' is not supported for " + spec->family +
                         " (only " + spec->hidden_act + ")");
+  for (const std::string& k : spec->refuse_keys)
+    if (j.contains(k) && !j[k].is_null() && j[k] != false && j[k] != 0)
+      fail_file(file, "config.json has " + k + ": " + spec->refused_variant + ", which diffscope does not run");
   if (get_bool(j, "attention_bias", file, false)) fail_file(file, "attention_bias = true is not supported");
+  if (get_bool(j, "use_bias", file, false)) fail_file(file, "use_bias = true is not supported");
+  if (get_bool(j, "use_sliding_window", file, false))
+    fail_file(file, "use_sliding_window = true is not supported (full causal attention only)");
   if (get_bool(j, "mlp_bias", file, false)) fail_file(file, "mlp_bias = true is not supported");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"];
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"];

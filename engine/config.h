@@ -22,7 +22,10 @@ struct ModelConfig {
   std::string model_type;     // "diffllama" / "llama" / "motif"
   int64_t hidden = 0;         // hidden_size
   int64_t layers = 0;         // num_hidden_layers
-  int64_t heads = 0;          // num_attention_heads: query heads; DiffLlama has heads/2 differential heads
+  int64_t heads = 0;          // query heads as the kernels see them; differential models have heads/2 differential
+                              // heads (num_attention_heads, but for grouped noise heads: 2 x the signal heads)
+  int64_t stored_q_heads = 0; // q_proj's heads in the checkpoint (num_attention_heads)
+  int64_t noise_group = 1;    // signal heads sharing one noise map (grouped differential attention; 1: pairs)
   int64_t kv_heads = 0;       // num_key_value_heads
   int64_t head_dim = 0;       // d
   int64_t intermediate = 0;   // intermediate_size

@@ -36,12 +36,17 @@ std::vector<float> Model::layer_weight_f32(int64_t layer, LayerWeight w) const {
       for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] *= g[size_t(c % (2 * d))];
     return x;
   }
-  // Interleaved pairs: head 2i -> i, head 2i + 1 -> heads/2 + i (blocks of d rows).
-  const int64_t heads = t.shape[0] / d, half = heads / 2;
-  std::vector<float> y(x.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    const int64_t to = (h % 2 == 0 ? h / 2 : half + h / 2);
-    std::copy_n(x.begin() + h * d * cols, d * cols, y.begin() + to * d * cols);
+  // Interleaved pairs, blocks of d rows: k/v head 2i -> i, 2i + 1 -> heads/2 + i. q: groups of gr signal heads and
+  // one noise head (gr = 1: pairs); signal head i = g gr + r (stored g (gr + 1) + r) -> i, and a copy of its group's
+  // noise head (stored g (gr + 1) + gr) -> S + i, S = the signal heads.
+  const int64_t gr = w == LayerWeight::Q ? cfg.noise_group : 1;
+  const int64_t S = w == LayerWeight::Q ? cfg.heads / 2 : t.shape[0] / d / 2;
+  std::vector<float> y(size_t(2 * S * d * cols));
+  auto put = [&](int64_t from, int64_t to) { std::copy_n(x.begin() + from * d * cols, d * cols, y.begin() + to * d * cols); };
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t g = i / gr, r = i % gr;
+    put(g * (gr + 1) + r, i);
+    put(g * (gr + 1) + gr, S + i);
   }
   return y;
 }
@@ -103,7 +108,7 @@ std::unique_ptr<Model> load_model(const std::string& dir_in) {
     LayerTensors t{};
     t.ln1 = need(ck, p + "input_layernorm.weight", {D});
     t.ln2 = need(ck, p + "post_attention_layernorm.weight", {D});
-    t.wq = need(ck, p + "self_attn.q_proj.weight", {H * d, D}, "num_attention_heads x head_dim rows");
+    t.wq = need(ck, p + "self_attn.q_proj.weight", {c.stored_q_heads * d, D}, "num_attention_heads x head_dim rows");
     t.wk = need(ck, p + "self_attn.k_proj.weight", {Hkv * d, D}, "num_key_value_heads x head_dim rows");
     t.wv = need(ck, p + "self_attn.v_proj.weight", {Hkv * d, D}, "num_key_value_heads x head_dim rows");
     t.wo = need(ck, p + "self_attn.o_proj.weight", {D, H * d});

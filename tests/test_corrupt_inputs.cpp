@@ -200,6 +200,18 @@ TEST(CorruptInput, FamilyOptionsAreChecked) {
   expect_refused(d, {d + "/config.json", "attn_rms_norm_eps must be positive"});
   edit_config(d, [](json& c) { c["attn_rms_norm_eps"] = 1e-5; });
   expect_refused(d, {"model.layers.0.self_attn.subln.weight"});  // the tensors a DiffLlama does not have
+  edit_config(d, [](json& c) { c["kv_lora_rank"] = 512; });    // Motif-3 under the same architecture name
+  expect_refused(d, {d + "/config.json", "kv_lora_rank: a Motif-3 model"});
+  edit_config(d, [](json& c) {
+    c.erase("kv_lora_rank");
+    c["num_noise_heads"] = 3;  // 4 q heads are not groups of 3
+  });
+  expect_refused(d, {d + "/config.json", "must be a multiple of num_noise_heads (3)"});
+  edit_config(d, [](json& c) {
+    c["num_noise_heads"] = 1;
+    c["k_ratio"] = 2;
+  });
+  expect_refused(d, {d + "/config.json", "k_ratio = 2 is not supported"});
 }
 
 TEST(CorruptInput, AbsurdConfigValues) {

@@ -228,7 +228,8 @@ TEST(CudaModel, EveryGrantedAttentionKernelMatchesTransformers) {
 // on the same prompt (bf16 weights and Q/K here: the maps' tolerance).
 TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
   SKIP_WITHOUT_DEVICE();
-  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "diff_mha_d32_f32", "diff_n1"}) {
+  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "diff_mha_d32_f32", "diff_n1",
+                           "motif_gqa_d64_bf16_tied", "motif_gda_kvrep2_bf16_tied"}) {
     const std::string dir = dstest::fixture(name);
     Expected ex(dir);
     auto gpu = ds::Session::open(dir, ds::BackendChoice::Cuda);

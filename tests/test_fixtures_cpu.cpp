@@ -1,7 +1,9 @@
-// The CPU backend against fixtures written by transformers' own DiffLlama / Llama (tests/gen_fixtures.py):
-// logits, every layer's input, every map, lambda, and a run with lambda overridden -- all within 1e-4 relative.
+// The CPU backend against fixtures written by transformers' own DiffLlama / Llama (tests/gen_fixtures.py) and by the
+// independent float64 Motif reference (tools/motif_reference.py, tests/gen_motif_fixtures.py): logits, every
+// layer's input, every map, lambda, and a run with lambda overridden -- all within 1e-4 relative.
 #include <gtest/gtest.h>
 
+#include "engine/config.h"
 #include "engine/rope.h"
 #include "engine/session.h"
 #include "test_util.h"
@@ -18,8 +20,8 @@ class DiffFixtureCpu : public ::testing::TestWithParam<std::string> {};
 
 std::vector<std::string> diff_fixtures() {
   std::vector<std::string> v;
-  for (const auto& f : dstest::all_fixtures())
-    if (f.rfind("diff_", 0) == 0) v.push_back(f);
+  for (const auto& f : dstest::all_fixtures())  // every differential family's fixtures (DiffLlama, Motif)
+    if (ds::load_config(dstest::fixture(f) + "/config.json").is_diff()) v.push_back(f);
   return v;
 }
 

@@ -350,7 +350,15 @@ void draw_head_panel(AppState& st) {
   const std::string lam = st.lam();
   char diff_title[96];
   std::snprintf(diff_title, sizeof diff_title, "A1 - %s*A2   (%s = %.3f)", lam.c_str(), lam.c_str(), hm.lambda);
-  const char* titles[3] = {hm.differential ? "A1" : "A (softmax)", "A2", diff_title};
+  // Grouped differential attention: the noise map A2 is shared by the group's signal heads; say which.
+  char a2_title[96] = "A2";
+  const int64_t gr = st.snap->model ? st.snap->model->cfg.noise_group : 1;
+  if (gr > 1) {
+    const int64_t g = hm.head / gr;
+    std::snprintf(a2_title, sizeof a2_title, "A2: noise head of group %lld, shared by heads %lld-%lld", (long long)g,
+                  (long long)(g * gr), (long long)(g * gr + gr - 1));
+  }
+  const char* titles[3] = {hm.differential ? "A1" : "A (softmax)", a2_title, diff_title};
   bool view_changed = false;
   for (int i = 0; i < maps; ++i) {
     const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
