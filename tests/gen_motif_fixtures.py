@@ -28,6 +28,9 @@ unless tied) plus expected.safetensors in the format of tests/gen_fixtures.py:
     override.lambda      [L] F32           lambda forced into every layer for a second run (layer 0: 0)
     override.logits      [n, vocab] F32
     override.layers.{l}.attn1 / attn2
+    bf16.*               the logits, hidden.*, layers.*, override.logits and override.layers.* of the same runs
+                         as a bf16 engine computes them (tools/motif_reference.py's bf16 emulation): the reference
+                         of the CUDA backend's tolerance, since bf16 rounding alone moves these maps by up to 0.07
 Weights are perturbed so that a wrong formula shows: norm and subln weights 1 + N(0, .25^2), lambda vectors large
 enough that lambda is far from lambda_init, PolyNorm weights/bias away from their (1/3, 0) init and different from each
 other, q/k scaled so the maps are far from uniform.

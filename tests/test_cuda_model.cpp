@@ -80,17 +80,25 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   req.want_maps.assign(size_t(L), 1);
   ds::ForwardResult r;
   be->forward(req, r);
-  const std::vector<float> logits = ex.get("logits");
+  // Fixtures from a float64 reference (Motif) also hold its bf16-engine emulation ("bf16." keys): with weights
+  // perturbed to expose wrong formulas, bf16 rounding alone moves their maps past the tolerance, so a bf16 backend
+  // is held to the emulation at the DiffLlama tolerances, and to float64 at twice them.
+  const std::string bf = ex.has("bf16.logits") ? "bf16." : "";
+  if (!bf.empty()) {
+    const std::vector<float> l64 = ex.get("logits");
+    EXPECT_LT(dstest::rel_err(r.logits.data(), l64.data(), l64.size()), 2 * kLogitsRel) << "logits (float64)";
+  }
+  const std::vector<float> logits = ex.get(bf + "logits");
   ASSERT_EQ(r.logits.size(), logits.size());
   EXPECT_EQ(r.logit_rows, int64_t(req.ids.size()));
   EXPECT_LT(dstest::rel_err(r.logits.data(), logits.data(), logits.size()), kLogitsRel) << "logits";
   ASSERT_EQ(r.hidden.size(), size_t(L + 1));
   for (int l = 0; l <= L; ++l) {
-    const std::vector<float> h = ex.get("hidden." + std::to_string(l));
+    const std::vector<float> h = ex.get(bf + "hidden." + std::to_string(l));
     ASSERT_EQ(r.hidden[size_t(l)].size(), h.size());
     EXPECT_LT(dstest::rel_err(r.hidden[size_t(l)].data(), h.data(), h.size()), kLogitsRel) << "hidden." << l;
   }
-  for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, "", l, "forward maps");
+  for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, bf, l, "forward maps");
 
   // Maps on demand equal the forward's; the profile covers every layer and head.
   for (int l = 0; l < L; ++l) {
@@ -135,9 +143,9 @@ TEST_P(FixtureCuda, MatchesTransformers) {
     req.lambda = ov;
     req.keep_hidden = false;
     be->forward(req, r);
-    const std::vector<float> ol = ex.get("override.logits");
+    const std::vector<float> ol = ex.get(bf + "override.logits");
     EXPECT_LT(dstest::rel_err(r.logits.data(), ol.data(), ol.size()), kLogitsRel) << "override.logits";
-    for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, "override.", l, "override maps");
+    for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, bf + "override.", l, "override maps");
 
     // A lambda change in the last layer re-run from there equals the full run with the same lambda.
     std::vector<float> lam2 = ov;
@@ -242,7 +250,14 @@ TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
     }
     std::vector<float> lam;
     for (int l = 0; l < c.layers; ++l) lam.push_back(float(gpu->effective_lambda(l)));
-    const double tol = c.layers && dstest::fixture(name).find("f32") != std::string::npos ? kMapsAbsF32 : kMapsAbsBf16;
+    double tol = c.layers && dstest::fixture(name).find("f32") != std::string::npos ? kMapsAbsF32 : kMapsAbsBf16;
+    if (ex.has("bf16.logits"))  // the CPU computes the checkpoint's maps, the GPU a bf16 engine's: allow their gap
+      for (int l = 0; l < c.layers; ++l)
+        for (const char* m : {".attn1", ".attn2"}) {
+          const std::vector<float> a = ex.get("layers." + std::to_string(l) + m),
+                                   b = ex.get("bf16.layers." + std::to_string(l) + m);
+          tol = std::max(tol, 2 * dstest::max_abs_err(a.data(), b.data(), a.size()));
+        }
     for (bool fused : {true, false}) {  // views by the fused two-pass kernel (where it runs) and by the map kernels
       ds::cuda::as_cuda(gpu->backend()).set_fused_views(fused);
       const std::string what = std::string(name) + (fused ? " (CUDA, fused views)" : " (CUDA, chunked views)");

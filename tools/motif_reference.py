@@ -281,9 +281,26 @@ def linear(x, w, b=None):
 
 
 class MotifModel:
-    def __init__(self, cfg, ckpt):
+    """bf16=True emulates a bf16 engine on top of the float64 math: the projection and embedding matrices rounded to
+    bf16, every projection's input rounded to bf16 (the normed rows, the attention output, the MLP activation), q, k
+    (after RoPE), v, gate and up rounded to bf16, while o_proj / down_proj outputs join the residual stream unrounded
+    and norms, softmax and lambda stay float64. It is the reference for a GPU backend's bf16 tolerance: with
+    strongly perturbed weights, bf16 rounding alone moves maps by more than that tolerance from the float64 result."""
+
+    def __init__(self, cfg, ckpt, bf16=False):
         self.cfg = cfg
         self.ckpt = ckpt
+        self.bf16 = bf16
+
+    def _r(self, a):
+        return bf16_round(a).astype(np.float64) if self.bf16 else a
+
+    def _w(self, name):
+        return self._r(self.ckpt.get(name))
+
+    def _lin(self, x, wname, bname=None, round_out=False):
+        y = linear(self._r(x), self._w(wname), self.ckpt.opt(bname) if bname else None)
+        return self._r(y) if round_out else y
 
     @classmethod
     def load(cls, folder):
@@ -301,17 +318,17 @@ class MotifModel:
     def lm_head(self):
         c, ck = self.cfg, self.ckpt
         if c.tie is True or (c.tie is None and "lm_head.weight" not in ck):
-            return ck.get("model.embed_tokens.weight")
-        return ck.get("lm_head.weight")
+            return self._w("model.embed_tokens.weight")
+        return self._w("lm_head.weight")
 
     def attention(self, l, h, cos, sin, lam):
         c, ck = self.cfg, self.ckpt
         p = f"model.layers.{l}.self_attn."
         n, d = h.shape[0], c.head_dim
-        q = linear(h, ck.get(p + "q_proj.weight"), ck.opt(p + "q_proj.bias")).reshape(n, c.hq, d)
-        k = linear(h, ck.get(p + "k_proj.weight"), ck.opt(p + "k_proj.bias")).reshape(n, c.hkv, d)
-        v = linear(h, ck.get(p + "v_proj.weight"), ck.opt(p + "v_proj.bias")).reshape(n, c.hkv, d)
-        q, k = rope_neox(q, cos, sin), rope_neox(k, cos, sin)
+        q = self._lin(h, p + "q_proj.weight", p + "q_proj.bias", True).reshape(n, c.hq, d)
+        k = self._lin(h, p + "k_proj.weight", p + "k_proj.bias", True).reshape(n, c.hkv, d)
+        v = self._lin(h, p + "v_proj.weight", p + "v_proj.bias", True).reshape(n, c.hkv, d)
+        q, k = self._r(rope_neox(q, cos, sin)), self._r(rope_neox(k, cos, sin))
         k1, k2, v1, v2 = k[:, 0::2], k[:, 1::2], v[:, 0::2], v[:, 1::2]
         scale = 1.0 / math.sqrt(d)
         # noise heads: q head g*G + gr
@@ -335,20 +352,20 @@ class MotifModel:
             attn1.append(a)
             attn2.append(a2[g])
             outs.append(o)
-        out = linear(np.concatenate(outs, axis=-1), ck.get(p + "o_proj.weight"), ck.opt(p + "o_proj.bias"))
+        out = self._lin(np.concatenate(outs, axis=-1), p + "o_proj.weight", p + "o_proj.bias")
         return out, np.stack(attn1), np.stack(attn2)
 
     def mlp(self, l, x):
         ck = self.ckpt
         p = f"model.layers.{l}.mlp."
-        gate = linear(x, ck.get(p + "gate_proj.weight"), ck.opt(p + "gate_proj.bias"))
-        up = linear(x, ck.get(p + "up_proj.weight"), ck.opt(p + "up_proj.bias"))
+        gate = self._lin(x, p + "gate_proj.weight", p + "gate_proj.bias", True)
+        up = self._lin(x, p + "up_proj.weight", p + "up_proj.bias", True)
         w, b = ck.opt(p + "act_fn.weight"), ck.opt(p + "act_fn.bias")
         if w is None or b is None:
             warnings.warn(f"{p}act_fn.weight/bias missing: using PolyNorm's init (1/3, 1/3, 1/3; 0)")
             w = np.full(3, 1.0 / 3.0) if w is None else w
             b = np.zeros(1) if b is None else b
-        return linear(poly_norm(gate, w, b) * up, ck.get(p + "down_proj.weight"), ck.opt(p + "down_proj.bias"))
+        return self._lin(poly_norm(gate, w, b) * up, p + "down_proj.weight", p + "down_proj.bias")
 
     def forward(self, ids, lambda_override=None, want_maps=True):
         """ids: sequence of token ids (positions 0..n-1). lambda_override: None or one value per layer, used as
@@ -358,7 +375,7 @@ class MotifModel:
         c, ck = self.cfg, self.ckpt
         ids = np.asarray(ids, dtype=np.int64)
         n = ids.shape[0]
-        x = ck.get("model.embed_tokens.weight")[ids]
+        x = self._w("model.embed_tokens.weight")[ids]
         inv = c.inv_freq()
         ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
         cos, sin = np.cos(ang), np.sin(ang)
@@ -377,7 +394,7 @@ class MotifModel:
                 attn1.append(m1)
                 attn2.append(m2)
         hidden.append(x.copy())
-        logits = rms_norm(x, ck.get("model.norm.weight"), c.rms_eps) @ self.lm_head().T
+        logits = self._r(rms_norm(x, ck.get("model.norm.weight"), c.rms_eps)) @ self.lm_head().T
         return {"logits": logits, "hidden": hidden, "attn1": attn1, "attn2": attn2, "lambda": lams,
                 "lambda_init": [lambda_init_of(l) for l in range(c.layers)], "inv_freq": inv}
 
@@ -409,6 +426,19 @@ def expected_tensors(model, ids, override=None):
     for l in range(L):
         out[f"override.layers.{l}.attn1"] = f32(o["attn1"][l])
         out[f"override.layers.{l}.attn2"] = f32(o["attn2"][l])
+    # The same runs as a bf16 engine computes them (MotifModel's bf16 emulation): "bf16."-prefixed keys.
+    e = MotifModel(model.cfg, model.ckpt, bf16=True)
+    rb, ob = e.forward(ids), e.forward(ids, lambda_override=override)
+    out["bf16.logits"] = f32(rb["logits"])
+    for l in range(L + 1):
+        out[f"bf16.hidden.{l}"] = f32(rb["hidden"][l])
+    for l in range(L):
+        out[f"bf16.layers.{l}.attn1"] = f32(rb["attn1"][l])
+        out[f"bf16.layers.{l}.attn2"] = f32(rb["attn2"][l])
+    out["bf16.override.logits"] = f32(ob["logits"])
+    for l in range(L):
+        out[f"bf16.override.layers.{l}.attn1"] = f32(ob["attn1"][l])
+        out[f"bf16.override.layers.{l}.attn2"] = f32(ob["attn2"][l])
     return out, r, o
 
 
