@@ -45,8 +45,18 @@ void expect_maps(const ds::LayerMaps& m, const Expected& ex, const ds::ModelConf
     const std::vector<float> a1 = ex.get(p + "attn1"), a2 = ex.get(p + "attn2");
     ASSERT_EQ(m.a1.size(), a1.size()) << what;
     ASSERT_EQ(m.a2.size(), a2.size()) << what;
-    EXPECT_LT(dstest::max_abs_err(m.a1.data(), a1.data(), a1.size()), kMapsAbs) << what << " " << p << "attn1";
-    EXPECT_LT(dstest::max_abs_err(m.a2.data(), a2.data(), a2.size()), kMapsAbs) << what << " " << p << "attn2";
+    // Against a bf16 emulation ("bf16." keys), two bf16 computations differ as much as bf16 rounding moves this
+    // fixture's maps: 1.5 x the emulation's own distance from float64 in this layer, when that exceeds kMapsAbs.
+    double tol = kMapsAbs;
+    if (prefix.rfind("bf16.", 0) == 0) {
+      const std::string p64 = prefix.substr(5) + "layers." + std::to_string(l) + ".";
+      for (const char* k : {"attn1", "attn2"}) {
+        const std::vector<float> e = ex.get(p + k), f = ex.get(p64 + k);
+        tol = std::max(tol, 1.5 * dstest::max_abs_err(e.data(), f.data(), e.size()));
+      }
+    }
+    EXPECT_LT(dstest::max_abs_err(m.a1.data(), a1.data(), a1.size()), tol) << what << " " << p << "attn1";
+    EXPECT_LT(dstest::max_abs_err(m.a2.data(), a2.data(), a2.size()), tol) << what << " " << p << "attn2";
   } else {
     const std::vector<float> a = ex.get(p + "attn");
     ASSERT_EQ(m.a1.size(), a.size()) << what;
@@ -82,7 +92,8 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   be->forward(req, r);
   // Fixtures from a float64 reference (Motif) also hold its bf16-engine emulation ("bf16." keys): with weights
   // perturbed to expose wrong formulas, bf16 rounding alone moves their maps past the tolerance, so a bf16 backend
-  // is held to the emulation at the DiffLlama tolerances, and to float64 at twice them.
+  // is held to the emulation (logits and hidden states at the DiffLlama tolerance, maps as expect_maps says) and
+  // its logits to float64 at twice the tolerance.
   const std::string bf = ex.has("bf16.logits") ? "bf16." : "";
   if (!bf.empty()) {
     const std::vector<float> l64 = ex.get("logits");
@@ -272,7 +283,11 @@ TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
           ASSERT_EQ(a.a1.size(), b.a1.size());
           for (size_t i = 0; i < a.a1.size(); ++i) {
             EXPECT_NEAR(a.a1[i], b.a1[i], tol) << what << " layer " << l;
-            EXPECT_NEAR(a.diff[i], b.diff[i], tol * (1 + std::fabs(a.lambda))) << what << " layer " << l;
+            // max pooling keeps D's entry of largest magnitude with its sign: on a near tie of opposite signs the
+            // two backends may keep different entries, so the magnitude is what must agree
+            const float da = pool == ds::Pool::Max ? std::fabs(a.diff[i]) : a.diff[i];
+            const float db = pool == ds::Pool::Max ? std::fabs(b.diff[i]) : b.diff[i];
+            EXPECT_NEAR(da, db, tol * (1 + std::fabs(a.lambda))) << what << " layer " << l;
           }
         }
     }

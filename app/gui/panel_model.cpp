@@ -127,7 +127,11 @@ void draw_model_panel(AppState& st) {
     return end_panel();
   ImGui::TableSetupColumn("k");
   ImGui::TableSetupColumn("v", ImGuiTableColumnFlags_WidthStretch);
-  if (c.is_diff())
+  if (c.is_diff() && c.noise_group > 1)  // grouped: the checkpoint's q heads are signal heads and shared noise heads
+    std::snprintf(buf, sizeof buf, "%s, %lld layers x %lld differential heads (q: %lld signal + %lld noise, %lld kv)",
+                  c.family(), (long long)c.layers, (long long)c.view_heads(), (long long)c.view_heads(),
+                  (long long)(c.stored_q_heads - c.view_heads()), (long long)c.kv_heads);
+  else if (c.is_diff())
     std::snprintf(buf, sizeof buf, "%s, %lld layers x %lld differential heads (%lld q, %lld kv)", c.family(),
                   (long long)c.layers, (long long)c.view_heads(), (long long)c.heads, (long long)c.kv_heads);
   else
