@@ -13,6 +13,9 @@ They have the shapes real checkpoints ship, with small vocabularies so the files
   llama2.json       sentencepiece-style BPE in tokenizer.json (Llama-2 / Mistral): Prepend+Replace normalizer,
                     byte_fallback with <0xNN> tokens, <unk> fused, Replace/ByteFallback/Fuse/Strip decoder.
   mistral.json      the same model with a Metaspace pre-tokenizer (prepend_scheme first) and Metaspace decoder.
+  o200k.json        GPT-4o / Phi-4-mini: Split(o200k_base's case-aware regex, Isolated) + ByteLevel(use_regex=false),
+                    the pre-tokenizer of microsoft/Phi-4-mini-flash-reasoning's tokenizer.json (Xenova/gpt-4o),
+                    <|endoftext|> and chat special tokens.
   regex_mix.json    Split with every behavior, invert, \\w / \\s / \\p{N} classes, ByteLevel add_prefix_space.
   sp.model          a sentencepiece BPE model with byte fallback (Llama-2 tokenizer.model style), trained with
                     the `sentencepiece` package.
@@ -28,6 +31,18 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tiktoken's o200k_base pattern (openai/tiktoken, tiktoken_ext/openai_public.py): upper-case runs and words split
+# apart, contractions folded into the word, "/" and line breaks kept after punctuation.
+O200K_REGEX = "|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
 
 WORDS = ("the of and to in is was that for it with as his on be at by had are but from or have an they which one "
          "you were her all she there would their we him been has when who will more no if out so said what up its "
@@ -159,6 +174,20 @@ def make_llama3(out, lines):
     save(Tokenizer.from_str(json.dumps(data)), os.path.join(out, "llama3_merges.json"), merges_as_strings=True)
 
 
+def make_o200k(out, lines):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines + ["HTTPServer's URLParser isn't XMLHttpRequest; I'LL say WE'RE OK/fine.\n"],
+                            byte_level_trainer(3000, []))
+    special = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    save(tok, os.path.join(out, "o200k.json"), merges_as_strings=True)
+
+
 def make_llama2(out, lines):
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
@@ -229,6 +258,7 @@ def main():
     make_gpt2(out, lines)
     make_roberta(out, lines)
     make_llama3(out, lines)
+    make_o200k(out, lines)
     make_llama2(out, lines)
     make_mistral(out, lines)
     make_regex_mix(out, lines)

@@ -55,7 +55,9 @@ FRAGMENTS = [
 ]
 EDGE = ["", " ", "  ", "\n", "a", "A", "'", "\t", "\u200b", "😀", " 😀", "Hello", " Hello", "Hello ", "Hello  world",
         "   leading", "trailing   ", "\n\nnewlines\n\n", "\r\n\r\n", "a\r\nb", "x" * 300, " " * 50, "\n" * 40,
-        "1" * 40, "ab" * 200, "👍🏽" * 30, "注" * 100]
+        "1" * 40, "ab" * 200, "👍🏽" * 30, "注" * 100,
+        # case boundaries (o200k's pattern splits upper-case runs from words) and a titlecase letter (\p{Lt})
+        "HTTPServer", "XMLHttpRequest", "iPhone", "McDonald's", "DON'T", "I'LL", "ǅungla Ǉudi", "ÀÉÎõü", "a/b/c\n"]
 
 
 def special_fragments(path):
