@@ -2,7 +2,8 @@
 // (kernels/attn_dispatch.h) can choose on this device, each chosen through the API (many n including 1 and
 // non-multiples of the 64-row tile, d = 64 and 128, differential and plain, MHA and GQA, batches, padded strides),
 // the dispatch rules themselves on described devices (no GPU needed), the map kernels with their statistics,
-// RMSNorm, RoPE (default and llama3 frequencies), SwiGLU and the embedding gather. Every output is poisoned with NaN before the run and must
+// RMSNorm, RoPE (default and llama3 frequencies), SwiGLU, PolyNorm, the embedding gather and Mamba-1's convolution
+// and selective scan. Every output is poisoned with NaN before the run and must
 // come back fully written, with the padding around it untouched. Skips cleanly without a CUDA device or build.
 #include <gtest/gtest.h>
 
@@ -30,6 +31,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
+#include "kernels/mamba_scan.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/polynorm.h"
@@ -740,6 +742,76 @@ TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {
   for (int t = 0; t < tokens; ++t)
     for (int c = 0; c < hidden; ++c)
       ASSERT_EQ(e[size_t(t) * hidden + c], bf(table[size_t(ids[size_t(t)]) * hidden + c]));  // exact: bf16 -> f32
+}
+
+
+// Mamba-1's causal depthwise convolution (+ SiLU) and selective scan against float64 loops written from the
+// published math (docs/models/phi4flash.md): channel counts that leave a block partly empty, d_state 16 (one
+// half-warp per channel), 5 (idle lanes) and 24 (a full warp per channel), strided rows, gated and ungated outputs.
+TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> U(-1.f, 1.f);
+  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{300, 40, 5}, std::tuple{129, 19, 24}}) {
+    const int K = 4;
+    const int64_t ldx = ch + 5, ldu = ch + 3, ldbc = S + 2;
+    const std::vector<uint16_t> x = random_bf16(size_t(n) * ldx, rng, 2.f), dt = random_bf16(size_t(n) * ch, rng, 2.f),
+                                bc = random_bf16(size_t(n) * ldbc * 2, rng, 1.f), z = random_bf16(size_t(n) * ch, rng, 3.f);
+    std::vector<float> w(static_cast<size_t>(ch) * K), bias(static_cast<size_t>(ch)), dtb(static_cast<size_t>(ch)),
+        A(static_cast<size_t>(ch) * S), D(static_cast<size_t>(ch));
+    for (auto& v : w) v = U(rng);
+    for (auto& v : bias) v = 0.3f * U(rng);
+    for (auto& v : dtb) v = U(rng) - 1.f;
+    for (int i = 0; i < ch * S; ++i) A[size_t(i)] = -float(1 + i % S) * (1.f + 0.2f * U(rng));  // -exp(A_log), S4D-like
+    for (auto& v : D) v = U(rng);
+    DeviceBuffer dx = to_device(x), dw = to_device(w), dbias = to_device(bias), ddt = to_device(dt), ddtb = to_device(dtb),
+                 dA = to_device(A), dD = to_device(D), dbc = to_device(bc), dz = to_device(z),
+                 du(size_t(n) * ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
+    for (DeviceBuffer* b : {&du, &dy, &dyg}) {
+      std::vector<uint16_t> poison(b->bytes() / 2, kBf16NaN);
+      DS_CUDA_CHECK(cudaMemcpy(b->get(), poison.data(), b->bytes(), cudaMemcpyHostToDevice));
+    }
+    DS_CUDA_CHECK(ds::kern::launch_causal_conv_silu(dx.as<bf16>(), ldx, dw.as<float>(), dbias.as<float>(), K,
+                                                    du.as<bf16>(), ldu, n, ch, nullptr));
+    ds::kern::ScanParams p;
+    p.n = n, p.channels = ch, p.state = S;
+    p.u = du.as<bf16>(), p.ld_u = ldu;
+    p.dt = ddt.as<bf16>(), p.ld_dt = ch, p.dt_bias = ddtb.as<float>(), p.A = dA.as<float>(), p.D = dD.as<float>();
+    p.B = dbc.as<bf16>(), p.C = dbc.as<bf16>() + S, p.ld_bc = ldbc * 2;  // B and C side by side in one row
+    p.z = dz.as<bf16>(), p.ld_z = ch, p.y = dy.as<bf16>(), p.y_gated = dyg.as<bf16>(), p.ld_y = ch;
+    DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, nullptr));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto u = to_host<uint16_t>(du, size_t(n) * ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
+               yg = to_host<uint16_t>(dyg, size_t(n) * ch);
+    // float64: the convolution from the bf16 x, the scan from the kernel's own bf16 u (the rounding between them is
+    // the engine's, not the scan's)
+    double nu = 0, du2 = 0, ny = 0, dy2 = 0, ng = 0, dg2 = 0;
+    std::vector<double> h(size_t(ch) * S, 0.0);
+    for (int t = 0; t < n; ++t)
+      for (int c = 0; c < ch; ++c) {
+        double acc = bias[size_t(c)];
+        for (int k = 0; k < K; ++k)
+          if (t - (K - 1) + k >= 0) acc += double(w[size_t(c) * K + k]) * bf(x[size_t(t - (K - 1) + k) * ldx + c]);
+        const double uref = acc / (1 + std::exp(-acc)), ug = bf(u[size_t(t) * ldu + c]);
+        ASSERT_TRUE(std::isfinite(ug)) << "u at " << t << "," << c;
+        nu += (ug - uref) * (ug - uref), du2 += uref * uref;
+        const double dtt = bf(dt[size_t(t) * ch + c]) + dtb[size_t(c)];
+        const double delta = dtt <= 20 ? std::log1p(std::exp(dtt)) : dtt;
+        double yy = double(D[size_t(c)]) * ug;
+        for (int s2 = 0; s2 < S; ++s2) {
+          double& hs = h[size_t(c) * S + s2];
+          hs = std::exp(delta * A[size_t(c) * S + s2]) * hs + delta * bf(bc[size_t(t) * ldbc * 2 + s2]) * ug;
+          yy += bf(bc[size_t(t) * ldbc * 2 + S + s2]) * hs;
+        }
+        const double zz = bf(z[size_t(t) * ch + c]), gref = yy * zz / (1 + std::exp(-zz));
+        const double yv = bf(y[size_t(t) * ch + c]), gv = bf(yg[size_t(t) * ch + c]);
+        ASSERT_TRUE(std::isfinite(yv) && std::isfinite(gv)) << "y at " << t << "," << c;
+        ny += (yv - yy) * (yv - yy), dy2 += yy * yy, ng += (gv - gref) * (gv - gref), dg2 += gref * gref;
+      }
+    EXPECT_LT(std::sqrt(nu / du2), kBf16Rel) << "conv " << n << "x" << ch;
+    EXPECT_LT(std::sqrt(ny / dy2), kBf16Rel) << "scan y " << n << "x" << ch << " state " << S;
+    EXPECT_LT(std::sqrt(ng / dg2), kBf16Rel) << "scan y*silu(z) " << n << "x" << ch << " state " << S;
+  }
 }
 
 }  // namespace

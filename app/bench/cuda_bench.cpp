@@ -20,6 +20,7 @@
 #include "kernels/attn_dispatch.h"
 #include "kernels/attn_heads.h"
 #include "kernels/fill.h"
+#include "kernels/mamba_scan.h"
 
 namespace ds {
 namespace {
@@ -304,6 +305,39 @@ json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::st
                     {"attn_products_at_peak_ms", attn_ms}, {"gemm_peak_tflops", peak},
                     {"ratio_to_gemm_floor", ms / floor_ms}, {"ratio_to_matmul_floor", ms / (floor_ms + attn_ms)},
                     {"kernels", kernels}});
+  }
+  return rows;
+}
+
+// Mamba-1's convolution and selective scan (kernels/mamba_scan.h) at Phi-4-mini-flash's shape (d_inner 5120,
+// d_state 16, K = 4) on random inputs: one layer's worth at each length, for the scan's share of a SambaY prefill.
+json bench_mamba(CudaBackend& b, int repeat, int warm_ms) {
+  json rows = json::array();
+  const int ch = 5120, S = 16, K = 4;
+  std::printf("\n%-30s %6s %12s %12s\n", "Mamba-1 layer kernels", "n", "conv ms", "scan ms");
+  for (int64_t n : {int64_t(4096), int64_t(32768)}) {
+    DeviceBuffer x(size_t(n) * ch * 2, "bench"), u(size_t(n) * ch * 2, "bench"), dt(size_t(n) * ch * 2, "bench"),
+        bc(size_t(n) * 2 * S * 2, "bench"), z(size_t(n) * ch * 2, "bench"), y(size_t(n) * ch * 2, "bench"),
+        yg(size_t(n) * ch * 2, "bench"), w(size_t(ch) * K * 4, "bench"), f(size_t(ch) * (S + 3) * 4, "bench");
+    uint64_t seed = 77;
+    for (DeviceBuffer* d : {&x, &dt, &bc, &z})
+      DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(d->as<bf16>(), int64_t(d->bytes() / 2), seed++, 1.f, b.stream()));
+    DS_CUDA_CHECK(kern::launch_fill_f32(w.as<float>(), ch * K, 0.25f, b.stream()));
+    DS_CUDA_CHECK(kern::launch_fill_f32(f.as<float>(), int64_t(ch) * (S + 3), -0.5f, b.stream()));  // A < 0, bias, D
+    const double conv_ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) {
+      DS_CUDA_CHECK(kern::launch_causal_conv_silu(x.as<bf16>(), ch, w.as<float>(), f.as<float>(), K, u.as<bf16>(), ch, n,
+                                                  ch, b.stream()));
+    });
+    kern::ScanParams p;
+    p.n = n, p.channels = ch, p.state = S, p.u = u.as<bf16>(), p.ld_u = ch, p.dt = dt.as<bf16>(), p.ld_dt = ch;
+    p.A = f.as<float>(), p.dt_bias = f.as<float>() + ch * S, p.D = f.as<float>() + ch * (S + 1);
+    p.B = bc.as<bf16>(), p.C = bc.as<bf16>() + S, p.ld_bc = 2 * S, p.z = z.as<bf16>(), p.ld_z = ch;
+    p.y = y.as<bf16>(), p.y_gated = yg.as<bf16>(), p.ld_y = ch;
+    const double scan_ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) {
+      DS_CUDA_CHECK(kern::launch_selective_scan(p, b.stream()));
+    });
+    std::printf("%-30s %6lld %12.3f %12.3f\n", "mamba[phi4flash shape]", (long long)n, conv_ms, scan_ms);
+    rows.push_back({{"n", n}, {"channels", ch}, {"state", S}, {"conv_ms", conv_ms}, {"scan_ms", scan_ms}});
   }
   return rows;
 }
@@ -617,6 +651,7 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     if (want("lambda")) r["lambda"] = bench_lambda(b, o.repeat);
   }
   if (want("table7")) r["table7"] = bench_table7(b, o, model_repeat);
+  if (want("mamba")) r["mamba"] = bench_mamba(b, model_repeat, o.warmup_ms);
   if (want("motif")) {
     b.load_random(motif_shape(), 1);
     r["motif_shape"] = "Motif-Technologies/Motif-2.6b-v1.1-LC (random bf16 weights on the GPU)";

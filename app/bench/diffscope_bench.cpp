@@ -57,6 +57,8 @@ const char* kUsage =
     "                                    28 layers, MLP 8192, vocab 100288 are assumed (the JSON says so)\n"
     "                         motif      prefill of a Motif-2.6b-v1.1-LC-shaped model (random bf16 weights) at\n"
     "                                    1 x 4K and 1 x 16K tokens against the GEMM-only floor of the same shapes\n"
+    "                         mamba      Mamba-1's convolution and selective scan (kernels/mamba_scan.h) at\n"
+    "                                    Phi-4-mini-flash's shape (d_inner 5120, d_state 16) at 4K and 32K tokens\n"
     "                         views      long prompts (1K .. 128K tokens, kajuma shape) through the map queries:\n"
     "                                    forward, a 1024 x 1024 head view, every layer's statistics, a lambda\n"
     "                                    change, peak RSS (only with --only views: minutes at 128K)\n"
