@@ -1,8 +1,5 @@
-// The selective scan keeps one (channel, state) pair of h per lane: a group of G lanes (G = 16, or 32 when
-// d_state > 16) holds one channel, and each step reduces C h over the group with shuffles. Time is sequential inside
-// a lane; channels (d_inner = 5120 in Phi-4-mini-flash: 640 blocks of 8 channels) give the parallelism. The next
-// step's inputs are loaded before the current step's arithmetic, so a step waits on the shuffles and the exp, not
-// on memory. The convolution is element-wise over (token, channel), K taps read from the previous rows.
+// The selective scan runs time in parallel chunks (below); the convolution is element-wise over (token, channel),
+// K taps read from the previous rows.
 #include "mamba_scan.h"
 
 namespace ds::kern {
@@ -28,37 +25,97 @@ __global__ void __launch_bounds__(256) conv_silu_kernel(const __nv_bfloat16* x, 
   u[t * ld_u + c] = __float2bfloat16(silu(acc));
 }
 
-template <int G>
-__global__ void __launch_bounds__(THREADS) scan_kernel(const ScanParams p) {
-  const int lane = threadIdx.x % G, c = int(blockIdx.x) * (THREADS / G) + int(threadIdx.x) / G;
-  const bool live = c < p.channels, on = live && lane < p.state;
-  const float a = on ? p.A[int64_t(c) * p.state + lane] : 0.f;
-  const float bias = live ? p.dt_bias[c] : 0.f, dskip = live ? p.D[c] : 0.f;
-  float h = 0.f;
-  // inputs of step t, loaded one step ahead
-  auto load = [&](int64_t t, float& u, float& dt, float& b, float& cc, float& zz) {
-    u = live ? __bfloat162float(p.u[t * p.ld_u + c]) : 0.f;
-    dt = live ? __bfloat162float(p.dt[t * p.ld_dt + c]) : 0.f;
-    b = on ? __bfloat162float(p.B[t * p.ld_bc + lane]) : 0.f;
-    cc = on ? __bfloat162float(p.C[t * p.ld_bc + lane]) : 0.f;
-    zz = live && p.y_gated ? __bfloat162float(p.z[t * p.ld_z + c]) : 0.f;
-  };
-  float u, dt, b, cc, zz;
-  load(0, u, dt, b, cc, zz);
-  for (int64_t t = 0; t < p.n; ++t) {
-    const float u0 = u, dt0 = dt, b0 = b, c0 = cc, z0 = zz;
-    if (t + 1 < p.n) load(t + 1, u, dt, b, cc, zz);
-    const float delta = softplus(dt0 + bias);
-    h = fmaf(__expf(delta * a), h, delta * b0 * u0);
-    float part = c0 * h;
+// One thread per channel holds the channel's whole state h[S] in registers; time is cut into chunks of CHUNK steps
+// that run in parallel, since h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t is linear in h:
+//   pass 1 (chunk_state):  each chunk from h = 0: its end state and the sum of its deltas (the chunk's decay is
+//                          exp(A sum delta));
+//   pass 2 (chunk_carry):  per channel, the chunks' true start states, sequentially over the chunks;
+//   pass 3 (chunk_output): each chunk again from its start state, writing y.
+// Consecutive threads take consecutive channels, so u, dt and z loads coalesce; B and C rows are the same for every
+// channel (broadcast from L1).
+constexpr int CHUNK = 256;
+
+template <int SMAX>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t t0, int64_t t1, float (&h)[SMAX],
+                                            const float (&a)[SMAX], float bias, float dskip, float* dsum, bool out) {
+  float sum = 0.f;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float u = __bfloat162float(p.u[t * p.ld_u + c]);
+    const float delta = softplus(__bfloat162float(p.dt[t * p.ld_dt + c]) + bias);
+    sum += delta;
+    const __nv_bfloat16* bt = p.B + t * p.ld_bc;
+    const __nv_bfloat16* ct = p.C + t * p.ld_bc;
+    float y = dskip * u;
 #pragma unroll
-    for (int o = G / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o, G);
-    if (live && lane == 0) {
-      const float y = fmaf(dskip, u0, part);
+    for (int s = 0; s < SMAX; ++s) {
+      if (s >= p.state) break;
+      h[s] = fmaf(__expf(delta * a[s]), h[s], delta * __bfloat162float(bt[s]) * u);
+      if (out) y = fmaf(__bfloat162float(ct[s]), h[s], y);
+    }
+    if (out) {
       if (p.y) p.y[t * p.ld_y + c] = __float2bfloat16(y);
-      if (p.y_gated) p.y_gated[t * p.ld_y + c] = __float2bfloat16(y * silu(z0));
+      if (p.y_gated) p.y_gated[t * p.ld_y + c] = __float2bfloat16(y * silu(__bfloat162float(p.z[t * p.ld_z + c])));
     }
   }
+  if (dsum) *dsum = sum;
+}
+
+// hs: [chunks][channels][state] f32 (pass 1 writes end states, pass 2 turns them into start states); ds: [chunks]
+// [channels] f32, the chunks' delta sums.
+template <int SMAX>
+__global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p, float* hs, float* ds) {
+  const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  if (c >= p.channels) return;
+  float h[SMAX] = {}, a[SMAX];
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s) a[s] = s < p.state ? p.A[int64_t(c) * p.state + s] : 0.f;
+  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  float sum;
+  chunk_steps<SMAX>(p, c, t0, t1, h, a, p.dt_bias[c], p.D[c], &sum, false);
+  float* out = hs + (int64_t(k) * p.channels + c) * p.state;
+  for (int s = 0; s < p.state; ++s) out[s] = h[s];
+  ds[int64_t(k) * p.channels + c] = sum;
+}
+
+// One thread per (channel, state): start(0) = 0, start(k + 1) = exp(A sum_k) start(k) + end(k), in place.
+__global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, int chunks, float* hs, const float* ds) {
+  const int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= int64_t(p.channels) * p.state) return;
+  const int c = int(i / p.state);
+  const float a = p.A[i];
+  float start = 0.f;
+  for (int k = 0; k < chunks; ++k) {
+    float* e = hs + int64_t(k) * p.channels * p.state + i;
+    const float end = *e;
+    *e = start;
+    start = fmaf(__expf(a * ds[int64_t(k) * p.channels + c]), start, end);
+  }
+}
+
+template <int SMAX>
+__global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
+  const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  if (c >= p.channels) return;
+  float h[SMAX], a[SMAX];
+  const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s) {
+    a[s] = s < p.state ? p.A[int64_t(c) * p.state + s] : 0.f;
+    h[s] = s < p.state ? start[s] : 0.f;
+  }
+  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  chunk_steps<SMAX>(p, c, t0, t1, h, a, p.dt_bias[c], p.D[c], nullptr, true);
+}
+
+template <int SMAX>
+cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  const int chunks = int((p.n + CHUNK - 1) / CHUNK);
+  const dim3 grid(unsigned((p.channels + THREADS - 1) / THREADS), unsigned(chunks));
+  chunk_state_kernel<SMAX><<<grid, THREADS, 0, stream>>>(p, hs, ds);
+  const int64_t pairs = int64_t(p.channels) * p.state;
+  chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
+  chunk_output_kernel<SMAX><<<grid, THREADS, 0, stream>>>(p, hs);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -71,16 +128,19 @@ cudaError_t launch_causal_conv_silu(const __nv_bfloat16* x, int64_t ld_x, const 
   return cudaGetLastError();
 }
 
-cudaError_t launch_selective_scan(const ScanParams& p, cudaStream_t stream) {
+size_t selective_scan_workspace(const ScanParams& p) {
+  const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
+  return size_t(chunks) * size_t(p.channels) * size_t(p.state + 1) * sizeof(float);
+}
+
+cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStream_t stream) {
   if (p.n <= 0 || p.channels <= 0 || p.state <= 0 || p.state > 32 || !p.u || !p.dt || !p.dt_bias || !p.A || !p.B ||
-      !p.C || !p.D || (!p.y && !p.y_gated) || (p.y_gated && !p.z))
+      !p.C || !p.D || (!p.y && !p.y_gated) || (p.y_gated && !p.z) || !workspace)
     return cudaErrorInvalidValue;
-  if (p.state <= 16) {
-    scan_kernel<16><<<unsigned((p.channels + THREADS / 16 - 1) / (THREADS / 16)), THREADS, 0, stream>>>(p);
-  } else {
-    scan_kernel<32><<<unsigned((p.channels + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
+  float* hs = static_cast<float*>(workspace);
+  float* ds = hs + chunks * p.channels * p.state;
+  return p.state <= 16 ? run_scan<16>(p, hs, ds, stream) : run_scan<32>(p, hs, ds, stream);
 }
 
 }  // namespace ds::kern

@@ -34,6 +34,9 @@ struct ScanParams {
   __nv_bfloat16* y_gated = nullptr;   // [n, ld_y] y silu(z), or null
   int64_t ld_u = 0, ld_dt = 0, ld_bc = 0, ld_z = 0, ld_y = 0;
 };
-cudaError_t launch_selective_scan(const ScanParams& p, cudaStream_t stream);
+// workspace: device memory of selective_scan_workspace(p) bytes (the chunks' states; 2.7 MB per 4K tokens at
+// Phi-4-mini-flash's shape).
+size_t selective_scan_workspace(const ScanParams& p);
+cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -752,7 +752,8 @@ TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> U(-1.f, 1.f);
-  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{300, 40, 5}, std::tuple{129, 19, 24}}) {
+  // n = 600 spans three 256-step chunks of the scan (their states carried), 37 and 129 fit in one
+  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{600, 140, 5}, std::tuple{129, 19, 24}}) {
     const int K = 4;
     const int64_t ldx = ch + 5, ldu = ch + 3, ldbc = S + 2;
     const std::vector<uint16_t> x = random_bf16(size_t(n) * ldx, rng, 2.f), dt = random_bf16(size_t(n) * ch, rng, 2.f),
@@ -779,7 +780,8 @@ TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
     p.dt = ddt.as<bf16>(), p.ld_dt = ch, p.dt_bias = ddtb.as<float>(), p.A = dA.as<float>(), p.D = dD.as<float>();
     p.B = dbc.as<bf16>(), p.C = dbc.as<bf16>() + S, p.ld_bc = ldbc * 2;  // B and C side by side in one row
     p.z = dz.as<bf16>(), p.ld_z = ch, p.y = dy.as<bf16>(), p.y_gated = dyg.as<bf16>(), p.ld_y = ch;
-    DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, nullptr));
+    DeviceBuffer ws(ds::kern::selective_scan_workspace(p), "test");
+    DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, ws.get(), nullptr));
     DS_CUDA_CHECK(cudaDeviceSynchronize());
     const auto u = to_host<uint16_t>(du, size_t(n) * ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
                yg = to_host<uint16_t>(dyg, size_t(n) * ch);

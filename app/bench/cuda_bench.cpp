@@ -333,8 +333,9 @@ json bench_mamba(CudaBackend& b, int repeat, int warm_ms) {
     p.A = f.as<float>(), p.dt_bias = f.as<float>() + ch * S, p.D = f.as<float>() + ch * (S + 1);
     p.B = bc.as<bf16>(), p.C = bc.as<bf16>() + S, p.ld_bc = 2 * S, p.z = z.as<bf16>(), p.ld_z = ch;
     p.y = y.as<bf16>(), p.y_gated = yg.as<bf16>(), p.ld_y = ch;
+    DeviceBuffer ws(kern::selective_scan_workspace(p), "bench");
     const double scan_ms = time_events(b.stream(), 2, warm_ms, repeat, [&](int) {
-      DS_CUDA_CHECK(kern::launch_selective_scan(p, b.stream()));
+      DS_CUDA_CHECK(kern::launch_selective_scan(p, ws.get(), b.stream()));
     });
     std::printf("%-30s %6lld %12.3f %12.3f\n", "mamba[phi4flash shape]", (long long)n, conv_ms, scan_ms);
     rows.push_back({{"n", n}, {"channels", ch}, {"state", S}, {"conv_ms", conv_ms}, {"scan_ms", scan_ms}});
