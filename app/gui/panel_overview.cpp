@@ -151,8 +151,13 @@ void draw_overview_panel(AppState& st) {
       sc.hi = std::max(std::max(std::fabs(lo), std::fabs(hi)), 1e-12f);
       sc.lo = -sc.hi;
     } else {
-      sc.lo = std::min(lo, 0.0f);
-      sc.hi = std::max(hi, sc.lo + 1e-12f);
+      // Masses (first token, negative mass) start at 0; entropies and logits use the range the heads span, so that
+      // the differences between heads show (at 32K tokens every entropy is near ln n).
+      const bool spread = shown == OverviewMode::EntropyA1 || shown == OverviewMode::EntropyA2 ||
+                          shown == OverviewMode::EntropyDiff || shown == OverviewMode::MaxLogit1 ||
+                          shown == OverviewMode::MaxLogit2;
+      sc.lo = spread ? lo : std::min(lo, 0.0f);
+      sc.hi = std::max(hi, sc.lo + 1e-6f * std::max(1.0f, std::fabs(sc.lo)));
     }
   }
   const Colormap cm =
