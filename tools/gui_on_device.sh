@@ -131,31 +131,7 @@ pack_gui() {
   rm -rf /tmp/ds_gui_pack && mkdir -p /tmp/ds_gui_pack/bin /tmp/ds_gui_pack/lib
   strip -o /tmp/ds_gui_pack/bin/diffscope "$B/diffscope"
   # libopenblas (36 MB) serves only the CPU backend: a plain C sgemm stands in, so that the binary loads.
-  cat > /tmp/ds_gui_pack/blas.c <<'C'
-// Stand-in for libopenblas.so.0 in the GUI pack: cblas_sgemm as plain loops (correct, slow; the CPU backend only).
-#include <stdio.h>
-enum { RowMajor = 101, ColMajor = 102, NoTrans = 111 };
-void openblas_set_num_threads(int n) { (void)n; }
-void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
-  static int warned;
-  if (!warned++) fprintf(stderr, "diffscope GUI pack: cblas_sgemm is a slow stand-in (use the CUDA backend)\n");
-  if (order == ColMajor) {  // C^T = op(B)^T op(A)^T in row-major terms
-    int t = ta; ta = tb; tb = t; t = M; M = N; N = t;
-    const float* p = A; A = B; B = p; t = lda; lda = ldb; ldb = t;
-  }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      float s = 0;
-      for (int k = 0; k < K; ++k)
-        s += (ta == NoTrans ? A[(long)i * lda + k] : A[(long)k * lda + i]) *
-             (tb == NoTrans ? B[(long)k * ldb + j] : B[(long)j * ldb + k]);
-      C[(long)i * ldc + j] = alpha * s + (beta == 0.f ? 0.f : beta * C[(long)i * ldc + j]);
-    }
-}
-C
-  gcc -O2 -shared -fPIC -o /tmp/ds_gui_pack/lib/libopenblas.so.0 -Wl,-soname,libopenblas.so.0 /tmp/ds_gui_pack/blas.c
-  rm /tmp/ds_gui_pack/blas.c
+  gcc -O2 -shared -fPIC -o /tmp/ds_gui_pack/lib/libopenblas.so.0 -Wl,-soname,libopenblas.so.0 tools/cblas_standin.c
   # The rest, found with the stand-in first (so none of openblas's own libraries); those the X11 pack carries are
   # left to it (both packs go onto LD_LIBRARY_PATH).
   local skip='libopenblas*'
