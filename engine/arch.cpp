@@ -7,15 +7,25 @@ namespace ds {
 namespace {
 
 const std::vector<ArchSpec> kArchTable = {
-    {Arch::DiffLlama, "DiffLlama", "DiffLlamaForCausalLM", "diffllama", true, Pairing::Chunked, 0, "rms_norm_eps", false,
-     MlpAct::Silu, nullptr, "silu", 0.0, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2", "self_attn.lambda_k2",
-     nullptr, nullptr, nullptr, {}, nullptr},
-    {Arch::Llama, "Llama", "LlamaForCausalLM", "llama", false, Pairing::None, 0, "rms_norm_eps", false, MlpAct::Silu,
-     nullptr, "silu", 0.0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, {}, nullptr},
-    {Arch::Motif, "Motif", "MotifForCausalLM", "motif", true, Pairing::Interleaved, -1, "attn_rms_norm_eps", true,
-     MlpAct::PolyNorm, "num_noise_heads", "poly_norm", 1e-6, "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2",
-     "self_attn.lambda_k2", "self_attn.subln.weight", "mlp.act_fn.weight", "mlp.act_fn.bias",
-     {"kv_lora_rank", "mhc_enabled", "num_experts"}, "a Motif-3 model (latent attention, mixture of experts)"},
+    {.arch = Arch::DiffLlama, .family = "DiffLlama", .architecture = "DiffLlamaForCausalLM",
+     .model_type = "diffllama", .differential = true, .pairing = Pairing::Chunked, .lambda_layer_offset = 0,
+     .subln_eps_key = "rms_norm_eps", .subln_weight = false, .mlp = MlpAct::Silu, .noise_heads_key = nullptr,
+     .hidden_act = "silu", .act_eps = 0.0, .lambda_q1 = "self_attn.lambda_q1", .lambda_k1 = "self_attn.lambda_k1",
+     .lambda_q2 = "self_attn.lambda_q2", .lambda_k2 = "self_attn.lambda_k2", .subln = nullptr, .act_weight = nullptr,
+     .act_bias = nullptr, .refuse_keys = {}, .refused_variant = nullptr},
+    {.arch = Arch::Llama, .family = "Llama", .architecture = "LlamaForCausalLM", .model_type = "llama",
+     .differential = false, .pairing = Pairing::None, .lambda_layer_offset = 0, .subln_eps_key = "rms_norm_eps",
+     .subln_weight = false, .mlp = MlpAct::Silu, .noise_heads_key = nullptr, .hidden_act = "silu", .act_eps = 0.0,
+     .lambda_q1 = nullptr, .lambda_k1 = nullptr, .lambda_q2 = nullptr, .lambda_k2 = nullptr, .subln = nullptr,
+     .act_weight = nullptr, .act_bias = nullptr, .refuse_keys = {}, .refused_variant = nullptr},
+    {.arch = Arch::Motif, .family = "Motif", .architecture = "MotifForCausalLM", .model_type = "motif",
+     .differential = true, .pairing = Pairing::Interleaved, .lambda_layer_offset = -1,
+     .subln_eps_key = "attn_rms_norm_eps", .subln_weight = true, .mlp = MlpAct::PolyNorm,
+     .noise_heads_key = "num_noise_heads", .hidden_act = "poly_norm", .act_eps = 1e-6,
+     .lambda_q1 = "self_attn.lambda_q1", .lambda_k1 = "self_attn.lambda_k1", .lambda_q2 = "self_attn.lambda_q2",
+     .lambda_k2 = "self_attn.lambda_k2", .subln = "self_attn.subln.weight", .act_weight = "mlp.act_fn.weight",
+     .act_bias = "mlp.act_fn.bias", .refuse_keys = {"kv_lora_rank", "mhc_enabled", "num_experts"},
+     .refused_variant = "a Motif-3 model (latent attention, mixture of experts)"},
 };
 
 }  // namespace
