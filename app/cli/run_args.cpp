@@ -22,7 +22,7 @@ const char* kUsage =
     "  --backend cpu|cuda|cuda:N|auto  compute backend (default auto: CUDA when a GPU is usable; cuda:N = GPU N)\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "  --top-k N              next-token candidates to print (default 5)\n"
-    "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; DiffLlama only)\n"
+    "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; differential models only)\n"
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
     "  --dump FILE            write logits [n, vocab], per layer layers.L.attn1/attn2 [H, n, n] and layers.L.lambda\n"
     "                         (Llama: layers.L.attn) as safetensors; with --rows or --view it writes those instead\n"
