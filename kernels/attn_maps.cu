@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(256) stats_reduce_kernel(const float* row_stat
 }
 
 // One thread per (chunk row, grid column): reduces its row's cells of that column block and folds the result into
-// the grid cell of the row's block. Probabilities are >= 0, so their max can use the integer atomicMax.
+// the grid cell of the row's block.
 __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nmaps, int rows, int n, int row0,
                                                        ViewPoolArgs v, float* a1, float* a2, float* dd) {
   const int t = int(blockIdx.x) * 256 + int(threadIdx.x);
@@ -171,26 +171,12 @@ __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nm
   float x1 = 0.f, x2 = 0.f, xd = 0.f;
   for (int64_t k = c0; k < c1; ++k) {
     const float p1 = s1[k], p2 = s2 ? s2[k] : 0.f, d = p1 - v.lambda * p2;  // 0 right of the diagonal
-    if (v.mean) {
-      x1 += p1;
-      x2 += p2;
-      xd += d;
-    } else {
-      x1 = fmaxf(x1, p1);
-      x2 = fmaxf(x2, p2);
-      if (fabsf(d) > fabsf(xd) || (fabsf(d) == fabsf(xd) && d > xd)) xd = d;
-    }
+    x1 = pool_op(x1, p1, v.mean, false);
+    x2 = pool_op(x2, p2, v.mean, false);
+    xd = pool_op(xd, d, v.mean, true);
   }
   const int64_t cell = int64_t(view_block(q - v.q0, v.q1 - v.q0, v.rows)) * v.cols + j;
-  if (v.mean) {
-    atomicAdd(a1 + cell, x1);
-    if (s2) atomicAdd(a2 + cell, x2);
-    atomicAdd(dd + cell, xd);
-  } else {
-    atomicMax(reinterpret_cast<int*>(a1 + cell), __float_as_int(x1));
-    if (s2) atomicMax(reinterpret_cast<int*>(a2 + cell), __float_as_int(x2));
-    atomicMax(reinterpret_cast<unsigned*>(dd + cell), max_abs_key(xd));
-  }
+  pool_into(a1, s2 ? a2 : nullptr, dd, cell, x1, x2, xd, v.mean);
 }
 
 // The accumulators to values: mean sums divided by their cells' entry counts, signed max keys decoded.

@@ -919,26 +919,6 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   }
 }
 
-// Folds a pooled value of each map into grid cell `cell` (attn_maps.h's accumulators): a sum (mean pooling), or a
-// maximum; the signed map's maximum goes through max_abs_key. Fire-and-forget reductions: nothing waits for them.
-__device__ __forceinline__ void pool_into(float* g1, float* g2, float* gd, int64_t cell, float x1, float x2, float xd,
-                                          bool mean) {
-  if (mean) {
-    atomicAdd(g1 + cell, x1);
-    if (g2) atomicAdd(g2 + cell, x2);
-    atomicAdd(gd + cell, xd);
-  } else {
-    atomicMax(reinterpret_cast<int*>(g1 + cell), __float_as_int(x1));  // probabilities are >= 0
-    if (g2) atomicMax(reinterpret_cast<int*>(g2 + cell), __float_as_int(x2));
-    atomicMax(reinterpret_cast<unsigned*>(gd + cell), max_abs_key(xd));
-  }
-}
-__device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signed_max) {
-  if (mean) return a + b;
-  if (!signed_max) return fmaxf(a, b);
-  return fabsf(b) > fabsf(a) || (fabsf(b) == fabsf(a) && b > a) ? b : a;
-}
-
 // The grid row of the 8 query rows [rb, rb + 8) when they all lie in the rectangle and in one grid row, else -1.
 __device__ __forceinline__ int block_of_8(int64_t rb, int64_t lo, int64_t hi, int blocks) {
   if (rb < lo || rb + 7 >= hi) return -1;

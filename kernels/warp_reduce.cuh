@@ -1,6 +1,7 @@
-// Warp-wide reductions by butterfly shuffles (every lane of the full warp gets the result), and the key of the
-// signed max-pool.
+// Warp-wide reductions by butterfly shuffles (every lane of the full warp gets the result), and the pooling of views
+// that both view paths share (the signed max-pool's key, the fold of two entries, the fold into a grid cell).
 #pragma once
+#include <cstdint>
 #include <cstring>
 
 namespace ds::kern {
@@ -34,6 +35,27 @@ __host__ __device__ __forceinline__ float max_abs_value(unsigned key) {
   float v;
   memcpy(&v, &b, 4);
   return v;
+}
+
+// A view's pooling (kernels/attn_maps.h's accumulators): pool_op folds two entries of one map (a sum for mean
+// pooling, else the maximum; the signed map keeps the entry of largest magnitude, the positive one on a tie);
+// pool_into folds each map's pooled value into grid cell `cell` with fire-and-forget atomics (g2 null: one map).
+__device__ __forceinline__ float pool_op(float a, float b, bool mean, bool signed_max) {
+  if (mean) return a + b;
+  if (!signed_max) return fmaxf(a, b);
+  return fabsf(b) > fabsf(a) || (fabsf(b) == fabsf(a) && b > a) ? b : a;
+}
+__device__ __forceinline__ void pool_into(float* g1, float* g2, float* gd, int64_t cell, float x1, float x2, float xd,
+                                          bool mean) {
+  if (mean) {
+    atomicAdd(g1 + cell, x1);
+    if (g2) atomicAdd(g2 + cell, x2);
+    atomicAdd(gd + cell, xd);
+  } else {
+    atomicMax(reinterpret_cast<int*>(g1 + cell), __float_as_int(x1));  // probabilities are >= 0
+    if (g2) atomicMax(reinterpret_cast<int*>(g2 + cell), __float_as_int(x2));
+    atomicMax(reinterpret_cast<unsigned*>(gd + cell), max_abs_key(xd));
+  }
 }
 
 }  // namespace ds::kern

@@ -472,6 +472,14 @@ def crosscheck_published(src, folder, use_cache_modes=(False, True)):
     ids = torch.from_numpy(exp.get("input_ids", np.int64))[None]
     mx = lambda a, key: float(np.max(np.abs(np.asarray(a, dtype=np.float64) - exp.get(key))))
     name = os.path.basename(folder)
+
+    def restore_lambdas(saved):  # the published lambda vectors back after an override run
+        for l, t in saved.items():
+            m = model.model.layers[l].attn.inner_cross_attn
+            with torch.no_grad():
+                for p_, v_ in zip((m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2), t):
+                    p_.copy_(v_)
+
     for use_cache in use_cache_modes:
         for run in ("", "override."):
             if run:  # force lambda_full = override t via the lambda vectors: q2 . k2 = log 2, q1 . k1 = log(t - li + 2)
@@ -492,11 +500,7 @@ def crosscheck_published(src, folder, use_cache_modes=(False, True)):
             except Exception as e:  # noqa: BLE001
                 print(f"{name} published (use_cache={use_cache}) {run or 'plain'}: FAILED {type(e).__name__}: {e}")
                 if run:
-                    for l, t in saved.items():
-                        m = model.model.layers[l].attn.inner_cross_attn
-                        with torch.no_grad():
-                            for p_, v_ in zip((m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2), t):
-                                p_.copy_(v_)
+                    restore_lambdas(saved)
                 continue
             res = {"logits": mx(out.logits[0].numpy(), run + "logits")}
             if not run and not use_cache:  # float64 against float64, before the F32 storage of expected
@@ -522,11 +526,7 @@ def crosscheck_published(src, folder, use_cache_modes=(False, True)):
             print(f"{name} published (use_cache={use_cache}) {run or 'plain'}: max |diff| vs expected: "
                   + ", ".join(f"{k} {v:.2e}" for k, v in res.items()))
             if run:
-                for l, t in saved.items():
-                    m = model.model.layers[l].attn.inner_cross_attn
-                    with torch.no_grad():
-                        for p_, v_ in zip((m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2), t):
-                            p_.copy_(v_)
+                restore_lambdas(saved)
 
 
 def main():
