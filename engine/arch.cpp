@@ -1,5 +1,6 @@
 // The architecture table (arch.h). Sources of each row's facts: DiffLlama and Llama from transformers'
-// modeling_diffllama.py / modeling_llama.py; Motif from its published modeling_motif.py (docs/models/motif.md).
+// modeling_diffllama.py / modeling_llama.py; Motif from its published modeling_motif.py (docs/models/motif.md);
+// Phi4Flash from the published modeling_phi4flash.py (docs/models/phi4flash.md).
 #include "arch.h"
 
 namespace ds {
@@ -26,6 +27,17 @@ const std::vector<ArchSpec> kArchTable = {
      .lambda_k2 = "self_attn.lambda_k2", .subln = "self_attn.subln.weight", .act_weight = "mlp.act_fn.weight",
      .act_bias = "mlp.act_fn.bias", .refuse_keys = {"kv_lora_rank", "mhc_enabled", "num_experts"},
      .refused_variant = "a Motif-3 model (latent attention, mixture of experts)"},
+    {.arch = Arch::Phi4Flash, .family = "Phi4Flash", .architecture = "Phi4FlashForCausalLM", .model_type = "phi4flash",
+     .differential = true, .pairing = Pairing::Interleaved, .lambda_layer_offset = 0, .subln_eps_key = nullptr,
+     .subln_weight = true, .mlp = MlpAct::Silu, .noise_heads_key = nullptr, .hidden_act = "silu", .act_eps = 0.0,
+     .lambda_q1 = "attn.inner_cross_attn.lambda_q1", .lambda_k1 = "attn.inner_cross_attn.lambda_k1",
+     .lambda_q2 = "attn.inner_cross_attn.lambda_q2", .lambda_k2 = "attn.inner_cross_attn.lambda_k2",
+     .subln = "attn.inner_cross_attn.subln.weight", .act_weight = nullptr, .act_bias = nullptr, .refuse_keys = {},
+     .refused_variant = nullptr, .schedule = Schedule::SambaY, .norm = NormKind::LayerNorm,
+     .norm_eps_key = "layer_norm_eps", .rotary = false, .subln_eps_fixed = 1e-5, .q_proj = nullptr, .k_proj = nullptr,
+     .v_proj = nullptr, .qkv_proj = "attn.Wqkv", .o_proj = "attn.out_proj", .attn_bias = true, .gate_proj = nullptr,
+     .up_proj = nullptr, .gate_up_proj = "mlp.fc1", .down_proj = "mlp.fc2", .mixer = "attn.",
+     .final_norm = "model.final_layernorm"},
 };
 
 }  // namespace

@@ -12,7 +12,7 @@
 
 namespace ds {
 
-enum class Arch { DiffLlama, Llama, Motif };
+enum class Arch { DiffLlama, Llama, Motif, Phi4Flash };
 
 // How a differential checkpoint lays out the two maps' query/key/value heads. Chunked (transformers' DiffLlama):
 // map 1 of differential head j is query head j, map 2 is j + H/2 (keys and values likewise in halves). Interleaved
@@ -25,6 +25,16 @@ enum class MlpAct {
   Silu,      // silu(g)
   PolyNorm,  // w0 N(g^3) + w1 N(g^2) + w2 N(g) + b, N(z) = z / sqrt(mean(z^2) + eps) over the row (Motif)
 };
+
+// Which mixer each layer has. Uniform: every layer is self-attention. SambaY (Phi-4-mini-flash, docs/models/
+// phi4flash.md section 2): with half = L/2, even layers below half are Mamba-1, odd ones sliding-window differential
+// attention; layer half is the memory Mamba (its ungated scan output feeds the gated memory units), half + 1 full
+// differential attention whose K and V every cross-attention layer reuses (YOCO); above it even layers are gated
+// memory units and odd ones differential cross-attention. ModelConfig::kinds holds the result per layer.
+enum class Schedule { Uniform, SambaY };
+
+// The block norms (input, post-attention, final): RMSNorm with a weight, or LayerNorm with a weight and a bias.
+enum class NormKind { Rms, LayerNorm };
 
 struct ArchSpec {
   Arch arch;
@@ -59,13 +69,34 @@ struct ArchSpec {
   // it is (Motif-3 reuses MotifForCausalLM for latent attention and experts).
   std::vector<std::string> refuse_keys;
   const char* refused_variant;
+  // --- options of the hybrid families; the defaults are the Llama-style decoder's
+  Schedule schedule = Schedule::Uniform;
+  NormKind norm = NormKind::Rms;
+  const char* norm_eps_key = "rms_norm_eps";
+  bool rotary = true;             // RoPE on q and k (SambaY's attention has no position encoding)
+  double subln_eps_fixed = 0;     // > 0: the sub-layer norm's eps is this constant, not subln_eps_key's value
+  // Tensor names inside model.layers.{l}. Separate q/k/v/o projections without bias, or one fused [q|k|v]
+  // projection (qkv) whose and o's biases are stored when attn_bias.
+  const char* q_proj = "self_attn.q_proj";
+  const char* k_proj = "self_attn.k_proj";
+  const char* v_proj = "self_attn.v_proj";
+  const char* qkv_proj = nullptr;
+  const char* o_proj = "self_attn.o_proj";
+  bool attn_bias = false;
+  // The MLP's gate and up projections as two tensors, or fused (gate_up: gate rows first, then up rows).
+  const char* gate_proj = "mlp.gate_proj";
+  const char* up_proj = "mlp.up_proj";
+  const char* gate_up_proj = nullptr;
+  const char* down_proj = "mlp.down_proj";
+  const char* mixer = "self_attn.";  // prefix of the Mamba / GMU tensors (SambaY: "attn.")
+  const char* final_norm = "model.norm";
 };
 
 const std::vector<ArchSpec>& arch_table();
 const ArchSpec& arch_spec(Arch a);
 // The row whose architecture (or, when config.json names none, whose model_type) matches; nullptr if none.
 const ArchSpec* find_arch(const std::string& architecture, const std::string& model_type);
-// "DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM": for the unsupported-architecture message.
+// "DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM, Phi4FlashForCausalLM": for the unsupported-architecture message.
 std::string supported_architectures();
 
 }  // namespace ds

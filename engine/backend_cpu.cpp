@@ -1,9 +1,13 @@
 // CPU backend: the reference forward pass. Weights are converted to f32 on load; matrix products go through
 // OpenBLAS; everything else is plain loops in f32 with sums in double where it matters. It computes exactly what
-// transformers' DiffLlama / Llama eager forward computes (the head mapping: kernels/attn_heads.h).
+// transformers' DiffLlama / Llama eager forward computes (the head mapping: kernels/attn_heads.h), and for the
+// families of the architecture table (arch.h) what their published code computes: Motif's PolyNorm MLP, and
+// SambaY's layers (Phi-4-mini-flash: LayerNorm with bias, Mamba-1, gated memory units, sliding-window and
+// cross-layer differential attention without RoPE; docs/models/phi4flash.md).
 //
 // Activations kept between calls (so a lambda change re-runs only from the first changed layer):
 //   layer_in_[l]  [n, D]   input of layer l (l = 0..L); layer_in_[L] is the last layer's output.
+//   memory_       [n, di]  SambaY: the memory layer's scan output, read by the GMU layers after it.
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <thread>
 #include <unistd.h>
 
@@ -41,11 +46,24 @@ double available_memory() {
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct LayerW {
-  std::vector<float> ln1, ln2;        // [D]
-  std::vector<float> wq, wk, wv, wo;  // [H*d, D] [Hkv*d, D] [Hkv*d, D] [D, H*d]
-  std::vector<float> gate, up, down;  // [I, D] [I, D] [D, I]
-  std::vector<float> act;             // PolyNorm: w0, w1, w2, b
+  std::vector<float> ln1, ln2, ln1_b, ln2_b;  // [D] (biases: LayerNorm families)
+  std::vector<float> wq, wk, wv, wo;          // [H*d, D] [Hkv*d, D] [Hkv*d, D] [D, H*d] (cross layers: no wk, wv)
+  std::vector<float> bq, bk, bv, bo;          // their biases, where stored
+  std::vector<float> gate, up, down;          // [I, D] [I, D] [D, I]
+  std::vector<float> act;                     // PolyNorm: w0, w1, w2, b
+  // Mamba-1 / GMU (model.h names the shapes); a_neg = -exp(A_log)
+  std::vector<float> in_proj, conv_w, conv_b, x_proj, dt_w, dt_b, a_neg, d_skip, out_proj;
 };
+
+// y[m, n] += b[n] for every row (b empty: nothing)
+void add_bias(float* y, const std::vector<float>& b, int64_t m) {
+  const int64_t n = int64_t(b.size());
+  for (int64_t i = 0; i < m && n; ++i)
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[size_t(j)];
+}
+
+float silu(float v) { return v / (1.f + std::exp(-v)); }
+double softplus(double v) { return v <= 20.0 ? std::log1p(std::exp(v)) : v; }  // as F.softplus and the scan kernel
 
 // PolyNorm (arch.h) of each row of g [n, I], in place: w0 N(g^3) + w1 N(g^2) + w2 N(g) + b.
 void polynorm(float* g, int64_t n, int64_t I, const float* wb, double eps) {
@@ -68,6 +86,20 @@ void polynorm(float* g, int64_t n, int64_t I, const float* wb, double eps) {
 // y[m, n] = x[m, k] * W[n, k]^T  (a torch Linear)
 void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.f, x, int(k), w, int(k), 0.f, y, int(n));
+}
+
+// LayerNorm with weight and bias over rows of D (biased variance, as torch).
+void layernorm(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t D, double eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * D;
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < D; ++j) s += xi[j];
+    const double mean = s / double(D);
+    for (int64_t j = 0; j < D; ++j) ss += (xi[j] - mean) * (xi[j] - mean);
+    const double r = 1.0 / std::sqrt(ss / double(D) + eps);
+    float* yi = y + i * D;
+    for (int64_t j = 0; j < D; ++j) yi[j] = float((xi[j] - mean) * r * w[j] + b[j]);
+  }
 }
 
 void rmsnorm(const float* x, const float* w, float* y, int64_t n, int64_t D, double eps) {
@@ -134,6 +166,7 @@ class CpuBackend final : public Backend {
     };
     conv(m.embed, embed_);
     conv(m.final_norm, final_norm_);
+    if (m.final_norm_b) conv(m.final_norm_b, final_norm_b_);
     if (m.lm_head != m.embed) conv(m.lm_head, lm_head_);
     layers_.assign(size_t(cfg_.layers), {});
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -141,22 +174,42 @@ class CpuBackend final : public Backend {
       LayerW& w = layers_[l];
       conv(t.ln1, w.ln1);
       conv(t.ln2, w.ln2);
-      for (auto [which, dst] : {std::pair{LayerWeight::Q, &w.wq}, std::pair{LayerWeight::K, &w.wk},
-                                std::pair{LayerWeight::V, &w.wv}, std::pair{LayerWeight::O, &w.wo}}) {
-        const TensorInfo* ti = m.layer_tensor(int64_t(l), which);
-        *dst = m.layer_weight_f32(int64_t(l), which);  // the family's layout (arch.h)
-        done += ti->nbytes;
-        if (progress) progress(total ? double(done) / double(total) : 1.0, ti->name);
+      if (t.ln1_b) conv(t.ln1_b, w.ln1_b);
+      if (t.ln2_b) conv(t.ln2_b, w.ln2_b);
+      if (m.cfg.has_maps(int64_t(l))) {
+        for (auto [which, dst, bias] :
+             {std::tuple{LayerWeight::Q, &w.wq, &w.bq}, std::tuple{LayerWeight::K, &w.wk, &w.bk},
+              std::tuple{LayerWeight::V, &w.wv, &w.bv}, std::tuple{LayerWeight::O, &w.wo, &w.bo}}) {
+          *dst = m.layer_weight_f32(int64_t(l), which);  // the family's layout (arch.h)
+          *bias = m.layer_bias_f32(int64_t(l), which);
+          const TensorInfo* ti = m.layer_tensor(int64_t(l), which);
+          if (which == LayerWeight::Q || which == LayerWeight::O || !t.qkv) done += ti->nbytes;  // fused: once
+          if (progress) progress(total ? double(done) / double(total) : 1.0, ti->name);
+        }
       }
+      for (auto [src, dst] : {std::pair{t.in_proj, &w.in_proj}, std::pair{t.conv_w, &w.conv_w},
+                              std::pair{t.conv_b, &w.conv_b}, std::pair{t.x_proj, &w.x_proj}, std::pair{t.dt_w, &w.dt_w},
+                              std::pair{t.dt_b, &w.dt_b}, std::pair{t.a_log, &w.a_neg}, std::pair{t.d_skip, &w.d_skip},
+                              std::pair{t.out_proj, &w.out_proj}})
+        if (src) conv(src, *dst);
+      for (float& a : w.a_neg) a = -std::exp(a);  // A = -exp(A_log), computed in f32 as the published code does
       if (t.act_w) {
         w.act = tensor_to_f32(*t.act_w);
         w.act.push_back(tensor_to_f32(*t.act_b).at(0));
       }
-      conv(t.gate, w.gate);
-      conv(t.up, w.up);
+      if (t.gate_up) {  // fused: gate rows, then up rows
+        std::vector<float> gu;
+        conv(t.gate_up, gu);
+        const size_t half = gu.size() / 2;
+        w.gate.assign(gu.begin(), gu.begin() + ptrdiff_t(half));
+        w.up.assign(gu.begin() + ptrdiff_t(half), gu.end());
+      } else {
+        conv(t.gate, w.gate);
+        conv(t.up, w.up);
+      }
       conv(t.down, w.down);
     }
-    inv_freq_ = rope_inv_freq(cfg_);
+    if (cfg_.spec().rotary) inv_freq_ = rope_inv_freq(cfg_);
     measure_peak();
   }
 
@@ -165,7 +218,7 @@ class CpuBackend final : public Backend {
     // matrices for the head being computed. Keep it within half the physical memory.
     const double mem = available_memory() * 0.8;
     const double per_tok = 4.0 * (double(cfg_.layers + 1) * cfg_.hidden + 4.0 * cfg_.heads * cfg_.head_dim +
-                                  3.0 * cfg_.intermediate + 4.0 * cfg_.hidden);
+                                  3.0 * cfg_.intermediate + 4.0 * cfg_.hidden + 6.0 * cfg_.d_inner);
     // solve 8 n^2 + per_tok n <= mem
     const double n = (-per_tok + std::sqrt(per_tok * per_tok + 32.0 * mem)) / 16.0;
     return int64_t(n);
@@ -184,7 +237,7 @@ class CpuBackend final : public Backend {
       ids_ = req.ids;
       layer_in_.assign(size_t(L + 1), {});
       layer_lambda_.assign(size_t(L), 0.f);
-      rope_tables(inv_freq_, n, cos_, sin_);
+      if (cfg_.spec().rotary) rope_tables(inv_freq_, n, cos_, sin_);
       auto te = Clock::now();
       std::vector<float>& x = layer_in_[0];
       x.resize(size_t(n * D));
@@ -208,7 +261,7 @@ class CpuBackend final : public Backend {
     const std::vector<float>& xL = layer_in_[size_t(L)];
     const int64_t rows = req.all_logits ? n : 1;
     std::vector<float> normed(static_cast<size_t>(rows * D));
-    rmsnorm(xL.data() + (n - rows) * D, final_norm_.data(), normed.data(), rows, D, cfg_.rms_eps);
+    norm(xL.data() + (n - rows) * D, final_norm_, final_norm_b_, normed.data(), rows);
     out.logits.resize(size_t(rows * cfg_.vocab));
     linear(normed.data(), lm_head_.empty() ? embed_.data() : lm_head_.data(), out.logits.data(), rows, cfg_.vocab, D);
     stats_["lm_head"].add(ms_since(th));
@@ -223,6 +276,7 @@ class CpuBackend final : public Backend {
 
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
+    check_layer(layer);
     std::vector<float> x = layer_in_[size_t(layer)];
     attention_block(layer, layer_lambda_[size_t(layer)], x, &out, /*maps_only=*/true);
   }
@@ -231,6 +285,7 @@ class CpuBackend final : public Backend {
     require_run();
     const int64_t n = int64_t(ids_.size());
     const bool layer_ok = req.layer >= 0 && req.layer < cfg_.layers;
+    if (layer_ok) check_layer(req.layer);  // a layer without maps
     prepare_view(req, int(cfg_.layers), int(cfg_.view_heads()), n, cfg_.is_diff(), layer_ok ? lambda_of(req.layer) : 0.f,
                  out);
     head_rows(out.layer, out.head, out.q0, out.q1,
@@ -302,6 +357,47 @@ class CpuBackend final : public Backend {
     if (layer < 0 || layer >= cfg_.layers)
       throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
                   " layers)");
+    if (!cfg_.has_maps(layer))
+      throw Error("layer " + std::to_string(layer) + " is a " + layer_kind_name(cfg_.kind(layer)) +
+                  " layer: it has no attention maps");
+  }
+
+  // The block norm of the family (RMSNorm, or LayerNorm with its bias) of rows of D.
+  void norm(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y, int64_t rows) const {
+    if (cfg_.spec().norm == NormKind::LayerNorm) layernorm(x, w.data(), b.data(), y, rows, cfg_.hidden, cfg_.norm_eps);
+    else rmsnorm(x, w.data(), y, rows, cfg_.hidden, cfg_.norm_eps);
+  }
+
+  // Q [n, H, d] of layer l and K, V [n, Hkv, d] of the layer it reads them from (config.h: kv_layer), projected
+  // from the cached layer inputs, RoPE applied where the family has it. v: nullptr to skip V.
+  void project_qkv(int l, std::vector<float>& q, std::vector<float>& k, std::vector<float>* v) {
+    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
+    const int kl = int(cfg_.kv_layer(l));
+    std::vector<float> h(static_cast<size_t>(n * D));
+    norm(layer_in_[size_t(l)].data(), layers_[size_t(l)].ln1, layers_[size_t(l)].ln1_b, h.data(), n);
+    q.resize(size_t(n * H * d));
+    linear(h.data(), layers_[size_t(l)].wq.data(), q.data(), n, H * d, D);
+    add_bias(q.data(), layers_[size_t(l)].bq, n);
+    if (kl != l) norm(layer_in_[size_t(kl)].data(), layers_[size_t(kl)].ln1, layers_[size_t(kl)].ln1_b, h.data(), n);
+    const LayerW& wk = layers_[size_t(kl)];
+    k.resize(size_t(n * Hkv * d));
+    linear(h.data(), wk.wk.data(), k.data(), n, Hkv * d, D);
+    add_bias(k.data(), wk.bk, n);
+    if (v) {
+      v->resize(size_t(n * Hkv * d));
+      linear(h.data(), wk.wv.data(), v->data(), n, Hkv * d, D);
+      add_bias(v->data(), wk.bv, n);
+    }
+    if (cfg_.spec().rotary) {
+      apply_rope(q.data(), n, H, d, cos_, sin_);
+      apply_rope(k.data(), n, Hkv, d, cos_, sin_);
+    }
+  }
+
+  // The first key query q of layer l sees (sliding windows; 0 otherwise).
+  int64_t first_key(int l, int64_t q) const {
+    const int64_t w = cfg_.layer_window(l);
+    return w > 0 ? std::max<int64_t>(0, q - w + 1) : 0;
   }
   float lambda_of(int layer) const { return cfg_.is_diff() ? layer_lambda_.at(size_t(layer)) : 0.f; }
 
@@ -309,16 +405,7 @@ class CpuBackend final : public Backend {
   // input; the last layer asked for is kept until the next forward.
   void layer_qk(int layer) {
     if (qk_layer_ == layer) return;
-    const LayerW& w = layers_[size_t(layer)];
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    std::vector<float> h(static_cast<size_t>(n * D));
-    rmsnorm(layer_in_[size_t(layer)].data(), w.ln1.data(), h.data(), n, D, cfg_.rms_eps);
-    qk_q_.resize(size_t(n * H * d));
-    qk_k_.resize(size_t(n * Hkv * d));
-    linear(h.data(), w.wq.data(), qk_q_.data(), n, H * d, D);
-    linear(h.data(), w.wk.data(), qk_k_.data(), n, Hkv * d, D);
-    apply_rope(qk_q_.data(), n, H, d, cos_, sin_);
-    apply_rope(qk_k_.data(), n, Hkv, d, cos_, sin_);
+    project_qkv(layer, qk_q_, qk_k_, nullptr);
     qk_layer_ = layer;
   }
 
@@ -344,20 +431,10 @@ class CpuBackend final : public Backend {
                     s[m].data(), int(n));
         for (int64_t i = 0; i < rows; ++i) {
           float* r = s[m].data() + i * n;
-          const int64_t q = r0 + i;
-          float mx = -INFINITY, mabs = 0.f;
-          for (int64_t j = 0; j <= q; ++j) {
-            mx = std::max(mx, r[j]);
-            mabs = std::max(mabs, std::fabs(r[j]));
-          }
-          double sum = 0;
-          for (int64_t j = 0; j <= q; ++j) {
-            r[j] = std::exp(r[j] - mx);
-            sum += r[j];
-          }
-          const float inv = float(1.0 / sum);
-          for (int64_t j = 0; j <= q; ++j) r[j] *= inv;
-          for (int64_t j = q + 1; j < n; ++j) r[j] = 0.f;
+          const int64_t q = r0 + i, lo = first_key(layer, q);
+          float mabs = 0.f;
+          for (int64_t j = lo; j <= q; ++j) mabs = std::max(mabs, std::fabs(r[j]));
+          softmax_row(r, n, lo, q);
           mls[m][size_t(i)] = mabs;
         }
       }
@@ -369,27 +446,37 @@ class CpuBackend final : public Backend {
 
   // x: layer input on entry, layer output on exit.
   void run_layer(int l, float lam, std::vector<float>& x, LayerMaps* maps) {
-    attention_block(l, lam, x, maps, false);
+    switch (cfg_.kind(l)) {
+      case LayerKind::Mamba:
+      case LayerKind::Memory: mamba_block(l, x); break;
+      case LayerKind::Gmu: gmu_block(l, x); break;
+      default: attention_block(l, lam, x, maps, false);
+    }
     mlp_block(l, x);
+  }
+
+  // Softmax in place of r[lo..hi] (sums in double); every other entry of the row of n becomes 0.
+  static void softmax_row(float* r, int64_t n, int64_t lo, int64_t hi) {
+    float mx = -INFINITY;
+    for (int64_t j = lo; j <= hi; ++j) mx = std::max(mx, r[j]);
+    double sum = 0;
+    for (int64_t j = lo; j <= hi; ++j) {
+      r[j] = std::exp(r[j] - mx);
+      sum += r[j];
+    }
+    const float inv = float(1.0 / sum);
+    for (int64_t j = 0; j < lo; ++j) r[j] = 0.f;
+    for (int64_t j = lo; j <= hi; ++j) r[j] *= inv;
+    for (int64_t j = hi + 1; j < n; ++j) r[j] = 0.f;
   }
 
   void attention_block(int l, float lam, std::vector<float>& x, LayerMaps* maps, bool maps_only) {
     const LayerW& w = layers_[size_t(l)];
     const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(n * D));
-    rmsnorm(x.data(), w.ln1.data(), h.data(), n, D, cfg_.rms_eps);
-    if (!maps_only) stats_["rmsnorm"].add(ms_since(t));
-    t = Clock::now();
-    std::vector<float> q(static_cast<size_t>(n * H * d)), k(size_t(n * Hkv * d)), v(size_t(n * Hkv * d));
-    linear(h.data(), w.wq.data(), q.data(), n, H * d, D);
-    linear(h.data(), w.wk.data(), k.data(), n, Hkv * d, D);
-    if (!maps_only) linear(h.data(), w.wv.data(), v.data(), n, Hkv * d, D);
+    std::vector<float> q, k, v;
+    project_qkv(l, q, k, maps_only ? nullptr : &v);
     if (!maps_only) stats_["qkv_proj"].add(ms_since(t));
-    t = Clock::now();
-    apply_rope(q.data(), n, H, d, cos_, sin_);
-    apply_rope(k.data(), n, Hkv, d, cos_, sin_);
-    if (!maps_only) stats_["rope"].add(ms_since(t));
 
     const int64_t Hv = cfg_.view_heads();
     const bool diff = cfg_.is_diff();
@@ -409,8 +496,8 @@ class CpuBackend final : public Backend {
     for (int64_t j = 0; j < Hv; ++j) {
       auto th = Clock::now();
       const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
-      scores(q.data(), k.data(), hm.q[0], hm.k[0], n, H, Hkv, d, scale, P1.data());
-      if (diff) scores(q.data(), k.data(), hm.q[1], hm.k[1], n, H, Hkv, d, scale, P2.data());
+      scores(l, q.data(), k.data(), hm.q[0], hm.k[0], n, scale, P1.data());
+      if (diff) scores(l, q.data(), k.data(), hm.q[1], hm.k[1], n, scale, P2.data());
       if (maps) {
         std::copy(P1.begin(), P1.end(), maps->a1.begin() + j * n * n);
         if (diff) std::copy(P2.begin(), P2.end(), maps->a2.begin() + j * n * n);
@@ -453,28 +540,82 @@ class CpuBackend final : public Backend {
     t = Clock::now();
     std::vector<float> o(static_cast<size_t>(n * D));
     linear(attn.data(), w.wo.data(), o.data(), n, D, H * d);
+    add_bias(o.data(), w.bo, n);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["o_proj+residual"].add(ms_since(t));
   }
 
-  // P[n, n] = causal softmax(q_h k_g^T * scale); q [n, H, d], k [n, Hkv, d]
-  void scores(const float* q, const float* k, int64_t h, int64_t g, int64_t n, int64_t H, int64_t Hkv, int64_t d,
-              float scale, float* P) {
+  // P[n, n] = causal (and, for sliding windows, banded) softmax(q_h k_g^T * scale) of layer l; q [n, H, d],
+  // k [n, Hkv, d].
+  void scores(int l, const float* q, const float* k, int64_t h, int64_t g, int64_t n, float scale, float* P) {
+    const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(d), scale, q + h * d, int(H * d), k + g * d,
                 int(Hkv * d), 0.f, P, int(n));
-    for (int64_t i = 0; i < n; ++i) {
-      float* r = P + i * n;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, r[j]);
-      double s = 0;
-      for (int64_t j = 0; j <= i; ++j) {
-        r[j] = std::exp(r[j] - mx);
-        s += r[j];
+    for (int64_t i = 0; i < n; ++i) softmax_row(P + i * n, n, first_key(l, i), i);
+  }
+
+  // Mamba-1 (docs/models/phi4flash.md section 4): x += out_proj(y silu(z)); the memory layer keeps y (ungated).
+  void mamba_block(int l, std::vector<float>& x) {
+    const LayerW& w = layers_[size_t(l)];
+    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state,
+                  K = cfg_.d_conv, XD = R + 2 * S;
+    auto t = Clock::now();
+    std::vector<float> h(static_cast<size_t>(n * D)), xz(size_t(n * 2 * di)), u(size_t(n * di)), xdbl(size_t(n * XD)),
+        dt(size_t(n * di)), y(size_t(n * di));
+    norm(x.data(), w.ln1, w.ln1_b, h.data(), n);
+    linear(h.data(), w.in_proj.data(), xz.data(), n, 2 * di, D);  // [x | z] per token
+    for (int64_t tok = 0; tok < n; ++tok)  // causal depthwise conv over x, then silu
+      for (int64_t c = 0; c < di; ++c) {
+        double acc = w.conv_b[size_t(c)];
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t src = tok - (K - 1) + j;
+          if (src >= 0) acc += double(w.conv_w[size_t(c * K + j)]) * xz[size_t(src * 2 * di + c)];
+        }
+        u[size_t(tok * di + c)] = silu(float(acc));
       }
-      const float inv = float(1.0 / s);
-      for (int64_t j = 0; j <= i; ++j) r[j] *= inv;
-      for (int64_t j = i + 1; j < n; ++j) r[j] = 0.f;
+    linear(u.data(), w.x_proj.data(), xdbl.data(), n, XD, di);  // [dt_raw (R) | B (S) | C (S)]
+    for (int64_t tok = 0; tok < n; ++tok)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(di), int(R), 1.f, w.dt_w.data(), int(R), xdbl.data() + tok * XD, 1,
+                  0.f, dt.data() + tok * di, 1);
+    std::vector<double> st(static_cast<size_t>(S));
+    for (int64_t c = 0; c < di; ++c) {  // the selective scan, one channel at a time, state in double
+      std::fill(st.begin(), st.end(), 0.0);
+      const float* a = w.a_neg.data() + c * S;
+      for (int64_t tok = 0; tok < n; ++tok) {
+        const double delta = softplus(double(dt[size_t(tok * di + c)]) + w.dt_b[size_t(c)]);
+        const double uu = u[size_t(tok * di + c)];
+        const float* B = xdbl.data() + tok * XD + R;
+        const float* C = B + S;
+        double acc = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          st[size_t(j)] = std::exp(delta * a[j]) * st[size_t(j)] + delta * B[j] * uu;
+          acc += st[size_t(j)] * C[j];
+        }
+        y[size_t(tok * di + c)] = float(acc + double(w.d_skip[size_t(c)]) * uu);
+      }
     }
+    if (cfg_.kind(l) == LayerKind::Memory) memory_ = y;
+    for (int64_t tok = 0; tok < n; ++tok)
+      for (int64_t c = 0; c < di; ++c) y[size_t(tok * di + c)] *= silu(xz[size_t(tok * 2 * di + di + c)]);
+    std::vector<float> o(static_cast<size_t>(n * D));
+    linear(y.data(), w.out_proj.data(), o.data(), n, D, di);
+    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
+    stats_["mamba"].add(ms_since(t));
+  }
+
+  // Gated memory unit (section 5): x += out_proj(silu(in_proj(x)) * memory).
+  void gmu_block(int l, std::vector<float>& x) {
+    const LayerW& w = layers_[size_t(l)];
+    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, di = cfg_.d_inner;
+    if (memory_.size() != size_t(n * di)) throw Error("internal: the memory layer has not run for this prompt");
+    auto t = Clock::now();
+    std::vector<float> h(static_cast<size_t>(n * D)), g(size_t(n * di)), o(size_t(n * D));
+    norm(x.data(), w.ln1, w.ln1_b, h.data(), n);
+    linear(h.data(), w.in_proj.data(), g.data(), n, di, D);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * memory_[i];
+    linear(g.data(), w.out_proj.data(), o.data(), n, D, di);
+    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
+    stats_["gmu"].add(ms_since(t));
   }
 
   void mlp_block(int l, std::vector<float>& x) {
@@ -482,7 +623,7 @@ class CpuBackend final : public Backend {
     const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, I = cfg_.intermediate;
     auto t = Clock::now();
     std::vector<float> h(static_cast<size_t>(n * D));
-    rmsnorm(x.data(), w.ln2.data(), h.data(), n, D, cfg_.rms_eps);
+    norm(x.data(), w.ln2, w.ln2_b, h.data(), n);
     std::vector<float> g(static_cast<size_t>(n * I)), u(size_t(n * I));
     linear(h.data(), w.gate.data(), g.data(), n, I, D);
     linear(h.data(), w.up.data(), u.data(), n, I, D);
@@ -490,7 +631,7 @@ class CpuBackend final : public Backend {
       polynorm(g.data(), n, I, w.act.data(), cfg_.spec().act_eps);
       for (size_t i = 0; i < g.size(); ++i) g[i] *= u[i];
     } else {
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
+      for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];  // SiLU(gate) * up
     }
     std::vector<float> o(static_cast<size_t>(n * D));
     linear(g.data(), w.down.data(), o.data(), n, D, I);
@@ -500,7 +641,8 @@ class CpuBackend final : public Backend {
 
   int threads_;
   ModelConfig cfg_;
-  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<float> embed_, final_norm_, final_norm_b_, lm_head_;
+  std::vector<float> memory_;  // SambaY: the memory layer's ungated scan output [n, di]
   std::vector<LayerW> layers_;
   std::vector<float> inv_freq_, cos_, sin_;
   std::vector<int32_t> ids_;

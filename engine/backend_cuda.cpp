@@ -171,6 +171,8 @@ namespace {
 
 // Refuses, before any upload, a model that no attention kernel (or a forced one) can run on this device.
 void check_supported(const ModelConfig& c, const kern::AttnDevice& dev, const kern::AttnOptions& opt) {
+  if (c.spec().schedule != Schedule::Uniform)
+    throw Error(std::string("CUDA backend: ") + c.family() + "'s hybrid layers do not run on the GPU yet; HINT: run with --backend cpu");
   kern::AttnShape shape;
   shape.d = int(c.head_dim);
   shape.heads = int(c.heads);
@@ -556,7 +558,7 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
   bf16* qkv = act_.qkv_cache.as<bf16>() + size_t(l) * size_t(act_.cap) * size_t(W);
   bf16* x = act_.x.as<bf16>();
-  const float eps = float(cfg_.rms_eps);
+  const float eps = float(cfg_.norm_eps);
 
   const auto step = [&](const char* name, auto&& f) {  // a kernel other than a GEMM (run_gemms_only skips them)
     if (!gemms_only) timed(name, l, f);
@@ -619,7 +621,7 @@ void CudaBackend::final_logits(int64_t count, int64_t row_stride_tokens, int64_t
   const float* h = act_.hidden.as<float>() + size_t(L) * size_t(act_.cap) * size_t(E) + size_t(first_token * E);
   timed("rmsnorm", int(L), [&] {
     DS_CUDA_CHECK(kern::launch_rmsnorm(h, row_stride_tokens * E, final_norm_.as<float>(), xf_.as<bf16>(), E, count,
-                                       int(E), float(cfg_.rms_eps), stream()));
+                                       int(E), float(cfg_.norm_eps), stream()));
   });
   gemm("gemm_lm_head", int(L), {.out_f = cfg_.vocab, .tokens = count, .in_f = E, .w = lm_head_ptr_,
                                  .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});

@@ -13,7 +13,53 @@ using nlohmann::json;
 
 namespace ds {
 
+const char* layer_kind_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::Attention: return "attention";
+    case LayerKind::SlidingAttention: return "sliding window";
+    case LayerKind::CrossAttention: return "cross";
+    case LayerKind::Mamba: return "mamba";
+    case LayerKind::Memory: return "memory";
+    case LayerKind::Gmu: return "gmu";
+  }
+  return "?";
+}
+
+std::vector<int64_t> ModelConfig::map_layers() const {
+  std::vector<int64_t> v;
+  for (int64_t l = 0; l < layers; ++l)
+    if (has_maps(l)) v.push_back(l);
+  return v;
+}
+
+namespace {
+// SambaY (docs/models/phi4flash.md section 7): the shapes of every tensor of one layer of kind k.
+int64_t sambay_layer_params(const ModelConfig& c, LayerKind k) {
+  const int64_t E = c.hidden, d = c.head_dim, H = c.heads, Hkv = c.kv_heads, I = c.intermediate, di = c.d_inner;
+  int64_t p = 4 * E + 3 * I * E;  // two LayerNorms (weight, bias), fc1 [2I, E], fc2 [E, I]
+  switch (k) {
+    case LayerKind::Attention:
+    case LayerKind::SlidingAttention:
+    case LayerKind::CrossAttention: {
+      const int64_t rows = (k == LayerKind::CrossAttention ? H : H + 2 * Hkv) * d;
+      return p + rows * (E + 1) + E * H * d + E + 4 * d + 2 * d;
+    }
+    case LayerKind::Mamba:
+    case LayerKind::Memory:
+      return p + 2 * di * E + di * (c.d_conv + 1) + (c.dt_rank + 2 * c.d_state) * di + di * (c.dt_rank + 1) +
+             di * c.d_state + di + E * di;
+    case LayerKind::Gmu: return p + 2 * di * E;
+  }
+  return p;
+}
+}  // namespace
+
 int64_t ModelConfig::params() const {
+  if (spec().schedule == Schedule::SambaY) {
+    int64_t p = vocab * hidden * (tie_embeddings ? 1 : 2) + 2 * hidden;
+    for (int64_t l = 0; l < layers; ++l) p += sambay_layer_params(*this, kind(l));
+    return p;
+  }
   const int64_t d = head_dim;
   const int64_t qh = stored_q_heads ? stored_q_heads : heads;
   int64_t per_layer = hidden * (qh + heads) * d + hidden * kv_heads * d * 2 + 3 * hidden * intermediate + 2 * hidden;
@@ -95,6 +141,49 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& file) {
 
 namespace {
 ModelConfig parse_config_object(const json& j, const std::string& file);
+
+// SambaY's schedule and Mamba sizes (docs/models/phi4flash.md sections 1-2). The published code builds Mamba with
+// d_state, d_conv and expand from the config but always dt_rank = ceil(hidden / 16), a conv bias and no in/out
+// projection biases; it only works with mb_per_layer = 2 and L divisible by 4.
+void parse_sambay(const json& j, ModelConfig& c, const std::string& file) {
+  const int64_t L = c.layers;
+  if (L % 4) fail_file(file, "num_hidden_layers = " + std::to_string(L) + " must be a multiple of 4 (SambaY's schedule)");
+  if (get_int(j, "mb_per_layer", file, false, 2) != 2)
+    fail_file(file, "mb_per_layer = " + j["mb_per_layer"].dump() + " is not supported (Phi-4-mini-flash uses 2)");
+  // sliding_window: a number, or the per-layer list a re-saved config holds (null where the layer has none)
+  const json* sw = j.contains("sliding_window") && !j["sliding_window"].is_null() ? &j["sliding_window"] : nullptr;
+  if (sw && sw->is_array()) {
+    if (int64_t(sw->size()) != L) fail_file(file, "sliding_window is a list but not of num_hidden_layers entries");
+    for (const json& e : *sw)
+      if (!e.is_null()) {
+        if (!e.is_number_integer() || e.get<int64_t>() <= 0 || (c.window && c.window != e.get<int64_t>()))
+          fail_file(file, "sliding_window's entries must be one positive integer (or null)");
+        c.window = e.get<int64_t>();
+      }
+  } else if (sw) {
+    c.window = get_int(j, "sliding_window", file, true, 0);
+  } else {
+    c.window = 2047;  // the configuration class's default
+  }
+  if (c.window <= 0) fail_file(file, "sliding_window must be a positive integer");
+  const int64_t expand = get_int(j, "mamba_expand", file, false, 2);
+  c.d_state = get_int(j, "mamba_d_state", file, false, 16);
+  c.d_conv = get_int(j, "mamba_d_conv", file, false, 4);
+  if (c.d_state > 32) fail_file(file, "mamba_d_state = " + std::to_string(c.d_state) + " is more than 32");
+  if (c.d_conv > 8) fail_file(file, "mamba_d_conv = " + std::to_string(c.d_conv) + " is more than 8");
+  c.d_inner = expand * c.hidden;
+  c.dt_rank = (c.hidden + 15) / 16;
+  const int64_t half = L / 2;
+  for (int64_t l = 0; l < L; ++l) {
+    LayerKind k;
+    if (l < half) k = l % 2 == 0 ? LayerKind::Mamba : LayerKind::SlidingAttention;
+    else if (l == half) k = LayerKind::Memory;
+    else if (l == half + 1) k = LayerKind::Attention;
+    else k = l % 2 == 0 ? LayerKind::Gmu : LayerKind::CrossAttention;
+    c.kinds[size_t(l)] = k;
+  }
+  c.kv_source = half + 1;
+}
 }
 
 ModelConfig parse_config_json(const std::string& text, const std::string& file) {
@@ -165,9 +254,9 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
   }
   // Products that size buffers: keep them well inside 64 bits (each factor <= 2^24, so two or three are safe).
   if (double(c.heads) * c.head_dim > double(kMaxDim)) fail_file(file, "num_attention_heads x head_dim is too large");
-  c.rms_eps = get_num(j, "rms_norm_eps", file, 1e-6);
-  if (!(c.rms_eps > 0)) fail_file(file, "rms_norm_eps must be positive");
-  c.subln_eps = get_num(j, spec->subln_eps_key, file, c.rms_eps);
+  c.norm_eps = get_num(j, spec->norm_eps_key, file, spec->norm == NormKind::LayerNorm ? 1e-5 : 1e-6);
+  if (!(c.norm_eps > 0)) fail_file(file, std::string(spec->norm_eps_key) + " must be positive");
+  c.subln_eps = spec->subln_eps_fixed > 0 ? spec->subln_eps_fixed : get_num(j, spec->subln_eps_key, file, c.norm_eps);
   if (!(c.subln_eps > 0)) fail_file(file, std::string(spec->subln_eps_key) + " must be positive");
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", file, false);
   if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != spec->hidden_act)
@@ -178,14 +267,16 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
       fail_file(file, "config.json has " + k + ": " + spec->refused_variant + ", which diffscope does not run");
   if (get_bool(j, "attention_bias", file, false)) fail_file(file, "attention_bias = true is not supported");
   if (get_bool(j, "use_bias", file, false)) fail_file(file, "use_bias = true is not supported");
-  if (get_bool(j, "use_sliding_window", file, false))
+  if (spec->schedule == Schedule::Uniform && get_bool(j, "use_sliding_window", file, false))
     fail_file(file, "use_sliding_window = true is not supported (full causal attention only)");
   if (get_bool(j, "mlp_bias", file, false)) fail_file(file, "mlp_bias = true is not supported");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"];
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"];
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.dtype = j["torch_dtype"];
   if (j.contains("dtype") && j["dtype"].is_string()) c.dtype = j["dtype"];
-  parse_rope(j, c, file);
+  if (spec->rotary) parse_rope(j, c, file);
+  c.kinds.assign(size_t(c.layers), LayerKind::Attention);
+  if (spec->schedule == Schedule::SambaY) parse_sambay(j, c, file);
   return c;
 }
 }  // namespace

@@ -1,9 +1,11 @@
 // Model configuration read from a Hugging Face config.json of a family in the architecture table (arch.h:
-// DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM), in both the transformers 4.x spelling (rope_theta +
-// rope_scaling) and the 5.x one (rope_parameters). Anything else is refused with a message naming it.
+// DiffLlamaForCausalLM, LlamaForCausalLM, MotifForCausalLM, Phi4FlashForCausalLM), in both the transformers 4.x
+// spelling (rope_theta + rope_scaling) and the 5.x one (rope_parameters). Anything else is refused with a message
+// naming it.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "arch.h"
 #include "kernels/attn_heads.h"
@@ -16,6 +18,17 @@ struct RopeConfig {
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192;
 };
+
+// A layer's mixer (arch.h, Schedule). Attention kinds have maps; the others have none.
+enum class LayerKind {
+  Attention,         // causal self-attention (differential or plain)
+  SlidingAttention,  // differential self-attention inside a sliding window (SambaY)
+  CrossAttention,    // differential attention of this layer's queries on kv_source's keys and values (SambaY)
+  Mamba,             // Mamba-1, output gated by silu(z)
+  Memory,            // Mamba-1 whose ungated output is the memory the GMU layers read
+  Gmu,               // gated memory unit: out_proj(silu(in_proj(x)) * memory)
+};
+const char* layer_kind_name(LayerKind k);  // "attention", "sliding window", "cross", "mamba", "memory", "gmu"
 
 struct ModelConfig {
   Arch arch = Arch::DiffLlama;  // the architecture table's row (arch.h)
@@ -31,12 +44,19 @@ struct ModelConfig {
   int64_t intermediate = 0;   // intermediate_size
   int64_t vocab = 0;          // vocab_size
   int64_t max_positions = 0;  // max_position_embeddings
-  double rms_eps = 1e-6;
+  double norm_eps = 1e-6;     // the block norms' eps (the row's norm_eps_key)
   double subln_eps = 1e-6;    // the differential heads' sub-layer norm (the row's subln_eps_key)
   bool tie_embeddings = false;
   RopeConfig rope;
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string dtype;          // torch_dtype / dtype as written, informational
+  // The layer schedule (arch.h): one kind per layer; sliding-window width (keys per query, itself included) of
+  // SlidingAttention layers; the layer whose K and V the CrossAttention layers read (-1: none).
+  std::vector<LayerKind> kinds;
+  int64_t window = 0;
+  int64_t kv_source = -1;
+  // Mamba-1 (SambaY): d_inner = expand x hidden, state size, conv width, rank of dt.
+  int64_t d_inner = 0, d_state = 0, d_conv = 0, dt_rank = 0;
 
   const ArchSpec& spec() const { return arch_spec(arch); }
   const char* family() const { return spec().family; }
@@ -46,6 +66,19 @@ struct ModelConfig {
   // Heads the viewer shows per layer: differential heads for DiffLlama, query heads for Llama.
   int64_t view_heads() const { return kern::view_heads(is_diff(), int(heads)); }
   int64_t n_rep() const { return heads / kv_heads; }
+  // (a config made in code rather than parsed may leave kinds empty: every layer is then attention)
+  LayerKind kind(int64_t layer) const { return kinds.empty() ? LayerKind::Attention : kinds.at(size_t(layer)); }
+  // Whether layer l has attention maps (and a lambda, for differential families).
+  bool has_maps(int64_t layer) const {
+    const LayerKind k = kind(layer);
+    return k == LayerKind::Attention || k == LayerKind::SlidingAttention || k == LayerKind::CrossAttention;
+  }
+  // Keys a query of layer l sees at most (0: every earlier key).
+  int64_t layer_window(int64_t layer) const { return kind(layer) == LayerKind::SlidingAttention ? window : 0; }
+  // The layer whose K and V layer l's attention reads: itself, or kv_source for cross-attention.
+  int64_t kv_layer(int64_t layer) const { return kind(layer) == LayerKind::CrossAttention ? kv_source : layer; }
+  // Layers with maps, in order.
+  std::vector<int64_t> map_layers() const;
   int64_t params() const;  // parameter count implied by the shapes
 };
 

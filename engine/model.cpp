@@ -17,30 +17,69 @@ size_t Model::weight_bytes() const { return ckpt ? ckpt->total_bytes() : 0; }
 
 const TensorInfo* Model::layer_tensor(int64_t layer, LayerWeight w) const {
   const LayerTensors& t = layers.at(size_t(layer));
-  return w == LayerWeight::Q ? t.wq : w == LayerWeight::K ? t.wk : w == LayerWeight::V ? t.wv : t.wo;
+  if (w == LayerWeight::O) return t.wo;
+  if (t.qkv) return t.qkv;
+  return w == LayerWeight::Q ? t.wq : w == LayerWeight::K ? t.wk : t.wv;
 }
 
 bool Model::weight_transformed(LayerWeight w) const {
   const ArchSpec& s = cfg.spec();
-  return w == LayerWeight::O ? s.subln_weight : s.pairing == Pairing::Interleaved;
+  if (w == LayerWeight::O) return s.subln_weight;
+  return s.pairing == Pairing::Interleaved || s.qkv_proj != nullptr;
+}
+
+namespace {
+
+// Rows [r0, r0 + count) of a [rows, cols] (or [rows]) tensor as f32.
+std::vector<float> rows_f32(const TensorInfo& t, int64_t r0, int64_t count) {
+  std::vector<float> x = tensor_to_f32(t);
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  return std::vector<float>(x.begin() + r0 * cols, x.begin() + (r0 + count) * cols);
+}
+
+}  // namespace
+
+// The rows of q, k or v in the stored tensor: the whole tensor, or its slice of a fused [q|k|v] (cross-attention
+// layers store q only: k and v have none).
+std::vector<float> Model::layer_qkv_rows(int64_t layer, LayerWeight w, bool bias) const {
+  const LayerTensors& t = layers.at(size_t(layer));
+  const TensorInfo* src = bias ? (w == LayerWeight::O ? t.o_b : t.qkv_b) : layer_tensor(layer, w);
+  if (!src) return {};
+  if (w == LayerWeight::O || !t.qkv) return tensor_to_f32(*src);
+  const int64_t d = cfg.head_dim, q = cfg.stored_q_heads * d, kv = cfg.kv_heads * d;
+  if (w == LayerWeight::Q) return rows_f32(*src, 0, q);
+  if (src->shape[0] == q) return {};  // cross-attention: q only
+  return rows_f32(*src, w == LayerWeight::K ? q : q + kv, kv);
+}
+
+std::vector<float> Model::layer_bias_f32(int64_t layer, LayerWeight w) const {
+  std::vector<float> b = layer_qkv_rows(layer, w, true);
+  if (b.empty() || w == LayerWeight::O) return b;  // o's bias is added after the folded sub-norm scale
+  return pair_layout(std::move(b), w, 1);
 }
 
 std::vector<float> Model::layer_weight_f32(int64_t layer, LayerWeight w) const {
-  const TensorInfo& t = *layer_tensor(layer, w);
-  std::vector<float> x = tensor_to_f32(t);
-  if (!weight_transformed(w)) return x;
-  const int64_t d = cfg.head_dim, cols = t.shape.at(1);
+  std::vector<float> x = layer_qkv_rows(layer, w, false);
+  if (x.empty() || !weight_transformed(w)) return x;
+  const int64_t d = cfg.head_dim, cols = layer_tensor(layer, w)->shape.at(1);
   if (w == LayerWeight::O) {  // columns j 2d + i of every differential head j scaled by g[i]
     const std::vector<float> g = tensor_to_f32(*layers.at(size_t(layer)).subln);
-    for (int64_t r = 0; r < t.shape[0]; ++r)
+    const int64_t rows = int64_t(x.size()) / cols;
+    for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] *= g[size_t(c % (2 * d))];
     return x;
   }
-  // Interleaved pairs, blocks of d rows: k/v head 2i -> i, 2i + 1 -> heads/2 + i. q: groups of gr signal heads and
-  // one noise head (gr = 1: pairs); signal head i = g gr + r (stored g (gr + 1) + r) -> i, and a copy of its group's
-  // noise head (stored g (gr + 1) + gr) -> S + i, S = the signal heads.
+  return pair_layout(std::move(x), w, cols);
+}
+
+// Interleaved pairs, blocks of d rows of `cols` values: k/v head 2i -> i, 2i + 1 -> heads/2 + i. q: groups of gr
+// signal heads and one noise head (gr = 1: pairs); signal head i = g gr + r (stored g (gr + 1) + r) -> i, and a copy
+// of its group's noise head (stored g (gr + 1) + gr) -> S + i, S = the signal heads. Chunked pairs: as stored.
+std::vector<float> Model::pair_layout(std::vector<float> x, LayerWeight w, int64_t cols) const {
+  if (cfg.spec().pairing != Pairing::Interleaved) return x;
+  const int64_t d = cfg.head_dim;
   const int64_t gr = w == LayerWeight::Q ? cfg.noise_group : 1;
-  const int64_t S = w == LayerWeight::Q ? cfg.heads / 2 : t.shape[0] / d / 2;
+  const int64_t S = w == LayerWeight::Q ? cfg.heads / 2 : int64_t(x.size()) / cols / d / 2;
   std::vector<float> y(size_t(2 * S * d * cols));
   auto put = [&](int64_t from, int64_t to) { std::copy_n(x.begin() + from * d * cols, d * cols, y.begin() + to * d * cols); };
   for (int64_t i = 0; i < S; ++i) {
@@ -94,8 +133,11 @@ std::unique_ptr<Model> load_model(const std::string& dir_in) {
   const Checkpoint& ck = *m->ckpt;
 
   const int64_t H = c.heads, Hkv = c.kv_heads, d = c.head_dim, D = c.hidden, I = c.intermediate, V = c.vocab;
+  const ArchSpec& s = c.spec();
+  const bool ln = s.norm == NormKind::LayerNorm;
   m->embed = need(ck, "model.embed_tokens.weight", {V, D}, "vocab_size x hidden_size");
-  m->final_norm = need(ck, "model.norm.weight", {D});
+  m->final_norm = need(ck, std::string(s.final_norm) + ".weight", {D});
+  if (ln) m->final_norm_b = need(ck, std::string(s.final_norm) + ".bias", {D});
   if (c.tie_embeddings) {
     m->lm_head = m->embed;
   } else {
@@ -105,30 +147,68 @@ std::unique_ptr<Model> load_model(const std::string& dir_in) {
   }
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto name = [&](const char* t, const char* suffix = ".weight") { return p + t + suffix; };
     LayerTensors t{};
     t.ln1 = need(ck, p + "input_layernorm.weight", {D});
     t.ln2 = need(ck, p + "post_attention_layernorm.weight", {D});
-    t.wq = need(ck, p + "self_attn.q_proj.weight", {c.stored_q_heads * d, D}, "num_attention_heads x head_dim rows");
-    t.wk = need(ck, p + "self_attn.k_proj.weight", {Hkv * d, D}, "num_key_value_heads x head_dim rows");
-    t.wv = need(ck, p + "self_attn.v_proj.weight", {Hkv * d, D}, "num_key_value_heads x head_dim rows");
-    t.wo = need(ck, p + "self_attn.o_proj.weight", {D, H * d});
-    t.gate = need(ck, p + "mlp.gate_proj.weight", {I, D});
-    t.up = need(ck, p + "mlp.up_proj.weight", {I, D});
-    t.down = need(ck, p + "mlp.down_proj.weight", {D, I});
-    const ArchSpec& s = c.spec();
-    if (c.is_diff()) {
-      t.lq1 = need(ck, p + s.lambda_q1, {d});
-      t.lk1 = need(ck, p + s.lambda_k1, {d});
-      t.lq2 = need(ck, p + s.lambda_q2, {d});
-      t.lk2 = need(ck, p + s.lambda_k2, {d});
-      const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + c.lambda_init(l);
-      if (!std::isfinite(lam)) fail_file(t.lq1->file, "layer " + std::to_string(l) + " lambda is not finite");
-      m->model_lambda.push_back(lam);
-    } else if (ck.find(p + "self_attn.lambda_q1")) {
-      fail_file(ck.path(), std::string("config.json says ") + s.architecture +
-                               " but the weights have lambda vectors (a differential model?)");
+    if (ln) {
+      t.ln1_b = need(ck, p + "input_layernorm.bias", {D});
+      t.ln2_b = need(ck, p + "post_attention_layernorm.bias", {D});
     }
-    if (s.subln_weight) t.subln = need(ck, p + s.subln, {2 * d}, "the sub-layer norm over 2 x head_dim");
+    if (s.gate_up_proj) {
+      t.gate_up = need(ck, name(s.gate_up_proj), {2 * I, D}, "2 x intermediate_size rows: gate, then up");
+    } else {
+      t.gate = need(ck, name(s.gate_proj), {I, D});
+      t.up = need(ck, name(s.up_proj), {I, D});
+    }
+    t.down = need(ck, name(s.down_proj), {D, I});
+    const LayerKind kind = c.kind(l);
+    if (c.has_maps(l)) {
+      if (s.qkv_proj) {
+        const bool cross = kind == LayerKind::CrossAttention;
+        const int64_t rows = (cross ? c.stored_q_heads : c.stored_q_heads + 2 * Hkv) * d;
+        const char* why = cross ? "a cross-attention layer projects queries only: num_attention_heads x head_dim rows"
+                                : "(num_attention_heads + 2 x num_key_value_heads) x head_dim rows";
+        t.qkv = need(ck, name(s.qkv_proj), {rows, D}, why);
+        if (s.attn_bias) t.qkv_b = need(ck, name(s.qkv_proj, ".bias"), {rows});
+      } else {
+        t.wq = need(ck, name(s.q_proj), {c.stored_q_heads * d, D}, "num_attention_heads x head_dim rows");
+        t.wk = need(ck, name(s.k_proj), {Hkv * d, D}, "num_key_value_heads x head_dim rows");
+        t.wv = need(ck, name(s.v_proj), {Hkv * d, D}, "num_key_value_heads x head_dim rows");
+      }
+      t.wo = need(ck, name(s.o_proj), {D, H * d});
+      if (s.attn_bias) t.o_b = need(ck, name(s.o_proj, ".bias"), {D});
+      if (c.is_diff()) {
+        t.lq1 = need(ck, p + s.lambda_q1, {d});
+        t.lk1 = need(ck, p + s.lambda_k1, {d});
+        t.lq2 = need(ck, p + s.lambda_q2, {d});
+        t.lk2 = need(ck, p + s.lambda_k2, {d});
+        const double lam = std::exp(dot_f32(*t.lq1, *t.lk1)) - std::exp(dot_f32(*t.lq2, *t.lk2)) + c.lambda_init(l);
+        if (!std::isfinite(lam)) fail_file(t.lq1->file, "layer " + std::to_string(l) + " lambda is not finite");
+        m->model_lambda.push_back(lam);
+      } else if (ck.find(p + "self_attn.lambda_q1")) {
+        fail_file(ck.path(), std::string("config.json says ") + s.architecture +
+                                 " but the weights have lambda vectors (a differential model?)");
+      }
+      if (s.subln_weight) t.subln = need(ck, p + s.subln, {2 * d}, "the sub-layer norm over 2 x head_dim");
+    } else {
+      m->model_lambda.push_back(0.0);
+      const int64_t di = c.d_inner, R = c.dt_rank, S = c.d_state, K = c.d_conv;
+      const std::string mx = p + s.mixer;
+      if (kind == LayerKind::Gmu) {
+        t.in_proj = need(ck, mx + "in_proj.weight", {di, D}, "a gated memory unit: d_inner rows");
+      } else {
+        t.in_proj = need(ck, mx + "in_proj.weight", {2 * di, D}, "Mamba: 2 x d_inner rows (x, then z)");
+        t.conv_w = need(ck, mx + "conv1d.weight", {di, 1, K}, "d_inner x 1 x mamba_d_conv");
+        t.conv_b = need(ck, mx + "conv1d.bias", {di});
+        t.x_proj = need(ck, mx + "x_proj.weight", {R + 2 * S, di}, "dt_rank + 2 x mamba_d_state rows");
+        t.dt_w = need(ck, mx + "dt_proj.weight", {di, R});
+        t.dt_b = need(ck, mx + "dt_proj.bias", {di});
+        t.a_log = need(ck, mx + "A_log", {di, S});
+        t.d_skip = need(ck, mx + "D", {di});
+      }
+      t.out_proj = need(ck, mx + "out_proj.weight", {D, di});
+    }
     if (s.mlp == MlpAct::PolyNorm) {
       t.act_w = need(ck, p + s.act_weight, {3}, "PolyNorm's weights of x^3, x^2, x");
       t.act_b = need(ck, p + s.act_bias, {1});

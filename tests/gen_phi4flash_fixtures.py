@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Generate the Phi-4-mini-flash (Phi4FlashForCausalLM, model_type "phi4flash", SambaY) test fixtures in
-tests/fixtures_pending/phi4flash_* (tests/fixtures/ once the engine runs the family).
+tests/fixtures/phi4flash_*.
 
-    python3 tests/gen_phi4flash_fixtures.py [OUT_DIR]          numpy only; default OUT_DIR tests/fixtures_pending
+    python3 tests/gen_phi4flash_fixtures.py [OUT_DIR]          numpy only; default OUT_DIR tests/fixtures
     python3 tests/gen_phi4flash_fixtures.py [OUT_DIR] --crosscheck SRC
         also run the PUBLISHED modeling_phi4flash.py + configuration_phi4flash.py (folder SRC, e.g. the
         Phi-4-mini-flash-reasoning/ folder of franciskamande-ai/cloned_models @711ebe7d) in torch float64 on CPU,
@@ -538,7 +538,7 @@ def main():
         del args[i:i + 2]
     sens = "--sensitivity" in args
     args = [a for a in args if a != "--sensitivity"]
-    out = args[0] if args else os.path.join(ROOT, "tests", "fixtures_pending")
+    out = args[0] if args else os.path.join(ROOT, "tests", "fixtures")
     made = [make(out, name, s) for name, s in FIXTURES.items()]
     if sens:
         for d, ids in made:

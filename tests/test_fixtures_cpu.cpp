@@ -1,6 +1,8 @@
 // The CPU backend against fixtures written by transformers' own DiffLlama / Llama (tests/gen_fixtures.py) and by the
-// independent float64 Motif reference (tools/motif_reference.py, tests/gen_motif_fixtures.py): logits, every
-// layer's input, every map, lambda, and a run with lambda overridden -- all within 1e-4 relative.
+// independent float64 references of Motif (tools/motif_reference.py, tests/gen_motif_fixtures.py) and Phi-4-mini-
+// flash (tools/phi4flash_reference.py, tests/gen_phi4flash_fixtures.py): logits, every layer's input, every map,
+// lambda, and a run with lambda overridden -- all within 1e-4 relative. Layers without attention (SambaY's Mamba
+// and GMU layers) have no maps in the fixtures and none from the engine.
 #include <gtest/gtest.h>
 
 #include "engine/config.h"
@@ -17,11 +19,20 @@ using dstest::Expected;
 
 class FixtureCpu : public ::testing::TestWithParam<std::string> {};
 class DiffFixtureCpu : public ::testing::TestWithParam<std::string> {};
+class RopeFixture : public ::testing::TestWithParam<std::string> {};
 
 std::vector<std::string> diff_fixtures() {
   std::vector<std::string> v;
   for (const auto& f : dstest::all_fixtures())  // every differential family's fixtures (DiffLlama, Motif)
     if (ds::load_config(dstest::fixture(f) + "/config.json").is_diff()) v.push_back(f);
+  return v;
+}
+
+// The fixtures of families with rotary embeddings (SambaY's attention has none, and its fixtures no inv_freq).
+std::vector<std::string> rope_fixtures() {
+  std::vector<std::string> v;
+  for (const auto& f : dstest::all_fixtures())
+    if (ds::load_config(dstest::fixture(f) + "/config.json").spec().rotary) v.push_back(f);
   return v;
 }
 
@@ -39,7 +50,7 @@ TEST_P(FixtureCpu, MatchesTransformers) {
   for (int l = 0; l < L; ++l) req.lambda.push_back(float(s->effective_lambda(l)));
   req.all_logits = true;
   req.keep_hidden = true;
-  req.want_maps.assign(size_t(L), 1);
+  for (int l = 0; l < L; ++l) req.want_maps.push_back(c.has_maps(l));
   ds::ForwardResult r;
   s->backend().forward(req, r);
 
@@ -55,6 +66,12 @@ TEST_P(FixtureCpu, MatchesTransformers) {
   for (int l = 0; l < L; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     const ds::LayerMaps& m = r.maps[size_t(l)];
+    if (!c.has_maps(l)) {
+      EXPECT_TRUE(m.empty()) << p;
+      EXPECT_FALSE(ex.has(p + "attn1")) << p;
+      EXPECT_THROW(s->maps(l), ds::Error) << p;
+      continue;
+    }
     if (c.is_diff()) {
       const std::vector<float> a1 = ex.get(p + "attn1"), a2 = ex.get(p + "attn2");
       ASSERT_EQ(m.a1.size(), a1.size());
@@ -71,7 +88,7 @@ TEST_P(FixtureCpu, MatchesTransformers) {
   }
   // On-demand maps through the session agree with the forward's maps.
   s->run();
-  for (int l = 0; l < L; ++l) {
+  for (int l : c.map_layers()) {
     const ds::LayerMaps& m = s->maps(l);
     EXPECT_LT(dstest::rel_err(m.a1.data(), r.maps[size_t(l)].a1.data(), m.a1.size()), 1e-6) << "on-demand maps " << l;
   }
@@ -87,13 +104,15 @@ TEST_P(DiffFixtureCpu, LambdaOverrideMatchesTransformers) {
   auto s = ds::Session::open(dir, ds::BackendChoice::Cpu, nullptr, 2);
   s->set_ids(ex.ids());
   s->run();  // at the model's lambda first, so that the override run is a re-run
-  const std::vector<float> ov = ex.get("override.lambda");
-  for (size_t l = 0; l < ov.size(); ++l) s->set_lambda_override(int(l), ov[l]);
+  const std::vector<float> ov = ex.get("override.lambda");  // one value per layer with maps, in order
+  const std::vector<int64_t> layers = s->config().map_layers();
+  ASSERT_EQ(ov.size(), layers.size());
+  for (size_t i = 0; i < ov.size(); ++i) s->set_lambda_override(int(layers[i]), ov[i]);
   s->run(true);
   const std::vector<float> logits = ex.get("override.logits");
   ASSERT_EQ(s->result().logits.size(), logits.size());
   EXPECT_LT(dstest::rel_err(s->result().logits.data(), logits.data(), logits.size()), kTol);
-  for (size_t l = 0; l < ov.size(); ++l) {
+  for (int64_t l : layers) {
     const std::string p = "override.layers." + std::to_string(l) + ".";
     const ds::LayerMaps& m = s->maps(int(l));
     const std::vector<float> a1 = ex.get(p + "attn1"), a2 = ex.get(p + "attn2");
@@ -102,7 +121,7 @@ TEST_P(DiffFixtureCpu, LambdaOverrideMatchesTransformers) {
   }
 }
 
-TEST_P(FixtureCpu, RopeFrequenciesMatchTransformers) {
+TEST_P(RopeFixture, RopeFrequenciesMatchTransformers) {
   const std::string dir = dstest::fixture(GetParam());
   Expected ex(dir);
   const std::vector<float> want = ex.get("rope.inv_freq");
@@ -112,6 +131,8 @@ TEST_P(FixtureCpu, RopeFrequenciesMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FixtureCpu, ::testing::ValuesIn(dstest::all_fixtures()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(All, RopeFixture, ::testing::ValuesIn(rope_fixtures()),
                          [](const auto& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(Diff, DiffFixtureCpu, ::testing::ValuesIn(diff_fixtures()),
                          [](const auto& info) { return info.param; });

@@ -74,7 +74,7 @@ ModelConfig kajuma_shape() {
   c.intermediate = 8192;
   c.vocab = 128256;
   c.max_positions = 131072;
-  c.rms_eps = 1e-5;
+  c.norm_eps = 1e-5;
   c.tie_embeddings = true;
   c.rope.type = RopeConfig::Llama3;
   c.rope.theta = 500000.0;
@@ -99,7 +99,7 @@ ModelConfig motif_shape() {
   c.intermediate = 8192;
   c.vocab = 219520;
   c.max_positions = 16384;
-  c.rms_eps = 1e-5;
+  c.norm_eps = 1e-5;
   c.subln_eps = 1e-5;
   c.tie_embeddings = true;
   c.rope.theta = 500000.0;
@@ -511,7 +511,7 @@ ModelConfig table7_shape(bool diff) {
   c.intermediate = 8192;
   c.vocab = 100288;
   c.max_positions = 4096;
-  c.rms_eps = 1e-5;
+  c.norm_eps = 1e-5;
   c.tie_embeddings = false;
   c.rope.type = RopeConfig::Default;
   c.rope.theta = 10000.0;

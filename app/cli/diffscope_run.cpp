@@ -75,10 +75,13 @@ void dump(ds::Session& s, const Args& a) {
   std::vector<float> lambdas(static_cast<size_t>(c.layers));
   for (int l = 0; l < c.layers; ++l) lambdas[size_t(l)] = float(s.effective_lambda(l));
   const bool queries = a.view || !a.rows.empty();
-  std::vector<ds::MapRows> rows(queries && !a.rows.empty() ? size_t(c.layers) : 0);
-  for (size_t l = 0; l < rows.size(); ++l) {
-    s.backend().map_rows(int(l), a.rows, rows[l]);
-    const ds::MapRows& m = rows[l];
+  // Only layers with attention have maps and a lambda (SambaY's Mamba and GMU layers are absent from the dump).
+  const std::vector<int64_t> map_layers = c.map_layers();
+  std::vector<ds::MapRows> rows(queries && !a.rows.empty() ? map_layers.size() : 0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t l = map_layers[i];
+    s.backend().map_rows(int(l), a.rows, rows[i]);
+    const ds::MapRows& m = rows[i];
     const std::string p = "layers." + std::to_string(l) + ".";
     const std::vector<int64_t> shape{m.heads, int64_t(m.positions.size()), m.n};
     out.push_back({p + "rows1", ds::DType::F32, shape, m.a1.data()});
@@ -101,7 +104,8 @@ void dump(ds::Session& s, const Args& a) {
   }
   std::vector<int64_t> view_rect{view.q0, view.q1, view.k0, view.k1};
   if (a.view) out.push_back({"view.rect", ds::DType::I64, {4}, view_rect.data()});
-  for (int l = 0; l < c.layers; ++l) {
+  for (int64_t l64 : map_layers) {
+    const int l = int(l64);
     if (queries) {
       if (c.is_diff()) out.push_back({"layers." + std::to_string(l) + ".lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
       continue;
@@ -124,7 +128,8 @@ void dump(ds::Session& s, const Args& a) {
 void write_stats(ds::Session& s, const std::string& path) {
   const ds::ModelConfig& c = s.config();
   nlohmann::json layers = nlohmann::json::array();
-  for (int l = 0; l < c.layers; ++l) {
+  for (int64_t l64 : c.map_layers()) {  // layers with attention
+    const int l = int(l64);
     const std::vector<ds::HeadStats> st = s.backend().head_stats(l);
     nlohmann::json heads = nlohmann::json::array();
     for (size_t h = 0; h < st.size(); ++h) {
@@ -135,7 +140,8 @@ void write_stats(ds::Session& s, const std::string& path) {
       if (c.is_diff()) o.update({{"entropy2", x.entropy2}, {"first2", x.first2}, {"max_logit2", x.max_logit2}});
       heads.push_back(o);
     }
-    layers.push_back({{"layer", l}, {"lambda", c.is_diff() ? s.effective_lambda(l) : 0.0}, {"heads", heads}});
+    layers.push_back({{"layer", l}, {"kind", ds::layer_kind_name(c.kind(l))},
+                      {"lambda", c.is_diff() ? s.effective_lambda(l) : 0.0}, {"heads", heads}});
   }
   nlohmann::json j{{"model", s.model_dir()}, {"backend", s.backend().name()}, {"tokens", s.ids().size()},
                    {"differential", c.is_diff()}, {"layers", layers}};
@@ -170,6 +176,9 @@ int run(const Args& a) {
     if (l >= c.layers)
       throw ArgError("--lambda: layer " + std::to_string(l) + " does not exist (the model has " +
                      std::to_string(c.layers) + " layers)");
+    if (!c.has_maps(l))
+      throw ArgError("--lambda: layer " + std::to_string(l) + " is a " + ds::layer_kind_name(c.kind(l)) +
+                     " layer, without attention or lambda");
     s->set_lambda_override(l, v);
   }
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
@@ -184,15 +193,18 @@ int run(const Args& a) {
     nlohmann::json tk = nlohmann::json::array();
     for (const auto& t : top) tk.push_back({{"id", t.id}, {"prob", t.prob}, {"logit", t.logit}, {"text", t.text}});
     j["top_k"] = tk;
-    if (c.is_diff()) {
+    if (c.is_diff()) {  // [L]: 0 for layers without attention
       std::vector<double> lam;
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));
       j["lambda"] = lam;
     }
     std::cout << j.dump() << '\n';
   } else {
-    std::printf("model   %s (%s, %lld layers, %lld %s heads)\nbackend %s\ntokens  %zu   forward %.2f ms\n",
-                a.model.c_str(), c.family(), (long long)c.layers, (long long)c.view_heads(),
+    const size_t with_maps = c.map_layers().size();
+    const std::string attn_layers =
+        with_maps == size_t(c.layers) ? "" : ", " + std::to_string(with_maps) + " with attention";
+    std::printf("model   %s (%s, %lld layers%s, %lld %s heads)\nbackend %s\ntokens  %zu   forward %.2f ms\n",
+                a.model.c_str(), c.family(), (long long)c.layers, attn_layers.c_str(), (long long)c.view_heads(),
                 c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
                 s->result().ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
