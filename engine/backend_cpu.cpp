@@ -357,9 +357,7 @@ class CpuBackend final : public Backend {
     if (layer < 0 || layer >= cfg_.layers)
       throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
                   " layers)");
-    if (!cfg_.has_maps(layer))
-      throw Error("layer " + std::to_string(layer) + " is a " + layer_kind_name(cfg_.kind(layer)) +
-                  " layer: it has no attention maps");
+    if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
   }
 
   // The block norm of the family (RMSNorm, or LayerNorm with its bias) of rows of D.

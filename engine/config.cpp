@@ -2,6 +2,7 @@
 // run with a message that names the field.
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,39 @@ std::vector<int64_t> ModelConfig::map_layers() const {
   for (int64_t l = 0; l < layers; ++l)
     if (has_maps(l)) v.push_back(l);
   return v;
+}
+
+int64_t ModelConfig::nearest_map_layer(int64_t l, int dir) const {
+  l = std::clamp<int64_t>(l, 0, std::max<int64_t>(0, layers - 1));
+  const int step = dir < 0 ? -1 : 1;
+  for (int s : {step, -step})
+    for (int64_t x = l; x >= 0 && x < layers; x += s)
+      if (has_maps(x)) return x;
+  return l;
+}
+
+std::string ModelConfig::layer_label(int64_t layer) const {
+  switch (kind(layer)) {
+    case LayerKind::SlidingAttention: return "sliding window (" + std::to_string(window) + " keys)";
+    case LayerKind::CrossAttention: return "cross (keys and values of layer " + std::to_string(kv_source) + ")";
+    case LayerKind::Attention:
+      return spec().schedule == Schedule::Uniform ? "attention"
+                                                  : "full attention (its keys and values serve the cross layers)";
+    case LayerKind::Memory: return "mamba (memory of the gated memory units)";
+    case LayerKind::Gmu: return "gated memory unit (reads layer " + std::to_string(layers / 2) + "'s memory)";
+    case LayerKind::Mamba: return "mamba";
+  }
+  return "?";
+}
+
+std::string ModelConfig::no_attention(int64_t layer, const char* what) const {
+  std::string m = "layer ";
+  m += std::to_string(layer);
+  m += " is a ";
+  m += layer_kind_name(kind(layer));
+  m += " layer: it has no attention, hence no ";
+  m += what;
+  return m;
 }
 
 namespace {

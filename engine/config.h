@@ -79,6 +79,13 @@ struct ModelConfig {
   int64_t kv_layer(int64_t layer) const { return kind(layer) == LayerKind::CrossAttention ? kv_source : layer; }
   // Layers with maps, in order.
   std::vector<int64_t> map_layers() const;
+  // The layer with maps nearest to l, looking first in direction dir (+1 / -1): what a viewer selects when asked
+  // for layer l (l itself when it has maps; l clamped to the model first).
+  int64_t nearest_map_layer(int64_t l, int dir = 1) const;
+  // One line for the viewer: "sliding window (512 keys)", "cross (keys and values of layer 17)", "mamba", ...
+  std::string layer_label(int64_t layer) const;
+  // "layer 4 is a memory layer: it has no attention maps" (what = "attention maps", "lambda", ...)
+  std::string no_attention(int64_t layer, const char* what) const;
   int64_t params() const;  // parameter count implied by the shapes
 };
 

@@ -83,9 +83,7 @@ void Session::set_lambda_override(int layer, std::optional<double> value) {
     throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
                 " layers: 0.." + std::to_string(cfg_.layers - 1) + ")");
   if (value && !std::isfinite(*value)) throw Error("lambda must be a finite number");
-  if (value && !cfg_.has_maps(layer))
-    throw Error("layer " + std::to_string(layer) + " is a " + layer_kind_name(cfg_.kind(layer)) +
-                " layer: it has no attention, hence no lambda");
+  if (value && !cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "lambda"));
   lam_.override_[size_t(layer)] = value;
 }
 
@@ -129,9 +127,7 @@ int Session::run(bool all_logits) {
 const LayerMaps& Session::maps(int layer) {
   if (!has_result_) throw Error("no result yet: run the model first");
   if (layer < 0 || layer >= cfg_.layers) throw Error("layer " + std::to_string(layer) + " does not exist");
-  if (!cfg_.has_maps(layer))
-    throw Error("layer " + std::to_string(layer) + " is a " + layer_kind_name(cfg_.kind(layer)) +
-                " layer: it has no attention maps");
+  if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
   LayerMaps& m = maps_cache_[size_t(layer)];
   if (m.empty()) backend_->layer_maps(layer, m);
   return m;

@@ -372,6 +372,27 @@ def case_prompt_file(r):
     check(p.returncode == 2 and "missing.txt" in p.stdout.decode(), "missing prompt file: rc %d" % p.returncode)
 
 
+def case_hybrid(r):
+    # Phi-4-mini-flash (SambaY): asked for a memory (Mamba) layer, the viewer opens the next layer with maps; the
+    # statistics cover only the attention layers; a sliding-window layer's rows still sum to 1.
+    fx = os.path.join(r.source, "tests/fixtures/phi4flash_L12_gqa_sharded_f32")
+    ids = "20,27,53,72,52,72,31,59,6,65,41,21,4,7,59,21,60,56,11,62,0,29,50,12,69,24"
+    rc, st, img = r.run("hybrid", "--model", fx, "--ids", ids, "--head", "6.1")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    hm = st["head_maps"]
+    check(hm["layer"] == 7 and hm["kind"] == "attention" and hm["window"] == 0, "memory layer 6 -> 7: %s" % hm)
+    check(abs(hm["a1_sum"] - 26) < 1e-2 and abs(hm["a2_sum"] - 26) < 1e-2, "maps are not row-stochastic: %s" % hm)
+    layers = sorted({s["layer"] for s in st["statistics"]})
+    check(layers == [1, 3, 5, 7, 9, 11], "statistics of layers %s, expected the attention layers" % layers)
+    rc, st, img = r.run("hybrid_swa", "--model", fx, "--ids", ids, "--head", "3.0")
+    hm = st["head_maps"]
+    check(rc == 0 and hm["kind"] == "sliding window" and hm["window"] == 6, "sliding window layer: %s" % hm)
+    check(abs(hm["a1_sum"] - 26) < 1e-2, "banded maps are not row-stochastic: %s" % hm)
+    for key in ("a1", "a2", "diff"):
+        px = region(img, st["map_rects"][key])
+        check(len(set(px)) >= 20, "%s map region is nearly uniform (%d colours)" % (key, len(set(px))))
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
@@ -386,7 +407,8 @@ def case_bad_args(r):
 
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
-         "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay}
+         "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay,
+         "hybrid": case_hybrid}
 
 
 def main():

@@ -176,9 +176,7 @@ int run(const Args& a) {
     if (l >= c.layers)
       throw ArgError("--lambda: layer " + std::to_string(l) + " does not exist (the model has " +
                      std::to_string(c.layers) + " layers)");
-    if (!c.has_maps(l))
-      throw ArgError("--lambda: layer " + std::to_string(l) + " is a " + ds::layer_kind_name(c.kind(l)) +
-                     " layer, without attention or lambda");
+    if (!c.has_maps(l)) throw ArgError("--lambda: " + c.no_attention(l, "lambda"));
     s->set_lambda_override(l, v);
   }
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();

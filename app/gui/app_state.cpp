@@ -164,6 +164,8 @@ void AppState::set_lambda_scale(double s) {
 }
 
 void AppState::select_head(int l, int h) {
+  if (snap && snap->model)  // layers without attention (hybrids' Mamba / GMU) have no maps: step over them
+    l = int(snap->model->cfg.nearest_map_layer(l, l < layer ? -1 : 1));
   if (l == layer && h == head)
     return;
   layer = l;
@@ -264,7 +266,7 @@ void AppState::absorb_snapshot() {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();
     }
-    layer = std::clamp(layer, 0, int(m.cfg.layers) - 1);
+    layer = int(m.cfg.nearest_map_layer(layer));
     head = std::clamp(head, 0, int(m.cfg.view_heads()) - 1);
     req.layer = layer;
     req.head = head;

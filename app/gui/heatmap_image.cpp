@@ -119,7 +119,7 @@ void build_heatmap(const float* m, const GridGeom& g, const HeatmapStyle& st, co
     uint32_t* row = out.rgba.data() + size_t(y) * out.w;
     const float* src = m + size_t(y) * g.cols;
     for (int x = 0; x < visible; ++x)
-      row[x] = lut[index(src[x])];
+      row[x] = g.window > 0 && g.masked(y, x) ? st.masked_rgba : lut[index(src[x])];  // left of a sliding window
     for (int x = visible; x < out.w; ++x)
       row[x] = st.masked_rgba;
   }

@@ -22,11 +22,15 @@ struct HeatmapStyle {
 struct GridGeom {
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
   int rows = 0, cols = 0;
-  static GridGeom of(const MapView& v) { return {v.q0, v.q1, v.k0, v.k1, v.rows, v.cols}; }
+  int64_t window = 0;  // sliding window: a query q sees keys q - window + 1 .. q (0: all keys up to q)
+  static GridGeom of(const MapView& v, int64_t window = 0) { return {v.q0, v.q1, v.k0, v.k1, v.rows, v.cols, window}; }
   int64_t row_start(int i) const { return q0 + view_block_start(i, q1 - q0, rows); }
   int64_t col_start(int j) const { return k0 + view_block_start(j, k1 - k0, cols); }
-  // Every key of column block j comes after every query of row block i: the block is all masked (k > q).
-  bool masked(int i, int j) const { return col_start(j) > row_start(i + 1) - 1; }
+  // Every key of column block j comes after every query of row block i (k > q), or lies before every query's
+  // window: the block is all masked.
+  bool masked(int i, int j) const {
+    return col_start(j) > row_start(i + 1) - 1 || (window > 0 && col_start(j + 1) - 1 < row_start(i) - window + 1);
+  }
 };
 
 struct HeatmapImage {

@@ -66,13 +66,13 @@ void rebuild_textures(AppState& st) {
     return;
   const HeadMaps& hm = *src;
   const MapView& v = hm.view;
-  const GridGeom g = GridGeom::of(v);
+  const GridGeom g = GridGeom::of(v, hm.window);
   const bool same_style = T.source && T.style_key == key && same_geom(T.source->view, v);
   HeatmapStyle seq;
   seq.cmap = Colormap(st.settings.seq_cmap);
   seq.log = st.settings.log_scale;
   seq.robust = st.settings.robust_range;
-  seq.masked_rgba = 0;  // transparent: the panel draws a hatch behind the causal upper triangle
+  seq.masked_rgba = 0;  // transparent: the panel draws a hatch behind the causal upper triangle (and the window)
   HeatmapStyle div = seq;
   div.cmap = Colormap::CoolWarm;
   div.diverging = true;
@@ -247,6 +247,11 @@ void hover_tooltip(const AppState& st, const HeadMaps& hm, int64_t q, int64_t k)
     ImGui::EndTooltip();
     return;
   }
+  if (hm.window > 0 && c1 - 1 < r0 - hm.window + 1) {
+    ImGui::TextDisabled("masked: outside the sliding window (a query sees its last %lld tokens)", (long long)hm.window);
+    ImGui::EndTooltip();
+    return;
+  }
   ImGui::Separator();
   const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
   const char* agg = single ? "" : (v.pool == Pool::Mean ? "mean " : "max ");
@@ -270,9 +275,13 @@ void hover_tooltip(const AppState& st, const HeadMaps& hm, int64_t q, int64_t k)
 }  // namespace
 
 void draw_head_panel(AppState& st) {
-  char title[96];
+  char title[160];
   const auto& hp = st.snap->head;
-  if (hp)
+  const ModelConfig* mc = st.snap->model ? &st.snap->model->cfg : nullptr;
+  if (hp && mc && mc->spec().schedule != Schedule::Uniform)  // hybrids: say what kind of attention the layer has
+    std::snprintf(title, sizeof title, "Head  L%d.H%d  %s###Head", hp->layer, hp->head,
+                  mc->layer_label(hp->layer).c_str());
+  else if (hp)
     std::snprintf(title, sizeof title, "Head  L%d.H%d###Head", hp->layer, hp->head);
   else
     std::snprintf(title, sizeof title, "Head###Head");
@@ -371,6 +380,11 @@ void draw_head_panel(AppState& st) {
     if (T.tex[i].valid())
       dl->AddImage(T.tex[i].im_id(), ImVec2(sx(p0, double(mv.k0)), sy(p0, double(mv.q0))),
                    ImVec2(sx(p0, double(mv.k1)), sy(p0, double(mv.q1))));
+    if (hm.window > 0 && hm.window < n) {  // the sliding window's far edge: row q sees keys q - w + 1 .. q
+      const double w = double(hm.window);
+      dl->AddLine(ImVec2(sx(p0, 0.0), sy(p0, w - 1)), ImVec2(sx(p0, double(n) - w + 1), sy(p0, double(n))),
+                  tc.grid, 1.5f);
+    }
     dl->PopClipRect();
     dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(img1.x + 1, img1.y + 1), tc.grid);
     st.map_rects[i] =

@@ -77,6 +77,8 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
   ImGui::TableHeadersRow();
   for (int l = 0; l < int(m.cfg.layers) && l < int(lc.override_.size()); ++l) {
+    if (!m.cfg.has_maps(l))
+      continue;  // hybrids: Mamba and GMU layers have no lambda
     ImGui::PushID(l);
     ImGui::TableNextRow();
     ImGui::TableNextColumn();
@@ -84,6 +86,8 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
       ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().selection), "L%d", l);
     else
       ImGui::Text("L%d", l);
+    if (m.cfg.kinds.size() && ImGui::IsItemHovered())
+      ImGui::SetTooltip("layer %d: %s", l, m.cfg.layer_label(l).c_str());
     ImGui::TableNextColumn();
     ImGui::Text("%.3f", m.model_lambda[l]);
     ImGui::TableNextColumn();
@@ -118,7 +122,7 @@ void draw_lambda_panel(AppState& st) {
     return end_panel();
   const Snapshot& s = *st.snap;
   if (!s.model) {
-    empty_state("Open a differential model (DiffLlama, Motif) to move its lambda.");
+    empty_state("Open a differential model (DiffLlama, Motif, Phi-4-mini-flash) to move its lambda.");
     return end_panel();
   }
   const ModelInfo& m = *s.model;

@@ -93,7 +93,7 @@ void handle_shortcuts(AppState& st) {
   if (!io.WantTextInput && !io.KeyCtrl && st.snap && st.snap->model) {
     const auto& c = st.snap->model->cfg;
     int l = st.layer, h = st.head;
-    if (ImGui::IsKeyPressed(GLFW_KEY_UP))
+    if (ImGui::IsKeyPressed(GLFW_KEY_UP))  // (select_head steps over layers without attention)
       l = std::max(0, l - 1);
     if (ImGui::IsKeyPressed(GLFW_KEY_DOWN))
       l = std::min(int(c.layers) - 1, l + 1);

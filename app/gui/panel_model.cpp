@@ -138,6 +138,19 @@ void draw_model_panel(AppState& st) {
     std::snprintf(buf, sizeof buf, "%s, %lld layers x %lld heads (%lld kv)", c.family(), (long long)c.layers,
                   (long long)c.heads, (long long)c.kv_heads);
   info_row("model", buf);
+  if (c.spec().schedule != Schedule::Uniform) {  // a hybrid: which layers have attention
+    int count[6] = {};
+    for (int64_t l = 0; l < c.layers; ++l) ++count[int(c.kind(l))];
+    std::snprintf(buf, sizeof buf,
+                  "%d with maps (%d sliding window of %lld, %d full, %d cross on layer %lld's keys); %d mamba, %d gated "
+                  "memory units",
+                  count[int(LayerKind::SlidingAttention)] + count[int(LayerKind::Attention)] +
+                      count[int(LayerKind::CrossAttention)],
+                  count[int(LayerKind::SlidingAttention)], (long long)c.window, count[int(LayerKind::Attention)],
+                  count[int(LayerKind::CrossAttention)], (long long)c.kv_source,
+                  count[int(LayerKind::Mamba)] + count[int(LayerKind::Memory)], count[int(LayerKind::Gmu)]);
+    info_row("layers", buf);
+  }
   std::snprintf(buf, sizeof buf, "%s params, hidden %lld, d %lld, vocab %s", human_count(double(c.params())).c_str(),
                 (long long)c.hidden, (long long)c.head_dim, human_count(double(c.vocab)).c_str());
   info_row("size", buf);

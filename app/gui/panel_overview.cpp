@@ -189,6 +189,14 @@ void draw_overview_panel(AppState& st) {
     std::snprintf(buf, sizeof buf, "L%d", l);
     dl->AddText(ImVec2(o.x, o.y + top + l * cell + (cell - lh) * 0.5f), l == st.layer ? tc.selection : text, buf);
     const LayerSummary& ls = r.layers[l];
+    if (!cfg.has_maps(l)) {  // hybrids: one band naming the layer's kind instead of its (absent) heads
+      const ImVec2 p0(o.x + left + gap, o.y + top + l * cell + gap), p1(o.x + left + H * cell - gap, o.y + top + (l + 1) * cell - gap);
+      dl->AddRectFilled(p0, p1, tc.masked);
+      const std::string what = cfg.layer_label(l) + ": no attention maps";
+      if (cell >= lh + 2)
+        dl->AddText(ImVec2(p0.x + 6, (p0.y + p1.y - lh) * 0.5f), ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
+      continue;
+    }
     for (int h = 0; h < H; ++h) {
       const ImVec2 p0(o.x + left + h * cell + gap, o.y + top + l * cell + gap);
       const ImVec2 p1(p0.x + cell - 2 * gap, p0.y + cell - 2 * gap);
@@ -228,6 +236,8 @@ void draw_overview_panel(AppState& st) {
         const HeadStats& hs = ls.heads[h];
         ImGui::BeginTooltip();
         ImGui::Text("layer %d, head %d   (%s = %.3f)", l, h, st.lam(), ls.lambda);
+        if (cfg.spec().schedule != Schedule::Uniform)
+          ImGui::TextDisabled("%s", cfg.layer_label(l).c_str());
         ImGui::Separator();
         if (cfg.is_diff()) {
           ImGui::Text("entropy A1 %.3f   A2 %.3f   |A1 - %s*A2| %.3f", hs.entropy1, hs.entropy2, st.lam(),

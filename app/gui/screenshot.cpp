@@ -202,6 +202,8 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
                         {"n", hm.n},
                         {"lambda", hm.lambda},
                         {"differential", hm.differential},
+                        {"window", hm.window},
+                        {"kind", st.snap->model ? layer_kind_name(st.snap->model->cfg.kind(hm.layer)) : ""},
                         {"a1_sum", sum(v.a1)},
                         {"a2_sum", sum(v.a2)},
                         {"diff_sum", sum(v.diff)},

@@ -284,9 +284,9 @@ void Worker::summarize(const Request& r) {
   ov_->n = n;
   ov_->note = thumbs ? "" : "no thumbnails above " + std::to_string(k_thumb_max_tokens) + " tokens: map modes show the map's entropy";
   // The selected layer first, so that its row of the grid fills at once.
-  std::vector<int> order{std::clamp(r.layer, 0, L - 1)};
+  std::vector<int> order{int(cfg.nearest_map_layer(r.layer))};
   for (int l = 0; l < L; ++l)
-    if (l != order[0])
+    if (l != order[0] && cfg.has_maps(l))  // layers without attention keep an empty summary
       order.push_back(l);
   for (int l : order) {
     if (!ov_->layers[l].heads.empty())
@@ -331,8 +331,8 @@ bool same_view(const ViewRequest& a, const ViewRequest& b) {
 void Worker::refresh_head(const Request& r) {
   if (!session_->has_result())
     return;
-  const int L = int(session_->config().layers), H = int(session_->config().view_heads());
-  const int layer = std::clamp(r.layer, 0, L - 1), head = std::clamp(r.head, 0, H - 1);
+  const int H = int(session_->config().view_heads());
+  const int layer = int(session_->config().nearest_map_layer(r.layer)), head = std::clamp(r.head, 0, H - 1);
   if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
     return;
   auto hm = std::make_shared<HeadMaps>();
@@ -342,6 +342,7 @@ void Worker::refresh_head(const Request& r) {
   hm->n = int64_t(session_->ids().size());
   hm->lambda = session_->effective_lambda(layer);
   hm->differential = session_->config().is_diff();
+  hm->window = session_->config().layer_window(layer);
   ViewRequest vr = r.view;
   vr.layer = layer;
   vr.head = head;
@@ -360,8 +361,7 @@ void Worker::refresh_head(const Request& r) {
 void Worker::refresh_row(const Request& r) {
   if (!session_->has_result())
     return;
-  const int L = int(session_->config().layers);
-  const int layer = std::clamp(r.layer, 0, L - 1);
+  const int layer = int(session_->config().nearest_map_layer(r.layer));
   const int64_t n = int64_t(session_->ids().size());
   const int64_t q = std::clamp<int64_t>(r.row < 0 ? n + r.row : r.row, 0, n - 1);
   {
