@@ -117,9 +117,9 @@ AttnShape attn_shape(const AttnParams& p) {
   s.n = p.n;
   s.batch = p.batch;
   const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  s.aligned16 = a16(p.qkv) && a16(p.out) && p.row_stride % 8 == 0 && p.out_row_stride % 8 == 0 && p.q_off % 8 == 0 &&
-                p.k_off % 8 == 0 && p.v_off % 8 == 0 && p.batch_stride >= 0 && p.out_batch_stride >= 0 &&
-                (p.batch <= 1 || (p.batch_stride % 8 == 0 && p.out_batch_stride % 8 == 0));
+  s.aligned16 = a16(p.qkv) && a16(p.kv) && a16(p.out) && p.row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
+                p.q_off % 8 == 0 && p.k_off % 8 == 0 && p.v_off % 8 == 0 && p.batch_stride >= 0 &&
+                p.out_batch_stride >= 0 && (p.batch <= 1 || (p.batch_stride % 8 == 0 && p.out_batch_stride % 8 == 0));
   return s;
 }
 

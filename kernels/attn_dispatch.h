@@ -15,6 +15,8 @@
 //   Generic     attn_fwd_generic.cu: f32 on CUDA cores, one warp per query row. Any d that is a multiple of 8 up to
 //               256 (the fused kernels take 64 and 128), odd plain head counts, pre-sm_80 GPUs; also the reference
 //               the tests hold the fused kernels against.
+// Every one of them takes a sliding window and K/V from a separate buffer (AttnParams::window, ::kv), so neither
+// changes the choice.
 #pragma once
 #include <string>
 
@@ -45,7 +47,7 @@ struct AttnShape {
   int d = 0, heads = 0, kv_heads = 0;
   bool diff = true;
   int n = 0, batch = 1;   // tokens per sequence and sequences of the launch (the CTA order depends on them)
-  bool aligned16 = true;  // input and output pointers and strides 16-byte aligned (TMA's rule)
+  bool aligned16 = true;  // input (qkv, and kv when set) and output pointers and strides 16-byte aligned (TMA's rule)
 };
 // The shape of a launch as select_attn needs it.
 AttnShape attn_shape(const AttnParams& p);

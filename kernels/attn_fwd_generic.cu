@@ -1,7 +1,8 @@
 // Generic causal attention forward, differential (two maps, V of 2d, inner RMS norm, x (1 - lambda_init)) or plain
 // softmax. One warp per query row: lanes take 32 keys at a time for the dot products (each lane one key, q in
 // shared memory), the online softmax runs on the warp, then the 32 probabilities are broadcast by shuffles while
-// each lane accumulates its own output columns (lane + 32 i), so V rows are read coalesced.
+// each lane accumulates its own output columns (lane + 32 i), so V rows are read coalesced. A sliding window starts
+// the row's keys at its first key (attn_params.h) instead of 0; K and V come from p.kv when it is set.
 // Correctness over speed: it is the Llama path and the fallback for head sizes without a fused kernel.
 #include "attn_fwd_generic.h"
 
@@ -31,6 +32,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
   unsigned long long t_start = 0;
   if (p.head_ns && threadIdx.x == 0) t_start = global_timer_ns();
   const bf16* base = p.qkv + int64_t(b) * p.batch_stride;
+  const bf16* kvb = kv_base(p) + int64_t(b) * p.batch_stride;
   const float sl2 = p.scale * 1.4426950408889634f;
 
   if (row < p.n) {  // warp-uniform
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) acc[0][i] = acc[1][i] = 0.f;
 
-    for (int c0 = 0; c0 <= row; c0 += 32) {
+    for (int c0 = window_first_key(p.window, row); c0 <= row; c0 += 32) {
       const int key = c0 + lane;
       const bool valid = key <= row;
       float pr[2] = {0.f, 0.f};
@@ -53,7 +55,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
         if (m >= nmaps) break;
         float dot = 0.f;
         if (valid) {
-          const bf16* kr = base + int64_t(key) * p.row_stride + p.k_off + int64_t(kh[m]) * d;
+          const bf16* kr = kvb + int64_t(key) * p.row_stride + p.k_off + int64_t(kh[m]) * d;
           for (int i = 0; i < d; i += 8) {
             const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
             const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
           }
         }
         const float s = valid ? dot : -INFINITY;
-        const float m_new = fmaxf(m_run[m], warp_max(s));  // finite: key c0 <= row is always valid
+        const float m_new = fmaxf(m_run[m], warp_max(s));  // finite: key c0 <= row (the row's first key) is valid
         const float alpha = exp2f(m_run[m] - m_new);
         m_run[m] = m_new;
         pr[m] = valid ? exp2f(s - m_new) : 0.f;
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
       }
       const int cnt = min(32, row + 1 - c0);
       for (int kk = 0; kk < cnt; ++kk) {
-        const bf16* vr = base + int64_t(c0 + kk) * p.row_stride + p.v_off;
+        const bf16* vr = kvb + int64_t(c0 + kk) * p.row_stride + p.v_off;
         const float p0 = __shfl_sync(0xffffffffu, pr[0], kk);
         const float p1 = __shfl_sync(0xffffffffu, pr[1], kk);
 #pragma unroll

@@ -6,6 +6,7 @@
 namespace ds::kern {
 
 bool attn_fwd_generic_supported(int d);
+// Honours p.window (each row's keys start at its window) and p.kv, as every attention kernel does.
 cudaError_t launch_attn_fwd_generic(const AttnParams& p, cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -16,6 +16,10 @@
 // Why: with every thread issuing cp.async and both warpgroups meeting at __syncthreads once per tile the tensor pipe
 // was busy 39% of the time; a ping-pong with a private K/V copy per warpgroup gained the ordering (+8-12%) but lost
 // more to the second V copy, so V is loaded once (bench/cuda_notes.md; bench/EXPERIMENTS.md lists what was tried).
+// Sliding window (AttnParams::window): the producer's and the consumers' descent over the key tiles ends at the tile
+// of the CTA's first row's first key; the diagonal tile's mask also takes the window's lower edge, and the (at most
+// two) tiles below it that cross that edge take it alone; every other tile runs as without a window. K and V: TMA
+// boxes from a tensor map over AttnParams::kv when it is set (kv_base), Q from qkv.
 // Shared memory (1024-byte aligned, all tiles [64-column slabs][rows][64] with the SW128 XOR, which is what a TMA
 // box of 64 columns x rows with CU_TENSOR_MAP_SWIZZLE_128B writes): Q of both maps, KS K stages, VS V stages,
 // then the mbarriers. d = 128: 32 + 2 x 32 + 2 x 32 KB = 160 KB.
@@ -63,7 +67,10 @@ constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE0 = 4;
 using namespace sm90;
 #endif
 
-template <int D, int BN, bool DIFF>
+// WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
+// existed: with the window's loop bound and masks at run time, ptxas scheduled the loop differently and the
+// differential kernel measured 2-3% slower at window 0 (H100, n = 8192).
+template <int D, int BN, bool DIFF, bool WINDOW>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
@@ -98,7 +105,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     kvh[m] = DIFF ? hm.k[m] : hm.k[0];
   }
   const int q0 = qt * BM;
-  const int n_kt = (q0 + BM - 1) / BN + 1;  // kv tiles up to the one holding the diagonal
+  const int kt_top = (q0 + BM - 1) / BN;  // the key tile holding the diagonal
+  // from it down to the tile of the first row's first key
+  const int n_kt = WINDOW ? kt_top - window_first_key(p.window, q0) / BN + 1 : kt_top + 1;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -129,7 +138,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
                       int(p.q_off) + qh[m] * D + sl * 64, q0, b, bar_q);
       for (int it = 0; it < n_kt; ++it) {
-        const int k0 = (n_kt - 1 - it) * BN;
+        const int k0 = (kt_top - it) * BN;
         const int ks = it % KS, vs = it % VS;
         // stage use u waits for the consumers' release of use u - 1 (phase u - 1); use 0 passes at once
         mbar_wait(bar_empty_k(ks), uint32_t(((it / KS) & 1) ^ 1));
@@ -186,6 +195,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
   auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
 
+  // Sliding window: tiles from iteration edge_it on hold keys left of some row's window (first key k0 < q0 + BM -
+  // window, the first key of the CTA's last row) and take the window's mask.
+  const int wlo = window_lo_offset(p.window), last_first = q0 + BM - p.window;
+  const int edge_it = p.window > 0 && last_first > 0 ? kt_top - (last_first - 1) / BN : n_kt;
+  const int row0 = q0 + wrow + g4;
+
   mbar_wait(bar_q, 0);
   float alpha_prev[2] = {1.f, 1.f};
   {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
@@ -200,7 +215,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
     mbar_arrive(bar_empty_k(0));
-    mask_diagonal(s, (n_kt - 1) * BN, q0 + wrow + g4, t4);
+    mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
     pack(s);
@@ -224,6 +239,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
     mbar_arrive(bar_empty_k(ks));
+    if constexpr (WINDOW)
+      if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
     softmax(s, alpha_prev);
     wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
     pin_pv_operands(acc, pa);
@@ -312,11 +329,12 @@ template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
   if (!make_attn_tma_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
-      !make_attn_tma_map(tkv, p.qkv, p.row_stride, p.batch_stride, p, BN) ||
+      !make_attn_tma_map(tkv, kv_base(p), p.row_stride, p.batch_stride, p, BN) ||
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  const auto kernel = attn_fwd_sm90_kernel<D, BN, DIFF>;
+  const auto kernel =
+      p.window > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);

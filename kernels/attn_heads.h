@@ -52,8 +52,12 @@ inline double lambda_init(int64_t layer) { return 0.8 - 0.6 * std::exp(-0.3 * do
 
 // Forward FLOPs of causal attention over n tokens per sequence: a differential head is 2 maps x 2 n^2 d (Q K^T) plus
 // 2 x 2 n^2 (2d) (P V against the 2d-wide V) = 12 n^2 d; a plain head 4 n^2 d; halved for the causal mask.
-inline double attn_flops(bool diff, int64_t view_heads_count, int64_t d, int64_t n, int64_t batch = 1) {
-  const double per_head = (diff ? 12.0 : 4.0) * double(n) * double(n) * double(d) / 2.0;
+// A sliding window of w < n keys removes the causal triangle's part left of the band: n^2/2 - (n - w)^2/2 pairs.
+inline double attn_flops(bool diff, int64_t view_heads_count, int64_t d, int64_t n, int64_t batch = 1,
+                         int64_t window = 0) {
+  double pairs = double(n) * double(n) / 2.0;
+  if (window > 0 && window < n) pairs -= double(n - window) * double(n - window) / 2.0;
+  const double per_head = (diff ? 12.0 : 4.0) * pairs * double(d);
   return per_head * double(view_heads_count) * double(batch);
 }
 

@@ -1,8 +1,10 @@
 // Attention maps for display, from the cached bf16 Q/K of one layer (never materialised during the forward).
 // Pass 1 (logits): a block takes 8 query rows x 32 keys of one (head, map); q and k tiles go through shared
 // memory in f32 (k rows padded by one word so the 32 lanes, one key each, hit 32 banks); tiles wholly right of
-// the diagonal are skipped. Pass 2 (softmax): one warp per (row, head) finds the maxima and sums, writes the
-// probabilities in place (zeros right of the diagonal) and the row statistics of A1, A2 and D = A1 - lambda*A2.
+// the diagonal are skipped, and under a sliding window (attn_params.h) the grid starts at the key tile of the first
+// row's first key and tiles wholly left of their rows' windows are skipped. Pass 2 (softmax): one warp per (row,
+// head) finds the maxima and sums over the row's keys, writes the probabilities in place (zeros right of the
+// diagonal and left of the window) and the row statistics of A1, A2 and D = A1 - lambda*A2 over the row's keys.
 #include "attn_maps.h"
 
 #include <cmath>
@@ -28,24 +30,26 @@ __global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p,
   float* sq = sm;             // [MQ][d]
   float* sk = sm + MQ * d;    // [MK][d + 1]
   const int hi = int(blockIdx.z) / nmaps, m = int(blockIdx.z) % nmaps, h = head0 + hi;
-  const int k0 = int(blockIdx.x) * MK, r0 = row0 + int(blockIdx.y) * MQ;
+  const int k0 = (int(blockIdx.x) + window_first_key(p.window, row0) / MK) * MK, r0 = row0 + int(blockIdx.y) * MQ;
   const int r_end = min(row0 + rows, p.n);
   if (k0 > r0 + MQ - 1) return;  // the whole tile is right of the diagonal (uniform over the block)
+  if (k0 + MK <= window_first_key(p.window, r0)) return;  // ... or left of the window of its first (and every) row
   int qh, kh;
   head_map(p, h, m, qh, kh);
   for (int i = int(threadIdx.x); i < MQ * d; i += blockDim.x) {
     const int r = i / d, c = i % d, tok = r0 + r;
     sq[i] = tok < r_end ? __bfloat162float(p.qkv[int64_t(tok) * p.row_stride + p.q_off + int64_t(qh) * d + c]) : 0.f;
   }
+  const bf16* kvb = kv_base(p);
   for (int i = int(threadIdx.x); i < MK * d; i += blockDim.x) {
     const int r = i / d, c = i % d, tok = k0 + r;
     sk[r * (d + 1) + c] =
-        tok < p.n ? __bfloat162float(p.qkv[int64_t(tok) * p.row_stride + p.k_off + int64_t(kh) * d + c]) : 0.f;
+        tok < p.n ? __bfloat162float(kvb[int64_t(tok) * p.row_stride + p.k_off + int64_t(kh) * d + c]) : 0.f;
   }
   __syncthreads();
   const int qi = int(threadIdx.x) / MK, kj = int(threadIdx.x) % MK;
   const int row = r0 + qi, key = k0 + kj;
-  if (row < r_end && key <= row) {
+  if (row < r_end && key <= row && key >= window_first_key(p.window, row)) {
     float dot = 0.f;
     for (int c = 0; c < d; ++c) dot = fmaf(sq[qi * d + c], sk[kj * (d + 1) + c], dot);
     maps[((int64_t(hi) * nmaps + m) * rows + (row - row0)) * p.n + key] = dot * p.scale;
@@ -58,11 +62,11 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   const int ri = int(blockIdx.x) * 4 + warp, h = int(blockIdx.y);  // h: the head's index among those computed
   const int row = row0 + ri;
   if (ri >= rows || row >= p.n) return;  // warp-uniform; no block barrier below
-  const int n = p.n, nmaps = p.diff ? 2 : 1, ncols = row + 1;
+  const int n = p.n, nmaps = p.diff ? 2 : 1, ncols = row + 1, c_lo = window_first_key(p.window, row);
   float* s1 = maps + ((int64_t(h) * nmaps + 0) * rows + ri) * n;
   float* s2 = p.diff ? maps + ((int64_t(h) * nmaps + 1) * rows + ri) * n : nullptr;
   float mx1 = -INFINITY, mx2 = -INFINITY, mn1 = INFINITY, mn2 = INFINITY;
-  for (int c = lane; c < ncols; c += 32) {
+  for (int c = c_lo + lane; c < ncols; c += 32) {
     mx1 = fmaxf(mx1, s1[c]);
     mn1 = fminf(mn1, s1[c]);
     if (s2) {
@@ -75,7 +79,7 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   mn1 = warp_min(mn1);
   mn2 = warp_min(mn2);
   float l1 = 0.f, l2 = 0.f;
-  for (int c = lane; c < ncols; c += 32) {
+  for (int c = c_lo + lane; c < ncols; c += 32) {
     l1 += expf(s1[c] - mx1);
     if (s2) l2 += expf(s2[c] - mx2);
   }
@@ -86,7 +90,7 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   // entropy(A) = log l - sum_k A_k (s_k - max);  entropy(|D|/S) = log S - sum_k |D_k| log |D_k| / S
   float pu1 = 0.f, pu2 = 0.f, absd = 0.f, dlogd = 0.f, neg = 0.f, dmin = INFINITY, dmax = -INFINITY;
   for (int c = lane; c < n; c += 32) {
-    if (c < ncols) {
+    if (c < ncols && c >= c_lo) {
       const float u1 = s1[c] - mx1, a1 = expf(u1) * inv1;
       float a2 = 0.f;
       if (s2) {
@@ -232,7 +236,8 @@ cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, floa
     if (e != cudaSuccess) return e;
   }
   const int last_row = min(row0 + rows, p.n) - 1;
-  const dim3 grid(unsigned(last_row / MK + 1), unsigned((rows + MQ - 1) / MQ), unsigned(nheads * nmaps));
+  const int kt0 = window_first_key(p.window, row0) / MK;  // key tiles left of the first row's window: none launched
+  const dim3 grid(unsigned(last_row / MK + 1 - kt0), unsigned((rows + MQ - 1) / MQ), unsigned(nheads * nmaps));
   map_logits_kernel<<<grid, MQ * MK, smem, stream>>>(p, row0, rows, maps, head0);
   return cudaGetLastError();
 }

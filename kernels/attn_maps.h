@@ -13,12 +13,14 @@ enum MapStat {
 };
 
 // maps: [nheads][nmaps][rows][n] f32 for query rows [row0, row0 + rows) of batch 0 and view heads head0 ..
-// head0 + nheads - 1 (all by default; nmaps = 2 if p.diff). Writes q.k * p.scale for keys <= row; entries right of
-// the diagonal are left for the softmax pass.
+// head0 + nheads - 1 (all by default; nmaps = 2 if p.diff). Writes q.k * p.scale for the row's keys (<= row, and
+// within p.window; K from p.kv when set); entries right of the diagonal and left of the window are left for the
+// softmax pass.
 cudaError_t launch_attn_map_logits(const AttnParams& p, int row0, int rows, float* maps, cudaStream_t stream,
                                    int head0 = 0, int nheads = -1);
-// In place: logits -> probabilities (0 right of the diagonal), and the row statistics [nheads][rows][MAP_NSTAT]
-// (lambda from p.lambda) of the nheads heads the logits pass computed. MAP_MAX_LOGIT* hold the largest |logit|.
+// In place: logits -> probabilities (0 right of the diagonal and left of the window), and the row statistics
+// [nheads][rows][MAP_NSTAT] (lambda from p.lambda; over the row's keys only) of the nheads heads the logits pass
+// computed. MAP_MAX_LOGIT* hold the largest |logit|.
 cudaError_t launch_attn_map_softmax(const AttnParams& p, int row0, int rows, float* maps, float* row_stats,
                                     cudaStream_t stream, int nheads = -1);
 

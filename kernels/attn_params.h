@@ -3,6 +3,13 @@
 //   [ Q heads 0..H-1 (d each) | K heads 0..Hkv-1 (d each) | V heads 0..Hkv-1 (d each) ]
 // at element offsets q_off / k_off / v_off; `batch_stride` separates sequences of the same length n. Which heads a
 // view head reads, and where it writes: attn_heads.h.
+// Two options every attention kernel honours (Phi-4-mini-flash):
+//   window > 0: a sliding window, query row i sees keys max(0, i - window + 1) .. i (min(i + 1, window) keys, itself
+//     included; flash-attn's window_size = (window - 1, window - 1) with causal = True). The kernels start their
+//     loops over key tiles at the first tile that meets the window and mask the keys left of it on the boundary
+//     tiles only; 0 is full causal attention.
+//   kv != nullptr: K and V are read from `kv` (cross-layer KV reuse, YOCO) in the same layout (row_stride,
+//     batch_stride, k_off, v_off); Q still from `qkv`.
 #pragma once
 #include <cstdint>
 
@@ -30,7 +37,16 @@ struct AttnParams {
   int64_t out_row_stride = 0, out_batch_stride = 0;
   unsigned long long* head_ns = nullptr;  // optional [view heads]: block time (%globaltimer ns) summed per head
   bool tile_major = false;                // CTA order of the fused kernels (launch_attn sets it from the choice)
+  int window = 0;                         // sliding window in keys (row i sees max(0, i - window + 1) .. i); 0: none
+  const bf16* kv = nullptr;               // K and V from here when set (same layout and offsets), else from qkv
 };
+
+// Where K and V are read from.
+__host__ __device__ inline const bf16* kv_base(const AttnParams& p) { return p.kv ? p.kv : p.qkv; }
+// The first key that query row `row` sees: row - window + 1 under a sliding window (clamped at 0), else 0.
+__host__ __device__ inline int window_first_key(int window, int row) {
+  return window > 0 && row >= window ? row - window + 1 : 0;
+}
 
 inline int view_heads(const AttnParams& p) { return view_heads(p.diff, p.heads); }
 

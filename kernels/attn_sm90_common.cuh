@@ -1,6 +1,6 @@
 // Device pieces of the Hopper attention kernel (attn_fwd_sm90.cu): wgmma descriptors and ordering, the Q K^T and
-// P V products, the causal mask and the O rescale on the wgmma accumulator layout, packing P into the register A
-// operand, and staging the output tile for the TMA store.
+// P V products, the causal and sliding-window masks and the O rescale on the wgmma accumulator layout, packing P into
+// the register A operand, and staging the output tile for the TMA store.
 // Accumulator layout (m64nNk16, per thread): element i belongs to row g4 + 8 * ((i >> 1) & 1) of the warp's 16 rows
 // and to column 8 * (i >> 2) + 2 * t4 + (i & 1). Only valid inside code compiled for sm_90a (DS_SM90A guards).
 #pragma once
@@ -75,17 +75,35 @@ __device__ __forceinline__ void zero_pinned(float (&s)[NS]) {
     pin(s[i]);
   }
 }
-// Causal mask of the diagonal tile: key column > query row gets -inf. col0: the tile's first key; row0: the
-// thread's first query row (q0 + warp row + g4).
-template <int NS>
-__device__ __forceinline__ void mask_diagonal(float (&s)[NS], int col0, int row0, int t4) {
+// The row's keys as offsets from it: a query row sees keys row - wlo .. row, wlo = window - 1 under a sliding window
+// (AttnParams::window), else far more than any row.
+__host__ __device__ __forceinline__ int window_lo_offset(int window) { return window > 0 ? window - 1 : 1 << 30; }
+
+// Mask of the diagonal tile: key column > query row gets -inf (causal), and with WINDOW so does key column < query
+// row - wlo (left of the sliding window; wlo from window_lo_offset). col0: the tile's first key; row0: the thread's
+// first query row (q0 + warp row + g4).
+template <bool WINDOW, int NS>
+__device__ __forceinline__ void mask_diagonal(float (&s)[NS], int col0, int row0, int t4, int wlo) {
 #pragma unroll
   for (int nt = 0; nt < NS / 4; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = col0 + nt * 8 + 2 * t4 + (e & 1);
       const int row = row0 + (e >> 1) * 8;
-      if (col > row) s[nt * 4 + e] = -INFINITY;
+      if (col > row || (WINDOW && col < row - wlo)) s[nt * 4 + e] = -INFINITY;
+    }
+}
+// The sliding window's lower edge alone, on the tiles below the diagonal that cross it: key column < query row - wlo
+// gets -inf.
+template <int NS>
+__device__ __forceinline__ void mask_window(float (&s)[NS], int col0, int row0, int t4, int wlo) {
+#pragma unroll
+  for (int nt = 0; nt < NS / 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + nt * 8 + 2 * t4 + (e & 1);
+      const int row = row0 + (e >> 1) * 8;
+      if (col < row - wlo) s[nt * 4 + e] = -INFINITY;
     }
 }
 

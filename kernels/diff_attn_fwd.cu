@@ -9,9 +9,11 @@
 // 2d/8 * 4 registers per thread (128 at d = 128), so at d = 128 a warp cannot hold both maps' accumulators; at d = 64
 // it can (schedule 4). Every tile is XOR-swizzled in 16-byte chunks so ldmatrix is conflict-free. The diagonal tile
 // comes first (it needs the causal mask and guarantees a finite row maximum); query tiles are launched heaviest
-// first. Every thread copies fixed 16-byte column chunks (TileCopy) with cp.async; later tiles go out a few copies
-// after each k step of the S products. One CTA barrier per key tile. The O rescale is skipped when no row of the
-// warp found a new maximum.
+// first. A sliding window (AttnParams::window) ends a CTA's descent at the key tile of its first row's first key and
+// masks the keys left of the rows' windows on the (at most two) tiles that cross the window's lower edge
+// (KeyTiles); K and V come from AttnParams::kv when it is set. Every thread copies fixed 16-byte column chunks
+// (TileCopy) with cp.async; later tiles go out a few copies after each k step of the S products. One CTA barrier
+// per key tile. The O rescale is skipped when no row of the warp found a new maximum.
 //
 // Schedules of the P V products (attn_dispatch.cu picks the fastest that the device's shared memory fits):
 //  1 lockstep (8 warps): warps 0-3 take map 1, 4-7 map 2, each accumulates its own map over all 2d columns of V;
@@ -165,15 +167,57 @@ __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], const bf16* sQm, 
   warp_qk_maps<D, 1, false>(reinterpret_cast<float(&)[1][BN / 8][4]>(s), sQm, sK, wrow, lane, after_step);
 }
 
-// Diagonal tile (key tile == query tile): key column > query row is masked.
-__device__ __forceinline__ void mask_diagonal(float (&s)[BN / 8][4], int wrow, int lane) {
+// The keys a tile's rows see, as the tile-local key column minus the query row (both from 0 in their tiles):
+// col - row in [lo, hi]. hi = q0 - k0 (0 on the diagonal tile: key <= row); lo = hi + 1 - window (key >= row -
+// window + 1), or far below when there is no window. `edge`: the tile needs the mask at all (the diagonal tile, or
+// one that crosses the window's lower edge); every other tile is wholly inside every row's band.
+struct Band {
+  bool edge;
+  int lo, hi;
+  __device__ __forceinline__ bool in(int col, int row) const { return !edge || (col - row >= lo && col - row <= hi); }
+};
+constexpr int kNoWindowLo = -(1 << 30);
+
+// The key tiles a CTA of query tile qt visits, from the diagonal tile down (iteration it: key tile qt - it): n_kt of
+// them, the last one holding the first key of the CTA's first row (window_first_key). From iteration edge_it on,
+// the tiles hold keys left of some of the rows' windows (their first keys k0 < q0 + BM - window, the first key of
+// the CTA's last row) and take the band mask, like the diagonal tile. WINDOW = false (the forward kernels' build for
+// window 0): every tile down to 0, only the diagonal one masked, all of it known at compile time, so that the
+// kernels without a window run the tile loop they ran before windows existed (as attn_fwd_sm90.cu, where the
+// runtime window cost 2-3% at window 0).
+template <bool WINDOW>
+struct KeyTiles {
+  int n_kt, edge_it, window;
+  __device__ __forceinline__ KeyTiles(int win, int qt) : window(win) {
+    if constexpr (WINDOW) {
+      const int q0 = qt * BM, last_first = q0 + BM - win;
+      n_kt = qt - window_first_key(win, q0) / BN + 1;
+      edge_it = win > 0 && last_first > 0 ? qt - (last_first - 1) / BN : INT_MAX;
+    } else {
+      n_kt = qt + 1;
+      edge_it = INT_MAX;
+    }
+  }
+  __device__ __forceinline__ Band band(int it) const {
+    if constexpr (WINDOW)
+      return {it == 0 || it >= edge_it, window > 0 ? it * BN + 1 - window : kNoWindowLo, it * BN};  // BM == BN
+    else
+      return {it == 0, kNoWindowLo, 0};
+  }
+};
+
+// Keys outside the band (col - row in [b.lo, b.hi]) get -inf, on edge tiles only (WINDOW = false: only the causal
+// bound, as the band's lower one is never reached).
+template <bool WINDOW>
+__device__ __forceinline__ void mask_band(float (&s)[BN / 8][4], int wrow, int lane, const Band& b) {
+  if (!b.edge) return;
 #pragma unroll
   for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = nt * 8 + 2 * (lane & 3) + (e & 1);
       const int row = wrow + (lane >> 2) + (e >> 1) * 8;
-      if (col > row) s[nt][e] = -INFINITY;
+      if (col - row > b.hi || (WINDOW && col - row < b.lo)) s[nt][e] = -INFINITY;
     }
 }
 
@@ -423,7 +467,8 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
 }
 
 // A CTA's copies (all NTHR threads): Q of both maps once, then K1 | K2 | V of key tile `it` (0 is the diagonal tile,
-// then descending) into a [K1 | K2 | V] stage. Sources are this thread's first chunks (kv head g, DiffLlama mapping).
+// then descending; KeyTiles says how far) into a [K1 | K2 | V] stage. Sources are this thread's first chunks (kv head
+// g, DiffLlama mapping; K and V from kv_base).
 // Tile 0 goes out whole (issue_kv: rows past n are zero-filled); every later tile is full (its keys end at or before
 // the query tile's first row), and goes out one copy at a time (KvSrc::copy, NCOPY per thread, PER_STEP after each
 // k step of the S products) without bounds checks.
@@ -435,15 +480,16 @@ struct CtaCopies {
   static_assert(NCOPY % (D / 16) == 0, "the same number of copies per k step of the S products");
   const QK qk;
   const VC v;
-  const bf16* base;
+  const bf16* base;  // sequence b of qkv (Q; also the never-read source of zero-filled copies)
   const bf16 *k_src0, *k_src1, *v_src;
   int64_t rs;
   int n, qt;
   __device__ __forceinline__ CtaCopies(const AttnParams& p, const CtaWork& w, int tid)
       : qk(tid), v(tid), base(p.qkv + int64_t(w.b) * p.batch_stride), rs(p.row_stride), n(p.n), qt(w.qt) {
-    k_src0 = base + qk.r * rs + p.k_off + int64_t(w.heads.k[0]) * D + qk.c * 8;
-    k_src1 = base + qk.r * rs + p.k_off + int64_t(w.heads.k[1]) * D + qk.c * 8;
-    v_src = base + v.r * rs + p.v_off + int64_t(w.heads.v[v.c < D / 8 ? 0 : 1]) * D + (v.c % (D / 8)) * 8;
+    const bf16* kvb = kv_base(p) + int64_t(w.b) * p.batch_stride;
+    k_src0 = kvb + qk.r * rs + p.k_off + int64_t(w.heads.k[0]) * D + qk.c * 8;
+    k_src1 = kvb + qk.r * rs + p.k_off + int64_t(w.heads.k[1]) * D + qk.c * 8;
+    v_src = kvb + v.r * rs + p.v_off + int64_t(w.heads.v[v.c < D / 8 ? 0 : 1]) * D + (v.c % (D / 8)) * 8;
     q1 = w.heads.q[0], q2 = w.heads.q[1];
   }
   int q1, q2;  // query heads of map 1 and map 2
@@ -494,7 +540,7 @@ struct CtaCopies {
   }
 };
 
-template <int D, bool DIFF>
+template <int D, bool DIFF, bool WINDOW>
 __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lockstep_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NT = DIFF ? VW / 8 : D / 8;  // plain: each warp's head has a d-wide V
@@ -518,7 +564,8 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float sl2 = p.scale * 1.4426950408889634f;  // softmax in base 2: exp(x*s) = exp2(x*s*log2 e)
   const bf16* sQm = sQ + map * BM * D;
-  const int n_kt = qt + 1;
+  const KeyTiles<WINDOW> tiles(p.window, qt);
+  const int n_kt = tiles.n_kt;
 
   for (int it = 0; it < n_kt; ++it) {
     const int stage = it & 1;
@@ -536,7 +583,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
       if (has_next) next.step(kk);
     });
     cp_async_commit();
-    if (it == 0) mask_diagonal(s, wrow, lane);
+    mask_band<WINDOW>(s, wrow, lane, tiles.band(it));
     float alpha[2];
     warp_softmax<true>(s, m_run, l_run, alpha, sl2);
     rescale(acc, alpha);
@@ -560,7 +607,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_lo
 }
 
 // V-split schedule (see the top of the file).
-template <int D>
+template <int D, bool WINDOW>
 __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vsplit_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NH = D / 8;  // n8 tiles per column half
@@ -578,7 +625,8 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
   const CtaCopies<D> copies(p, w, tid);
-  const int q0 = qt * BM, n_kt = qt + 1;
+  const KeyTiles<WINDOW> tiles(p.window, qt);
+  const int q0 = qt * BM, n_kt = tiles.n_kt;
   copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
 
   float acc_own[NH][4], acc_oth[NH][4];  // this warp's V columns [map * D, map * D + D) of its own and the other map
@@ -603,7 +651,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
       if (has_next) next.step(kk);
     });
     cp_async_commit();
-    if (it == 0) mask_diagonal(s, wrow, lane);
+    mask_band<WINDOW>(s, wrow, lane, tiles.band(it));
     float alpha[2], alpha_o[2];
     warp_softmax<true>(s, m_run, l_run, alpha, sl2);
     uint32_t pa[BN / 16][4], po[BN / 16][4];
@@ -629,14 +677,14 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 constexpr int THREADS_W = 128;
 
 // One key tile of schedule 4: S of both maps (the next tile's copies go out between the products), the softmaxes,
-// the rescale, P V. The diagonal tile (diag) needs the causal mask. The copies go out on every tile, the last one
-// included (then they zero-fill the free stage): without a branch among the S products, and with one rescale branch
-// for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md). (A loop body without the
-// mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
-template <int D, bool DIFF, class Next>
+// the rescale, P V. The diagonal tile and the window's edge tiles (band.edge) need the mask. The copies go out on
+// every tile, the last one included (then they zero-fill the free stage): without a branch among the S products,
+// and with one rescale branch for both maps, ptxas schedules the tile without spills, +3-4% (bench/cuda_notes.md).
+// (A loop body without the mask, the diagonal tile peeled off, measured 4% slower: twice the code.)
+template <int D, bool DIFF, bool WINDOW, class Next>
 __device__ __forceinline__ void warp2_tile(float (&acc)[2][(DIFF ? 2 : 1) * D / 8][4], float (&m_run)[2][2], float (&l_run)[2][2],
                                            const bf16* sQ, const bf16* stage, const Next& next, float sl2, int wrow,
-                                           int lane, bool diag) {
+                                           int lane, const Band& band) {
   constexpr int NH = D / 8;
   float s[2][BN / 8][4];
   warp_qk_maps<D, 2, true>(s, sQ, stage, wrow, lane, [&](int kk) { next.step(kk); });
@@ -645,7 +693,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][(DIFF ? 2 : 1) * D / 
   float alpha[2][2];
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
-    if (diag) mask_diagonal(s[m], wrow, lane);
+    mask_band<WINDOW>(s[m], wrow, lane, band);
     warp_softmax<true>(s[m], m_run[m], l_run[m], alpha[m], sl2);
     pack_p(s[m], pa[m]);
   }
@@ -665,7 +713,7 @@ __device__ __forceinline__ void warp2_tile(float (&acc)[2][(DIFF ? 2 : 1) * D / 
   }
 }
 
-template <int D, bool DIFF>
+template <int D, bool DIFF, bool WINDOW>
 __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const AttnParams p) {
   using T = Tile<D>;
   constexpr int VW = T::VW, NT = DIFF ? VW / 8 : D / 8;
@@ -680,7 +728,8 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   if (p.head_ns && tid == 0) t_start = global_timer_ns();
 
   const CtaCopies<D, THREADS_W> copies(p, w, tid);
-  const int q0 = qt * BM, n_kt = qt + 1;
+  const KeyTiles<WINDOW> tiles(p.window, qt);
+  const int q0 = qt * BM, n_kt = tiles.n_kt;
   copies.issue_first(sQ, sStage, sStage + 2 * T::K_ELEMS, p, j);
 
   float acc[2][NT][4];  // [map][V column n8 tile]
@@ -695,7 +744,8 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
     const bool has_next = it + 1 < n_kt;
     auto next = copies.tile(has_next ? it + 1 : it, next_stage, next_stage + 2 * T::K_ELEMS);
     if (!has_next) next.bytes = 0;  // (the current tile may end past n: read none of it)
-    warp2_tile<D, DIFF>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane, it == 0);
+    warp2_tile<D, DIFF, WINDOW>(acc, m_run, l_run, sQ, sStage + (it & 1) * T::STAGE_ELEMS, next, sl2, wrow, lane,
+                        tiles.band(it));
   }
   cp_async_wait<0>();  // the last tile's zero-fill of the free stage
 
@@ -729,7 +779,9 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
 // Two passes over a CTA's key tiles with the S products on the tensor cores, for the map queries (row statistics and
 // pooled views) without materialising a map. Pass 1 finds each row's (lazy) maximum and sum as the forward's online
 // softmax does; pass 2 recomputes S for the key tiles from min(diagonal, kt_hi) down to kt_lo and hands each, with
-// the rows' maxima and 1/sum, to `tile`. A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a
+// the rows' maxima and 1/sum and the tile's band (the keys its rows see), to `tile`. Under a sliding window both
+// passes stop at the tile of the CTA's first row's first key (KeyTiles); a CTA whose pass 2 has no tile returns at
+// once. A CTA (4 warps, 16 rows each) takes 64 query rows of the two maps of a
 // differential head, or of a pair of plain heads; K1 | K2 of the next tile load (cp.async, double-buffered) while
 // the current one is used. No V.
 constexpr int THREADS_S = 128;
@@ -753,9 +805,12 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
   bf16* sK = sQ + T::Q_ELEMS;                // [2 stages][2 maps][BN][D]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wrow = warp * 16;
   const int qt = w.qt, q0 = qt * BM, n = p.n;
-  const int top2 = min(qt, kt_hi);                      // pass 2's first tile
-  const int n1 = qt + 1, n2 = max(0, top2 - kt_lo + 1);  // tiles of pass 1 (all) and pass 2
+  const KeyTiles<true> tiles(p.window, qt);
+  const int top2 = min(qt, kt_hi);                                        // pass 2's first tile
+  const int n1 = tiles.n_kt, n2 = max(0, top2 - max(kt_lo, qt - n1 + 1) + 1);  // tiles of pass 1 (all) and pass 2
+  if (n2 == 0) return;  // (uniform over the CTA, before any copy or barrier)
   const bf16* base = p.qkv;  // sequence 0
+  const bf16* kvb = kv_base(p);
   const int64_t rs = p.row_stride;
   const TileCopy<BM, D, THREADS_S> qc(tid);
   const TileCopy<BN, D, THREADS_S> kc(tid);
@@ -767,7 +822,7 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
     const int k0 = key_tile(u) * BN;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
-      kc.issue(sK + (stage * 2 + m) * BN * D, base + (k0 + kc.r) * rs + p.k_off + int64_t(w.heads.k[m]) * D + kc.c * 8,
+      kc.issue(sK + (stage * 2 + m) * BN * D, kvb + (k0 + kc.r) * rs + p.k_off + int64_t(w.heads.k[m]) * D + kc.c * 8,
                rs, n - k0, base);
   };
   load_k(0, 0);
@@ -785,10 +840,9 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
     cp_async_commit();
     float s[2][BN / 8][4];
     warp_qk_maps<D, 2, false>(s, sQ, sK + (u & 1) * T::K_STAGE, wrow, lane, [](int) {});
-    if (kt == qt) {
-      mask_diagonal(s[0], wrow, lane);
-      mask_diagonal(s[1], wrow, lane);
-    }
+    const Band band = tiles.band(qt - kt);
+    mask_band<true>(s[0], wrow, lane, band);
+    mask_band<true>(s[1], wrow, lane, band);
     if (pass == 0) {
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
@@ -810,7 +864,7 @@ __device__ __forceinline__ void two_pass_rows(const AttnParams& p, const CtaWork
       }
       continue;
     }
-    tile(s, rn, kt * BN, kt == qt);
+    tile(s, rn, kt * BN, band);
   }
   cp_async_wait<0>();
 }
@@ -838,14 +892,15 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   float absd[2] = {}, dlogd[2] = {}, neg[2] = {};
   float dmin[2] = {INFINITY, INFINITY}, dmax[2] = {-INFINITY, -INFINITY};
   RowNorm last;
-  two_pass_rows<D>(p, w, 0, INT_MAX, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+  two_pass_rows<D>(p, w, 0, INT_MAX, smem, mabs, [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0,
+                                                     const Band& band) {
     last = rn;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1, col = nt * 8 + 2 * t4 + (e & 1);
-        const bool causal = !diag || col <= wrow + g4 + 8 * r;
+        const bool causal = band.in(col, wrow + g4 + 8 * r);  // a key the row sees
         float a[2];
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
@@ -954,11 +1009,11 @@ __global__ void __launch_bounds__(THREADS_S) attn_map_view_kernel(const AttnPara
   float* const g2m = DIFF ? g2 : nullptr;
   float mabs[2][2];
   two_pass_rows<D>(p, w, kt_lo, kt_hi, smem, mabs,
-                   [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, bool diag) {
+                   [&](const float (&s)[2][BN / 8][4], const RowNorm& rn, int k0, const Band& band) {
     // entry e (= 2 r + c) of n-tile nt of this lane: A1, A2 (0 for plain heads) and D
     auto probs = [&](int nt, int e, float& x1, float& x2, float& xd) {
       const int r = e >> 1, col = nt * 8 + 2 * t4 + (e & 1);
-      const bool causal = !diag || col <= wrow + g4 + 8 * r;
+      const bool causal = band.in(col, wrow + g4 + 8 * r);  // a key the row sees
       float a[2];
 #pragma unroll
       for (int m = 0; m < 2; ++m) a[m] = causal ? ex2_ftz(fmaf(s[m][nt][e], sl2, -rn.m[m][r])) * rn.inv_l[m][r] : 0.f;
@@ -1033,20 +1088,21 @@ cudaError_t launch_stats(const AttnParams& p, float* row_stats, cudaStream_t str
   return cudaGetLastError();
 }
 
-template <int D, bool DIFF>
-cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
+// WINDOW: the kernels built for a sliding window (p.window > 0), else those without (KeyTiles).
+template <int D, bool DIFF, bool WINDOW>
+cudaError_t launch_w(const AttnParams& p, int schedule, cudaStream_t stream) {
   using T = Tile<D>;
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D, DIFF>;
+  void (*kernel)(AttnParams) = diff_attn_fwd_lockstep_kernel<D, DIFF, WINDOW>;
   int smem = T::SMEM_LOCKSTEP;
   unsigned threads = THREADS;
   if (schedule == MMA_VSPLIT) {
     if constexpr (!DIFF) return cudaErrorInvalidValue;  // it shares V between the maps: plain heads have two Vs
-    kernel = diff_attn_fwd_vsplit_kernel<D>;
+    kernel = diff_attn_fwd_vsplit_kernel<D, WINDOW>;
     smem = T::SMEM_VSPLIT;
   } else if (schedule == MMA_BOTH) {
     if constexpr (D != 64) return cudaErrorInvalidValue;  // 2 x 2d-wide accumulators per warp fit only at d = 64
-    kernel = diff_attn_fwd_warp2_kernel<64, DIFF>;
+    kernel = diff_attn_fwd_warp2_kernel<64, DIFF, WINDOW>;
     threads = THREADS_W;
   } else if (schedule != MMA_LOCKSTEP) {
     return cudaErrorInvalidValue;
@@ -1055,6 +1111,10 @@ cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   kernel<<<ctas, threads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+template <int D, bool DIFF>
+cudaError_t launch(const AttnParams& p, int schedule, cudaStream_t stream) {
+  return p.window > 0 ? launch_w<D, DIFF, true>(p, schedule, stream) : launch_w<D, DIFF, false>(p, schedule, stream);
 }
 
 template <int D, bool DIFF>

@@ -23,7 +23,8 @@ cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stre
 // Per-row statistics of every view head of a layer's maps, as launch_attn_map_softmax writes them
 // ([view heads][n][MAP_NSTAT], batch 0; attn_maps.h), from the S products on the tensor cores in two passes over
 // the keys, without materialising a map. d = 64 or 128, H even, sm_80+ with attn_row_stats_smem(d) bytes of shared
-// memory per block.
+// memory per block. Like the forward kernels, these see only the keys of p.window (key tiles left of it are not
+// visited) and read K from p.kv when it is set.
 int attn_row_stats_smem(int d);
 cudaError_t launch_attn_row_stats(const AttnParams& p, float* row_stats, cudaStream_t stream);
 // A pooled view of view head `head` (rectangle, grid and pooling in v; engine/map_query.h has the rules) by the

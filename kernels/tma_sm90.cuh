@@ -41,10 +41,10 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 #endif
 }
 
-// A [batch][n][row_stride] bf16 tensor (the QKV input or the output) as a 3-D TMA map (column, token, batch) with
-// boxes of 64 columns x rows tokens, 128-byte swizzle: the box lands as [rows][64] with 16-byte chunk c of row r at
-// chunk c ^ (r % 8), from a 1024-byte aligned address. Loads of tokens past n read zeros, stores there are dropped.
-// False when the driver's encoder is not reachable or refuses.
+// A [batch][n][row_stride] bf16 tensor (the QKV input, the separate K/V input of AttnParams::kv, or the output) as a
+// 3-D TMA map (column, token, batch) with boxes of 64 columns x rows tokens, 128-byte swizzle: the box lands as
+// [rows][64] with 16-byte chunk c of row r at chunk c ^ (r % 8), from a 1024-byte aligned address. Loads of tokens
+// past n read zeros, stores there are dropped. False when the driver's encoder is not reachable or refuses.
 bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
                        int rows);
 

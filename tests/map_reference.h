@@ -1,5 +1,7 @@
 // Float64 references for the map queries (engine/map_query.h), built from a layer's full maps: what a pooled view,
-// a row or a head's statistics must be. Written from the definitions, independently of the engine's pooling code.
+// a row or a head's statistics must be; and the float64 attention itself (maps and outputs) from Q, K and V, with a
+// sliding window and K/V from a separate buffer (kernels/attn_params.h). Written from the definitions, independently
+// of the engine's pooling code and of the kernels.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "engine/backend.h"
+#include "kernels/attn_heads.h"
 
 namespace dstest {
 
@@ -62,32 +65,124 @@ struct RefStats {
   double diff_min = std::numeric_limits<double>::infinity(), diff_max = -std::numeric_limits<double>::infinity();
 };
 
-inline RefStats ref_stats(const ds::LayerMaps& m, int head, double lambda) {
+// The first key query row `row` sees under a sliding window of `window` keys (0: none): max(0, row - window + 1).
+inline int64_t ref_first_key(int64_t row, int window) {
+  return window > 0 ? std::max<int64_t>(0, row - int64_t(window) + 1) : 0;
+}
+
+// The statistics of one query row (kernels/attn_maps.h's MAP_*, before any averaging over rows) from its
+// probabilities r1 (and r2 for differential heads, else null) over the keys [lo, hi] the row sees; the first-token
+// values read key 0 whatever the band (0 outside it). diff_min / diff_max: over the band only.
+template <class T>
+RefStats ref_row_stats(const T* r1, const T* r2, int64_t lo, int64_t hi, double lambda) {
+  const bool two = r2 != nullptr;
+  RefStats s;
+  double abs_sum = 0;
+  for (int64_t k = lo; k <= hi; ++k) abs_sum += std::fabs(double(r1[k]) - (two ? lambda * double(r2[k]) : 0.0));
+  for (int64_t k = lo; k <= hi; ++k) {
+    const double x1 = double(r1[k]), x2 = two ? double(r2[k]) : 0.0, d = x1 - lambda * x2;
+    if (x1 > 0) s.entropy1 -= x1 * std::log(x1);
+    if (x2 > 0) s.entropy2 -= x2 * std::log(x2);
+    const double pd = abs_sum > 0 ? std::fabs(d) / abs_sum : 0.0;
+    if (pd > 0) s.entropy_diff -= pd * std::log(pd);
+    if (d < 0) s.neg_mass -= d;
+    s.diff_min = std::min(s.diff_min, d);
+    s.diff_max = std::max(s.diff_max, d);
+  }
+  s.first1 = double(r1[0]);
+  s.first2 = two ? double(r2[0]) : 0.0;
+  s.first_diff = double(r1[0]) - (two ? lambda * double(r2[0]) : 0.0);
+  return s;
+}
+
+// A head's statistics: the rows' means of the summed terms, the extremes of D. `window`: the sliding window the
+// maps were made with (0: none), so that row q's statistics see its keys ref_first_key(q, window) .. q only.
+inline RefStats ref_stats(const ds::LayerMaps& m, int head, double lambda, int window = 0) {
   const int64_t n = m.n;
   const bool two = !m.a2.empty();
   RefStats s;
   for (int64_t q = 0; q < n; ++q) {
     const float* r1 = m.a1.data() + (size_t(head) * size_t(n) + size_t(q)) * size_t(n);
     const float* r2 = two ? m.a2.data() + (size_t(head) * size_t(n) + size_t(q)) * size_t(n) : nullptr;
-    double abs_sum = 0;
-    for (int64_t k = 0; k <= q; ++k) abs_sum += std::fabs(double(r1[k]) - (two ? lambda * r2[k] : 0.0));
-    for (int64_t k = 0; k <= q; ++k) {
-      const double x1 = r1[k], x2 = two ? r2[k] : 0.0, d = x1 - lambda * x2;
-      if (x1 > 0) s.entropy1 -= x1 * std::log(x1);
-      if (x2 > 0) s.entropy2 -= x2 * std::log(x2);
-      const double pd = abs_sum > 0 ? std::fabs(d) / abs_sum : 0.0;
-      if (pd > 0) s.entropy_diff -= pd * std::log(pd);
-      if (d < 0) s.neg_mass -= d;
-      s.diff_min = std::min(s.diff_min, d);
-      s.diff_max = std::max(s.diff_max, d);
-    }
-    s.first1 += r1[0];
-    s.first2 += two ? r2[0] : 0.0;
-    s.first_diff += double(r1[0]) - (two ? lambda * r2[0] : 0.0);
+    const RefStats r = ref_row_stats(r1, r2, ref_first_key(q, window), q, two ? lambda : 0.0);
+    s.entropy1 += r.entropy1, s.entropy2 += r.entropy2, s.entropy_diff += r.entropy_diff;
+    s.first1 += r.first1, s.first2 += r.first2, s.first_diff += r.first_diff, s.neg_mass += r.neg_mass;
+    s.diff_min = std::min(s.diff_min, r.diff_min);
+    s.diff_max = std::max(s.diff_max, r.diff_max);
   }
   for (double* x : {&s.entropy1, &s.entropy2, &s.entropy_diff, &s.first1, &s.first2, &s.first_diff, &s.neg_mass})
     *x /= double(n);
   return s;
+}
+
+// A layer's attention inputs in host memory as float64, in the fused-QKV layout of kernels/attn_params.h (rows of
+// row_stride values, sequences batch_stride apart, Q / K / V heads from q_off / k_off / v_off): Q from `qkv`, K and V
+// from `kv` when it is set (cross-layer KV reuse), else from `qkv`. Query row i sees keys ref_first_key(i, window)
+// .. i. Heads follow kernels/attn_heads.h (DiffLlama's mapping for differential heads).
+struct RefAttnInputs {
+  const double* qkv = nullptr;
+  const double* kv = nullptr;
+  int64_t row_stride = 0, batch_stride = 0, q_off = 0, k_off = 0, v_off = 0;
+  int n = 0, heads = 0, kv_heads = 0, d = 0;
+  bool diff = true;
+  int window = 0;
+  double scale = 0;  // 0: 1/sqrt(d)
+
+  const double* row(const double* base, int b, int64_t t) const { return base + b * batch_stride + t * row_stride; }
+  const double* q(int b, int64_t t, int head) const { return row(qkv, b, t) + q_off + int64_t(head) * d; }
+  const double* k(int b, int64_t t, int kv_head) const {
+    return row(kv ? kv : qkv, b, t) + k_off + int64_t(kv_head) * d;
+  }
+  const double* v(int b, int64_t t, int kv_head) const {
+    return row(kv ? kv : qkv, b, t) + v_off + int64_t(kv_head) * d;
+  }
+  double logit_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(double(d)); }
+};
+
+// Map m (0, or 1 for a differential head's second map) of view head h at query row i of sequence b: the float64
+// probabilities over all n keys in a (0 right of the diagonal and left of the window), and the largest |logit|
+// (q.k * scale) among the row's keys.
+inline void ref_map_row(const RefAttnInputs& in, int b, int h, int m, int64_t i, std::vector<double>& a,
+                        double* max_abs_logit = nullptr) {
+  const ds::kern::ViewHeadMap hm = ds::kern::view_head_map(in.diff, h, in.heads, in.kv_heads);
+  const int64_t lo = ref_first_key(i, in.window);
+  const double* q = in.q(b, i, hm.q[m]);
+  a.assign(size_t(in.n), 0.0);
+  double mx = -std::numeric_limits<double>::infinity(), mabs = 0;
+  for (int64_t k = lo; k <= i; ++k) {
+    const double* kr = in.k(b, k, hm.k[m]);
+    double dot = 0;
+    for (int e = 0; e < in.d; ++e) dot += q[e] * kr[e];
+    a[size_t(k)] = dot * in.logit_scale();
+    mx = std::max(mx, a[size_t(k)]);
+    mabs = std::max(mabs, std::fabs(a[size_t(k)]));
+  }
+  double l = 0;
+  for (int64_t k = lo; k <= i; ++k) l += (a[size_t(k)] = std::exp(a[size_t(k)] - mx));
+  for (int64_t k = lo; k <= i; ++k) a[size_t(k)] /= l;
+  if (max_abs_logit) *max_abs_logit = mabs;
+}
+
+// The attention output of view head h at query row i of sequence b (view_width values): plain, A V; differential,
+// out_scale * RMSNorm_2d(A1 V - lambda A2 V) with V = [V of kv head v[0] | V of kv head v[1]].
+inline void ref_attention_row(const RefAttnInputs& in, int b, int h, int64_t i, double lambda, double out_scale,
+                              double eps, std::vector<double>& o) {
+  const ds::kern::ViewHeadMap hm = ds::kern::view_head_map(in.diff, h, in.heads, in.kv_heads);
+  const int d = in.d, vw = ds::kern::view_width(in.diff, d);
+  o.assign(size_t(vw), 0.0);
+  std::vector<double> a;
+  for (int m = 0; m < (in.diff ? 2 : 1); ++m) {
+    ref_map_row(in, b, h, m, i, a);
+    const double w = m == 0 ? 1.0 : -lambda;
+    for (int64_t k = ref_first_key(i, in.window); k <= i; ++k)
+      for (int e = 0; e < vw; ++e) o[size_t(e)] += w * a[size_t(k)] * in.v(b, k, hm.v[e < d ? 0 : 1])[e % d];
+  }
+  if (in.diff) {
+    double ss = 0;
+    for (double x : o) ss += x * x;
+    const double f = out_scale / std::sqrt(ss / vw + eps);
+    for (double& x : o) x *= f;
+  }
 }
 
 inline double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
@@ -100,10 +195,13 @@ inline double max_abs_diff(const std::vector<float>& got, const std::vector<doub
 // Every query of the backend's last forward against the float64 references built from the same backend's full maps
 // (layer_maps): views of several rectangles (the whole map, grids that do not divide it, a rectangle cutting the
 // diagonal, one cell) with both poolings, rows at the ends and the middle, and every head's statistics. `lambda`:
-// the lambda each layer ran with.
+// the lambda each layer ran with; `window`: the sliding window of the layers' attention (0: none), whose keys alone
+// the statistics see.
 inline void expect_queries_match_maps(ds::Backend& be, const ds::ModelConfig& c, const std::vector<float>& lambda,
-                                      double tol, const std::string& what) {
+                                      double tol, const std::string& what, int window_override = 0) {
   for (int l = 0; l < int(c.layers); ++l) {
+    if (!c.has_maps(l)) continue;  // hybrids: Mamba and GMU layers have none
+    const int window = window_override ? window_override : int(c.layer_window(l));
     ds::LayerMaps m;
     be.layer_maps(l, m);
     const int64_t n = m.n;
@@ -140,7 +238,7 @@ inline void expect_queries_match_maps(ds::Backend& be, const ds::ModelConfig& c,
           else EXPECT_TRUE(v.a2.empty()) << vw;
           EXPECT_LE(max_abs_diff(v.diff, ref.diff), tol * (1 + std::fabs(lam))) << vw << " diff";
         }
-      const RefStats rs = ref_stats(m, h, lam);
+      const RefStats rs = ref_stats(m, h, lam, window);
       const ds::HeadStats& s = st[size_t(h)];
       EXPECT_NEAR(s.entropy1, rs.entropy1, 20 * tol) << at;  // a log of each probability: looser than the maps
       EXPECT_NEAR(s.entropy_diff, rs.entropy_diff, 20 * tol) << at;
@@ -160,7 +258,8 @@ inline void expect_queries_match_maps(ds::Backend& be, const ds::ModelConfig& c,
       for (int64_t q = 0; q < n; ++q) {
         const float* r1 = m.a1.data() + (size_t(h) * size_t(n) + size_t(q)) * size_t(n);
         double lo = 1e300, hi = 0;
-        for (int64_t k = 0; k <= q; ++k) lo = std::min(lo, double(r1[k])), hi = std::max(hi, double(r1[k]));
+        for (int64_t k = ref_first_key(q, window); k <= q; ++k)
+          lo = std::min(lo, double(r1[k])), hi = std::max(hi, double(r1[k]));
         if (lo > 0) spread = std::max(spread, std::log(hi / lo));
       }
       EXPECT_GE(2.0 * s.max_logit1 + 1e-3, spread) << at;

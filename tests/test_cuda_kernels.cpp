@@ -3,7 +3,8 @@
 // non-multiples of the 64-row tile, d = 64 and 128, differential and plain, MHA and GQA, batches, padded strides),
 // the dispatch rules themselves on described devices (no GPU needed), the map kernels with their statistics,
 // RMSNorm, RoPE (default and llama3 frequencies), SwiGLU, PolyNorm, the embedding gather and Mamba-1's convolution
-// and selective scan. Every output is poisoned with NaN before the run and must
+// and selective scan. Every attention kernel also with a sliding window and K/V from a separate buffer
+// (AttnParams::window, ::kv; Phi-4-mini-flash). Every output is poisoned with NaN before the run and must
 // come back fully written, with the padding around it untouched. Skips cleanly without a CUDA device or build.
 #include <gtest/gtest.h>
 
@@ -14,12 +15,15 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend_cuda_memory.h"
@@ -28,6 +32,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "engine/dtype.h"
 #include "engine/rope.h"
 #include "kernels/attn_dispatch.h"
+#include "map_reference.h"
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
@@ -78,15 +83,34 @@ std::string case_name(const AttnCase& c) {
          " Hkv=" + std::to_string(c.kv_heads) + " d=" + std::to_string(c.d) + (c.diff ? " diff" : " plain");
 }
 
-// Random Q/K/V in the fused-QKV layout with padded rows, the params for it, and the float64 reference output.
+// Options of an attention problem beyond its shape: a sliding window (0: none), K and V from a separate buffer
+// (cross-layer KV reuse: the K/V columns of qkv and the Q columns of the kv buffer are then NaN, so that a kernel
+// reading the wrong buffer fails), and NaN in the K/V rows [0, poison_rows) of the buffer K and V come from (rows
+// whose windows leave them out must not see them: the kernels must skip those key tiles, not mask them).
+struct AttnOpts {
+  int window = 0;
+  bool separate_kv = false;
+  int poison_rows = 0;
+};
+
+std::string opts_name(const AttnOpts& o) {
+  return " window=" + std::to_string(o.window) + (o.separate_kv ? " kv-buffer" : "") +
+         (o.poison_rows ? " poisoned-rows=" + std::to_string(o.poison_rows) : "");
+}
+
+// Random Q/K/V in the fused-QKV layout with padded rows, the params for it, and the float64 reference output
+// (tests/map_reference.h's ref_attention_row).
 struct AttnProblem {
   AttnCase c;
+  AttnOpts o;
   int64_t W, row_stride, out_w, out_row_stride;
-  std::vector<uint16_t> qkv;  // [batch][n][row_stride]
-  std::vector<double> ref;    // [batch][n][out_w]
+  std::vector<uint16_t> qkv;   // [batch][n][row_stride]
+  std::vector<uint16_t> kvb;   // the same layout: K and V when o.separate_kv
+  std::vector<double> ref;     // [batch][n][out_w]
+  std::vector<double> qkv_d, kv_d;  // qkv and kvb as float64
   float lambda, out_scale, eps = 1e-5f;
 
-  AttnProblem(const AttnCase& cs, std::mt19937& rng) : c(cs) {
+  AttnProblem(const AttnCase& cs, std::mt19937& rng, const AttnOpts& opts = {}) : c(cs), o(opts) {
     W = int64_t(c.heads + 2 * c.kv_heads) * c.d;
     row_stride = W + 24;  // padding: the kernels must honour the stride
     out_w = int64_t(c.heads) * c.d;
@@ -95,51 +119,56 @@ struct AttnProblem {
     std::uniform_real_distribution<float> u(0.f, 1.f);
     lambda = c.diff ? 0.1f + 0.8f * u(rng) : 0.f;
     out_scale = c.diff ? 0.3f + 0.7f * u(rng) : 1.f;
+    const int64_t k_off = int64_t(c.heads) * c.d;
+    if (o.separate_kv) {
+      kvb = random_bf16(qkv.size(), rng, 1.5f);
+      for (size_t r = 0; r < size_t(c.batch) * c.n; ++r) {
+        std::fill(kvb.begin() + int64_t(r) * row_stride, kvb.begin() + int64_t(r) * row_stride + k_off, kBf16NaN);  // Q
+        std::fill(qkv.begin() + int64_t(r) * row_stride + k_off, qkv.begin() + int64_t(r) * row_stride + W, kBf16NaN);
+      }
+    }
+    std::vector<uint16_t>& src = o.separate_kv ? kvb : qkv;
+    for (int b = 0; b < c.batch; ++b)
+      for (int t = 0; t < std::min(o.poison_rows, c.n); ++t)
+        for (int64_t e = k_off; e < W; ++e) src[(size_t(b) * c.n + t) * row_stride + e] = kBf16NaN;
     reference();
   }
   double at(int b, int t, int64_t col) const { return bf(qkv[(size_t(b) * c.n + t) * row_stride + col]); }
+  dstest::RefAttnInputs ref_inputs() const {
+    dstest::RefAttnInputs in;
+    in.qkv = qkv_d.data();
+    in.kv = o.separate_kv ? kv_d.data() : nullptr;
+    in.row_stride = row_stride;
+    in.batch_stride = int64_t(c.n) * row_stride;
+    in.q_off = 0;
+    in.k_off = int64_t(c.heads) * c.d;
+    in.v_off = int64_t(c.heads + c.kv_heads) * c.d;
+    in.n = c.n, in.heads = c.heads, in.kv_heads = c.kv_heads, in.d = c.d, in.diff = c.diff, in.window = o.window;
+    return in;
+  }
   void reference() {
-    const int n = c.n, d = c.d, H = c.heads, Hkv = c.kv_heads, n_rep = H / Hkv;
-    const double scale = 1.0 / std::sqrt(double(d));
-    ref.assign(size_t(c.batch) * n * out_w, 0.0);
-    const int hv = c.diff ? H / 2 : H, nm = c.diff ? 2 : 1, vw = c.diff ? 2 * d : d;
-    std::vector<double> s(static_cast<size_t>(n)), o(static_cast<size_t>(vw));
+    qkv_d.resize(qkv.size());
+    for (size_t i = 0; i < qkv.size(); ++i) qkv_d[i] = bf(qkv[i]);
+    kv_d.resize(kvb.size());
+    for (size_t i = 0; i < kvb.size(); ++i) kv_d[i] = bf(kvb[i]);
+    const dstest::RefAttnInputs in = ref_inputs();
+    const int hv = c.diff ? c.heads / 2 : c.heads, vw = c.diff ? 2 * c.d : c.d;
+    ref.assign(size_t(c.batch) * c.n * out_w, 0.0);
+    std::vector<double> row;
     for (int b = 0; b < c.batch; ++b)
       for (int h = 0; h < hv; ++h)
-        for (int i = 0; i < n; ++i) {
-          std::fill(o.begin(), o.end(), 0.0);
-          for (int m = 0; m < nm; ++m) {
-            const int qh = c.diff ? (m == 0 ? h : h + H / 2) : h;
-            const int kh = c.diff ? (m == 0 ? h / n_rep : Hkv / 2 + h / n_rep) : h / n_rep;
-            double mx = -INFINITY;
-            for (int k = 0; k <= i; ++k) {
-              double dot = 0;
-              for (int e = 0; e < d; ++e) dot += at(b, i, int64_t(qh) * d + e) * at(b, k, int64_t(H) * d + int64_t(kh) * d + e);
-              s[size_t(k)] = dot * scale;
-              mx = std::max(mx, s[size_t(k)]);
-            }
-            double l = 0;
-            for (int k = 0; k <= i; ++k) l += (s[size_t(k)] = std::exp(s[size_t(k)] - mx));
-            const double w = m == 0 ? 1.0 : -double(lambda);
-            for (int k = 0; k <= i; ++k)
-              for (int e = 0; e < vw; ++e) {
-                const int vh = c.diff ? (e < d ? h / n_rep : Hkv / 2 + h / n_rep) : h / n_rep;
-                const double v = at(b, k, int64_t(H + Hkv) * d + int64_t(vh) * d + (e % d));
-                o[size_t(e)] += w * s[size_t(k)] / l * v;
-              }
-          }
-          double f = 1.0;
-          if (c.diff) {
-            double ss = 0;
-            for (double x : o) ss += x * x;
-            f = double(out_scale) / std::sqrt(ss / vw + double(eps));
-          }
-          for (int e = 0; e < vw; ++e) ref[(size_t(b) * n + i) * out_w + size_t(h) * vw + e] = o[size_t(e)] * f;
+        for (int i = 0; i < c.n; ++i) {
+          dstest::ref_attention_row(in, b, h, i, lambda, out_scale, eps, row);
+          std::copy(row.begin(), row.end(), ref.begin() + int64_t((size_t(b) * c.n + i) * out_w) + int64_t(h) * vw);
         }
   }
-  ds::kern::AttnParams params(const DeviceBuffer& in, const DeviceBuffer& out) const {
+  // kv: the device copy of kvb (required when o.separate_kv).
+  ds::kern::AttnParams params(const DeviceBuffer& in, const DeviceBuffer& out, const DeviceBuffer* kv = nullptr) const {
+    if (o.separate_kv && !kv) ADD_FAILURE() << "a problem with a separate K/V buffer needs it on the device";
     ds::kern::AttnParams p;
     p.qkv = in.as<bf16>();
+    p.kv = o.separate_kv && kv ? kv->as<bf16>() : nullptr;
+    p.window = o.window;
     p.row_stride = row_stride;
     p.batch_stride = int64_t(c.n) * row_stride;
     p.q_off = 0;
@@ -196,16 +225,19 @@ ds::kern::AttnChoice choose(const ds::kern::AttnParams& p, AttnImpl impl, int bl
   return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), {impl, block_n, order});
 }
 
+// Runs `impl` (forced) on the problem and compares with the reference; rows below first_row are not compared (they may
+// legitimately read poisoned keys).
 AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
-                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
+                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int first_row = 0) {
   DeviceBuffer in = to_device(pr.qkv);
+  DeviceBuffer kv = to_device(pr.o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
   const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
   DeviceBuffer out(out_elems * 2, "test output");
   std::vector<uint16_t> poison(out_elems, kBf16NaN);
   DS_CUDA_CHECK(cudaMemcpy(out.get(), poison.data(), out_elems * 2, cudaMemcpyHostToDevice));
   DeviceBuffer head_ns(size_t(pr.c.heads) * 8, "test counters");
   DS_CUDA_CHECK(cudaMemset(head_ns.get(), 0, head_ns.bytes()));
-  ds::kern::AttnParams p = pr.params(in, out);
+  ds::kern::AttnParams p = pr.params(in, out, &kv);
   p.head_ns = head_ns.as<unsigned long long>();
   const ds::kern::AttnChoice choice = choose(p, impl, block_n, order);
   EXPECT_EQ(choice.impl, impl) << choice.why;
@@ -215,7 +247,7 @@ AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
   AttnCheck r;
   double num = 0, den = 0;
   for (int b = 0; b < pr.c.batch; ++b)
-    for (int t = 0; t < pr.c.n; ++t)
+    for (int t = first_row; t < pr.c.n; ++t)
       for (int64_t e = 0; e < pr.out_row_stride; ++e) {
         const uint16_t g = got[(size_t(b) * pr.c.n + t) * pr.out_row_stride + e];
         if (e >= pr.out_w) {
@@ -593,6 +625,306 @@ TEST(CudaKernels, FusedMapViewMatchesFloat64) {
                                << " grid " << R << "x" << C << (mean ? " mean" : " max");
       }
   }
+}
+
+// ---- Sliding window and K/V from a separate buffer (AttnParams::window, ::kv) --------------------------------------
+
+ds::kern::AttnShape shape_of(const AttnCase& c) {
+  ds::kern::AttnShape s;
+  s.d = c.d, s.heads = c.heads, s.kv_heads = c.kv_heads, s.diff = c.diff, s.n = c.n, s.batch = c.batch;
+  return s;
+}
+
+// Every forward implementation, forced: the wgmma kernel with both key-tile widths at d = 64.
+struct ImplRun {
+  AttnImpl impl;
+  int block_n;
+};
+constexpr ImplRun kImplRuns[] = {{AttnImpl::Sm90, 64},     {AttnImpl::Sm90, 128},        {AttnImpl::MmaBoth, 0},
+                                 {AttnImpl::MmaVsplit, 0}, {AttnImpl::MmaLockstep, 0}, {AttnImpl::Generic, 0}};
+
+std::string impl_text(const ImplRun& r) {
+  const std::string name = ds::kern::attn_impl_name(r.impl);
+  return r.impl == AttnImpl::Sm90 ? name + " block_n=" + std::to_string(r.block_n) : name;
+}
+
+// Runs every implementation select_attn grants for the problem on this device against the float64 reference (rows from
+// first_row on); for those it does not grant, `skipped` keeps the dispatcher's first reason. Returns how many ran.
+int check_every_impl(const AttnProblem& pr, std::map<std::string, std::string>& skipped, int first_row = 0) {
+  int ran = 0;
+  for (const ImplRun& ir : kImplRuns) {
+    if (ir.block_n == 128 && pr.c.d != 64) continue;  // d = 128 always takes 64-key tiles
+    const std::string what = impl_text(ir) + " " + case_name(pr.c) + opts_name(pr.o);
+    if (!granted(ir.impl, pr.c, ir.block_n)) {
+      skipped.emplace(impl_text(ir) + " (" + (pr.c.diff ? "diff" : "plain") + ", d=" + std::to_string(pr.c.d) + ")",
+                      ds::kern::select_attn(this_device(), shape_of(pr.c), {ir.impl, ir.block_n}).why);
+      continue;
+    }
+    const AttnCheck r = run_attention(pr, ir.impl, ir.block_n, ds::kern::CtaOrder::Auto, first_row);
+    const bool generic = ir.impl == AttnImpl::Generic;
+    EXPECT_EQ(r.unwritten, 0u) << what;
+    EXPECT_EQ(r.padding_touched, 0u) << what;
+    EXPECT_LT(r.rel, generic ? kGenericRel : kFusedRel) << what;
+    EXPECT_LT(r.max_abs, generic ? kGenericAbs : kFusedAbs) << what;
+    ++ran;
+  }
+  return ran;
+}
+
+void report_skipped(const std::map<std::string, std::string>& skipped) {
+  for (const auto& [impl, why] : skipped) std::printf("  not run here: %s: %s\n", impl.c_str(), why.c_str());
+}
+
+// Windows of 1 (the row itself), 7 (inside the diagonal tile), 64 (one tile), 100 and 129 (not multiples of the
+// 64- or 128-key tiles: the window's edge crosses two tiles), and 512 > n (full causal), each with K/V in qkv and in
+// a separate buffer; GQA and MHA, d = 64 and 128, differential and plain, n not a multiple of the tile, batches.
+TEST(CudaKernels, WindowAndSeparateKvMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(4242);
+  std::map<std::string, std::string> skipped;
+  int ran = 0;
+  const std::vector<int> windows = small_run() ? std::vector<int>{1, 100} : std::vector<int>{1, 7, 64, 100, 129, 512};
+  for (bool diff : {true, false})
+    for (int d : {64, 128}) {
+      std::vector<std::pair<AttnCase, AttnOpts>> cases;
+      for (int w : windows)
+        for (bool kv : {false, true}) cases.push_back({{small_run() ? 130 : 300, 1, 8, 4, d, diff}, {w, kv, 0}});
+      if (!small_run()) {
+        cases.push_back({{1000, 1, 4, 4, d, diff}, {64, true, 0}});
+        cases.push_back({{1000, 1, 4, 4, d, diff}, {100, false, 0}});
+        cases.push_back({{1000, 1, 4, 4, d, diff}, {512, true, 0}});
+      }
+      cases.push_back({{130, 2, 8, 4, d, diff}, {50, true, 0}});  // the kv buffer's batch stride
+      cases.push_back({{200, 1, 4, 2, d, diff}, {0, true, 0}});   // no window, K/V elsewhere
+      for (const auto& [c, o] : cases) {
+        AttnProblem pr(c, rng, o);
+        ran += check_every_impl(pr, skipped);
+      }
+    }
+  report_skipped(skipped);
+  if (ran == 0) GTEST_SKIP() << "no attention implementation runs here";
+}
+
+// Float64 maps of view head h (sequence 0) as a one-head LayerMaps (f32, as a backend returns maps), and per map and
+// row the largest |logit| of the row's keys ([map][row]).
+ds::LayerMaps ref_head_maps(const AttnProblem& pr, int h, std::vector<double> (&max_logit)[2]) {
+  const dstest::RefAttnInputs in = pr.ref_inputs();
+  const int n = pr.c.n;
+  ds::LayerMaps m;
+  m.heads = 1, m.n = n;
+  std::vector<double> a;
+  for (int mm = 0; mm < (pr.c.diff ? 2 : 1); ++mm) {
+    std::vector<float>& dst = mm == 0 ? m.a1 : m.a2;
+    dst.assign(size_t(n) * n, 0.f);
+    max_logit[mm].assign(size_t(n), 0.0);
+    for (int i = 0; i < n; ++i) {
+      dstest::ref_map_row(in, 0, h, mm, i, a, &max_logit[mm][size_t(i)]);
+      for (int k = 0; k < n; ++k) dst[size_t(i) * n + k] = float(a[size_t(k)]);
+    }
+  }
+  return m;
+}
+
+// The largest difference of a row's statistics (MAP_NSTAT values) from the float64 ones; max logits relative.
+double stat_error(const float* st, const dstest::RefStats& r, const double (&max_logit)[2], bool diff) {
+  const std::pair<float, double> pairs[] = {
+      {st[ds::kern::MAP_ENTROPY1], r.entropy1},     {st[ds::kern::MAP_ENTROPY2], diff ? r.entropy2 : 0.0},
+      {st[ds::kern::MAP_ENTROPY_DIFF], r.entropy_diff}, {st[ds::kern::MAP_FIRST1], r.first1},
+      {st[ds::kern::MAP_FIRST2], diff ? r.first2 : 0.0}, {st[ds::kern::MAP_FIRST_DIFF], r.first_diff},
+      {st[ds::kern::MAP_NEG_MASS], r.neg_mass},     {st[ds::kern::MAP_DIFF_MIN], r.diff_min},
+      {st[ds::kern::MAP_DIFF_MAX], r.diff_max}};
+  double worst = 0;
+  for (const auto& [got, want] : pairs) worst = std::max(worst, std::isfinite(got) ? std::fabs(got - want) : 1e9);
+  for (int m = 0; m < (diff ? 2 : 1); ++m) {
+    const float got = st[m == 0 ? ds::kern::MAP_MAX_LOGIT1 : ds::kern::MAP_MAX_LOGIT2];
+    worst = std::max(worst, std::isfinite(got) ? std::fabs(got - max_logit[m]) / std::max(1.0, max_logit[m]) : 1e9);
+  }
+  return worst;
+}
+
+// Row statistics of every view head from the fused two-pass kernel ([view heads][n][MAP_NSTAT]), or empty where it
+// does not run (head_dim other than 64 / 128).
+std::vector<float> fused_row_stats(const ds::kern::AttnParams& p, const AttnCase& c) {
+  if (!(c.d == 64 || c.d == 128) || c.heads % 2) return {};
+  const int hv = c.diff ? c.heads / 2 : c.heads;
+  DeviceBuffer fb(size_t(hv) * c.n * ds::kern::MAP_NSTAT * 4, "test stats");
+  std::vector<float> nan(size_t(hv) * c.n * ds::kern::MAP_NSTAT, NAN);
+  DS_CUDA_CHECK(cudaMemcpy(fb.get(), nan.data(), fb.bytes(), cudaMemcpyHostToDevice));
+  DS_CUDA_CHECK(ds::kern::launch_attn_row_stats(p, fb.as<float>(), nullptr));
+  DS_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host<float>(fb, nan.size());
+}
+
+// The map kernels (logits, then softmax and statistics, in two chunks of rows so that the second starts at row0 > 0)
+// and the fused row-statistics kernel, with windows and K/V from a separate buffer, against float64 maps: entries
+// left of the window come out 0 like those right of the diagonal, and the statistics see only the window. Same
+// tolerances as MapsAndStatisticsMatchFloat64.
+TEST(CudaKernels, WindowedMapsAndStatisticsMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(606);
+  std::vector<std::pair<AttnCase, AttnOpts>> cases;
+  const std::vector<int> windows = small_run() ? std::vector<int>{7, 100} : std::vector<int>{1, 7, 64, 100, 512};
+  for (size_t i = 0; i < windows.size(); ++i) {
+    cases.push_back({{300, 1, 8, 4, 64, true}, {windows[i], i % 2 == 1, 0}});
+    cases.push_back({{300, 1, 4, 4, 128, false}, {windows[i], i % 2 == 0, 0}});
+  }
+  cases.push_back({{200, 1, 4, 2, 32, true}, {50, true, 0}});    // the map kernels alone (no fused d = 32)
+  cases.push_back({{130, 1, 6, 3, 64, false}, {65, true, 0}});   // plain, n_rep 3
+  cases.push_back({{260, 1, 4, 2, 128, true}, {129, false, 0}});
+  for (const auto& [c, o] : cases) {
+    AttnProblem pr(c, rng, o);
+    const std::string what = case_name(c) + opts_name(o);
+    DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
+    DeviceBuffer kv = to_device(o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
+    const ds::kern::AttnParams p = pr.params(in, dummy, &kv);
+    const int hv = c.diff ? c.heads / 2 : c.heads, nm = c.diff ? 2 : 1, n = c.n;
+    const int split = std::max(1, n / 3);
+    std::vector<float> maps(size_t(hv) * nm * n * n, NAN), stats(size_t(hv) * n * ds::kern::MAP_NSTAT, NAN);
+    for (int r0 = 0; r0 < n; r0 += split) {
+      const int rows = std::min(split, n - r0);
+      DeviceBuffer mb(size_t(hv) * nm * rows * n * 4, "test maps"), sb(size_t(hv) * rows * ds::kern::MAP_NSTAT * 4, "test");
+      std::vector<float> nan(size_t(hv) * nm * rows * n, NAN);
+      DS_CUDA_CHECK(cudaMemcpy(mb.get(), nan.data(), mb.bytes(), cudaMemcpyHostToDevice));
+      DS_CUDA_CHECK(ds::kern::launch_attn_map_logits(p, r0, rows, mb.as<float>(), nullptr));
+      DS_CUDA_CHECK(ds::kern::launch_attn_map_softmax(p, r0, rows, mb.as<float>(), sb.as<float>(), nullptr));
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto m = to_host<float>(mb, nan.size());
+      const auto s = to_host<float>(sb, size_t(hv) * rows * ds::kern::MAP_NSTAT);
+      for (int h = 0; h < hv; ++h)
+        for (int mm = 0; mm < nm; ++mm)
+          for (int r = 0; r < rows; ++r)
+            std::memcpy(&maps[((size_t(h) * nm + mm) * n + r0 + r) * n], &m[((size_t(h) * nm + mm) * rows + r) * n], size_t(n) * 4);
+      for (int h = 0; h < hv; ++h)
+        std::memcpy(&stats[(size_t(h) * n + r0) * ds::kern::MAP_NSTAT], &s[size_t(h) * rows * ds::kern::MAP_NSTAT],
+                    size_t(rows) * ds::kern::MAP_NSTAT * 4);
+    }
+    const std::vector<float> fstats = fused_row_stats(p, c);
+    double worst = 0, worst_stat = 0, worst_fused = 0;
+    for (int h = 0; h < hv; ++h) {
+      std::vector<double> mxl[2];
+      const ds::LayerMaps ref = ref_head_maps(pr, h, mxl);
+      for (int i = 0; i < n; ++i) {
+        for (int mm = 0; mm < nm; ++mm) {
+          const std::vector<float>& r = mm == 0 ? ref.a1 : ref.a2;
+          for (int k = 0; k < n; ++k) {
+            const float got = maps[((size_t(h) * nm + mm) * n + i) * n + k];
+            worst = std::max(worst, std::isfinite(got) ? std::fabs(double(got) - r[size_t(i) * n + k]) : 1e9);
+          }
+        }
+        const dstest::RefStats rs =
+            dstest::ref_row_stats(ref.a1.data() + size_t(i) * n, c.diff ? ref.a2.data() + size_t(i) * n : nullptr,
+                                  dstest::ref_first_key(i, o.window), i, c.diff ? pr.lambda : 0.0);
+        const double ml[2] = {mxl[0][size_t(i)], c.diff ? mxl[1][size_t(i)] : 0.0};
+        worst_stat = std::max(worst_stat, stat_error(&stats[(size_t(h) * n + i) * ds::kern::MAP_NSTAT], rs, ml, c.diff));
+        if (!fstats.empty())
+          worst_fused = std::max(worst_fused, stat_error(&fstats[(size_t(h) * n + i) * ds::kern::MAP_NSTAT], rs, ml, c.diff));
+      }
+    }
+    EXPECT_LT(worst, 1e-5) << what;
+    EXPECT_LT(worst_stat, 1e-4) << what << " (statistics: sums of n f32 terms)";
+    if (!fstats.empty()) EXPECT_LT(worst_fused, 2e-4) << what << " (fused row statistics)";
+  }
+}
+
+// The fused view kernel with windows and K/V from a separate buffer against float64 maps pooled by the definition
+// (map_reference.h's ref_view): whole maps, a rectangle across the window's edge, one wholly left of the windows of
+// its rows (zeros), one cut by the diagonal and small cells.
+TEST(CudaKernels, WindowedFusedMapViewMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(707);
+  for (auto [c, o] : {std::pair{AttnCase{700, 1, 4, 2, 64, true}, AttnOpts{100, true, 0}},
+                      std::pair{AttnCase{333, 1, 8, 4, 128, false}, AttnOpts{64, false, 0}},
+                      std::pair{AttnCase{500, 1, 4, 4, 64, false}, AttnOpts{7, true, 0}},
+                      std::pair{AttnCase{400, 1, 4, 2, 128, true}, AttnOpts{129, false, 0}}}) {
+    if (small_run() && c.n > 400) continue;
+    AttnProblem pr(c, rng, o);
+    DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
+    DeviceBuffer kv = to_device(o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
+    const ds::kern::AttnParams p = pr.params(in, dummy, &kv);
+    const int n = c.n, head = (c.diff ? c.heads / 2 : c.heads) - 1;
+    std::vector<double> mxl[2];
+    const ds::LayerMaps ref = ref_head_maps(pr, head, mxl);
+    struct Q {
+      int64_t q0, q1, k0, k1;
+      int R, C;
+    };
+    const int w = o.window;
+    for (Q q : {Q{0, n, 0, n, 64, 50}, Q{0, n, 0, n, 7, 9}, Q{n / 2, n, n / 2 - w - 20, n / 2 + 10, 16, 24},
+                Q{n - 64, n, 0, std::max(1, n - 64 - w - 70), 8, 8}, Q{n / 4, n - 3, 5, n / 2 + 7, 31, 16},
+                Q{100, 164, 100, 164, 64, 64}})
+      for (bool mean : {false, true}) {
+        if (q.k0 < 0) q.k0 = 0;
+        const int R = int(std::min<int64_t>(q.R, q.q1 - q.q0)), C = int(std::min<int64_t>(q.C, q.k1 - q.k0));
+        const ds::kern::ViewPoolArgs va{q.q0, q.q1, q.k0, q.k1, R, C, mean, pr.lambda};
+        DeviceBuffer g(size_t(3) * R * C * 4, "test view");
+        DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
+        float* g1 = g.as<float>();
+        DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
+        DS_CUDA_CHECK(ds::kern::launch_attn_view_finish(va, g1, c.diff ? g1 + R * C : nullptr, g1 + 2 * R * C, nullptr));
+        DS_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got = to_host<float>(g, size_t(3) * R * C);
+        const dstest::RefView rv = dstest::ref_view(ref, 0, q.q0, q.q1, q.k0, q.k1, R, C, mean, c.diff ? pr.lambda : 0.0);
+        const std::vector<float> g_a1(got.begin(), got.begin() + R * C), g_a2(got.begin() + R * C, got.begin() + 2 * R * C),
+            g_d(got.begin() + 2 * R * C, got.end());
+        double worst = std::max(dstest::max_abs_diff(g_a1, rv.a1), dstest::max_abs_diff(g_d, rv.diff));
+        if (c.diff) worst = std::max(worst, dstest::max_abs_diff(g_a2, rv.a2));
+        EXPECT_LT(worst, 2e-5) << case_name(c) << opts_name(o) << " rect " << q.q0 << ":" << q.q1 << "," << q.k0
+                               << ":" << q.k1 << " grid " << R << "x" << C << (mean ? " mean" : " max");
+      }
+  }
+}
+
+// Key tiles wholly left of a CTA's windows are skipped, not loaded and masked: K and V of keys 0..63 are NaN, which
+// the rows from the first query tile whose windows leave out every key below 128 (the widest key tile) must never
+// see: a kernel that multiplied a masked P of 0 by such a V would return NaN there. Every forward implementation,
+// and the row statistics and the fused view from those rows.
+TEST(CudaKernels, WindowSkipsKeyTilesLeftOfIt) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(808);
+  std::map<std::string, std::string> skipped;
+  int ran = 0;
+  for (bool diff : {true, false})
+    for (int d : {64, 128})
+      for (auto [c, o] : {std::pair{AttnCase{600, 1, 4, 2, d, diff}, AttnOpts{100, false, 64}},
+                          std::pair{AttnCase{450, 1, 4, 4, d, diff}, AttnOpts{64, true, 64}}}) {
+        AttnProblem pr(c, rng, o);
+        const int first_row = (o.window + 127 + 63) / 64 * 64;  // CTAs from here on: first key >= 128
+        const std::string what = case_name(c) + opts_name(o);
+        ran += check_every_impl(pr, skipped, first_row);
+        DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
+        DeviceBuffer kv = to_device(o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
+        const ds::kern::AttnParams p = pr.params(in, dummy, &kv);
+        const std::vector<float> fstats = fused_row_stats(p, c);
+        const int n = c.n, head = (diff ? c.heads / 2 : c.heads) - 1;
+        std::vector<double> mxl[2];
+        const ds::LayerMaps ref = ref_head_maps(pr, head, mxl);
+        double worst = 0;
+        for (int i = first_row; i < n; ++i) {
+          const dstest::RefStats rs =
+              dstest::ref_row_stats(ref.a1.data() + size_t(i) * n, diff ? ref.a2.data() + size_t(i) * n : nullptr,
+                                    dstest::ref_first_key(i, o.window), i, diff ? pr.lambda : 0.0);
+          const double ml[2] = {mxl[0][size_t(i)], diff ? mxl[1][size_t(i)] : 0.0};
+          worst = std::max(worst, stat_error(&fstats[(size_t(head) * n + i) * ds::kern::MAP_NSTAT], rs, ml, diff));
+        }
+        EXPECT_LT(worst, 2e-4) << what << " (fused row statistics)";
+        for (bool mean : {false, true}) {
+          const int R = 16, C = 40;
+          const ds::kern::ViewPoolArgs va{first_row, n, 0, n, R, C, mean, pr.lambda};
+          DeviceBuffer g(size_t(3) * R * C * 4, "test view");
+          DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
+          float* g1 = g.as<float>();
+          DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
+          DS_CUDA_CHECK(ds::kern::launch_attn_view_finish(va, g1, diff ? g1 + R * C : nullptr, g1 + 2 * R * C, nullptr));
+          DS_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> got = to_host<float>(g, size_t(3) * R * C);
+          const dstest::RefView rv = dstest::ref_view(ref, 0, first_row, n, 0, n, R, C, mean, diff ? pr.lambda : 0.0);
+          const std::vector<float> g_a1(got.begin(), got.begin() + R * C), g_d(got.begin() + 2 * R * C, got.end());
+          EXPECT_LT(std::max(dstest::max_abs_diff(g_a1, rv.a1), dstest::max_abs_diff(g_d, rv.diff)), 2e-5)
+              << what << (mean ? " mean" : " max") << " view";
+        }
+      }
+  report_skipped(skipped);
+  if (ran == 0) GTEST_SKIP() << "no attention implementation runs here";
 }
 
 // bf16 output rounding (2^-9 relative) bounds all the element-wise kernels below.
