@@ -530,7 +530,7 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * r);
       }
       const double ms = ms_since(th);
-      const double flops = kern::attn_flops(diff, 1, d, n);
+      const double flops = kern::attn_flops(diff, 1, d, n, 1, cfg_.layer_window(l));
       head_times_.push_back({l, int(j), ms, flops});
     }
     if (maps_only) return;

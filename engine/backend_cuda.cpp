@@ -24,8 +24,11 @@
 #include "kernels/attn_fwd_generic.h"
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
+#include "kernels/layernorm.h"
+#include "kernels/mamba_scan.h"
 #include "kernels/polynorm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -149,7 +152,9 @@ void CudaBackend::reset_model() {
   embed_.reset();
   lm_head_.reset();
   final_norm_.reset();
+  final_norm_b_.reset();
   inv_freq_.reset();
+  qkv_slot_.clear();
   lm_head_ptr_ = nullptr;
   weight_bytes_ = 0;
   loaded_ = false;
@@ -171,8 +176,6 @@ namespace {
 
 // Refuses, before any upload, a model that no attention kernel (or a forced one) can run on this device.
 void check_supported(const ModelConfig& c, const kern::AttnDevice& dev, const kern::AttnOptions& opt) {
-  if (c.spec().schedule != Schedule::Uniform)
-    throw Error(std::string("CUDA backend: ") + c.family() + "'s hybrid layers do not run on the GPU yet; HINT: run with --backend cpu");
   kern::AttnShape shape;
   shape.d = int(c.head_dim);
   shape.heads = int(c.heads);
@@ -199,8 +202,8 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   check_supported(c, attn_dev_, attn_opt_);
   const int64_t E = c.hidden, d = c.head_dim, H = c.heads, Hkv = c.kv_heads, I = c.intermediate;
   // bf16 bytes of everything we keep (norms are f32 but tiny)
-  size_t need = size_t(c.vocab * E) * 2 * (c.tie_embeddings || model.lm_head == model.embed ? 1 : 2);
-  need += size_t(c.layers) * size_t((H + 2 * Hkv) * d * E + E * H * d + 3 * I * E) * 2;
+  // bf16 bytes of the parameters (the f32 norms, biases and Mamba vectors are a rounding error of this)
+  size_t need = size_t(c.params()) * 2;
   size_t free_b = 0, total_b = 0;
   DS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (need + kReserve > free_b)
@@ -209,34 +212,72 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   WeightUploader up(stream(), progress, need);
   cfg_ = c;
   layers_.resize(size_t(c.layers));
+  auto bf16_of = [&](const TensorInfo* t, DeviceBuffer& dst) {  // as stored, or absent
+    if (!t) return;
+    dst = DeviceBuffer(size_t(t->numel()) * 2, "weights");
+    up.to_bf16(*t, dst.as<bf16>());
+  };
+  auto f32_of = [&](const TensorInfo* t, DeviceBuffer& dst) {
+    if (t) upload_f32(tensor_to_f32(*t), dst, "weights", stream());
+  };
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerTensors& t = model.layers[size_t(l)];
     LayerWeights& w = layers_[size_t(l)];
-    w.qkv = DeviceBuffer(size_t((H + 2 * Hkv) * d * E) * 2, "weights");
-    w.o = DeviceBuffer(size_t(E * H * d) * 2, "weights");
-    // q/k/v/o in the layout the kernels compute with (arch.h): streamed as stored, or transformed on the host
-    for (auto [which, dst] : {std::pair{LayerWeight::Q, w.qkv.as<bf16>()}, std::pair{LayerWeight::K, w.qkv.as<bf16>() + H * d * E},
-                              std::pair{LayerWeight::V, w.qkv.as<bf16>() + (H + Hkv) * d * E},
-                              std::pair{LayerWeight::O, w.o.as<bf16>()}}) {
-      const TensorInfo& ti = *model.layer_tensor(l, which);
-      if (model.weight_transformed(which)) {
-        up.to_bf16(model.layer_weight_f32(l, which), dst, ti.name);
-      } else {
-        up.to_bf16(ti, dst);
+    if (c.has_maps(l)) {
+      const bool cross = c.kind(l) == LayerKind::CrossAttention;  // q rows only: K and V are kv_source's
+      w.qkv = DeviceBuffer(size_t((cross ? H : H + 2 * Hkv) * d * E) * 2, "weights");
+      w.o = DeviceBuffer(size_t(E * H * d) * 2, "weights");
+      std::vector<float> bias;  // [q | k | v] biases in the kernels' layout, where the family has them
+      // q/k/v/o in the layout the kernels compute with (arch.h): streamed as stored, or transformed on the host
+      for (auto [which, dst] : {std::pair{LayerWeight::Q, w.qkv.as<bf16>()}, std::pair{LayerWeight::K, w.qkv.as<bf16>() + H * d * E},
+                                std::pair{LayerWeight::V, w.qkv.as<bf16>() + (H + Hkv) * d * E},
+                                std::pair{LayerWeight::O, w.o.as<bf16>()}}) {
+        if (cross && (which == LayerWeight::K || which == LayerWeight::V)) continue;
+        const TensorInfo& ti = *model.layer_tensor(l, which);
+        if (model.weight_transformed(which)) {
+          up.to_bf16(model.layer_weight_f32(l, which), dst, ti.name);
+        } else {
+          up.to_bf16(ti, dst);
+        }
+        const std::vector<float> b = model.layer_bias_f32(l, which);
+        if (which == LayerWeight::O) {
+          if (!b.empty()) upload_f32(b, w.o_b, "weights", stream());
+        } else {
+          bias.insert(bias.end(), b.begin(), b.end());
+        }
       }
+      if (!bias.empty()) upload_f32(bias, w.qkv_b, "weights", stream());
     }
     if (t.act_w) {
       std::vector<float> wb = tensor_to_f32(*t.act_w);
       wb.push_back(tensor_to_f32(*t.act_b).at(0));
       upload_f32(wb, w.act, "weights", stream());
     }
-    w.gate_up = DeviceBuffer(size_t(2 * I * E) * 2, "weights");
-    up.to_bf16(*t.gate, w.gate_up.as<bf16>());
-    up.to_bf16(*t.up, w.gate_up.as<bf16>() + I * E);
-    w.down = DeviceBuffer(size_t(E * I) * 2, "weights");
-    up.to_bf16(*t.down, w.down.as<bf16>());
-    upload_f32(tensor_to_f32(*t.ln1), w.ln1, "weights", stream());
-    upload_f32(tensor_to_f32(*t.ln2), w.ln2, "weights", stream());
+    if (t.gate_up) {  // stored fused, gate rows first: the layout the kernels use
+      bf16_of(t.gate_up, w.gate_up);
+    } else {
+      w.gate_up = DeviceBuffer(size_t(2 * I * E) * 2, "weights");
+      up.to_bf16(*t.gate, w.gate_up.as<bf16>());
+      up.to_bf16(*t.up, w.gate_up.as<bf16>() + I * E);
+    }
+    bf16_of(t.down, w.down);
+    f32_of(t.ln1, w.ln1);
+    f32_of(t.ln2, w.ln2);
+    f32_of(t.ln1_b, w.ln1_b);
+    f32_of(t.ln2_b, w.ln2_b);
+    bf16_of(t.in_proj, w.in_proj);
+    bf16_of(t.x_proj, w.x_proj);
+    bf16_of(t.dt_w, w.dt_w);
+    bf16_of(t.out_proj, w.out_proj);
+    f32_of(t.conv_w, w.conv_w);
+    f32_of(t.conv_b, w.conv_b);
+    f32_of(t.dt_b, w.dt_b);
+    f32_of(t.d_skip, w.d_skip);
+    if (t.a_log) {  // A = -exp(A_log), in f32 as the published code computes it
+      std::vector<float> a = tensor_to_f32(*t.a_log);
+      for (float& v : a) v = -std::exp(v);
+      upload_f32(a, w.a_neg, "weights", stream());
+    }
   }
   embed_ = DeviceBuffer(size_t(c.vocab * E) * 2, "weights");
   up.to_bf16(*model.embed, embed_.as<bf16>());
@@ -248,7 +289,9 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
     lm_head_ptr_ = embed_.as<bf16>();
   }
   upload_f32(tensor_to_f32(*model.final_norm), final_norm_, "weights", stream());
-  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
+  if (model.final_norm_b) upload_f32(tensor_to_f32(*model.final_norm_b), final_norm_b_, "weights", stream());
+  if (c.spec().rotary) upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
+  assign_qkv_slots();
   up.finish();
   weight_bytes_ = need;
   loaded_ = true;
@@ -271,14 +314,40 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
     b = DeviceBuffer(size_t(count) * 4, "weights");
     DS_CUDA_CHECK(kern::launch_fill_f32(b.as<float>(), count, 1.f, stream()));
   };
+  auto constant = [&](DeviceBuffer& b, int64_t count, float v) {
+    b = DeviceBuffer(size_t(count) * 4, "weights");
+    DS_CUDA_CHECK(kern::launch_fill_f32(b.as<float>(), count, v, stream()));
+  };
+  const bool ln = c.spec().norm == NormKind::LayerNorm, bias = c.spec().attn_bias;
+  const int64_t di = c.d_inner, R = c.dt_rank, S = c.d_state;
   layers_.resize(size_t(c.layers));
-  for (auto& w : layers_) {
-    rnd(w.qkv, (H + 2 * Hkv) * d * E);
-    rnd(w.o, E * H * d);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    LayerWeights& w = layers_[size_t(l)];
+    const LayerKind kind = c.kind(l);
+    if (c.has_maps(l)) {
+      const int64_t rows = (kind == LayerKind::CrossAttention ? H : H + 2 * Hkv) * d;
+      rnd(w.qkv, rows * E);
+      rnd(w.o, E * H * d);
+      if (bias) constant(w.qkv_b, rows, 0.01f), constant(w.o_b, E, 0.01f);
+    } else if (kind == LayerKind::Gmu) {
+      rnd(w.in_proj, di * E);
+      rnd(w.out_proj, E * di);
+    } else {  // Mamba-1 with the published initialisation's typical values for its per-channel vectors
+      rnd(w.in_proj, 2 * di * E);
+      rnd(w.x_proj, (R + 2 * S) * di);
+      rnd(w.dt_w, di * R);
+      rnd(w.out_proj, E * di);
+      constant(w.conv_w, di * c.d_conv, 0.25f);
+      constant(w.conv_b, di, 0.f);
+      constant(w.dt_b, di, -4.f);  // softplus(-4) = 0.018: dt inside the initialisation's [0.001, 0.1]
+      constant(w.a_neg, di * S, -1.f);
+      constant(w.d_skip, di, 1.f);
+    }
     rnd(w.gate_up, 2 * I * E);
     rnd(w.down, E * I);
     ones(w.ln1, E);
     ones(w.ln2, E);
+    if (ln) constant(w.ln1_b, E, 0.f), constant(w.ln2_b, E, 0.f);
     if (c.spec().mlp == MlpAct::PolyNorm) upload_f32({1.f / 3, 1.f / 3, 1.f / 3, 0.f}, w.act, "weights", stream());
   }
   rnd(embed_, c.vocab * E);
@@ -289,7 +358,9 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
     lm_head_ptr_ = lm_head_.as<bf16>();
   }
   ones(final_norm_, E);
-  upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
+  if (ln) constant(final_norm_b_, E, 0.f);
+  if (c.spec().rotary) upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
+  assign_qkv_slots();
   sync();
   loaded_ = true;
 }
@@ -297,11 +368,34 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
 // ---------------------------------------------------------------------------------------------------------------
 // memory
 
+void CudaBackend::assign_qkv_slots() {
+  qkv_slot_.assign(size_t(cfg_.layers), -1);
+  int next = 0;
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    if (cfg_.has_maps(l)) qkv_slot_[size_t(l)] = next++;
+}
+
+bf16* CudaBackend::qkv_slot(int layer) const {
+  const int s = qkv_slot_.at(size_t(layer));
+  if (s < 0) throw Error(cfg_.no_attention(layer, "queries or keys"));
+  return act_.qkv_cache.as<bf16>() + size_t(s) * size_t(act_.cap) * size_t(qkv_width());
+}
+
+namespace {
+// Bytes per token of scratch32: the MLP's gate/up output [2I] bf16 and the down GEMM's timing output [E] f32, and
+// SambaY's in_proj output [x | z] (2 di bf16) with dt after it (di bf16).
+size_t scratch32_per_token(const ModelConfig& c) {
+  return std::max({size_t(c.intermediate) * 4, size_t(c.hidden) * 4, size_t(c.d_inner) * 6});
+}
+}  // namespace
+
 size_t CudaBackend::bytes_per_token() const {
   const size_t E = size_t(cfg_.hidden), L = size_t(cfg_.layers), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim);
-  return (L + 1) * E * 4 + L * W * 2 + std::max(I, E) * 4 + E * 2 + Hd * 2 + I * 2 + 4 +
-         size_t(cfg_.head_dim / 2) * 8;
+  const size_t attn_layers = cfg_.map_layers().size(), di = size_t(cfg_.d_inner);
+  const size_t ssm = di ? di * 2 * 2 + size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2 + 64 : 0;  // + scan workspace
+  return (L + 1) * E * 4 + attn_layers * W * 2 + scratch32_per_token(cfg_) + E * 2 + Hd * 2 + std::max(I, di) * 2 + 4 +
+         size_t(cfg_.head_dim / 2) * 8 + ssm;
 }
 
 int64_t CudaBackend::device_memory_used() const {
@@ -330,12 +424,22 @@ void CudaBackend::ensure_activations(int64_t T, int64_t n) {
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim), C = size_t(cap);
   const char* what = "activations (hint: the prompt length sets their size)";
   act_.hidden = DeviceBuffer((L + 1) * C * E * 4, what);
-  act_.qkv_cache = DeviceBuffer(L * C * W * 2, what);
-  // gate/up output [T][2I] bf16, the down GEMM's timing output [T][E] f32 (impl header)
-  act_.scratch32 = DeviceBuffer(C * std::max(I, E) * 4, what);
+  act_.qkv_cache = DeviceBuffer(cfg_.map_layers().size() * C * W * 2, what);
+  act_.scratch32 = DeviceBuffer(C * scratch32_per_token(cfg_), what);
+  if (cfg_.d_inner > 0) {  // SambaY
+    const size_t di = size_t(cfg_.d_inner);
+    act_.ssm = DeviceBuffer(C * di * 2, what);
+    act_.memory = DeviceBuffer(C * di * 2, what);
+    act_.xdbl = DeviceBuffer(C * size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2, what);
+    kern::ScanParams sp;
+    sp.n = int64_t(C);
+    sp.channels = int(cfg_.d_inner);
+    sp.state = int(cfg_.d_state);
+    act_.scan_ws = DeviceBuffer(std::max<size_t>(kern::selective_scan_workspace(sp), 16), what);
+  }
   act_.x = DeviceBuffer(C * E * 2, what);
   act_.attn = DeviceBuffer(C * Hd * 2, what);
-  act_.act = DeviceBuffer(C * I * 2, what);
+  act_.act = DeviceBuffer(C * std::max(I, size_t(cfg_.d_inner)) * 2, what);  // SwiGLU's output, or Mamba's u
   act_.ids = DeviceBuffer(C * 4, what);
   act_.cos_sin = DeviceBuffer(size_t(cap_n) * size_t(cfg_.head_dim / 2) * 8, what);
   act_.cap = cap;
@@ -550,51 +654,81 @@ kern::AttnParams attn_params(const ModelConfig& c, const bf16* qkv, int64_t n, i
 
 }  // namespace
 
+kern::AttnParams CudaBackend::layer_attn(int layer, int64_t n, int batch, float lambda) const {
+  kern::AttnParams p = attn_params(cfg_, qkv_slot(layer), n, batch, lambda);
+  const int kl = int(cfg_.kv_layer(layer));
+  if (kl != layer) p.kv = qkv_slot(kl);  // cross-attention: the keys and values the kv_source layer cached
+  p.window = int(cfg_.layer_window(layer));
+  return p;
+}
+
+void CudaBackend::block_norm(const float* x, int64_t x_stride, const DeviceBuffer& w, const DeviceBuffer& b, bf16* y,
+                             int64_t rows) {
+  const int64_t E = cfg_.hidden;
+  const float eps = float(cfg_.norm_eps);
+  if (cfg_.spec().norm == NormKind::LayerNorm)
+    DS_CUDA_CHECK(kern::launch_layernorm(x, x_stride, w.as<float>(), b.as<float>(), y, E, rows, int(E), eps, stream()));
+  else
+    DS_CUDA_CHECK(kern::launch_rmsnorm(x, x_stride, w.as<float>(), y, E, rows, int(E), eps, stream()));
+}
+
 void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only, bool gemms_only) {
   const int64_t T = int64_t(batch) * n, E = cfg_.hidden, W = qkv_width(), I = cfg_.intermediate;
   const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
   const LayerWeights& w = layers_[size_t(l)];
   const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
   float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
-  bf16* qkv = act_.qkv_cache.as<bf16>() + size_t(l) * size_t(act_.cap) * size_t(W);
   bf16* x = act_.x.as<bf16>();
-  const float eps = float(cfg_.norm_eps);
+  const char* norm_name = cfg_.spec().norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
 
   const auto step = [&](const char* name, auto&& f) {  // a kernel other than a GEMM (run_gemms_only skips them)
     if (!gemms_only) timed(name, l, f);
   };
-  step("rmsnorm", [&] { DS_CUDA_CHECK(kern::launch_rmsnorm(h_in, E, w.ln1.as<float>(), x, E, T, int(E), eps, stream())); });
-  // Q, K, V leave the GEMM in bf16 (as q/k/v_proj's outputs in a bf16 transformers model), straight into this
-  // layer's cache, where RoPE rotates Q and K in place.
-  gemm("gemm_qkv", l, {.out_f = W, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
-  step("rope", [&] {
-    DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
-                                               stream()));
-  });
-  kern::AttnParams p = attn_params(cfg_, qkv, n, batch, lambda);
-  p.out_scale = float(1.0 - cfg_.lambda_init(l));
-  p.eps = float(cfg_.subln_eps);
-  p.out = act_.attn.as<bf16>();
-  p.out_row_stride = H * d;
-  p.out_batch_stride = n * H * d;
-  p.head_ns = profiling_ ? head_ns_.as<unsigned long long>() + size_t(l) * size_t(view_heads()) : nullptr;
-  const kern::AttnChoice choice = attn_choice(p);
-  step(attn_mark_name(choice.impl), [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
-  // After attention every row is independent. When only the next-token logits are wanted, the last layer goes on
-  // with the last row of each sequence (rows n - 1, 2n - 1, ...: strided GEMM operands); its other rows of
-  // hidden[L] are left unwritten and run() remembers that.
+  step(norm_name, [&] { block_norm(h_in, E, w.ln1, w.ln1_b, x, T); });
+  // Rows carried on after the mixer: when only the next-token logits are wanted, the last layer goes on with the
+  // last row of each sequence (rows n - 1, 2n - 1, ...: strided GEMM operands); its other rows of hidden[L] are
+  // left unwritten and run() remembers that.
   const int64_t R = last_rows_only ? batch : T;                 // rows carried on
   const int64_t first = last_rows_only ? n - 1 : 0;             // their first token
   const int64_t hs = last_rows_only ? n * E : E;                // row stride in hidden[]
   const float* h_in_r = h_in + first * E;
   float* h_out_r = h_out + first * E;
-  // The residual add is the GEMM's C term (C = h_in, D = h_out): the f32 stream is never copied.
-  gemm("gemm_o", l, {.out_f = E, .tokens = R, .in_f = H * d, .w = w.o.as<bf16>(),
-                     .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
-                     .c = h_in_r, .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
-  step("rmsnorm", [&] {
-    DS_CUDA_CHECK(kern::launch_rmsnorm(h_out_r, hs, w.ln2.as<float>(), x, E, R, int(E), eps, stream()));
-  });
+  const LayerKind kind = cfg_.kind(l);
+  if (kind == LayerKind::Mamba || kind == LayerKind::Memory) {
+    mamba_forward(l, batch, n, gemms_only);  // every row: the scan runs along the sequence
+  } else if (kind == LayerKind::Gmu) {
+    gmu_forward(l, T, gemms_only);
+  } else {
+    // Q, K, V leave the GEMM in bf16 (as q/k/v_proj's outputs in a bf16 transformers model), straight into this
+    // layer's cache, where RoPE rotates Q and K in place. A cross-attention layer projects its queries only and
+    // reads the keys and values of its kv_source's cache.
+    bf16* qkv = qkv_slot(l);
+    const int64_t rows = kind == LayerKind::CrossAttention ? H * d : W;
+    gemm("gemm_qkv", l, {.out_f = rows, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv, .ldy = W});
+    if (w.qkv_b.get())
+      step("bias", [&] { DS_CUDA_CHECK(kern::launch_add_bias(qkv, W, w.qkv_b.as<float>(), T, int(rows), stream())); });
+    if (cfg_.spec().rotary)
+      step("rope", [&] {
+        DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
+                                                   stream()));
+      });
+    kern::AttnParams p = layer_attn(l, n, batch, lambda);
+    p.out_scale = float(1.0 - cfg_.lambda_init(l));
+    p.eps = float(cfg_.subln_eps);
+    p.out = act_.attn.as<bf16>();
+    p.out_row_stride = H * d;
+    p.out_batch_stride = n * H * d;
+    p.head_ns = profiling_ ? head_ns_.as<unsigned long long>() + size_t(l) * size_t(view_heads()) : nullptr;
+    const kern::AttnChoice choice = attn_choice(p);
+    step(attn_mark_name(choice.impl), [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
+    // The residual add is the GEMM's C term (C = h_in, D = h_out): the f32 stream is never copied.
+    gemm("gemm_o", l, {.out_f = E, .tokens = R, .in_f = H * d, .w = w.o.as<bf16>(),
+                       .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
+                       .c = h_in_r, .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
+    if (w.o_b.get())
+      step("bias", [&] { DS_CUDA_CHECK(kern::launch_add_bias(h_out_r, hs, w.o_b.as<float>(), R, int(E), stream())); });
+  }
+  step(norm_name, [&] { block_norm(h_out_r, hs, w.ln2, w.ln2_b, x, R); });
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
   // SwiGLU then reads half the bytes it would read in f32.
   bf16* gu = act_.scratch32.as<bf16>();
@@ -613,16 +747,81 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
                         .spare_bytes = act_.scratch32.bytes()});
 }
 
+// Mamba-1 over act_.x (docs/models/phi4flash.md section 4): [x | z] = in_proj; u = silu(conv(x)); [dt_raw | B | C]
+// = x_proj(u); dt = dt_proj(dt_raw); y = scan (+ D u), gated by silu(z); hidden[l+1] = hidden[l] + out_proj(y).
+// The memory layer also keeps the ungated y for the GMU layers.
+void CudaBackend::mamba_forward(int l, int batch, int64_t n, bool gemms_only) {
+  const int64_t T = int64_t(batch) * n, E = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state;
+  const int64_t XD = R + 2 * S;
+  const LayerWeights& w = layers_[size_t(l)];
+  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
+  float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
+  bf16* xz = act_.scratch32.as<bf16>();  // [T][2 di]
+  bf16* dt = xz + T * 2 * di;            // [T][di]
+  bf16* u = act_.act.as<bf16>();         // [T][di] (I >= di is not assumed: act is [T][max(I, di)])
+  bf16* xdbl = act_.xdbl.as<bf16>();
+  const auto step = [&](const char* name, auto&& f) {
+    if (!gemms_only) timed(name, l, f);
+  };
+  gemm("gemm_in_proj", l, {.out_f = 2 * di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
+                           .y = xz});
+  for (int b = 0; b < batch; ++b)
+    step("mamba_conv", [&] {
+      DS_CUDA_CHECK(kern::launch_causal_conv_silu(xz + b * n * 2 * di, 2 * di, w.conv_w.as<float>(),
+                                                  w.conv_b.as<float>(), int(cfg_.d_conv), u + b * n * di, di, n,
+                                                  int(di), stream()));
+    });
+  gemm("gemm_x_proj", l, {.out_f = XD, .tokens = T, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
+  gemm("gemm_dt_proj", l, {.out_f = di, .tokens = T, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt,
+                           .ldx = XD});
+  const bool memory = cfg_.kind(l) == LayerKind::Memory;
+  for (int b = 0; b < batch; ++b)
+    step("mamba_scan", [&] {
+      kern::ScanParams sp;
+      sp.n = n;
+      sp.channels = int(di);
+      sp.state = int(S);
+      sp.u = u + b * n * di, sp.ld_u = di;
+      sp.dt = dt + b * n * di, sp.ld_dt = di;
+      sp.dt_bias = w.dt_b.as<float>();
+      sp.A = w.a_neg.as<float>();
+      sp.B = xdbl + b * n * XD + R, sp.C = xdbl + b * n * XD + R + S, sp.ld_bc = XD;
+      sp.D = w.d_skip.as<float>();
+      sp.z = xz + b * n * 2 * di + di, sp.ld_z = 2 * di;
+      sp.y = memory ? act_.memory.as<bf16>() + b * n * di : nullptr;
+      sp.y_gated = act_.ssm.as<bf16>() + b * n * di;
+      sp.ld_y = di;
+      DS_CUDA_CHECK(kern::launch_selective_scan(sp, act_.scan_ws.get(), stream()));
+    });
+  gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = act_.ssm.as<bf16>(),
+                            .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
+}
+
+// Gated memory unit (section 5): hidden[l+1] = hidden[l] + out_proj(silu(in_proj(x)) * memory).
+void CudaBackend::gmu_forward(int l, int64_t T, bool gemms_only) {
+  const int64_t E = cfg_.hidden, di = cfg_.d_inner;
+  const LayerWeights& w = layers_[size_t(l)];
+  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
+  float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
+  bf16* g = act_.ssm.as<bf16>();
+  gemm("gemm_in_proj", l, {.out_f = di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
+                           .y = g});
+  if (!gemms_only)
+    timed("gmu_gate", l, [&] {
+      DS_CUDA_CHECK(kern::launch_silu_mul(g, di, act_.memory.as<bf16>(), di, g, di, T, int(di), stream()));
+    });
+  gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = g, .y = h_out,
+                            .y_f32 = true, .beta = 1.f, .c = h_in});
+}
+
 // Final norm + lm_head for `count` token rows starting at token `first_token`, `row_stride_tokens` apart,
 // into logits_ [count, vocab].
 void CudaBackend::final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token) {
   const int64_t E = cfg_.hidden, L = cfg_.layers;
   ensure_logits(count);
   const float* h = act_.hidden.as<float>() + size_t(L) * size_t(act_.cap) * size_t(E) + size_t(first_token * E);
-  timed("rmsnorm", int(L), [&] {
-    DS_CUDA_CHECK(kern::launch_rmsnorm(h, row_stride_tokens * E, final_norm_.as<float>(), xf_.as<bf16>(), E, count,
-                                       int(E), float(cfg_.norm_eps), stream()));
-  });
+  timed(cfg_.spec().norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", int(L),
+        [&] { block_norm(h, row_stride_tokens * E, final_norm_, final_norm_b_, xf_.as<bf16>(), count); });
   gemm("gemm_lm_head", int(L), {.out_f = cfg_.vocab, .tokens = count, .in_f = E, .w = lm_head_ptr_,
                                  .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});
 }
@@ -654,10 +853,11 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (profiling_) DS_CUDA_CHECK(cudaMemsetAsync(head_ns_.get(), 0, head_ns_.bytes(), stream()));
   if (from == 0) {
     DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream()));
-    timed("rope_table", -1, [&] {
-      DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
-                                            act_.cos_sin.as<float2>(), stream()));
-    });
+    if (cfg_.spec().rotary)
+      timed("rope_table", -1, [&] {
+        DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
+                                              act_.cos_sin.as<float2>(), stream()));
+      });
     timed("embedding", -1, [&] {
       DS_CUDA_CHECK(kern::launch_embedding(act_.ids.as<int32_t>(), embed_.as<bf16>(), act_.hidden.as<float>(), T,
                                            int(cfg_.hidden), stream()));
@@ -754,11 +954,10 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
   const int L = int(cfg_.layers);
   if (layer < 0 || layer >= L)
     throw Error("layer " + std::to_string(layer) + " out of range (the model has " + std::to_string(L) + ")");
-  const int64_t n = last_n_, d = cfg_.head_dim, H = cfg_.heads, Hkv = cfg_.kv_heads, W = qkv_width();
+  const int64_t n = last_n_;
   const int Hv = view_heads();
   const int nmaps = cfg_.is_diff() ? 2 : 1;
-  kern::AttnParams p = attn_params(cfg_, act_.qkv_cache.as<bf16>() + size_t(layer) * size_t(act_.cap) * size_t(W), n, 1,
-                                   last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
+  const kern::AttnParams p = layer_params(layer);
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
   const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
   if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
@@ -859,8 +1058,8 @@ kern::AttnParams CudaBackend::layer_params(int layer) const {
   if (layer < 0 || layer >= int(cfg_.layers))
     throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
                 " layers)");
-  return attn_params(cfg_, act_.qkv_cache.as<bf16>() + size_t(layer) * size_t(act_.cap) * size_t(qkv_width()),
-                     last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
+  if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
+  return layer_attn(layer, last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
 }
 
 // The view is pooled on the device (the fused two-pass kernel, or the map kernels in chunks) and finished there
@@ -1027,9 +1226,9 @@ void CudaBackend::build_profile(double wall_ms, int64_t tokens, int, int batch, 
   const int Hv = view_heads(), L = int(cfg_.layers);
   std::vector<unsigned long long> ns(size_t(L) * size_t(Hv));
   DS_CUDA_CHECK(cudaMemcpy(ns.data(), head_ns_.get(), ns.size() * 8, cudaMemcpyDeviceToHost));
-  const double flops = kern::attn_flops(cfg_.is_diff(), 1, cfg_.head_dim, n, batch);  // per view head
   for (int l = 0; l < L; ++l) {
     if (!ran[size_t(l)]) continue;
+    const double flops = kern::attn_flops(cfg_.is_diff(), 1, cfg_.head_dim, n, batch, cfg_.layer_window(l));  // a head
     double total = 0;
     for (int h = 0; h < Hv; ++h) total += double(ns[size_t(l) * size_t(Hv) + size_t(h)]);
     for (int h = 0; h < Hv; ++h) {

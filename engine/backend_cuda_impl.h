@@ -38,18 +38,26 @@ namespace ds::cuda {
 using bf16 = __nv_bfloat16;
 
 struct LayerWeights {
-  DeviceBuffer qkv, o, gate_up, down;  // bf16
+  DeviceBuffer qkv, o, gate_up, down;  // bf16 (layers without attention: no qkv, o; cross layers: q rows only)
   DeviceBuffer ln1, ln2;               // f32
+  DeviceBuffer ln1_b, ln2_b;           // f32 LayerNorm biases (arch.h: NormKind::LayerNorm)
+  DeviceBuffer qkv_b, o_b;             // f32 projection biases (arch.h: attn_bias)
   DeviceBuffer act;                    // f32 {w0, w1, w2, b}: PolyNorm (arch.h)
+  // Mamba-1 / GMU (model.h): bf16 in_proj [2 di or di, E], x_proj [R + 2S, di], dt_w [di, R], out_proj [E, di];
+  // f32 conv_w [di, K], conv_b, dt_b, d_skip [di], a_neg [di, S] = -exp(A_log)
+  DeviceBuffer in_proj, x_proj, dt_w, out_proj, conv_w, conv_b, dt_b, a_neg, d_skip;
 };
 
 struct Activations {
   int64_t cap = 0;  // tokens
   int64_t cap_n = 0;  // positions in cos_sin
   DeviceBuffer hidden, qkv_cache, scratch32, x, attn, act, ids, cos_sin;
+  // SambaY: the scan's (or GMU's) gated output [T][di], the memory [T][di], x_proj's output [T][R + 2S] (bf16),
+  // and the scan's workspace. in_proj's output [T][2 di] and dt [T][di] live in scratch32.
+  DeviceBuffer ssm, memory, xdbl, scan_ws;
   size_t bytes() const {
     return hidden.bytes() + qkv_cache.bytes() + scratch32.bytes() + x.bytes() + attn.bytes() + act.bytes() +
-           ids.bytes() + cos_sin.bytes();
+           ids.bytes() + cos_sin.bytes() + ssm.bytes() + memory.bytes() + xdbl.bytes() + scan_ws.bytes();
   }
 };
 
@@ -162,6 +170,17 @@ class CudaBackend final : public Backend {
   void ensure_activations(int64_t tokens, int64_t n);
   void ensure_logits(int64_t rows);
   void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false, bool gemms_only = false);
+  // SambaY's mixers (docs/models/phi4flash.md sections 4-5): hidden[l + 1] = hidden[l] + mixer(x), x the normed
+  // input already in act_.x, over every token of the batch.
+  void mamba_forward(int l, int batch, int64_t n, bool gemms_only);
+  void gmu_forward(int l, int64_t tokens, bool gemms_only);
+  // The block norm of the family (RMSNorm or LayerNorm) of `rows` f32 rows into bf16.
+  void block_norm(const float* x, int64_t x_stride, const DeviceBuffer& w, const DeviceBuffer& b, bf16* y,
+                  int64_t rows);
+  // Layer l's attention over its cached Q (and its or kv_layer's K/V): window, KV source, lambda.
+  kern::AttnParams layer_attn(int layer, int64_t n, int batch, float lambda) const;
+  bf16* qkv_slot(int layer) const;  // layer's [cap][W] slice of qkv_cache (layers with attention only)
+  void assign_qkv_slots();          // qkv_slot_ from cfg_
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
@@ -196,7 +215,8 @@ class CudaBackend final : public Backend {
   kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER, parsed once
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
-  DeviceBuffer embed_, lm_head_, final_norm_, inv_freq_;
+  std::vector<int> qkv_slot_;  // [L]: index of the layer's slice of qkv_cache; -1 for layers without attention
+  DeviceBuffer embed_, lm_head_, final_norm_, final_norm_b_, inv_freq_;
   const bf16* lm_head_ptr_ = nullptr;
   size_t weight_bytes_ = 0;
   Activations act_;

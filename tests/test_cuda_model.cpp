@@ -87,9 +87,10 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   req.lambda = model_lambda;
   req.all_logits = true;
   req.keep_hidden = true;
-  req.want_maps.assign(size_t(L), 1);
+  for (int l = 0; l < L; ++l) req.want_maps.push_back(c.has_maps(l));  // hybrids: attention layers only
   ds::ForwardResult r;
   be->forward(req, r);
+  const std::vector<int64_t> map_layers = c.map_layers();
   // Fixtures from a float64 reference (Motif) also hold its bf16-engine emulation ("bf16." keys): with weights
   // perturbed to expose wrong formulas, bf16 rounding alone moves their maps past the tolerance, so a bf16 backend
   // is held to the emulation (logits and hidden states at the DiffLlama tolerance, maps as expect_maps says) and
@@ -109,10 +110,17 @@ TEST_P(FixtureCuda, MatchesTransformers) {
     ASSERT_EQ(r.hidden[size_t(l)].size(), h.size());
     EXPECT_LT(dstest::rel_err(r.hidden[size_t(l)].data(), h.data(), h.size()), kLogitsRel) << "hidden." << l;
   }
-  for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, bf, l, "forward maps");
+  for (int64_t l : map_layers) expect_maps(r.maps[size_t(l)], ex, c, bf, int(l), "forward maps");
 
-  // Maps on demand equal the forward's; the profile covers every layer and head.
-  for (int l = 0; l < L; ++l) {
+  // Maps on demand equal the forward's; the profile covers every layer and head. Layers without attention have none.
+  for (int l = 0; l < L; ++l)
+    if (!c.has_maps(l)) {
+      ds::LayerMaps m;
+      EXPECT_THROW(be->layer_maps(l, m), ds::Error) << l;
+      EXPECT_TRUE(r.maps[size_t(l)].empty()) << l;
+    }
+  for (int64_t l64 : map_layers) {
+    const int l = int(l64);
     ds::LayerMaps m;
     be->layer_maps(l, m);
     ASSERT_EQ(m.a1.size(), r.maps[size_t(l)].a1.size());
@@ -120,13 +128,13 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   }
   if (!std::getenv("DS_CUDA_TEST_SMALL")) {  // the peak measurement (8192^3 GEMMs) is too slow under a sanitizer
     const ds::Profile prof = be->profile();
-    EXPECT_EQ(prof.heads.size(), size_t(L) * size_t(c.view_heads()));
+    EXPECT_EQ(prof.heads.size(), map_layers.size() * size_t(c.view_heads()));
     EXPECT_FALSE(prof.kernels.empty());
     EXPECT_GT(prof.peak_tflops, 0.0);
   }
 
   // GPU statistics agree with statistics of the returned maps (f64 on the host).
-  const int mid = L / 2;
+  const int mid = int(c.nearest_map_layer(L / 2));
   const std::vector<ds::HeadStats> st = be->head_stats(mid);
   ASSERT_EQ(st.size(), size_t(c.view_heads()));
   const ds::LayerMaps& mm = r.maps[size_t(mid)];
@@ -149,14 +157,18 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   }
 
   if (c.is_diff() && ex.has("override.lambda")) {
-    // lambda forced into every layer (layer 0 gets 0: plain softmax attention)
-    const std::vector<float> ov = ex.get("override.lambda");
+    // lambda forced into every layer (layer 0 gets 0: plain softmax attention); hybrids' fixtures give one value
+    // per attention layer
+    const std::vector<float> given = ex.get("override.lambda");
+    std::vector<float> ov(size_t(L), 0.f);
+    ASSERT_EQ(given.size(), map_layers.size());
+    for (size_t i = 0; i < given.size(); ++i) ov[size_t(map_layers[i])] = given[i];
     req.lambda = ov;
     req.keep_hidden = false;
     be->forward(req, r);
     const std::vector<float> ol = ex.get(bf + "override.logits");
     EXPECT_LT(dstest::rel_err(r.logits.data(), ol.data(), ol.size()), kLogitsRel) << "override.logits";
-    for (int l = 0; l < L; ++l) expect_maps(r.maps[size_t(l)], ex, c, bf + "override.", l, "override maps");
+    for (int64_t l : map_layers) expect_maps(r.maps[size_t(l)], ex, c, bf + "override.", int(l), "override maps");
 
     // A lambda change in the last layer re-run from there equals the full run with the same lambda.
     std::vector<float> lam2 = ov;
@@ -248,22 +260,23 @@ TEST(CudaModel, EveryGrantedAttentionKernelMatchesTransformers) {
 TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
   SKIP_WITHOUT_DEVICE();
   for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "diff_mha_d32_f32", "diff_n1",
-                           "motif_gqa_d64_bf16_tied", "motif_gda_kvrep2_bf16_tied"}) {
+                           "motif_gqa_d64_bf16_tied", "motif_gda_kvrep2_bf16_tied", "phi4flash_L8_gqa_bf16"}) {
     const std::string dir = dstest::fixture(name);
     Expected ex(dir);
     auto gpu = ds::Session::open(dir, ds::BackendChoice::Cuda);
     auto cpu = ds::Session::open(dir, ds::BackendChoice::Cpu, nullptr, 2);
     const ds::ModelConfig& c = gpu->config();
+    const int first = int(c.nearest_map_layer(0));
     for (auto* s : {gpu.get(), cpu.get()}) {
       s->set_ids(ex.ids());
-      if (c.is_diff()) s->set_lambda_override(0, 0.35);
+      if (c.is_diff()) s->set_lambda_override(first, 0.35);
       s->run();
     }
     std::vector<float> lam;
     for (int l = 0; l < c.layers; ++l) lam.push_back(float(gpu->effective_lambda(l)));
     double tol = c.layers && dstest::fixture(name).find("f32") != std::string::npos ? kMapsAbsF32 : kMapsAbsBf16;
     if (ex.has("bf16.logits"))  // the CPU computes the checkpoint's maps, the GPU a bf16 engine's: allow their gap
-      for (int l = 0; l < c.layers; ++l)
+      for (int64_t l : c.map_layers())
         for (const char* m : {".attn1", ".attn2"}) {
           const std::vector<float> a = ex.get("layers." + std::to_string(l) + m),
                                    b = ex.get("bf16.layers." + std::to_string(l) + m);
@@ -273,7 +286,7 @@ TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
       ds::cuda::as_cuda(gpu->backend()).set_fused_views(fused);
       const std::string what = std::string(name) + (fused ? " (CUDA, fused views)" : " (CUDA, chunked views)");
       dstest::expect_queries_match_maps(gpu->backend(), c, lam, 1e-5, what);
-      for (int l = 0; l < c.layers; ++l)
+      for (int64_t l : c.map_layers())
         for (ds::Pool pool : {ds::Pool::Mean, ds::Pool::Max}) {
           ds::ViewRequest q;
           q.layer = l, q.rows = 7, q.cols = 5, q.pool = pool;
@@ -292,7 +305,8 @@ TEST(CudaModel, MapQueriesMatchFloat64AndTheCpuBackend) {
         }
     }
     ds::cuda::as_cuda(gpu->backend()).set_fused_views(true);
-    for (int l = 0; l < c.layers; ++l) {
+    for (int64_t l64 : c.map_layers()) {
+      const int l = int(l64);
       const std::vector<ds::HeadStats> sa = gpu->backend().head_stats(l), sb = cpu->backend().head_stats(l);
       for (size_t h = 0; h < sa.size(); ++h) {
         EXPECT_NEAR(sa[h].max_logit1, sb[h].max_logit1, 2e-2 * (1 + std::fabs(sb[h].max_logit1))) << name;

@@ -30,7 +30,7 @@ TEST_P(MapQueriesCpu, MatchFloat64ReferenceFromFullMaps) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MapQueriesCpu,
                          ::testing::Values("diff_mha_d32_f32", "diff_gqa4_d32_sharded_v5", "llama_gqa_d32_f32",
-                                           "diff_n1"),
+                                           "diff_n1", "phi4flash_L8_gqa_bf16"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(MapQueriesCpu, NoRunNoMaps) {

@@ -106,6 +106,17 @@ ModelConfig motif_shape() {
   return c;
 }
 
+// microsoft/Phi-4-mini-flash-reasoning (docs/models/phi4flash.md section 1): its published config.json, parsed
+// as a checkpoint's would be, so that the schedule (Mamba, sliding window 512, YOCO cross layers) is the model's.
+ModelConfig phi4flash_shape() {
+  return parse_config_json(R"({"architectures": ["Phi4FlashForCausalLM"], "model_type": "phi4flash",
+    "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 10240, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 262144, "mb_per_layer": 2, "num_attention_heads": 40, "num_hidden_layers": 32,
+    "num_key_value_heads": 20, "sliding_window": 512, "tie_word_embeddings": true, "vocab_size": 200064,
+    "torch_dtype": "bfloat16"})",
+                           "Phi-4-mini-flash-reasoning config.json");
+}
+
 std::vector<float> default_lambda(const ModelConfig& c) {
   std::vector<float> l(size_t(c.layers));
   for (int64_t i = 0; i < c.layers; ++i) l[size_t(i)] = float(c.lambda_init(i) + 0.05);
@@ -271,7 +282,8 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
 // on top. The attention's own matrix products (causal: 12 n^2 d / 2 per differential head) at the cuBLASLt peak
 // measured in the same run complete the matmul floor: forward / (projections + attention products) is what the
 // softmaxes, norms, RoPE and the MLP activation cost beyond the arithmetic a GEMM library could do.
-json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::string& label) {
+json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::string& label,
+                          const std::vector<int>& lengths = {4096, 16384}) {
   json rows = json::array();
   const ModelConfig& c = b.config();
   const std::vector<float> lam = default_lambda(c);
@@ -280,7 +292,7 @@ json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::st
   const double peak = b.gemm_peak_tflops();
   std::printf("\n%-30s %6s %11s %10s %12s %11s %8s %8s\n", "prefill vs GEMM floor", "n", "forward ms", "GEMMs ms",
               "attn prod ms", "tokens/s", "/GEMMs", "/matmul");
-  for (int n : {4096, 16384}) {
+  for (int n : lengths) {
     if (n > b.max_tokens() || n > c.max_positions) continue;
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (auto& x : ids) x = tok(rng);
@@ -294,17 +306,30 @@ json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::st
     ForwardResult res;
     b.forward(req, res);
     json kernels = json::array();
-    for (const KernelTiming& k : b.profile().kernels)
+    double profiled_ms = 0, scan_ms = 0;  // the profiled forward's kernels; the Mamba scan and conv among them
+    for (const KernelTiming& k : b.profile().kernels) {
       kernels.push_back({{"name", k.name}, {"count", k.count}, {"total_ms", k.total_ms}});
+      profiled_ms += k.total_ms;
+      if (k.name == "mamba_scan" || k.name == "mamba_conv") scan_ms += k.total_ms;
+    }
     const double toks = double(n) / ms * 1e3;
-    const double attn_ms =
-        double(c.layers) * kern::attn_flops(c.is_diff(), c.view_heads(), c.head_dim, n) / (peak * 1e12) * 1e3;
+    double attn_flops = 0;  // the attention layers' products, sliding windows counted as the band they are
+    for (int64_t l : c.map_layers())
+      attn_flops += kern::attn_flops(c.is_diff(), c.view_heads(), c.head_dim, n, 1, c.layer_window(l));
+    const double attn_ms = attn_flops / (peak * 1e12) * 1e3;
     std::printf("%-30s %6d %11.3f %10.3f %12.3f %11.0f %8.3f %8.3f\n", label.c_str(), n, ms, floor_ms, attn_ms, toks,
                 ms / floor_ms, ms / (floor_ms + attn_ms));
-    rows.push_back({{"name", label}, {"n", n}, {"batch", 1}, {"ms", ms}, {"gemm_floor_ms", floor_ms}, {"tok_s", toks},
-                    {"attn_products_at_peak_ms", attn_ms}, {"gemm_peak_tflops", peak},
-                    {"ratio_to_gemm_floor", ms / floor_ms}, {"ratio_to_matmul_floor", ms / (floor_ms + attn_ms)},
-                    {"kernels", kernels}});
+    json row{{"name", label}, {"n", n}, {"batch", 1}, {"ms", ms}, {"gemm_floor_ms", floor_ms}, {"tok_s", toks},
+             {"attn_products_at_peak_ms", attn_ms}, {"gemm_peak_tflops", peak},
+             {"ratio_to_gemm_floor", ms / floor_ms}, {"ratio_to_matmul_floor", ms / (floor_ms + attn_ms)},
+             {"kernels", kernels}};
+    if (c.d_inner > 0) {  // SambaY: the selective scan's (and its convolution's) share of the profiled forward
+      row["scan_ms"] = scan_ms;
+      row["scan_share"] = profiled_ms > 0 ? scan_ms / profiled_ms : 0.0;
+      std::printf("%-30s %6d   scan + conv %.3f ms = %.1f%% of the profiled kernels\n", "", n, scan_ms,
+                  profiled_ms > 0 ? 100 * scan_ms / profiled_ms : 0.0);
+    }
+    rows.push_back(row);
   }
   return rows;
 }
@@ -657,6 +682,12 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     b.load_random(motif_shape(), 1);
     r["motif_shape"] = "Motif-Technologies/Motif-2.6b-v1.1-LC (random bf16 weights on the GPU)";
     r["motif"] = bench_family_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[motif]");
+  }
+  if (want("phi4flash")) {
+    b.load_random(phi4flash_shape(), 1);
+    r["phi4flash_shape"] = "microsoft/Phi-4-mini-flash-reasoning (random bf16 weights on the GPU)";
+    r["phi4flash"] =
+        bench_family_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[phi4flash]", {4096, 32768});
   }
   if (o.only.count("views")) {  // minutes at 128K tokens: only when asked for
     b.load_random(kajuma_shape(), 1);
