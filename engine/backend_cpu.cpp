@@ -572,9 +572,8 @@ class CpuBackend final : public Backend {
         u[size_t(tok * di + c)] = silu(float(acc));
       }
     linear(u.data(), w.x_proj.data(), xdbl.data(), n, XD, di);  // [dt_raw (R) | B (S) | C (S)]
-    for (int64_t tok = 0; tok < n; ++tok)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(di), int(R), 1.f, w.dt_w.data(), int(R), xdbl.data() + tok * XD, 1,
-                  0.f, dt.data() + tok * di, 1);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(di), int(R), 1.f, xdbl.data(), int(XD),
+                w.dt_w.data(), int(R), 0.f, dt.data(), int(di));  // dt = dt_raw dt_proj^T (dt_raw: xdbl's first R)
     std::vector<double> st(static_cast<size_t>(S));
     for (int64_t c = 0; c < di; ++c) {  // the selective scan, one channel at a time, state in double
       std::fill(st.begin(), st.end(), 0.0);

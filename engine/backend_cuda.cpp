@@ -217,8 +217,17 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
     dst = DeviceBuffer(size_t(t->numel()) * 2, "weights");
     up.to_bf16(*t, dst.as<bf16>());
   };
+  // The engine is a bf16 model: SambaY's small parameters (norms, biases, conv, dt bias, D), kept f32 on the
+  // device, carry bf16 values as the published model's do when it runs in bf16 (docs/models/phi4flash.md section
+  // 8); the other families' norm weights stay as stored. A_log and the lambda vectors stay f32 (the shards' dtype).
+  const bool bf16_values = c.spec().schedule == Schedule::SambaY;
+  auto rounded = [&](std::vector<float> v) {
+    if (bf16_values)
+      for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    return v;
+  };
   auto f32_of = [&](const TensorInfo* t, DeviceBuffer& dst) {
-    if (t) upload_f32(tensor_to_f32(*t), dst, "weights", stream());
+    if (t) upload_f32(rounded(tensor_to_f32(*t)), dst, "weights", stream());
   };
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerTensors& t = model.layers[size_t(l)];
@@ -239,7 +248,7 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
         } else {
           up.to_bf16(ti, dst);
         }
-        const std::vector<float> b = model.layer_bias_f32(l, which);
+        const std::vector<float> b = rounded(model.layer_bias_f32(l, which));
         if (which == LayerWeight::O) {
           if (!b.empty()) upload_f32(b, w.o_b, "weights", stream());
         } else {
@@ -288,8 +297,8 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   } else {
     lm_head_ptr_ = embed_.as<bf16>();
   }
-  upload_f32(tensor_to_f32(*model.final_norm), final_norm_, "weights", stream());
-  if (model.final_norm_b) upload_f32(tensor_to_f32(*model.final_norm_b), final_norm_b_, "weights", stream());
+  f32_of(model.final_norm, final_norm_);
+  f32_of(model.final_norm_b, final_norm_b_);
   if (c.spec().rotary) upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
   assign_qkv_slots();
   up.finish();

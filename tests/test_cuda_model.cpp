@@ -46,13 +46,14 @@ void expect_maps(const ds::LayerMaps& m, const Expected& ex, const ds::ModelConf
     ASSERT_EQ(m.a1.size(), a1.size()) << what;
     ASSERT_EQ(m.a2.size(), a2.size()) << what;
     // Against a bf16 emulation ("bf16." keys), two bf16 computations differ as much as bf16 rounding moves this
-    // fixture's maps: 1.5 x the emulation's own distance from float64 in this layer, when that exceeds kMapsAbs.
+    // fixture's maps: up to twice the emulation's own distance from float64 in this layer (each of the two is that
+    // far from float64, in its own direction), when that exceeds kMapsAbs.
     double tol = kMapsAbs;
     if (prefix.rfind("bf16.", 0) == 0) {
       const std::string p64 = prefix.substr(5) + "layers." + std::to_string(l) + ".";
       for (const char* k : {"attn1", "attn2"}) {
         const std::vector<float> e = ex.get(p + k), f = ex.get(p64 + k);
-        tol = std::max(tol, 1.5 * dstest::max_abs_err(e.data(), f.data(), e.size()));
+        tol = std::max(tol, 2 * dstest::max_abs_err(e.data(), f.data(), e.size()));
       }
     }
     EXPECT_LT(dstest::max_abs_err(m.a1.data(), a1.data(), a1.size()), tol) << what << " " << p << "attn1";
@@ -63,6 +64,16 @@ void expect_maps(const ds::LayerMaps& m, const Expected& ex, const ds::ModelConf
     EXPECT_TRUE(m.a2.empty());
     EXPECT_LT(dstest::max_abs_err(m.a1.data(), a.data(), a.size()), kMapsAbs) << what << " " << p << "attn";
   }
+}
+
+// Relative tolerance of a logits or hidden-state tensor `key`: kLogitsRel, or against a bf16 emulation ("bf16."
+// keys) twice the emulation's own distance from float64 when that is larger -- as expect_maps does for maps: two
+// bf16 computations of a deep, deliberately sensitive fixture are each about that far from float64.
+// (phi4flash_L12, 12 layers: the emulation is 0.038 from float64 in its logits, the GPU 0.026 from the emulation.)
+double rel_tol(const Expected& ex, const std::string& bf, const std::string& key) {
+  if (bf.empty()) return kLogitsRel;
+  const std::vector<float> e = ex.get(bf + key), f = ex.get(key);
+  return std::max(kLogitsRel, 2 * dstest::rel_err(e.data(), f.data(), e.size()));
 }
 
 class FixtureCuda : public ::testing::TestWithParam<std::string> {};
@@ -103,12 +114,14 @@ TEST_P(FixtureCuda, MatchesTransformers) {
   const std::vector<float> logits = ex.get(bf + "logits");
   ASSERT_EQ(r.logits.size(), logits.size());
   EXPECT_EQ(r.logit_rows, int64_t(req.ids.size()));
-  EXPECT_LT(dstest::rel_err(r.logits.data(), logits.data(), logits.size()), kLogitsRel) << "logits";
+  EXPECT_LT(dstest::rel_err(r.logits.data(), logits.data(), logits.size()), rel_tol(ex, bf, "logits")) << "logits";
   ASSERT_EQ(r.hidden.size(), size_t(L + 1));
   for (int l = 0; l <= L; ++l) {
     const std::vector<float> h = ex.get(bf + "hidden." + std::to_string(l));
     ASSERT_EQ(r.hidden[size_t(l)].size(), h.size());
-    EXPECT_LT(dstest::rel_err(r.hidden[size_t(l)].data(), h.data(), h.size()), kLogitsRel) << "hidden." << l;
+    EXPECT_LT(dstest::rel_err(r.hidden[size_t(l)].data(), h.data(), h.size()),
+              rel_tol(ex, bf, "hidden." + std::to_string(l)))
+        << "hidden." << l;
   }
   for (int64_t l : map_layers) expect_maps(r.maps[size_t(l)], ex, c, bf, int(l), "forward maps");
 
@@ -167,7 +180,8 @@ TEST_P(FixtureCuda, MatchesTransformers) {
     req.keep_hidden = false;
     be->forward(req, r);
     const std::vector<float> ol = ex.get(bf + "override.logits");
-    EXPECT_LT(dstest::rel_err(r.logits.data(), ol.data(), ol.size()), kLogitsRel) << "override.logits";
+    EXPECT_LT(dstest::rel_err(r.logits.data(), ol.data(), ol.size()), rel_tol(ex, bf, "override.logits"))
+        << "override.logits";
     for (int64_t l : map_layers) expect_maps(r.maps[size_t(l)], ex, c, bf + "override.", int(l), "override maps");
 
     // A lambda change in the last layer re-run from there equals the full run with the same lambda.
