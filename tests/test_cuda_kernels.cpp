@@ -447,6 +447,35 @@ TEST(CudaKernels, AttentionRejectsUnsupportedShapes) {
 // Maps: f32 dot products and expf against float64: 1e-5 absolute on probabilities in [0, 1]. Row statistics from
 // the map kernels and, where it runs (head_dim 64 / 128, H even), from the fused two-pass kernel
 // (launch_attn_row_stats: tensor-core S, ex2.approx: 2e-4 on sums of n terms).
+
+// The map kernels over every row of p in three chunks (row0 > 0 included), outputs NaN-poisoned first:
+// maps [hv][nm][n][n] and row statistics [hv][n][MAP_NSTAT] as launch_attn_map_logits / _softmax leave them.
+void run_map_kernels(const ds::kern::AttnParams& p, int hv, int nm, int n, std::vector<float>& maps,
+                     std::vector<float>& stats) {
+  const int split = std::max(1, n / 3);
+  maps.assign(size_t(hv) * nm * n * n, NAN);
+  stats.assign(size_t(hv) * n * ds::kern::MAP_NSTAT, NAN);
+  for (int r0 = 0; r0 < n; r0 += split) {
+    const int rows = std::min(split, n - r0);
+    DeviceBuffer mb(size_t(hv) * nm * rows * n * 4, "test maps"), sb(size_t(hv) * rows * ds::kern::MAP_NSTAT * 4, "test");
+    std::vector<float> nan(size_t(hv) * nm * rows * n, NAN);
+    DS_CUDA_CHECK(cudaMemcpy(mb.get(), nan.data(), mb.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(ds::kern::launch_attn_map_logits(p, r0, rows, mb.as<float>(), nullptr));
+    DS_CUDA_CHECK(ds::kern::launch_attn_map_softmax(p, r0, rows, mb.as<float>(), sb.as<float>(), nullptr));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto m = to_host<float>(mb, nan.size());
+    const auto s = to_host<float>(sb, size_t(hv) * rows * ds::kern::MAP_NSTAT);
+    for (int h = 0; h < hv; ++h)
+      for (int mm = 0; mm < nm; ++mm)
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(&maps[((size_t(h) * nm + mm) * n + r0 + r) * n], &m[((size_t(h) * nm + mm) * rows + r) * n],
+                      size_t(n) * 4);
+    for (int h = 0; h < hv; ++h)
+      std::memcpy(&stats[(size_t(h) * n + r0) * ds::kern::MAP_NSTAT], &s[size_t(h) * rows * ds::kern::MAP_NSTAT],
+                  size_t(rows) * ds::kern::MAP_NSTAT * 4);
+  }
+}
+
 TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(5);
@@ -457,27 +486,8 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
     DeviceBuffer in = to_device(pr.qkv), dummy(16, "test");
     ds::kern::AttnParams p = pr.params(in, dummy);
     const int hv = c.diff ? c.heads / 2 : c.heads, nm = c.diff ? 2 : 1, n = c.n;
-    // two chunks of rows to exercise row0 > 0
-    const int split = std::max(1, n / 3);
-    std::vector<float> maps(size_t(hv) * nm * n * n, NAN), stats(size_t(hv) * n * ds::kern::MAP_NSTAT, NAN);
-    for (int r0 = 0; r0 < n; r0 += split) {
-      const int rows = std::min(split, n - r0);
-      DeviceBuffer mb(size_t(hv) * nm * rows * n * 4, "test maps"), sb(size_t(hv) * rows * ds::kern::MAP_NSTAT * 4, "test");
-      std::vector<float> nan(size_t(hv) * nm * rows * n, NAN);
-      DS_CUDA_CHECK(cudaMemcpy(mb.get(), nan.data(), mb.bytes(), cudaMemcpyHostToDevice));
-      DS_CUDA_CHECK(ds::kern::launch_attn_map_logits(p, r0, rows, mb.as<float>(), nullptr));
-      DS_CUDA_CHECK(ds::kern::launch_attn_map_softmax(p, r0, rows, mb.as<float>(), sb.as<float>(), nullptr));
-      DS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto m = to_host<float>(mb, nan.size());
-      const auto s = to_host<float>(sb, size_t(hv) * rows * ds::kern::MAP_NSTAT);
-      for (int h = 0; h < hv; ++h)
-        for (int mm = 0; mm < nm; ++mm)
-          for (int r = 0; r < rows; ++r)
-            std::memcpy(&maps[((size_t(h) * nm + mm) * n + r0 + r) * n], &m[((size_t(h) * nm + mm) * rows + r) * n], size_t(n) * 4);
-      for (int h = 0; h < hv; ++h)
-        std::memcpy(&stats[(size_t(h) * n + r0) * ds::kern::MAP_NSTAT], &s[size_t(h) * rows * ds::kern::MAP_NSTAT],
-                    size_t(rows) * ds::kern::MAP_NSTAT * 4);
-    }
+    std::vector<float> maps, stats;
+    run_map_kernels(p, hv, nm, n, maps, stats);  // in chunks of rows: row0 > 0 is exercised
     const bool fused = (c.d == 64 || c.d == 128) && c.heads % 2 == 0;
     std::vector<float> fstats;
     if (fused) {
@@ -778,26 +788,8 @@ TEST(CudaKernels, WindowedMapsAndStatisticsMatchFloat64) {
     DeviceBuffer kv = to_device(o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
     const ds::kern::AttnParams p = pr.params(in, dummy, &kv);
     const int hv = c.diff ? c.heads / 2 : c.heads, nm = c.diff ? 2 : 1, n = c.n;
-    const int split = std::max(1, n / 3);
-    std::vector<float> maps(size_t(hv) * nm * n * n, NAN), stats(size_t(hv) * n * ds::kern::MAP_NSTAT, NAN);
-    for (int r0 = 0; r0 < n; r0 += split) {
-      const int rows = std::min(split, n - r0);
-      DeviceBuffer mb(size_t(hv) * nm * rows * n * 4, "test maps"), sb(size_t(hv) * rows * ds::kern::MAP_NSTAT * 4, "test");
-      std::vector<float> nan(size_t(hv) * nm * rows * n, NAN);
-      DS_CUDA_CHECK(cudaMemcpy(mb.get(), nan.data(), mb.bytes(), cudaMemcpyHostToDevice));
-      DS_CUDA_CHECK(ds::kern::launch_attn_map_logits(p, r0, rows, mb.as<float>(), nullptr));
-      DS_CUDA_CHECK(ds::kern::launch_attn_map_softmax(p, r0, rows, mb.as<float>(), sb.as<float>(), nullptr));
-      DS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto m = to_host<float>(mb, nan.size());
-      const auto s = to_host<float>(sb, size_t(hv) * rows * ds::kern::MAP_NSTAT);
-      for (int h = 0; h < hv; ++h)
-        for (int mm = 0; mm < nm; ++mm)
-          for (int r = 0; r < rows; ++r)
-            std::memcpy(&maps[((size_t(h) * nm + mm) * n + r0 + r) * n], &m[((size_t(h) * nm + mm) * rows + r) * n], size_t(n) * 4);
-      for (int h = 0; h < hv; ++h)
-        std::memcpy(&stats[(size_t(h) * n + r0) * ds::kern::MAP_NSTAT], &s[size_t(h) * rows * ds::kern::MAP_NSTAT],
-                    size_t(rows) * ds::kern::MAP_NSTAT * 4);
-    }
+    std::vector<float> maps, stats;
+    run_map_kernels(p, hv, nm, n, maps, stats);
     const std::vector<float> fstats = fused_row_stats(p, c);
     double worst = 0, worst_stat = 0, worst_fused = 0;
     for (int h = 0; h < hv; ++h) {
