@@ -18,7 +18,8 @@
 # (nvidia first, then mesa) | nvidia | mesa, REPLAY=8,0,1.5,60 (1,0,1.5,60 with SMALL), MOUSE=-1,-1 (ImGui's pointer,
 # off the window; empty: Xvfb's, mid-screen), SIZE=WxH (the window, default 1600x1000; the screen is 1920x1080),
 # HEAD=L.H (the head view; default the dragged layer's head 0), GUI_TIMEOUT=300 (seconds), CKPT=/tmp/ds_kajuma_random
-# (kept between calls while the machine is warm).
+# (kept between calls while the machine is warm), FAMILY=phi4flash (a random Phi-4-mini-flash-shaped checkpoint;
+# set CKPT to another folder with it).
 # Everything is unpacked under /tmp (the packs' Xvfb looks for xkbcomp in /tmp/dsx, patched in): nothing goes to /
 # except DejaVuSans.ttf into /usr/share/fonts/truetype/dejavu when no copy is there (the GUI's font path).
 set -u
@@ -265,7 +266,7 @@ t0=$(date +%s)
 if [ -f "$CKPT/model.safetensors" ] && [ -f "$CKPT/config.json" ]; then
   say "checkpoint: reusing $CKPT"
 else
-  python3 tools/make_random_checkpoint.py "$CKPT" ${SMALL:+--small} >> "$LOG" 2>&1 || { say "checkpoint: FAILED"; tail -5 "$LOG"; exit 1; }
+  python3 tools/make_random_checkpoint.py "$CKPT" ${SMALL:+--small} ${FAMILY:+--family $FAMILY} >> "$LOG" 2>&1 || { say "checkpoint: FAILED"; tail -5 "$LOG"; exit 1; }
   say "checkpoint: $(grep -m1 'B parameters' "$LOG"), made in $(( $(date +%s) - t0 )) s"
 fi
 python3 tools/make_needle_prompt.py "$PROMPT" --tokens "$TOKENS" --tokenizer "$CKPT" 2>&1 | tee -a "$LOG" | sed 's/^/prompt: /' | tee -a "$SUMMARY"

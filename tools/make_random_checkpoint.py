@@ -5,6 +5,9 @@ GUI and the engine at full size where the real weights cannot be fetched (the GP
     tools/make_random_checkpoint.py OUT_DIR            kajuma's shape: hidden 2048, 16 layers, 32 heads (8 kv), head
                                                        dim 64, intermediate 8192, vocab 128256, llama3 rope; 2.5 GB
     tools/make_random_checkpoint.py OUT_DIR --small    the same layout at 2 layers, hidden 256: ~70 MB, for CPU tests
+    tools/make_random_checkpoint.py OUT_DIR --family phi4flash
+                                                       microsoft/Phi-4-mini-flash-reasoning's config and tensor names
+                                                       (SambaY, docs/models/phi4flash.md; 3.85 B parameters, 7.7 GB)
 
 numpy only (no torch): config.json, model.safetensors written by hand (8-byte little-endian header length, JSON
 header, raw bf16 rounded to nearest-even from float32) in chunks, so memory stays at a few hundred MB, and the demo
@@ -74,6 +77,55 @@ def kajuma_config(small):
     return c
 
 
+def phi4flash_config(small):
+    c = {"architectures": ["Phi4FlashForCausalLM"], "model_type": "phi4flash", "bos_token_id": 0,
+         "eos_token_id": 1, "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 10240,
+         "layer_norm_eps": 1e-05, "max_position_embeddings": 262144, "mb_per_layer": 2, "num_attention_heads": 40,
+         "num_hidden_layers": 32, "num_key_value_heads": 20, "sliding_window": 512, "tie_word_embeddings": True,
+         "torch_dtype": "bfloat16", "vocab_size": 200064, "lambda_std_dev": 0.1}
+    if small:
+        c.update(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                 intermediate_size=512, sliding_window=64)
+    return c
+
+
+def phi4flash_plan(c, a, tok_vocab):
+    """SambaY's tensors (docs/models/phi4flash.md section 7) with the published initialisation's typical values for
+    Mamba's per-channel vectors (A_log = log(1..d_state), D = 1, dt bias giving dt ~ 0.02)."""
+    D, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    d, di, S, K, R, half = D // H, 2 * D, 16, 4, (D + 15) // 16, L // 2
+    plan = [("model.embed_tokens.weight", (V, D), ("normal", a.std, tok_vocab, a.unused_vocab_scale))]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        plan += [(p + "input_layernorm.weight", (D,), ("ones",)), (p + "input_layernorm.bias", (D,), ("const", 0.0))]
+        if l % 2 == 0 and l <= half:  # Mamba (memory at half)
+            m = p + "attn."
+            plan += [(m + "in_proj.weight", (2 * di, D), ("normal", a.std)),
+                     (m + "conv1d.weight", (di, 1, K), ("normal", 0.3)), (m + "conv1d.bias", (di,), ("const", 0.0)),
+                     (m + "x_proj.weight", (R + 2 * S, di), ("normal", a.std)),
+                     (m + "dt_proj.weight", (di, R), ("normal", R ** -0.5)), (m + "dt_proj.bias", (di,), ("const", -4.0)),
+                     (m + "A_log", (di, S), ("alog", S)), (m + "D", (di,), ("ones",)),
+                     (m + "out_proj.weight", (D, di), ("normal", a.std))]
+        elif l % 2 == 0:  # gated memory unit
+            plan += [(p + "attn.in_proj.weight", (di, D), ("normal", a.std)),
+                     (p + "attn.out_proj.weight", (D, di), ("normal", a.std))]
+        else:  # differential attention: sliding window, full (half + 1) or cross (q rows only)
+            rows = H * d if l >= half + 3 else (H + 2 * Hkv) * d
+            ic = p + "attn.inner_cross_attn."
+            plan += [(p + "attn.Wqkv.weight", (rows, D), ("normal", a.std * a.qk_scale)),
+                     (p + "attn.Wqkv.bias", (rows,), ("const", 0.0)),
+                     (p + "attn.out_proj.weight", (D, H * d), ("normal", a.std)),
+                     (p + "attn.out_proj.bias", (D,), ("const", 0.0))]
+            plan += [(ic + n, (d,), ("normal", c["lambda_std_dev"])) for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+            plan += [(ic + "subln.weight", (2 * d,), ("ones",))]
+        plan += [(p + "post_attention_layernorm.weight", (D,), ("ones",)),
+                 (p + "post_attention_layernorm.bias", (D,), ("const", 0.0)),
+                 (p + "mlp.fc1.weight", (2 * I, D), ("normal", a.std)), (p + "mlp.fc2.weight", (D, I), ("normal", a.std))]
+    plan += [("model.final_layernorm.weight", (D,), ("ones",)), ("model.final_layernorm.bias", (D,), ("const", 0.0))]
+    return plan
+
+
 def tensor_plan(c, a, tok_vocab):
     """(name, shape, init) in file order; init is ('normal', std[, scaled_rows_from, row_scale]) or ('ones',)."""
     D, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -111,6 +163,11 @@ def piece(seed, t_index, shape, init, start, count):
     """Elements [start, start + count) of tensor t_index (row-major), as bf16 bits."""
     if init[0] == "ones":
         return np.full(count, 0x3F80, np.uint16)
+    if init[0] == "const":
+        return to_bf16(np.full(count, init[1], np.float32))
+    if init[0] == "alog":  # S4D-real: A_log[c, s] = log(s + 1)
+        idx = np.arange(start, start + count) % init[1]
+        return to_bf16(np.log(idx + 1.0).astype(np.float32))
     rng = np.random.default_rng([seed, t_index, start // CHUNK])
     x = rng.standard_normal(count, dtype=np.float32)
     x *= np.float32(init[1])
@@ -126,6 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--small", action="store_true", help="2 layers, hidden 256 (same vocabulary and rope): a CPU test")
+    ap.add_argument("--family", choices=["diffllama", "phi4flash"], default="diffllama")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--std", type=float, default=0.02)
     ap.add_argument("--qk-scale", type=float, default=0.0, help="q_proj, k_proj std factor (0: sqrt(3 / hidden) / std)")
@@ -133,7 +191,7 @@ def main():
     ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
 
-    c = kajuma_config(a.small)
+    c = phi4flash_config(a.small) if a.family == "phi4flash" else kajuma_config(a.small)
     if a.qk_scale <= 0:
         a.qk_scale = (3.0 / c["hidden_size"]) ** 0.5 / a.std
     os.makedirs(a.out_dir, exist_ok=True)
@@ -146,7 +204,7 @@ def main():
         json.dump(c, f, indent=2)
         f.write("\n")
 
-    plan = tensor_plan(c, a, tok_vocab)
+    plan = phi4flash_plan(c, a, tok_vocab) if a.family == "phi4flash" else tensor_plan(c, a, tok_vocab)
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, shape, _ in plan:
         n = int(np.prod(shape)) * 2
