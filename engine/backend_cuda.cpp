@@ -402,7 +402,14 @@ size_t CudaBackend::bytes_per_token() const {
   const size_t E = size_t(cfg_.hidden), L = size_t(cfg_.layers), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim);
   const size_t attn_layers = cfg_.map_layers().size(), di = size_t(cfg_.d_inner);
-  const size_t ssm = di ? di * 2 * 2 + size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2 + 64 : 0;  // + scan workspace
+  size_t ssm = 0;  // SambaY: ssm and memory [di] bf16, xdbl [R + 2S] bf16, the scan's workspace per token
+  if (di) {
+    kern::ScanParams sp;
+    sp.n = int64_t(1) << 16;
+    sp.channels = int(di);
+    sp.state = int(cfg_.d_state);
+    ssm = di * 2 * 2 + size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2 + kern::selective_scan_workspace(sp) / size_t(sp.n) + 1;
+  }
   return (L + 1) * E * 4 + attn_layers * W * 2 + scratch32_per_token(cfg_) + E * 2 + Hd * 2 + std::max(I, di) * 2 + 4 +
          size_t(cfg_.head_dim / 2) * 8 + ssm;
 }
