@@ -235,6 +235,7 @@ class CpuBackend final : public Backend {
     qk_layer_ = -1;
     if (from == 0) {
       ids_ = req.ids;
+      shared_k_.clear();  // a new prompt: the kv_source layer runs again before any cross layer
       layer_in_.assign(size_t(L + 1), {});
       layer_lambda_.assign(size_t(L), 0.f);
       if (cfg_.spec().rotary) rope_tables(inv_freq_, n, cos_, sin_);
@@ -367,7 +368,8 @@ class CpuBackend final : public Backend {
   }
 
   // Q [n, H, d] of layer l and K, V [n, Hkv, d] of the layer it reads them from (config.h: kv_layer), projected
-  // from the cached layer inputs, RoPE applied where the family has it. v: nullptr to skip V.
+  // from the cached layer inputs, RoPE applied where the family has it. v: nullptr to skip V. A cross-attention
+  // layer takes the K and V its kv_source left in shared_k_ / shared_v_ when that layer last ran.
   void project_qkv(int l, std::vector<float>& q, std::vector<float>& k, std::vector<float>* v) {
     const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     const int kl = int(cfg_.kv_layer(l));
@@ -376,6 +378,12 @@ class CpuBackend final : public Backend {
     q.resize(size_t(n * H * d));
     linear(h.data(), layers_[size_t(l)].wq.data(), q.data(), n, H * d, D);
     add_bias(q.data(), layers_[size_t(l)].bq, n);
+    if (kl != l && !shared_k_.empty()) {
+      k = shared_k_;
+      if (v) *v = shared_v_;
+      if (cfg_.spec().rotary) apply_rope(q.data(), n, H, d, cos_, sin_);
+      return;
+    }
     if (kl != l) norm(layer_in_[size_t(kl)].data(), layers_[size_t(kl)].ln1, layers_[size_t(kl)].ln1_b, h.data(), n);
     const LayerW& wk = layers_[size_t(kl)];
     k.resize(size_t(n * Hkv * d));
@@ -390,6 +398,7 @@ class CpuBackend final : public Backend {
       apply_rope(q.data(), n, H, d, cos_, sin_);
       apply_rope(k.data(), n, Hkv, d, cos_, sin_);
     }
+    if (l == cfg_.kv_source && v) shared_k_ = k, shared_v_ = *v;  // the forward of the layer the cross layers read
   }
 
   // The first key query q of layer l sees (sliding windows; 0 otherwise).
@@ -640,6 +649,7 @@ class CpuBackend final : public Backend {
   ModelConfig cfg_;
   std::vector<float> embed_, final_norm_, final_norm_b_, lm_head_;
   std::vector<float> memory_;  // SambaY: the memory layer's ungated scan output [n, di]
+  std::vector<float> shared_k_, shared_v_;  // SambaY: K, V [n, Hkv, d] of kv_source, which the cross layers read
   std::vector<LayerW> layers_;
   std::vector<float> inv_freq_, cos_, sin_;
   std::vector<int32_t> ids_;
