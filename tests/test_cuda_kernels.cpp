@@ -565,6 +565,19 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
 // The fused view kernel (launch_attn_map_view) against float64 maps pooled by the definition (engine/map_query.h):
 // long enough (n = 700) that grid cells span many 8 x 8 blocks (runs folded in registers) while rectangle edges and
 // small cells take the per-element path; max and mean; differential and plain heads. ex2.approx and f32 sums: 2e-5.
+
+// The fused view kernel's grids for one head and rectangle, finished on the device: [a1 | a2 | diff], R x C each.
+std::vector<float> run_view(const ds::kern::AttnParams& p, const ds::kern::ViewPoolArgs& va, int head, bool diff) {
+  const int R = va.rows, C = va.cols;
+  DeviceBuffer g(size_t(3) * R * C * 4, "test view");
+  DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
+  float* g1 = g.as<float>();
+  DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
+  DS_CUDA_CHECK(ds::kern::launch_attn_view_finish(va, g1, diff ? g1 + R * C : nullptr, g1 + 2 * R * C, nullptr));
+  DS_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host<float>(g, size_t(3) * R * C);
+}
+
 TEST(CudaKernels, FusedMapViewMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(11);
@@ -604,13 +617,7 @@ TEST(CudaKernels, FusedMapViewMatchesFloat64) {
       for (bool mean : {false, true}) {
         const int R = int(std::min<int64_t>(q.R, q.q1 - q.q0)), C = int(std::min<int64_t>(q.C, q.k1 - q.k0));
         const ds::kern::ViewPoolArgs va{q.q0, q.q1, q.k0, q.k1, R, C, mean, pr.lambda};
-        DeviceBuffer g(size_t(3) * R * C * 4, "test view");
-        DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
-        float* g1 = g.as<float>();
-        DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
-        DS_CUDA_CHECK(ds::kern::launch_attn_view_finish(va, g1, c.diff ? g1 + R * C : nullptr, g1 + 2 * R * C, nullptr));
-        DS_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> got = to_host<float>(g, size_t(3) * R * C);
+        const std::vector<float> got = run_view(p, va, head, c.diff);
         double worst = 0;
         for (int bi = 0; bi < R; ++bi)
           for (int bj = 0; bj < C; ++bj) {
@@ -848,13 +855,7 @@ TEST(CudaKernels, WindowedFusedMapViewMatchesFloat64) {
         if (q.k0 < 0) q.k0 = 0;
         const int R = int(std::min<int64_t>(q.R, q.q1 - q.q0)), C = int(std::min<int64_t>(q.C, q.k1 - q.k0));
         const ds::kern::ViewPoolArgs va{q.q0, q.q1, q.k0, q.k1, R, C, mean, pr.lambda};
-        DeviceBuffer g(size_t(3) * R * C * 4, "test view");
-        DS_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
-        float* g1 = g.as<float>();
-        DS_CUDA_CHECK(ds::kern::launch_attn_map_view(p, va, head, g1, g1 + R * C, g1 + 2 * R * C, nullptr));
-        DS_CUDA_CHECK(ds::kern::launch_attn_view_finish(va, g1, c.diff ? g1 + R * C : nullptr, g1 + 2 * R * C, nullptr));
-        DS_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> got = to_host<float>(g, size_t(3) * R * C);
+        const std::vector<float> got = run_view(p, va, head, c.diff);
         const dstest::RefView rv = dstest::ref_view(ref, 0, q.q0, q.q1, q.k0, q.k1, R, C, mean, c.diff ? pr.lambda : 0.0);
         const std::vector<float> g_a1(got.begin(), got.begin() + R * C), g_a2(got.begin() + R * C, got.begin() + 2 * R * C),
             g_d(got.begin() + 2 * R * C, got.end());
