@@ -1070,74 +1070,243 @@ TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {
 }
 
 
-// Mamba-1's causal depthwise convolution (+ SiLU) and selective scan against float64 loops written from the
-// published math (docs/models/phi4flash.md): channel counts that leave a block partly empty, d_state 16 (one
-// half-warp per channel), 5 (idle lanes) and 24 (a full warp per channel), strided rows, gated and ungated outputs.
-TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
-  SKIP_WITHOUT_DEVICE();
-  std::mt19937 rng(31);
-  std::uniform_real_distribution<float> U(-1.f, 1.f);
-  // n = 600 spans three 256-step chunks of the scan (their states carried), 37 and 129 fit in one
-  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{600, 140, 5}, std::tuple{129, 19, 24}}) {
-    const int K = 4;
-    const int64_t ldx = ch + 5, ldu = ch + 3, ldbc = S + 2;
-    const std::vector<uint16_t> x = random_bf16(size_t(n) * ldx, rng, 2.f), dt = random_bf16(size_t(n) * ch, rng, 2.f),
-                                bc = random_bf16(size_t(n) * ldbc * 2, rng, 1.f), z = random_bf16(size_t(n) * ch, rng, 3.f);
-    std::vector<float> w(static_cast<size_t>(ch) * K), bias(static_cast<size_t>(ch)), dtb(static_cast<size_t>(ch)),
-        A(static_cast<size_t>(ch) * S), D(static_cast<size_t>(ch));
+// Mamba-1's inputs for n tokens (random: x, dt, B and C, z in bf16 with strided rows; the conv's weights and bias,
+// dt's bias, A = -exp(A_log) S4D-like and D in f32) and float64 loops written from the published math
+// (docs/models/phi4flash.md).
+struct MambaInputs {
+  int n, ch, S, K;
+  int64_t ldx, ldu, ldbc;  // B and C side by side in rows of 2 ldbc
+  std::vector<uint16_t> x, dt, bc, z;
+  std::vector<float> w, bias, dtb, A, D;
+
+  MambaInputs(int n_, int ch_, int S_, int K_, std::mt19937& rng)
+      : n(n_), ch(ch_), S(S_), K(K_), ldx(ch_ + 5), ldu(ch_ + 3), ldbc(S_ + 2) {
+    std::uniform_real_distribution<float> U(-1.f, 1.f);
+    x = random_bf16(size_t(n) * ldx, rng, 2.f);
+    dt = random_bf16(size_t(n) * ch, rng, 2.f);
+    bc = random_bf16(size_t(n) * ldbc * 2, rng, 1.f);
+    z = random_bf16(size_t(n) * ch, rng, 3.f);
+    w.resize(size_t(ch) * K), bias.resize(size_t(ch)), dtb.resize(size_t(ch)), A.resize(size_t(ch) * S);
+    D.resize(size_t(ch));
     for (auto& v : w) v = U(rng);
     for (auto& v : bias) v = 0.3f * U(rng);
     for (auto& v : dtb) v = U(rng) - 1.f;
-    for (int i = 0; i < ch * S; ++i) A[size_t(i)] = -float(1 + i % S) * (1.f + 0.2f * U(rng));  // -exp(A_log), S4D-like
+    for (int i = 0; i < ch * S; ++i) A[size_t(i)] = -float(1 + i % S) * (1.f + 0.2f * U(rng));
     for (auto& v : D) v = U(rng);
-    DeviceBuffer dx = to_device(x), dw = to_device(w), dbias = to_device(bias), ddt = to_device(dt), ddtb = to_device(dtb),
-                 dA = to_device(A), dD = to_device(D), dbc = to_device(bc), dz = to_device(z),
-                 du(size_t(n) * ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
-    for (DeviceBuffer* b : {&du, &dy, &dyg}) {
-      std::vector<uint16_t> poison(b->bytes() / 2, kBf16NaN);
-      DS_CUDA_CHECK(cudaMemcpy(b->get(), poison.data(), b->bytes(), cudaMemcpyHostToDevice));
+  }
+  // u[t, c] from the bf16 x, zeros before t = 0.
+  double conv(int t, int c) const {
+    double acc = bias[size_t(c)];
+    for (int k = 0; k < K; ++k)
+      if (t - (K - 1) + k >= 0) acc += double(w[size_t(c) * K + k]) * bf(x[size_t(t - (K - 1) + k) * ldx + c]);
+    return acc / (1 + std::exp(-acc));
+  }
+  // Token t of the scan from the bf16 u row u_row [ch]: h [ch][S] one step on, y and y silu(z) [ch].
+  void scan_step(int t, const uint16_t* u_row, std::vector<double>& h, std::vector<double>& y,
+                 std::vector<double>& yg) const {
+    const uint16_t* b = &bc[size_t(t) * ldbc * 2];
+    for (int c = 0; c < ch; ++c) {
+      const double ug = bf(u_row[c]), dtt = bf(dt[size_t(t) * ch + c]) + dtb[size_t(c)];
+      const double delta = dtt <= 20 ? std::log1p(std::exp(dtt)) : dtt;
+      double yy = double(D[size_t(c)]) * ug;
+      for (int s = 0; s < S; ++s) {
+        double& hs = h[size_t(c) * S + s];
+        hs = std::exp(delta * A[size_t(c) * S + s]) * hs + delta * bf(b[s]) * ug;
+        yy += bf(b[S + s]) * hs;
+      }
+      const double zz = bf(z[size_t(t) * ch + c]);
+      y[size_t(c)] = yy, yg[size_t(c)] = yy * zz / (1 + std::exp(-zz));
     }
-    DS_CUDA_CHECK(ds::kern::launch_causal_conv_silu(dx.as<bf16>(), ldx, dw.as<float>(), dbias.as<float>(), K,
-                                                    du.as<bf16>(), ldu, n, ch, nullptr));
+  }
+};
+
+void poison_bf16(DeviceBuffer& b) {
+  const std::vector<uint16_t> poison(b.bytes() / 2, kBf16NaN);
+  DS_CUDA_CHECK(cudaMemcpy(b.get(), poison.data(), b.bytes(), cudaMemcpyHostToDevice));
+}
+
+// The device copies of MambaInputs, and the scan's parameters for tokens [t0, t0 + m) of them.
+struct MambaDevice {
+  const MambaInputs& in;
+  DeviceBuffer x, w, bias, dt, dtb, A, D, bc, z;
+  MambaDevice(const MambaInputs& i)
+      : in(i), x(to_device(i.x)), w(to_device(i.w)), bias(to_device(i.bias)), dt(to_device(i.dt)),
+        dtb(to_device(i.dtb)), A(to_device(i.A)), D(to_device(i.D)), bc(to_device(i.bc)), z(to_device(i.z)) {}
+  ds::kern::ScanParams scan(int64_t t0, int64_t m, const DeviceBuffer& u, DeviceBuffer& y, DeviceBuffer& yg) const {
     ds::kern::ScanParams p;
-    p.n = n, p.channels = ch, p.state = S;
-    p.u = du.as<bf16>(), p.ld_u = ldu;
-    p.dt = ddt.as<bf16>(), p.ld_dt = ch, p.dt_bias = ddtb.as<float>(), p.A = dA.as<float>(), p.D = dD.as<float>();
-    p.B = dbc.as<bf16>(), p.C = dbc.as<bf16>() + S, p.ld_bc = ldbc * 2;  // B and C side by side in one row
-    p.z = dz.as<bf16>(), p.ld_z = ch, p.y = dy.as<bf16>(), p.y_gated = dyg.as<bf16>(), p.ld_y = ch;
-    DeviceBuffer ws(ds::kern::selective_scan_workspace(p), "test");
+    p.n = m, p.channels = in.ch, p.state = in.S;
+    p.u = u.as<bf16>() + t0 * in.ldu, p.ld_u = in.ldu;
+    p.dt = dt.as<bf16>() + t0 * in.ch, p.ld_dt = in.ch, p.dt_bias = dtb.as<float>(), p.A = A.as<float>();
+    p.D = D.as<float>();
+    p.B = bc.as<bf16>() + t0 * in.ldbc * 2, p.C = p.B + in.S, p.ld_bc = in.ldbc * 2;
+    p.z = z.as<bf16>() + t0 * in.ch, p.ld_z = in.ch;
+    p.y = y.as<bf16>() + t0 * in.ch, p.y_gated = yg.as<bf16>() + t0 * in.ch, p.ld_y = in.ch;
+    return p;
+  }
+};
+
+// Mamba-1's causal depthwise convolution (+ SiLU) and selective scan against the float64 loops: channel counts that
+// leave a block partly empty, strided rows, gated and ungated outputs. n = 37 and 129 run the sequential scan
+// (d_state 16: half a warp per channel; 24: a whole warp, 8 lanes idle), n = 600 the chunked one over three 256-step
+// chunks (their states carried) with d_state 5.
+TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(31);
+  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{600, 140, 5}, std::tuple{129, 19, 24}}) {
+    const MambaInputs in(n, ch, S, 4, rng);
+    const MambaDevice dev(in);
+    DeviceBuffer du(size_t(n) * in.ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
+    for (DeviceBuffer* b : {&du, &dy, &dyg}) poison_bf16(*b);
+    DS_CUDA_CHECK(ds::kern::launch_causal_conv_silu(dev.x.as<bf16>(), in.ldx, dev.w.as<float>(),
+                                                    dev.bias.as<float>(), in.K, du.as<bf16>(), in.ldu, n, ch, nullptr));
+    const ds::kern::ScanParams p = dev.scan(0, n, du, dy, dyg);
+    DeviceBuffer ws(std::max<size_t>(ds::kern::selective_scan_workspace(p), 16), "test");
     DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, ws.get(), nullptr));
     DS_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto u = to_host<uint16_t>(du, size_t(n) * ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
+    const auto u = to_host<uint16_t>(du, size_t(n) * in.ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
                yg = to_host<uint16_t>(dyg, size_t(n) * ch);
     // float64: the convolution from the bf16 x, the scan from the kernel's own bf16 u (the rounding between them is
     // the engine's, not the scan's)
     double nu = 0, du2 = 0, ny = 0, dy2 = 0, ng = 0, dg2 = 0;
-    std::vector<double> h(size_t(ch) * S, 0.0);
-    for (int t = 0; t < n; ++t)
+    std::vector<double> h(size_t(ch) * S, 0.0), yr(static_cast<size_t>(ch)), gr(static_cast<size_t>(ch));
+    for (int t = 0; t < n; ++t) {
+      in.scan_step(t, &u[size_t(t) * in.ldu], h, yr, gr);
       for (int c = 0; c < ch; ++c) {
-        double acc = bias[size_t(c)];
-        for (int k = 0; k < K; ++k)
-          if (t - (K - 1) + k >= 0) acc += double(w[size_t(c) * K + k]) * bf(x[size_t(t - (K - 1) + k) * ldx + c]);
-        const double uref = acc / (1 + std::exp(-acc)), ug = bf(u[size_t(t) * ldu + c]);
+        const double uref = in.conv(t, c), ug = bf(u[size_t(t) * in.ldu + c]);
         ASSERT_TRUE(std::isfinite(ug)) << "u at " << t << "," << c;
         nu += (ug - uref) * (ug - uref), du2 += uref * uref;
-        const double dtt = bf(dt[size_t(t) * ch + c]) + dtb[size_t(c)];
-        const double delta = dtt <= 20 ? std::log1p(std::exp(dtt)) : dtt;
-        double yy = double(D[size_t(c)]) * ug;
-        for (int s2 = 0; s2 < S; ++s2) {
-          double& hs = h[size_t(c) * S + s2];
-          hs = std::exp(delta * A[size_t(c) * S + s2]) * hs + delta * bf(bc[size_t(t) * ldbc * 2 + s2]) * ug;
-          yy += bf(bc[size_t(t) * ldbc * 2 + S + s2]) * hs;
-        }
-        const double zz = bf(z[size_t(t) * ch + c]), gref = yy * zz / (1 + std::exp(-zz));
+        const double yy = yr[size_t(c)], gref = gr[size_t(c)];
         const double yv = bf(y[size_t(t) * ch + c]), gv = bf(yg[size_t(t) * ch + c]);
         ASSERT_TRUE(std::isfinite(yv) && std::isfinite(gv)) << "y at " << t << "," << c;
         ny += (yv - yy) * (yv - yy), dy2 += yy * yy, ng += (gv - gref) * (gv - gref), dg2 += gref * gref;
       }
+    }
     EXPECT_LT(std::sqrt(nu / du2), kBf16Rel) << "conv " << n << "x" << ch;
     EXPECT_LT(std::sqrt(ny / dy2), kBf16Rel) << "scan y " << n << "x" << ch << " state " << S;
     EXPECT_LT(std::sqrt(ng / dg2), kBf16Rel) << "scan y*silu(z) " << n << "x" << ch << " state " << S;
+  }
+}
+
+// The recurrent state across calls (decoding, a prompt in pieces): the sequence run as consecutive pieces through
+// launch_causal_conv_silu_state and launch_selective_scan, both states carried in place (state_in == state_out; the
+// first piece from null state_in, into state buffers poisoned with NaN), against one call over the whole sequence
+// without state and the float64 loops. After every piece the conv state must be the last K - 1 inputs exactly (zeros
+// before t = 0) and the scan state the float64 h at that position; u must equal the whole call's bit for bit (the
+// same products), y and y silu(z) must match float64 within every piece. Pieces of more than kScanSequentialMaxN
+// tokens run the chunked scan (its state in and out), shorter ones the sequential kernel (with null workspace);
+// n < K - 1 pieces shift the conv state within itself.
+TEST(CudaKernels, MambaStateCarriedAcrossCallsMatchesWhole) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(37);
+  struct Case {
+    int ch, S, K;
+    std::vector<int> pieces;
+  };
+  // The pieces below run as their comments say while the sequential scan takes 96 to 599 tokens.
+  static_assert(ds::kern::kScanSequentialMaxN >= 96 && ds::kern::kScanSequentialMaxN < 600);
+  std::vector<int> decode(1, 300);  // a 300-token prefill, then 20 decoding steps of one token
+  decode.resize(21, 1);
+  const std::vector<Case> cases = {
+      {24, 16, 4, {1, 1, 5, 30}},
+      {40, 24, 4, {4000, 1, 96}},  // chunked, then sequential from its state
+      {37, 5, 4, decode},
+      {48, 16, 4, {100, 768, 3, 600}},  // the chunked scan from a state: three whole chunks, then a partial last one
+      {19, 16, 4, {1, 2, 1, 2, 2, 1, 30, 1}},  // n < K - 1 pieces, the first one too
+      {16, 8, 6, {2, 3, 1, 24, 4}},
+  };
+  for (const Case& cs : cases) {
+    int n = 0;
+    std::string what = "ch " + std::to_string(cs.ch) + " S " + std::to_string(cs.S) + " K " + std::to_string(cs.K) +
+                       " pieces";
+    for (int m : cs.pieces) n += m, what += " " + std::to_string(m);
+    const int ch = cs.ch, S = cs.S, K = cs.K;
+    const MambaInputs in(n, ch, S, K, rng);
+    const MambaDevice dev(in);
+    DeviceBuffer du(size_t(n) * in.ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
+    DeviceBuffer wu(du.bytes(), "test"), wy(dy.bytes(), "test"), wyg(dyg.bytes(), "test");
+    DeviceBuffer cst(size_t(K - 1) * ch * 2, "test"), sst(size_t(ch) * S * 4, "test"), wsst(sst.bytes(), "test");
+    for (DeviceBuffer* b : {&du, &dy, &dyg, &wu, &wy, &wyg, &cst, &sst, &wsst}) poison_bf16(*b);  // f32 NaN too
+    ds::kern::ScanParams pw = dev.scan(0, n, wu, wy, wyg);
+    DeviceBuffer ws(std::max<size_t>(ds::kern::selective_scan_workspace(pw), 16), "test");
+    // whole: no conv state, the scan's state out only
+    DS_CUDA_CHECK(ds::kern::launch_causal_conv_silu(dev.x.as<bf16>(), in.ldx, dev.w.as<float>(),
+                                                    dev.bias.as<float>(), K, wu.as<bf16>(), in.ldu, n, ch, nullptr));
+    pw.state_out = wsst.as<float>();
+    DS_CUDA_CHECK(ds::kern::launch_selective_scan(pw, ws.get(), nullptr));
+    // in pieces, the states after each
+    std::vector<std::vector<uint16_t>> conv_states;
+    std::vector<std::vector<float>> scan_states;
+    int64_t t0 = 0;
+    for (int m : cs.pieces) {
+      bf16* c_state = cst.as<bf16>();
+      DS_CUDA_CHECK(ds::kern::launch_causal_conv_silu_state(
+          dev.x.as<bf16>() + t0 * in.ldx, in.ldx, dev.w.as<float>(), dev.bias.as<float>(), K,
+          du.as<bf16>() + t0 * in.ldu, in.ldu, m, ch, t0 ? c_state : nullptr, c_state, nullptr));
+      ds::kern::ScanParams p = dev.scan(t0, m, du, dy, dyg);
+      p.state_in = t0 ? sst.as<float>() : nullptr;
+      p.state_out = sst.as<float>();
+      const size_t wsb = ds::kern::selective_scan_workspace(p);
+      ASSERT_LE(wsb, ws.bytes());
+      DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, wsb ? ws.get() : nullptr, nullptr));
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      conv_states.push_back(to_host<uint16_t>(cst, size_t(K - 1) * ch));
+      scan_states.push_back(to_host<float>(sst, size_t(ch) * S));
+      t0 += m;
+    }
+    const auto u = to_host<uint16_t>(du, size_t(n) * in.ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
+               yg = to_host<uint16_t>(dyg, size_t(n) * ch), uw = to_host<uint16_t>(wu, size_t(n) * in.ldu),
+               yw = to_host<uint16_t>(wy, size_t(n) * ch), ygw = to_host<uint16_t>(wyg, size_t(n) * ch);
+    const auto hw = to_host<float>(wsst, size_t(ch) * S);
+    for (int t = 0; t < n; ++t)
+      for (int c = 0; c < ch; ++c) {
+        const float a = bf(u[size_t(t) * in.ldu + c]);
+        ASSERT_TRUE(std::isfinite(a)) << what << ": u at " << t << "," << c;
+        ASSERT_EQ(a, bf(uw[size_t(t) * in.ldu + c])) << what << ": u at " << t << "," << c << " differs from whole";
+      }
+    // float64 over the whole sequence from the kernels' u, compared piece by piece
+    std::vector<double> h(size_t(ch) * S, 0.0), yr(static_cast<size_t>(ch)), gr(static_cast<size_t>(ch));
+    const auto rel_state = [&](const std::vector<float>& st) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < h.size(); ++i) {
+        if (!std::isfinite(st[i])) return 1e30;
+        num += (st[i] - h[i]) * (st[i] - h[i]), den += h[i] * h[i];
+      }
+      return std::sqrt(num / den);
+    };
+    t0 = 0;
+    for (size_t k = 0; k < cs.pieces.size(); ++k) {
+      const int m = cs.pieces[k];
+      double nu = 0, du2 = 0, ny = 0, dy2 = 0, ng = 0, dg2 = 0, nw = 0;
+      for (int t = int(t0); t < t0 + m; ++t) {
+        in.scan_step(t, &u[size_t(t) * in.ldu], h, yr, gr);
+        for (int c = 0; c < ch; ++c) {
+          const double uref = in.conv(t, c), ug = bf(u[size_t(t) * in.ldu + c]);
+          nu += (ug - uref) * (ug - uref), du2 += uref * uref;
+          const double yv = bf(y[size_t(t) * ch + c]), gv = bf(yg[size_t(t) * ch + c]);
+          const double yv_whole = bf(yw[size_t(t) * ch + c]), gv_whole = bf(ygw[size_t(t) * ch + c]);
+          ASSERT_TRUE(std::isfinite(yv) && std::isfinite(gv)) << what << ": y at " << t << "," << c;
+          ASSERT_TRUE(std::isfinite(yv_whole) && std::isfinite(gv_whole)) << what << ": whole y at " << t << "," << c;
+          ny += (yv - yr[size_t(c)]) * (yv - yr[size_t(c)]), dy2 += yr[size_t(c)] * yr[size_t(c)];
+          ng += (gv - gr[size_t(c)]) * (gv - gr[size_t(c)]), dg2 += gr[size_t(c)] * gr[size_t(c)];
+          nw += (yv - yv_whole) * (yv - yv_whole);
+        }
+      }
+      const std::string at = what + ", piece " + std::to_string(k) + " [" + std::to_string(t0) + ", " +
+                             std::to_string(t0 + m) + ")";
+      EXPECT_LT(std::sqrt(nu / du2), kBf16Rel) << at << ": conv";
+      EXPECT_LT(std::sqrt(ny / dy2), kBf16Rel) << at << ": y";
+      EXPECT_LT(std::sqrt(ng / dg2), kBf16Rel) << at << ": y silu(z)";
+      EXPECT_LT(std::sqrt(nw / dy2), kBf16Rel) << at << ": y against the whole call's";
+      t0 += m;
+      for (int r = 0; r < K - 1; ++r)
+        for (int c = 0; c < ch; ++c) {
+          const int64_t pos = t0 - (K - 1) + r;
+          const float want = pos >= 0 ? bf(in.x[size_t(pos) * in.ldx + c]) : 0.f;
+          ASSERT_EQ(bf(conv_states[k][size_t(r) * ch + c]), want) << at << ": conv state row " << r << ", " << c;
+        }
+      EXPECT_LT(rel_state(scan_states[k]), 1e-3) << at << ": scan state";
+    }
+    EXPECT_LT(rel_state(hw), 1e-3) << what << ": the whole call's scan state";
   }
 }
 
