@@ -22,6 +22,10 @@ struct ForwardRequest {
   std::vector<int32_t> ids;      // [n]
   std::vector<float> lambda;     // [L] lambda each DiffLlama layer uses (ignored for Llama)
   int from_layer = 0;            // > 0: layers below reuse the previous call's activations (same ids required)
+  // > 0: decoding. ids[0, append_from) are the previous call's ids, already run (its length must be append_from and
+  // lambda the same); only positions [append_from, n) run, through every layer, reading the cached keys and values
+  // (and recurrent state) of the earlier ones. The logits are the last position's. from_layer must be 0.
+  int64_t append_from = 0;
   bool all_logits = false;       // logits for every position [n, vocab], else only the last [1, vocab]
   std::vector<uint8_t> want_maps;  // [L] (or empty = none): fill ForwardResult::maps for these layers
   bool keep_hidden = false;      // fill ForwardResult::hidden (tests)
@@ -81,6 +85,10 @@ class Backend {
   virtual Profile profile() const = 0;
   // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
   virtual int64_t max_tokens() const = 0;
+  // Drops positions >= n of the last forward (generation back to its prompt) when every cached layer can: the next
+  // forward may then reuse layers (from_layer) or append to the first n ids. false: a layer keeps state that cannot
+  // be cut (Mamba's recurrent state); nothing changed, and the caller runs the n ids again.
+  virtual bool truncate(int64_t n) = 0;
   // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
   virtual int64_t device_memory_used() const { return -1; }
 };

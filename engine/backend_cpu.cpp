@@ -5,9 +5,13 @@
 // SambaY's layers (Phi-4-mini-flash: LayerNorm with bias, Mamba-1, gated memory units, sliding-window and
 // cross-layer differential attention without RoPE; docs/models/phi4flash.md).
 //
-// Activations kept between calls (so a lambda change re-runs only from the first changed layer):
+// Activations kept between calls (so a lambda change re-runs only from the first changed layer, and decoding runs
+// only the new positions: ForwardRequest::append_from):
 //   layer_in_[l]  [n, D]   input of layer l (l = 0..L); layer_in_[L] is the last layer's output.
+//   kv_k_/kv_v_[l] [n, Hkv, d]  K (after RoPE) and V of each attention layer that projects its own (the KV cache;
+//                  cross-attention layers read their kv_source's).
 //   memory_       [n, di]  SambaY: the memory layer's scan output, read by the GMU layers after it.
+//   conv_state_[l] [K-1, di], ssm_state_[l] [di, S] (double): each Mamba layer's state after the last position.
 #include <cblas.h>
 
 #include <algorithm>
@@ -113,14 +117,15 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t n, int64_t D, dou
   }
 }
 
-// NeoX rotate_half RoPE in place on x [n, heads, d]
-void apply_rope(float* x, int64_t n, int64_t heads, int64_t d, const std::vector<float>& c, const std::vector<float>& s) {
+// NeoX rotate_half RoPE in place on x [m, heads, d], rows at positions p0 .. p0 + m - 1
+void apply_rope(float* x, int64_t p0, int64_t m, int64_t heads, int64_t d, const std::vector<float>& c,
+                const std::vector<float>& s) {
   const int64_t h2 = d / 2;
-  for (int64_t p = 0; p < n; ++p)
+  for (int64_t p = 0; p < m; ++p)
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (p * heads + h) * d;
-      const float* cp = c.data() + p * h2;
-      const float* sp = s.data() + p * h2;
+      const float* cp = c.data() + (p0 + p) * h2;
+      const float* sp = s.data() + (p0 + p) * h2;
       for (int64_t i = 0; i < h2; ++i) {
         const float a = v[i], b = v[i + h2];
         v[i] = a * cp[i] - b * sp[i];
@@ -218,7 +223,8 @@ class CpuBackend final : public Backend {
     // matrices for the head being computed. Keep it within half the physical memory.
     const double mem = available_memory() * 0.8;
     const double per_tok = 4.0 * (double(cfg_.layers + 1) * cfg_.hidden + 4.0 * cfg_.heads * cfg_.head_dim +
-                                  3.0 * cfg_.intermediate + 4.0 * cfg_.hidden + 6.0 * cfg_.d_inner);
+                                  3.0 * cfg_.intermediate + 4.0 * cfg_.hidden + 6.0 * cfg_.d_inner +
+                                  2.0 * double(cfg_.map_layers().size() * cfg_.kv_heads * cfg_.head_dim));
     // solve 8 n^2 + per_tok n <= mem
     const double n = (-per_tok + std::sqrt(per_tok * per_tok + 32.0 * mem)) / 16.0;
     return int64_t(n);
@@ -227,22 +233,37 @@ class CpuBackend final : public Backend {
   void forward(const ForwardRequest& req, ForwardResult& out) override {
     const auto t0 = Clock::now();
     const int64_t n = int64_t(req.ids.size()), D = cfg_.hidden, L = cfg_.layers;
+    const int64_t s = req.append_from;  // first position to run
     int from = req.from_layer;
+    if (s > 0) {
+      if (from != 0 || s != int64_t(ids_.size()) || s >= n || int64_t(layer_in_.size()) != L + 1 ||
+          !std::equal(ids_.begin(), ids_.end(), req.ids.begin()))
+        throw Error("internal: a decoding step must extend the last forward's tokens");
+      for (int64_t l = 0; l < L; ++l)
+        if (cfg_.is_diff() && req.lambda.at(size_t(l)) != layer_lambda_[size_t(l)])
+          throw Error("internal: a decoding step must use the lambda its cached positions ran with");
+    }
     if (from > 0 && (ids_ != req.ids || int64_t(layer_in_.size()) != L + 1)) from = 0;  // nothing valid to reuse
     from = int(std::clamp<int64_t>(from, 0, L));
     stats_.clear();
     head_times_.clear();
     qk_layer_ = -1;
     if (from == 0) {
+      if (s == 0) {
+        layer_in_.assign(size_t(L + 1), {});
+        layer_lambda_.assign(size_t(L), 0.f);
+        kv_k_.assign(size_t(L), {});
+        kv_v_.assign(size_t(L), {});
+        conv_state_.assign(size_t(L), {});
+        ssm_state_.assign(size_t(L), {});
+        memory_.clear();
+      }
       ids_ = req.ids;
-      shared_k_.clear();  // a new prompt: the kv_source layer runs again before any cross layer
-      layer_in_.assign(size_t(L + 1), {});
-      layer_lambda_.assign(size_t(L), 0.f);
       if (cfg_.spec().rotary) rope_tables(inv_freq_, n, cos_, sin_);
       auto te = Clock::now();
       std::vector<float>& x = layer_in_[0];
       x.resize(size_t(n * D));
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = s; i < n; ++i) {
         const int64_t id = req.ids[size_t(i)];
         if (id < 0 || id >= cfg_.vocab) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
         std::copy_n(embed_.data() + id * D, D, x.data() + i * D);
@@ -253,14 +274,17 @@ class CpuBackend final : public Backend {
     for (int64_t l = from; l < L; ++l) {
       const float lam = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
       layer_lambda_[size_t(l)] = lam;
-      const bool want = !req.want_maps.empty() && req.want_maps[size_t(l)];
-      layer_in_[size_t(l + 1)] = layer_in_[size_t(l)];
-      run_layer(int(l), lam, layer_in_[size_t(l + 1)], want ? &out.maps[size_t(l)] : nullptr);
+      const bool want = s == 0 && !req.want_maps.empty() && req.want_maps[size_t(l)];
+      const std::vector<float>& in = layer_in_[size_t(l)];
+      std::vector<float>& x = layer_in_[size_t(l + 1)];
+      x.resize(size_t(n * D));
+      std::copy(in.begin() + s * D, in.begin() + n * D, x.begin() + s * D);
+      run_layer(int(l), lam, x.data() + s * D, s, n, want ? &out.maps[size_t(l)] : nullptr);
     }
     // final norm + lm_head
     auto th = Clock::now();
     const std::vector<float>& xL = layer_in_[size_t(L)];
-    const int64_t rows = req.all_logits ? n : 1;
+    const int64_t rows = req.all_logits && s == 0 ? n : 1;
     std::vector<float> normed(static_cast<size_t>(rows * D));
     norm(xL.data() + (n - rows) * D, final_norm_, final_norm_b_, normed.data(), rows);
     out.logits.resize(size_t(rows * cfg_.vocab));
@@ -272,14 +296,27 @@ class CpuBackend final : public Backend {
     else out.hidden.clear();
     out.ms = ms_since(t0);
     forward_ms_ = out.ms;
-    tokens_ = n;
+    tokens_ = n;  // the sequence (a decoding step ran its last position only)
   }
 
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
     check_layer(layer);
-    std::vector<float> x = layer_in_[size_t(layer)];
-    attention_block(layer, layer_lambda_[size_t(layer)], x, &out, /*maps_only=*/true);
+    attention_block(layer, layer_lambda_[size_t(layer)], nullptr, 0, int64_t(ids_.size()), &out, /*maps_only=*/true);
+  }
+
+  bool truncate(int64_t n) override {
+    if (n <= 0 || n > int64_t(ids_.size()) || int64_t(layer_in_.size()) != cfg_.layers + 1) return false;
+    for (int64_t l = 0; l < cfg_.layers; ++l)
+      if (!cfg_.has_maps(l)) return false;  // Mamba / GMU layers: the recurrent state cannot be cut
+    ids_.resize(size_t(n));
+    for (auto& x : layer_in_) x.resize(size_t(n * cfg_.hidden));
+    const size_t kv = size_t(n * cfg_.kv_heads * cfg_.head_dim);
+    for (auto* c : {&kv_k_, &kv_v_})
+      for (auto& x : *c)
+        if (!x.empty()) x.resize(kv);
+    qk_layer_ = -1;
+    return true;
   }
 
   void map_view(const ViewRequest& req, MapView& out) override {
@@ -367,38 +404,45 @@ class CpuBackend final : public Backend {
     else rmsnorm(x, w.data(), y, rows, cfg_.hidden, cfg_.norm_eps);
   }
 
-  // Q [n, H, d] of layer l and K, V [n, Hkv, d] of the layer it reads them from (config.h: kv_layer), projected
-  // from the cached layer inputs, RoPE applied where the family has it. v: nullptr to skip V. A cross-attention
-  // layer takes the K and V its kv_source left in shared_k_ / shared_v_ when that layer last ran.
-  void project_qkv(int l, std::vector<float>& q, std::vector<float>& k, std::vector<float>* v) {
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    const int kl = int(cfg_.kv_layer(l));
-    std::vector<float> h(static_cast<size_t>(n * D));
-    norm(layer_in_[size_t(l)].data(), layers_[size_t(l)].ln1, layers_[size_t(l)].ln1_b, h.data(), n);
-    q.resize(size_t(n * H * d));
-    linear(h.data(), layers_[size_t(l)].wq.data(), q.data(), n, H * d, D);
-    add_bias(q.data(), layers_[size_t(l)].bq, n);
-    if (kl != l && !shared_k_.empty()) {
-      k = shared_k_;
-      if (v) *v = shared_v_;
-      if (cfg_.spec().rotary) apply_rope(q.data(), n, H, d, cos_, sin_);
-      return;
-    }
-    if (kl != l) norm(layer_in_[size_t(kl)].data(), layers_[size_t(kl)].ln1, layers_[size_t(kl)].ln1_b, h.data(), n);
-    const LayerW& wk = layers_[size_t(kl)];
+  // Q [m, H, d] of layer l for positions [s, n) (m = n - s), projected from the cached layer input, RoPE applied
+  // where the family has it.
+  void project_q(int l, int64_t s, int64_t n, std::vector<float>& q) {
+    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, d = cfg_.head_dim;
+    const LayerW& w = layers_[size_t(l)];
+    std::vector<float> h(static_cast<size_t>(m * D));
+    norm(layer_in_[size_t(l)].data() + s * D, w.ln1, w.ln1_b, h.data(), m);
+    q.resize(size_t(m * H * d));
+    linear(h.data(), w.wq.data(), q.data(), m, H * d, D);
+    add_bias(q.data(), w.bq, m);
+    if (cfg_.spec().rotary) apply_rope(q.data(), s, m, H, d, cos_, sin_);
+  }
+
+  // Layer l's K and V for positions [s, n) into its KV cache (kv_k_/kv_v_[l], resized to n rows).
+  void project_kv(int l, int64_t s, int64_t n) {
+    const int64_t m = n - s, D = cfg_.hidden, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
+    const LayerW& w = layers_[size_t(l)];
+    std::vector<float> h(static_cast<size_t>(m * D));
+    norm(layer_in_[size_t(l)].data() + s * D, w.ln1, w.ln1_b, h.data(), m);
+    std::vector<float>&k = kv_k_[size_t(l)], &v = kv_v_[size_t(l)];
     k.resize(size_t(n * Hkv * d));
-    linear(h.data(), wk.wk.data(), k.data(), n, Hkv * d, D);
-    add_bias(k.data(), wk.bk, n);
-    if (v) {
-      v->resize(size_t(n * Hkv * d));
-      linear(h.data(), wk.wv.data(), v->data(), n, Hkv * d, D);
-      add_bias(v->data(), wk.bv, n);
-    }
-    if (cfg_.spec().rotary) {
-      apply_rope(q.data(), n, H, d, cos_, sin_);
-      apply_rope(k.data(), n, Hkv, d, cos_, sin_);
-    }
-    if (l == cfg_.kv_source && v) shared_k_ = k, shared_v_ = *v;  // the forward of the layer the cross layers read
+    v.resize(size_t(n * Hkv * d));
+    float* ks = k.data() + s * Hkv * d;
+    float* vs = v.data() + s * Hkv * d;
+    linear(h.data(), w.wk.data(), ks, m, Hkv * d, D);
+    add_bias(ks, w.bk, m);
+    linear(h.data(), w.wv.data(), vs, m, Hkv * d, D);
+    add_bias(vs, w.bv, m);
+    if (cfg_.spec().rotary) apply_rope(ks, s, m, Hkv, d, cos_, sin_);
+  }
+
+  // The KV cache layer l reads (its own, or its kv_source's for cross-attention); checked to cover every position.
+  const std::vector<float>& keys_of(int l) const { return kv_of(l, kv_k_); }
+  const std::vector<float>& values_of(int l) const { return kv_of(l, kv_v_); }
+  const std::vector<float>& kv_of(int l, const std::vector<std::vector<float>>& c) const {
+    const std::vector<float>& x = c.at(size_t(cfg_.kv_layer(l)));
+    if (x.size() != ids_.size() * size_t(cfg_.kv_heads * cfg_.head_dim))
+      throw Error("internal: the keys and values of layer " + std::to_string(cfg_.kv_layer(l)) + " are not cached");
+    return x;
   }
 
   // The first key query q of layer l sees (sliding windows; 0 otherwise).
@@ -408,11 +452,11 @@ class CpuBackend final : public Backend {
   }
   float lambda_of(int layer) const { return cfg_.is_diff() ? layer_lambda_.at(size_t(layer)) : 0.f; }
 
-  // Post-RoPE Q [n][H][d] and K [n][Hkv][d] of a layer for the last forward, recomputed from the layer's cached
-  // input; the last layer asked for is kept until the next forward.
-  void layer_qk(int layer) {
+  // Post-RoPE Q [n][H][d] of a layer for the last forward, recomputed from the layer's cached input; the last
+  // layer asked for is kept until the next forward. Its keys are in the KV cache.
+  void layer_q(int layer) {
     if (qk_layer_ == layer) return;
-    project_qkv(layer, qk_q_, qk_k_, nullptr);
+    project_q(layer, 0, int64_t(ids_.size()), qk_q_);
     qk_layer_ = layer;
   }
 
@@ -420,7 +464,8 @@ class CpuBackend final : public Backend {
   // heads; each row holds n values, 0 right of the diagonal), computed in chunks of rows: O(chunk x n) memory.
   template <class F>
   void head_rows(int layer, int head, int64_t q0, int64_t q1, F&& f) {
-    layer_qk(layer);
+    layer_q(layer);
+    const float* keys = keys_of(layer).data();
     const int64_t n = int64_t(ids_.size()), H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     const bool diff = cfg_.is_diff();
     const kern::ViewHeadMap hm = kern::view_head_map(diff, head, int(H), int(Hkv));
@@ -434,7 +479,7 @@ class CpuBackend final : public Backend {
         s[m].resize(size_t(rows * n));
         mls[m].assign(size_t(rows), 0.f);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(n), int(d), scale,
-                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), qk_k_.data() + hm.k[m] * d, int(Hkv * d), 0.f,
+                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), keys + hm.k[m] * d, int(Hkv * d), 0.f,
                     s[m].data(), int(n));
         for (int64_t i = 0; i < rows; ++i) {
           float* r = s[m].data() + i * n;
@@ -451,15 +496,15 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // x: layer input on entry, layer output on exit.
-  void run_layer(int l, float lam, std::vector<float>& x, LayerMaps* maps) {
+  // x: rows [s, n) of the layer: its input on entry, its output on exit.
+  void run_layer(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps) {
     switch (cfg_.kind(l)) {
       case LayerKind::Mamba:
-      case LayerKind::Memory: mamba_block(l, x); break;
-      case LayerKind::Gmu: gmu_block(l, x); break;
-      default: attention_block(l, lam, x, maps, false);
+      case LayerKind::Memory: mamba_block(l, x, s, n); break;
+      case LayerKind::Gmu: gmu_block(l, x, s, n); break;
+      default: attention_block(l, lam, x, s, n, maps, false);
     }
-    mlp_block(l, x);
+    mlp_block(l, x, n - s);
   }
 
   // Softmax in place of r[lo..hi] (sums in double); every other entry of the row of n becomes 0.
@@ -477,12 +522,17 @@ class CpuBackend final : public Backend {
     for (int64_t j = hi + 1; j < n; ++j) r[j] = 0.f;
   }
 
-  void attention_block(int l, float lam, std::vector<float>& x, LayerMaps* maps, bool maps_only) {
+  // Query rows [s, n) against keys [0, n). maps (s = 0 only): every row's A1/A2. maps_only: just the maps, from the
+  // cached keys (x unused).
+  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, bool maps_only) {
     const LayerW& w = layers_[size_t(l)];
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
+    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     auto t = Clock::now();
-    std::vector<float> q, k, v;
-    project_qkv(l, q, k, maps_only ? nullptr : &v);
+    std::vector<float> q;
+    project_q(l, s, n, q);
+    if (!maps_only && cfg_.kv_layer(l) == l) project_kv(l, s, n);
+    const float* k = keys_of(l).data();
+    const float* v = values_of(l).data();
     if (!maps_only) stats_["qkv_proj"].add(ms_since(t));
 
     const int64_t Hv = cfg_.view_heads();
@@ -494,17 +544,17 @@ class CpuBackend final : public Backend {
       maps->a1.assign(size_t(Hv * n * n), 0.f);
       maps->a2.assign(diff ? size_t(Hv * n * n) : 0, 0.f);
     }
-    std::vector<float> attn(static_cast<size_t>(n * Hv * vw));  // [n, Hv, vw]
-    std::vector<float> P1(static_cast<size_t>(n * n)), P2(diff ? size_t(n * n) : 0), Vh(size_t(n * vw)), O1(size_t(n * vw)),
-        O2(diff ? size_t(n * vw) : 0);
+    std::vector<float> attn(static_cast<size_t>(m * Hv * vw));  // [m, Hv, vw]
+    std::vector<float> P1(static_cast<size_t>(m * n)), P2(diff ? size_t(m * n) : 0), Vh(size_t(n * vw)),
+        O1(size_t(m * vw)), O2(diff ? size_t(m * vw) : 0);
     const float scale = float(1.0 / std::sqrt(double(d)));
     const double lam_init = cfg_.lambda_init(l);
     auto ta = Clock::now();
     for (int64_t j = 0; j < Hv; ++j) {
       auto th = Clock::now();
       const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
-      scores(l, q.data(), k.data(), hm.q[0], hm.k[0], n, scale, P1.data());
-      if (diff) scores(l, q.data(), k.data(), hm.q[1], hm.k[1], n, scale, P2.data());
+      scores(l, q.data(), k, hm.q[0], hm.k[0], s, n, scale, P1.data());
+      if (diff) scores(l, q.data(), k, hm.q[1], hm.k[1], s, n, scale, P2.data());
       if (maps) {
         std::copy(P1.begin(), P1.end(), maps->a1.begin() + j * n * n);
         if (diff) std::copy(P2.begin(), P2.end(), maps->a2.begin() + j * n * n);
@@ -512,15 +562,15 @@ class CpuBackend final : public Backend {
       if (maps_only) continue;
       // V of the head: differential [V of hm.v[0] ; V of hm.v[1]] (2d wide), plain V of hm.v[0].
       for (int64_t p = 0; p < n; ++p) {
-        std::copy_n(v.data() + (p * Hkv + hm.v[0]) * d, d, Vh.data() + p * vw);
-        if (diff) std::copy_n(v.data() + (p * Hkv + hm.v[1]) * d, d, Vh.data() + p * vw + d);
+        std::copy_n(v + (p * Hkv + hm.v[0]) * d, d, Vh.data() + p * vw);
+        if (diff) std::copy_n(v + (p * Hkv + hm.v[1]) * d, d, Vh.data() + p * vw + d);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(vw), int(n), 1.f, P1.data(), int(n), Vh.data(),
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(vw), int(n), 1.f, P1.data(), int(n), Vh.data(),
                   int(vw), 0.f, O1.data(), int(vw));
       if (diff)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(vw), int(n), 1.f, P2.data(), int(n),
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(vw), int(n), 1.f, P2.data(), int(n),
                     Vh.data(), int(vw), 0.f, O2.data(), int(vw));
-      for (int64_t p = 0; p < n; ++p) {
+      for (int64_t p = 0; p < m; ++p) {
         float* dst = attn.data() + (p * Hv + j) * vw;
         const float* o1 = O1.data() + p * vw;
         if (!diff) {
@@ -539,108 +589,127 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * r);
       }
       const double ms = ms_since(th);
-      const double flops = kern::attn_flops(diff, 1, d, n, 1, cfg_.layer_window(l));
+      const int64_t win = cfg_.layer_window(l);  // the rows [s, n): the triangle to n less the one to s
+      const double flops = kern::attn_flops(diff, 1, d, n, 1, win) - kern::attn_flops(diff, 1, d, s, 1, win);
       head_times_.push_back({l, int(j), ms, flops});
     }
     if (maps_only) return;
     stats_["attention"].add(ms_since(ta));
     t = Clock::now();
-    std::vector<float> o(static_cast<size_t>(n * D));
-    linear(attn.data(), w.wo.data(), o.data(), n, D, H * d);
-    add_bias(o.data(), w.bo, n);
+    std::vector<float> o(static_cast<size_t>(m * D));
+    linear(attn.data(), w.wo.data(), o.data(), m, D, H * d);
+    add_bias(o.data(), w.bo, m);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["o_proj+residual"].add(ms_since(t));
   }
 
-  // P[n, n] = causal (and, for sliding windows, banded) softmax(q_h k_g^T * scale) of layer l; q [n, H, d],
-  // k [n, Hkv, d].
-  void scores(int l, const float* q, const float* k, int64_t h, int64_t g, int64_t n, float scale, float* P) {
-    const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(d), scale, q + h * d, int(H * d), k + g * d,
+  // P[m, n] = causal (and, for sliding windows, banded) softmax(q_h k_g^T * scale) of layer l for query positions
+  // [s, n), m = n - s; q [m, H, d], k [n, Hkv, d].
+  void scores(int l, const float* q, const float* k, int64_t h, int64_t g, int64_t s, int64_t n, float scale, float* P) {
+    const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim, m = n - s;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(d), scale, q + h * d, int(H * d), k + g * d,
                 int(Hkv * d), 0.f, P, int(n));
-    for (int64_t i = 0; i < n; ++i) softmax_row(P + i * n, n, first_key(l, i), i);
+    for (int64_t i = 0; i < m; ++i) softmax_row(P + i * n, n, first_key(l, s + i), s + i);
   }
 
-  // Mamba-1 (docs/models/phi4flash.md section 4): x += out_proj(y silu(z)); the memory layer keeps y (ungated).
-  void mamba_block(int l, std::vector<float>& x) {
+  // Mamba-1 (docs/models/phi4flash.md section 4) over positions [s, n), from the layer's state at s: x += out_proj(y
+  // silu(z)); the memory layer keeps y (ungated).
+  void mamba_block(int l, float* x, int64_t s, int64_t n) {
     const LayerW& w = layers_[size_t(l)];
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state,
-                  K = cfg_.d_conv, XD = R + 2 * S;
+    const int64_t m = n - s, D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, K = cfg_.d_conv,
+                  XD = R + 2 * S;
     auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(n * D)), xz(size_t(n * 2 * di)), u(size_t(n * di)), xdbl(size_t(n * XD)),
-        dt(size_t(n * di)), y(size_t(n * di));
-    norm(x.data(), w.ln1, w.ln1_b, h.data(), n);
-    linear(h.data(), w.in_proj.data(), xz.data(), n, 2 * di, D);  // [x | z] per token
-    for (int64_t tok = 0; tok < n; ++tok)  // causal depthwise conv over x, then silu
+    std::vector<float>& conv_st = conv_state_[size_t(l)];  // inputs at positions s - (K - 1) .. s - 1
+    std::vector<double>& ssm_st = ssm_state_[size_t(l)];
+    if (s == 0) {
+      conv_st.assign(size_t((K - 1) * di), 0.f);
+      ssm_st.assign(size_t(di * S), 0.0);
+    } else if (conv_st.size() != size_t((K - 1) * di) || ssm_st.size() != size_t(di * S)) {
+      throw Error("internal: Mamba layer " + std::to_string(l) + " has no state to continue from");
+    }
+    std::vector<float> h(static_cast<size_t>(m * D)), xz(size_t(m * 2 * di)), u(size_t(m * di)),
+        xdbl(size_t(m * XD)), dt(size_t(m * di)), y(size_t(m * di));
+    norm(x, w.ln1, w.ln1_b, h.data(), m);
+    linear(h.data(), w.in_proj.data(), xz.data(), m, 2 * di, D);  // [x | z] per token
+    // the conv input at chunk row r (r < 0: the state's rows)
+    auto conv_in = [&](int64_t r, int64_t c) {
+      return r >= 0 ? xz[size_t(r * 2 * di + c)] : conv_st[size_t((K - 1 + r) * di + c)];
+    };
+    for (int64_t tok = 0; tok < m; ++tok)  // causal depthwise conv over x, then silu
       for (int64_t c = 0; c < di; ++c) {
         double acc = w.conv_b[size_t(c)];
-        for (int64_t j = 0; j < K; ++j) {
-          const int64_t src = tok - (K - 1) + j;
-          if (src >= 0) acc += double(w.conv_w[size_t(c * K + j)]) * xz[size_t(src * 2 * di + c)];
-        }
+        for (int64_t j = 0; j < K; ++j) acc += double(w.conv_w[size_t(c * K + j)]) * conv_in(tok - (K - 1) + j, c);
         u[size_t(tok * di + c)] = silu(float(acc));
       }
-    linear(u.data(), w.x_proj.data(), xdbl.data(), n, XD, di);  // [dt_raw (R) | B (S) | C (S)]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(di), int(R), 1.f, xdbl.data(), int(XD),
+    std::vector<float> next(conv_st.size());  // the last K - 1 inputs, for the next chunk
+    for (int64_t r = 0; r < K - 1; ++r)
+      for (int64_t c = 0; c < di; ++c) next[size_t(r * di + c)] = conv_in(m - (K - 1) + r, c);
+    conv_st = std::move(next);
+    linear(u.data(), w.x_proj.data(), xdbl.data(), m, XD, di);  // [dt_raw (R) | B (S) | C (S)]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(di), int(R), 1.f, xdbl.data(), int(XD),
                 w.dt_w.data(), int(R), 0.f, dt.data(), int(di));  // dt = dt_raw dt_proj^T (dt_raw: xdbl's first R)
-    std::vector<double> st(static_cast<size_t>(S));
     for (int64_t c = 0; c < di; ++c) {  // the selective scan, one channel at a time, state in double
-      std::fill(st.begin(), st.end(), 0.0);
+      double* st = ssm_st.data() + c * S;
       const float* a = w.a_neg.data() + c * S;
-      for (int64_t tok = 0; tok < n; ++tok) {
+      for (int64_t tok = 0; tok < m; ++tok) {
         const double delta = softplus(double(dt[size_t(tok * di + c)]) + w.dt_b[size_t(c)]);
         const double uu = u[size_t(tok * di + c)];
         const float* B = xdbl.data() + tok * XD + R;
         const float* C = B + S;
         double acc = 0;
         for (int64_t j = 0; j < S; ++j) {
-          st[size_t(j)] = std::exp(delta * a[j]) * st[size_t(j)] + delta * B[j] * uu;
-          acc += st[size_t(j)] * C[j];
+          st[j] = std::exp(delta * a[j]) * st[j] + delta * B[j] * uu;
+          acc += st[j] * C[j];
         }
         y[size_t(tok * di + c)] = float(acc + double(w.d_skip[size_t(c)]) * uu);
       }
     }
-    if (cfg_.kind(l) == LayerKind::Memory) memory_ = y;
-    for (int64_t tok = 0; tok < n; ++tok)
+    if (cfg_.kind(l) == LayerKind::Memory) {
+      memory_.resize(size_t(n * di));
+      std::copy(y.begin(), y.end(), memory_.begin() + s * di);
+    }
+    for (int64_t tok = 0; tok < m; ++tok)
       for (int64_t c = 0; c < di; ++c) y[size_t(tok * di + c)] *= silu(xz[size_t(tok * 2 * di + di + c)]);
-    std::vector<float> o(static_cast<size_t>(n * D));
-    linear(y.data(), w.out_proj.data(), o.data(), n, D, di);
+    std::vector<float> o(static_cast<size_t>(m * D));
+    linear(y.data(), w.out_proj.data(), o.data(), m, D, di);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["mamba"].add(ms_since(t));
   }
 
-  // Gated memory unit (section 5): x += out_proj(silu(in_proj(x)) * memory).
-  void gmu_block(int l, std::vector<float>& x) {
+  // Gated memory unit (section 5) over positions [s, n): x += out_proj(silu(in_proj(x)) * memory).
+  void gmu_block(int l, float* x, int64_t s, int64_t n) {
     const LayerW& w = layers_[size_t(l)];
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, di = cfg_.d_inner;
+    const int64_t m = n - s, D = cfg_.hidden, di = cfg_.d_inner;
     if (memory_.size() != size_t(n * di)) throw Error("internal: the memory layer has not run for this prompt");
     auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(n * D)), g(size_t(n * di)), o(size_t(n * D));
-    norm(x.data(), w.ln1, w.ln1_b, h.data(), n);
-    linear(h.data(), w.in_proj.data(), g.data(), n, di, D);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * memory_[i];
-    linear(g.data(), w.out_proj.data(), o.data(), n, D, di);
+    std::vector<float> h(static_cast<size_t>(m * D)), g(size_t(m * di)), o(size_t(m * D));
+    norm(x, w.ln1, w.ln1_b, h.data(), m);
+    linear(h.data(), w.in_proj.data(), g.data(), m, di, D);
+    const float* mem = memory_.data() + s * di;
+    for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * mem[i];
+    linear(g.data(), w.out_proj.data(), o.data(), m, D, di);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["gmu"].add(ms_since(t));
   }
 
-  void mlp_block(int l, std::vector<float>& x) {
+  // x: m rows of the stream.
+  void mlp_block(int l, float* x, int64_t m) {
     const LayerW& w = layers_[size_t(l)];
-    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden, I = cfg_.intermediate;
+    const int64_t D = cfg_.hidden, I = cfg_.intermediate;
     auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(n * D));
-    norm(x.data(), w.ln2, w.ln2_b, h.data(), n);
-    std::vector<float> g(static_cast<size_t>(n * I)), u(size_t(n * I));
-    linear(h.data(), w.gate.data(), g.data(), n, I, D);
-    linear(h.data(), w.up.data(), u.data(), n, I, D);
+    std::vector<float> h(static_cast<size_t>(m * D));
+    norm(x, w.ln2, w.ln2_b, h.data(), m);
+    std::vector<float> g(static_cast<size_t>(m * I)), u(size_t(m * I));
+    linear(h.data(), w.gate.data(), g.data(), m, I, D);
+    linear(h.data(), w.up.data(), u.data(), m, I, D);
     if (cfg_.spec().mlp == MlpAct::PolyNorm) {
-      polynorm(g.data(), n, I, w.act.data(), cfg_.spec().act_eps);
+      polynorm(g.data(), m, I, w.act.data(), cfg_.spec().act_eps);
       for (size_t i = 0; i < g.size(); ++i) g[i] *= u[i];
     } else {
       for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];  // SiLU(gate) * up
     }
-    std::vector<float> o(static_cast<size_t>(n * D));
-    linear(g.data(), w.down.data(), o.data(), n, D, I);
+    std::vector<float> o(static_cast<size_t>(m * D));
+    linear(g.data(), w.down.data(), o.data(), m, D, I);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["mlp"].add(ms_since(t));
   }
@@ -649,14 +718,16 @@ class CpuBackend final : public Backend {
   ModelConfig cfg_;
   std::vector<float> embed_, final_norm_, final_norm_b_, lm_head_;
   std::vector<float> memory_;  // SambaY: the memory layer's ungated scan output [n, di]
-  std::vector<float> shared_k_, shared_v_;  // SambaY: K, V [n, Hkv, d] of kv_source, which the cross layers read
+  std::vector<std::vector<float>> kv_k_, kv_v_;  // [L]: the KV cache, [n, Hkv, d] per attention layer with its own
+  std::vector<std::vector<float>> conv_state_;   // [L]: Mamba layers' last K - 1 conv inputs [K - 1, di]
+  std::vector<std::vector<double>> ssm_state_;   // [L]: Mamba layers' scan state [di, S] after the last position
   std::vector<LayerW> layers_;
   std::vector<float> inv_freq_, cos_, sin_;
   std::vector<int32_t> ids_;
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
-  int qk_layer_ = -1;               // layer whose Q and K qk_q_ / qk_k_ hold (-1: none; reset by every forward)
-  std::vector<float> qk_q_, qk_k_;
+  int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
+  std::vector<float> qk_q_;
   std::map<std::string, KernelStat> stats_;
   std::vector<HeadTiming> head_times_;
   double forward_ms_ = 0, peak_tflops_ = 0;

@@ -46,6 +46,7 @@ constexpr size_t kMapBudget = size_t(256) << 20;     // device bytes for one chu
 constexpr size_t kLogitsBudget = size_t(64) << 20;   // device bytes for one chunk of logits
 constexpr size_t kReserve = size_t(768) << 20;       // cuBLAS workspace, maps, logits chunks, fragmentation
 constexpr size_t kLtWorkspace = size_t(32) << 20;    // cuBLASLt workspace: room for its split-K kernels
+constexpr int64_t kDecodeSpare = 512;  // positions a batch-1 run leaves room for, so that decoding rarely regrows
 constexpr int kGemmCandidates = 8;                   // heuristic candidates timed per GEMM shape
 
 // One query row's statistics as the kernels write them (kernels/attn_maps.h, MAP_*), into the accumulator.
@@ -148,6 +149,8 @@ void CudaBackend::sync() {
 }
 
 void CudaBackend::reset_model() {
+  dec_.reset();
+  mamba_state_.reset();
   layers_.clear();
   embed_.reset();
   lm_head_.reset();
@@ -379,9 +382,26 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
 
 void CudaBackend::assign_qkv_slots() {
   qkv_slot_.assign(size_t(cfg_.layers), -1);
-  int next = 0;
-  for (int64_t l = 0; l < cfg_.layers; ++l)
+  mamba_slot_.assign(size_t(cfg_.layers), -1);
+  int next = 0, mamba = 0;
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
     if (cfg_.has_maps(l)) qkv_slot_[size_t(l)] = next++;
+    const LayerKind k = cfg_.kind(l);
+    if (k == LayerKind::Mamba || k == LayerKind::Memory) mamba_slot_[size_t(l)] = mamba++;
+  }
+  dec_.reset();
+  mamba_state_.reset();
+  if (mamba > 0) mamba_state_ = DeviceBuffer(size_t(mamba) * mamba_state_bytes(cfg_), "Mamba layers' decoding state");
+}
+
+bf16* CudaBackend::conv_state(int layer) const {
+  const int s = mamba_slot_.at(size_t(layer));
+  if (s < 0) throw Error("internal: layer " + std::to_string(layer) + " has no Mamba state");
+  return reinterpret_cast<bf16*>(mamba_state_.as<char>() + size_t(s) * mamba_state_bytes(cfg_));
+}
+
+float* CudaBackend::ssm_state(int layer) const {
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(conv_state(layer)) + conv_state_bytes(cfg_));
 }
 
 bf16* CudaBackend::qkv_slot(int layer) const {
@@ -431,35 +451,43 @@ int64_t CudaBackend::max_tokens() const {
   return int64_t((avail - kReserve) / bytes_per_token());
 }
 
-void CudaBackend::ensure_activations(int64_t T, int64_t n) {
+void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
   if (act_.cap >= T && act_.cap_n >= n) return;
-  const int64_t cap = std::max(T, act_.cap), cap_n = std::max(n, act_.cap_n);
+  const int64_t old_cap = act_.cap, old_cap_n = act_.cap_n;
   act_ = Activations{};  // free first: the new set may need the room
   has_run_ = false;
+  ++act_gen_;
+  rope_n_ = 0;
+  // Room for `spare` more positions (a single sequence that may be decoded further) where memory allows.
+  const int64_t room = std::max<int64_t>(0, std::min(spare, max_tokens() - T));
+  make_activations(act_, std::max(T + room, old_cap), std::max(n + room, old_cap_n));
+}
+
+void CudaBackend::make_activations(Activations& a, int64_t cap, int64_t cap_n) const {
   const size_t E = size_t(cfg_.hidden), L = size_t(cfg_.layers), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim), C = size_t(cap);
   const char* what = "activations (hint: the prompt length sets their size)";
-  act_.hidden = DeviceBuffer((L + 1) * C * E * 4, what);
-  act_.qkv_cache = DeviceBuffer(cfg_.map_layers().size() * C * W * 2, what);
-  act_.scratch32 = DeviceBuffer(C * scratch32_per_token(cfg_), what);
+  a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);
+  a.qkv_cache = DeviceBuffer(cfg_.map_layers().size() * C * W * 2, what);
+  a.scratch32 = DeviceBuffer(C * scratch32_per_token(cfg_), what);
   if (cfg_.d_inner > 0) {  // SambaY
     const size_t di = size_t(cfg_.d_inner);
-    act_.ssm = DeviceBuffer(C * di * 2, what);
-    act_.memory = DeviceBuffer(C * di * 2, what);
-    act_.xdbl = DeviceBuffer(C * size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2, what);
+    a.ssm = DeviceBuffer(C * di * 2, what);
+    a.memory = DeviceBuffer(C * di * 2, what);
+    a.xdbl = DeviceBuffer(C * size_t(cfg_.dt_rank + 2 * cfg_.d_state) * 2, what);
     kern::ScanParams sp;
     sp.n = int64_t(C);
     sp.channels = int(cfg_.d_inner);
     sp.state = int(cfg_.d_state);
-    act_.scan_ws = DeviceBuffer(std::max<size_t>(kern::selective_scan_workspace(sp), 16), what);
+    a.scan_ws = DeviceBuffer(std::max<size_t>(kern::selective_scan_workspace(sp), 16), what);
   }
-  act_.x = DeviceBuffer(C * E * 2, what);
-  act_.attn = DeviceBuffer(C * Hd * 2, what);
-  act_.act = DeviceBuffer(C * std::max(I, size_t(cfg_.d_inner)) * 2, what);  // SwiGLU's output, or Mamba's u
-  act_.ids = DeviceBuffer(C * 4, what);
-  act_.cos_sin = DeviceBuffer(size_t(cap_n) * size_t(cfg_.head_dim / 2) * 8, what);
-  act_.cap = cap;
-  act_.cap_n = cap_n;
+  a.x = DeviceBuffer(C * E * 2, what);
+  a.attn = DeviceBuffer(C * Hd * 2, what);
+  a.act = DeviceBuffer(C * std::max(I, size_t(cfg_.d_inner)) * 2, what);  // SwiGLU's output, or Mamba's u
+  a.ids = DeviceBuffer(C * 4, what);
+  a.cos_sin = DeviceBuffer(size_t(cap_n) * size_t(cfg_.head_dim / 2) * 8, what);
+  a.cap = cap;
+  a.cap_n = cap_n;
 }
 
 void CudaBackend::ensure_logits(int64_t rows) {
@@ -783,9 +811,11 @@ void CudaBackend::mamba_forward(int l, int batch, int64_t n, bool gemms_only) {
                            .y = xz});
   for (int b = 0; b < batch; ++b)
     step("mamba_conv", [&] {
-      DS_CUDA_CHECK(kern::launch_causal_conv_silu(xz + b * n * 2 * di, 2 * di, w.conv_w.as<float>(),
-                                                  w.conv_b.as<float>(), int(cfg_.d_conv), u + b * n * di, di, n,
-                                                  int(di), stream()));
+      // A single sequence leaves the layer's state for decoding (backend_cuda_decode.cpp).
+      DS_CUDA_CHECK(kern::launch_causal_conv_silu_state(xz + b * n * 2 * di, 2 * di, w.conv_w.as<float>(),
+                                                        w.conv_b.as<float>(), int(cfg_.d_conv), u + b * n * di, di, n,
+                                                        int(di), nullptr, batch == 1 ? conv_state(l) : nullptr,
+                                                        stream()));
     });
   gemm("gemm_x_proj", l, {.out_f = XD, .tokens = T, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
   gemm("gemm_dt_proj", l, {.out_f = di, .tokens = T, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt,
@@ -807,6 +837,7 @@ void CudaBackend::mamba_forward(int l, int batch, int64_t n, bool gemms_only) {
       sp.y = memory ? act_.memory.as<bf16>() + b * n * di : nullptr;
       sp.y_gated = act_.ssm.as<bf16>() + b * n * di;
       sp.ld_y = di;
+      sp.state_out = batch == 1 ? ssm_state(l) : nullptr;
       DS_CUDA_CHECK(kern::launch_selective_scan(sp, act_.scan_ws.get(), stream()));
     });
   gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = act_.ssm.as<bf16>(),
@@ -859,8 +890,9 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
                last_ids_.size() == size_t(T) && std::equal(last_ids_.begin(), last_ids_.end(), ids);
   int from = reuse ? std::min(from_layer, L) : 0;
   // A rows-only run left the last layer's output with one row per sequence: a caller wanting every row redoes it.
-  if (from == L && partial_last_layer_ && !last_rows_only) from = L - 1;
-  ensure_activations(T, n);
+  // After truncate() the last row's output may be from an older lambda: the last layer runs again.
+  if (from == L && ((partial_last_layer_ && !last_rows_only) || last_row_stale_)) from = L - 1;
+  ensure_activations(T, n, batch == 1 ? kDecodeSpare : 0);
   if (!head_ns_.get() || head_ns_.bytes() < size_t(L) * size_t(view_heads()) * 8)
     head_ns_ = DeviceBuffer(size_t(L) * size_t(view_heads()) * 8, "profiling counters");
   events_used_ = 0;
@@ -874,6 +906,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
         DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
                                               act_.cos_sin.as<float2>(), stream()));
       });
+    rope_n_ = n;
     timed("embedding", -1, [&] {
       DS_CUDA_CHECK(kern::launch_embedding(act_.ids.as<int32_t>(), embed_.as<bf16>(), act_.hidden.as<float>(), T,
                                            int(cfg_.hidden), stream()));
@@ -881,7 +914,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
     last_ids_.assign(ids, ids + T);
   }
   for (int l = from; l < L; ++l) layer_forward(l, batch, n, lam[size_t(l)], last_rows_only && l == L - 1);
-  if (from < L) partial_last_layer_ = last_rows_only;
+  if (from < L) partial_last_layer_ = last_rows_only, last_row_stale_ = false;
   if (want_logits) final_logits(batch, n, n - 1);
   last_batch_ = batch;
   last_n_ = n;
@@ -912,6 +945,34 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
     if (req.ids[i] < 0 || req.ids[i] >= cfg_.vocab)
       throw Error("token id " + std::to_string(req.ids[i]) + " at position " + std::to_string(i) +
                   " is outside the vocabulary (size " + std::to_string(cfg_.vocab) + ")");
+  if (req.append_from > 0) {  // decoding: the new positions one at a time over the caches
+    if (req.from_layer != 0 || !has_run_ || last_batch_ != 1 || req.append_from != last_n_ || n <= req.append_from ||
+        !std::equal(last_ids_.begin(), last_ids_.end(), req.ids.begin()))
+      throw Error("internal: a decoding step must extend the last forward's tokens");
+    try {
+      const std::vector<float> lam = cfg_.is_diff() ? req.lambda : last_lambda_;
+      for (int64_t i = req.append_from; i < n; ++i) decode_step(req.ids[size_t(i)], lam);
+      out.n = n;
+      out.logit_rows = 1;
+      out.logits.resize(size_t(cfg_.vocab));
+      copy_to_host({{out.logits.data(), logits_.get(), size_t(cfg_.vocab) * 4}});
+      out.maps.assign(size_t(L), LayerMaps{});
+      out.hidden.clear();
+    } catch (...) {
+      has_run_ = false;
+      cudaStreamSynchronize(stream());
+      cudaGetLastError();
+      throw;
+    }
+    out.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    // The profile of a step: its wall time (one CUDA graph; no per-kernel marks inside it).
+    profile_ = Profile{};
+    profile_.forward_ms = out.ms;
+    profile_.tokens = n;
+    profile_.peak_tflops = peak_tflops_;
+    profile_.kernels.push_back({"decode_step", n - req.append_from, out.ms, out.ms, out.ms});
+    return;
+  }
   const int64_t limit = max_tokens();
   if (n > limit)
     throw Error("prompt of " + std::to_string(n) + " tokens is too long for " + device_name_ + ": at most " +

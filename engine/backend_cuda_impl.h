@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <compare>
 #include <initializer_list>
@@ -60,6 +61,15 @@ struct Activations {
            ids.bytes() + cos_sin.bytes() + ssm.bytes() + memory.bytes() + xdbl.bytes() + scan_ws.bytes();
   }
 };
+
+// A Mamba layer's decoding state: the conv's last K - 1 inputs [K - 1][di] bf16 (padded to 16 bytes), then the
+// scan's h [di][S] f32.
+inline size_t conv_state_bytes(const ModelConfig& c) {
+  return (size_t(std::max<int64_t>(c.d_conv - 1, 0) * c.d_inner) * 2 + 15) / 16 * 16;
+}
+inline size_t mamba_state_bytes(const ModelConfig& c) {
+  return conv_state_bytes(c) + size_t(c.d_inner * c.d_state) * 4;
+}
 
 // y[tokens, out_f] = x[tokens, in_f] w[out_f, in_f]^T + beta c, all row-major; bf16 inputs, f32 accumulation.
 struct GemmArgs {
@@ -117,6 +127,7 @@ class CudaBackend final : public Backend {
   void layer_maps(int layer, LayerMaps& out) override;
   Profile profile() const override;
   int64_t max_tokens() const override;
+  bool truncate(int64_t n) override;
   int64_t device_memory_used() const override;
 
   // --- beyond the interface
@@ -134,6 +145,15 @@ class CudaBackend final : public Backend {
   void run(const int32_t* ids, int batch, int64_t n, const std::vector<float>& lambda, int from_layer,
            bool want_logits, bool last_rows_only = false);
   const float* logits_dev() const { return logits_.as<float>(); }
+  // One decoding step of the last batch-1 run (backend_cuda_decode.cpp): token `id` at position last n, through
+  // every layer over the cached K/V (and Mamba state), its rows written into the caches; leaves the new position's
+  // logits in logits_dev(). lambda must be the one the cached positions ran with. After a first eager step the
+  // step is captured in a CUDA graph (all its launches read the position from device memory) and replayed.
+  void decode_step(int32_t id, const std::vector<float>& lambda);
+  void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
+  // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
+  void set_decode_profile(bool on) { decode_profile_ = on; }
+  int64_t decode_graph_replays() const { return graph_replays_; }
   // The GEMMs of run(ids, batch, n, ..., last_rows_only) alone, over the activations a run of that batch and n
   // left: the floor that a forward with these GEMMs cannot beat (benchmarks). Leaves no maps to query.
   void run_gemms_only(int batch, int64_t n, bool last_rows_only);
@@ -167,12 +187,20 @@ class CudaBackend final : public Backend {
   void timed(const char* name, int layer, F&& f);
   size_t next_event();
   void reset_model();
-  void ensure_activations(int64_t tokens, int64_t n);
+  // Activations for `tokens` rows of sequences of n, with room for `spare` more positions where memory allows.
+  void ensure_activations(int64_t tokens, int64_t n, int64_t spare = 0);
+  void make_activations(Activations& a, int64_t cap, int64_t cap_n) const;
   void ensure_logits(int64_t rows);
   void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false, bool gemms_only = false);
   // SambaY's mixers (docs/models/phi4flash.md sections 4-5): hidden[l + 1] = hidden[l] + mixer(x), x the normed
   // input already in act_.x, over every token of the batch.
   void mamba_forward(int l, int batch, int64_t n, bool gemms_only);
+  // The decoding step's kernels for all layers and the logits (captured into the step's graph).
+  void decode_launches();
+  void decode_mamba(int l, const float* h_in, float* h_out);
+  void grow_activations(int64_t need);  // room for `need` positions, keeping every cached row
+  bf16* conv_state(int layer) const;    // Mamba layer's conv state [K - 1][di] bf16
+  float* ssm_state(int layer) const;    // Mamba layer's scan state [di][S] f32
   void gmu_forward(int l, int64_t tokens, bool gemms_only);
   // The block norm of the family (RMSNorm or LayerNorm) of `rows` f32 rows into bf16.
   void block_norm(const float* x, int64_t x_stride, const DeviceBuffer& w, const DeviceBuffer& b, bf16* y,
@@ -231,6 +259,34 @@ class CudaBackend final : public Backend {
   // last run
   bool has_run_ = false;
   bool partial_last_layer_ = false;  // hidden[L] holds only the last row of each sequence
+  bool last_row_stale_ = false;      // truncate() cut the sequence: hidden[L]'s last row may be an older lambda's
+  int64_t act_gen_ = 0;              // bumped whenever act_ is reallocated (a captured decoding graph is then stale)
+  int64_t rope_n_ = 0;               // positions cos_sin holds
+  // decoding (backend_cuda_decode.cpp)
+  struct Decoder {
+    DeviceBuffer ctl;        // int32 {token, position, length} the step's launches read
+    PinnedBuffer ctl_host;
+    DeviceBuffer h;          // [L + 1][E] f32: the step's residual stream (row l: input of layer l)
+    DeviceBuffer x, qkv, attn, gu, act, spare, attn_ws;      // one row each (bf16), attention workspace
+    DeviceBuffer xz, u, xdbl, dt, mem, yg;                   // Mamba / GMU rows
+    size_t attn_ws_len = 0;  // max_len the attention workspace is sized for
+    cudaGraphExec_t graph = nullptr;
+    int64_t graph_gen = -1;  // act_gen_ the graph was captured against
+    std::vector<float> graph_lambda;
+    bool warm = false;       // an eager step ran since the GEMM shapes or the buffers last changed
+    Decoder() = default;
+    Decoder(const Decoder&) = delete;
+    Decoder& operator=(const Decoder&) = delete;
+    ~Decoder() {
+      if (graph) cudaGraphExecDestroy(graph);
+    }
+  };
+  std::unique_ptr<Decoder> dec_;
+  bool decode_graphs_ = true;
+  bool decode_profile_ = false;
+  int64_t graph_replays_ = 0;
+  DeviceBuffer mamba_state_;         // [Mamba layers]: conv state [K - 1][di] bf16, then scan state [di][S] f32
+  std::vector<int> mamba_slot_;      // [L]: index into mamba_state_, -1 for other layers
   std::vector<int32_t> last_ids_;
   std::vector<float> last_lambda_;
   int last_batch_ = 0;

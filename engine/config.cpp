@@ -305,7 +305,11 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
     fail_file(file, "use_sliding_window = true is not supported (full causal attention only)");
   if (get_bool(j, "mlp_bias", file, false)) fail_file(file, "mlp_bias = true is not supported");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"];
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"];
+  if (j.contains("eos_token_id")) {
+    for (int32_t id : eos_ids_of(j["eos_token_id"]))
+      if (id >= 0 && id < c.vocab) c.eos_ids.push_back(id);
+    if (!c.eos_ids.empty()) c.eos_token_id = c.eos_ids[0];
+  }
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.dtype = j["torch_dtype"];
   if (j.contains("dtype") && j["dtype"].is_string()) c.dtype = j["dtype"];
   if (spec->rotary) parse_rope(j, c, file);
@@ -314,6 +318,27 @@ ModelConfig parse_config_object(const json& j, const std::string& file) {
   return c;
 }
 }  // namespace
+
+std::vector<int32_t> eos_ids_of(const nlohmann::json& v) {
+  std::vector<int32_t> out;
+  auto add = [&](const nlohmann::json& x) {
+    if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX) out.push_back(x.get<int32_t>());
+  };
+  if (v.is_array())
+    for (const auto& x : v) add(x);
+  else
+    add(v);
+  return out;
+}
+
+std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const std::vector<int32_t>& fallback) {
+  std::ifstream in(model_dir + "/generation_config.json", std::ios::binary);
+  if (!in) return fallback;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("eos_token_id")) return fallback;
+  std::vector<int32_t> ids = eos_ids_of(j["eos_token_id"]);
+  return ids.empty() ? fallback : ids;
+}
 
 ModelConfig load_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

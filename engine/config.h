@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "arch.h"
 #include "kernels/attn_heads.h"
 
@@ -49,6 +51,7 @@ struct ModelConfig {
   bool tie_embeddings = false;
   RopeConfig rope;
   int64_t bos_token_id = -1, eos_token_id = -1;
+  std::vector<int32_t> eos_ids;  // every id that ends generation (eos_token_id may be a list; generation_config.json)
   std::string dtype;          // torch_dtype / dtype as written, informational
   // The layer schedule (arch.h): one kind per layer; sliding-window width (keys per query, itself included) of
   // SlidingAttention layers; the layer whose K and V the CrossAttention layers read (-1: none).
@@ -91,5 +94,10 @@ struct ModelConfig {
 
 ModelConfig parse_config_json(const std::string& json_text, const std::string& file_for_messages);
 ModelConfig load_config(const std::string& path);  // config.json path
+// The ids in an eos_token_id value (an integer or a list of integers; anything else: none).
+std::vector<int32_t> eos_ids_of(const nlohmann::json& v);
+// The model folder's generation_config.json eos_token_id, when the file exists and says one; else `fallback`.
+// A file that does not parse is ignored (generation then stops at config.json's ids).
+std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const std::vector<int32_t>& fallback);
 
 }  // namespace ds

@@ -25,6 +25,7 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoi
   } catch (const Error& e) {
     s->tok_error_ = e.what();
   }
+  s->eos_ = generation_eos_ids(model_dir, s->cfg_.eos_ids);
   s->lam_.override_.assign(size_t(s->cfg_.layers), std::nullopt);
   s->ran_lambda_.assign(size_t(s->cfg_.layers), NAN);
   return s;
@@ -53,6 +54,10 @@ void Session::set_ids(const std::vector<int32_t>& ids) {
     throw Error("the prompt is " + std::to_string(n) + " tokens; the " + backend_->kind() +
                 " backend has memory for at most " + std::to_string(cap) + " with this model");
   ids_ = ids;
+  prompt_len_ = n;
+  gen_active_ = false;
+  gen_count_ = 0;
+  stop_ = StopReason::None;
   spans_.clear();
   for (int32_t id : ids_) {
     TokenSpan t;
@@ -92,11 +97,16 @@ void Session::reset_lambda() {
   std::fill(lam_.override_.begin(), lam_.override_.end(), std::nullopt);
 }
 
+std::vector<float> Session::run_lambda() const {
+  std::vector<float> lam(static_cast<size_t>(cfg_.layers));
+  for (int l = 0; l < int(cfg_.layers); ++l) lam[size_t(l)] = float(effective_lambda(l));
+  return lam;
+}
+
 int Session::run(bool all_logits) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
-  std::vector<float> lam(static_cast<size_t>(L));
-  for (int l = 0; l < L; ++l) lam[size_t(l)] = float(effective_lambda(l));
+  const std::vector<float> lam = run_lambda();
   int from = 0;
   const bool want_all = all_logits && (!has_result_ || res_.logit_rows != int64_t(ids_.size()));
   if (!ids_dirty_ && has_result_ && !want_all) {
@@ -106,7 +116,7 @@ int Session::run(bool all_logits) {
         from = l;
         break;
       }
-    if (from == L) return L;
+    if (from == L && !logits_stale_) return L;
   }
   ForwardRequest req;
   req.ids = ids_;
@@ -116,6 +126,7 @@ int Session::run(bool all_logits) {
   backend_->forward(req, res_);
   has_result_ = true;
   ids_dirty_ = false;
+  logits_stale_ = false;
   ran_lambda_ = lam;
   // Maps of layer l depend only on layers < l: those up to `from` stay valid.
   maps_cache_.resize(size_t(L));
@@ -166,6 +177,105 @@ std::vector<TopToken> Session::top_k(int k) const {
 std::string Session::token_label(int position) const {
   if (position < 0 || size_t(position) >= spans_.size()) return "?";
   return spans_[size_t(position)].text;
+}
+
+// --- generation
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::None: return "";
+    case StopReason::Eos: return "eos";
+    case StopReason::MaxTokens: return "max_tokens";
+    case StopReason::ContextFull: return "context_full";
+    case StopReason::Stopped: return "stopped";
+  }
+  return "";
+}
+
+std::vector<int32_t> Session::generated() const {
+  return std::vector<int32_t>(ids_.begin() + std::min<int64_t>(prompt_len_, int64_t(ids_.size())), ids_.end());
+}
+
+std::string Session::generated_text() const { return tok_ ? tok_->decode(generated()) : std::string(); }
+
+void Session::clear_generation() {
+  gen_active_ = false;
+  gen_count_ = 0;
+  stop_ = StopReason::None;
+  if (int64_t(ids_.size()) <= prompt_len_) return;
+  ids_.resize(size_t(prompt_len_));
+  spans_.resize(size_t(prompt_len_));
+  for (LayerMaps& m : maps_cache_) m = LayerMaps{};
+  // Cut the backend's caches back to the prompt where it can (attention only); a recurrent layer's state cannot
+  // be cut, so the prompt then runs again.
+  if (has_result_ && !ids_dirty_ && backend_->truncate(prompt_len_)) logits_stale_ = true;
+  else ids_dirty_ = true;
+  if (has_result_) run();
+}
+
+void Session::stop_generation() {
+  if (gen_active_) set_stop(StopReason::Stopped);
+}
+
+void Session::begin_generation(const GenerateOptions& o) {
+  check_sampling(o.sampling);
+  if (o.max_new < 0) throw Error("the number of tokens to generate must be >= 0");
+  if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
+  clear_generation();
+  gen_opt_ = o;
+  sampler_ = Sampler(o.sampling);
+  gen_count_ = 0;
+  stop_ = StopReason::None;
+  gen_active_ = true;
+  gen_cap_ = backend_->max_tokens();  // memory at the start; a step that needs more fails with the backend's error
+  run();
+  if (o.max_new == 0) set_stop(StopReason::MaxTokens);
+}
+
+int32_t Session::generate_step() {
+  if (!gen_active_) return -1;
+  run();  // a lambda changed since the last step: the sequence so far re-runs from that layer first
+  const int64_t n = int64_t(ids_.size());
+  if (n + 1 > cfg_.max_positions || n + 1 > gen_cap_) {
+    set_stop(StopReason::ContextFull);
+    return -1;
+  }
+  const int64_t V = cfg_.vocab;
+  const int32_t id = sampler_.pick(res_.logits.data() + (res_.logit_rows - 1) * V, V);
+  ForwardRequest req;
+  req.ids = ids_;
+  req.ids.push_back(id);
+  req.lambda = ran_lambda_;
+  req.append_from = n;
+  try {
+    backend_->forward(req, res_);
+  } catch (...) {
+    ids_dirty_ = true;  // the backend may hold part of the step: the next run starts over
+    has_result_ = false;
+    set_stop(StopReason::Stopped);
+    throw;
+  }
+  ids_.push_back(id);
+  TokenSpan t;
+  t.id = id;
+  t.text = tok_ ? tok_->token_text(id) : "#" + std::to_string(id);
+  t.special = std::find(eos_.begin(), eos_.end(), id) != eos_.end();
+  spans_.push_back(t);
+  for (LayerMaps& m : maps_cache_) m = LayerMaps{};  // n grew: every cached map is a size too small
+  ++gen_count_;
+  if (gen_opt_.stop_at_eos && t.special) set_stop(StopReason::Eos);
+  else if (gen_count_ >= gen_opt_.max_new) set_stop(StopReason::MaxTokens);
+  return id;
+}
+
+std::vector<int32_t> Session::generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token) {
+  begin_generation(o);
+  while (gen_active_) {
+    const int32_t id = generate_step();
+    if (id < 0) break;
+    if (on_token && !on_token(id)) stop_generation();
+  }
+  return generated();
 }
 
 }  // namespace ds

@@ -2,6 +2,7 @@
 // tokenizer, the prompt, the lambda controls and the latest results. Not thread-safe: the GUI owns it on its
 // worker thread.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include "backend.h"
 #include "backends.h"
 #include "error.h"
+#include "sampling.h"
 #include "tokenizer.h"
 
 namespace ds {
@@ -26,6 +28,15 @@ struct TopToken {
   float logit;
   std::string text;
 };
+
+struct GenerateOptions {
+  int max_new = 64;            // tokens to generate at most
+  SamplingOptions sampling;    // greedy by default
+  bool stop_at_eos = true;     // stop after the model's end-of-sequence token (config / generation_config)
+};
+
+enum class StopReason { None, Eos, MaxTokens, ContextFull, Stopped };
+const char* stop_reason_name(StopReason r);  // "", "eos", "max_tokens", "context_full", "stopped"
 
 class Session {
  public:
@@ -59,6 +70,27 @@ class Session {
   const ForwardResult& result() const { return res_; }
   bool has_result() const { return has_result_; }
 
+  // Generation. The sequence is the prompt and the tokens generated after it: ids(), tokens(), maps, rows and
+  // statistics cover both, and run() after a lambda change re-runs the whole sequence from the changed layer.
+  // begin_generation drops an earlier continuation (back to the prompt: the backend cuts its caches where it can,
+  // else the prompt runs again), runs what is stale and seeds the sampler; each generate_step then picks the next
+  // token from the last position's distribution, appends it and runs only that position (the KV cache), under
+  // the lambda in force at that moment. Throws ds::Error for bad options; stops (StopReason) at EOS, max_new, or
+  // when the model's positions or the backend's memory are full.
+  void begin_generation(const GenerateOptions& o);
+  int32_t generate_step();  // the appended id; -1 (and nothing appended) when generation has stopped
+  bool generating() const { return gen_active_; }
+  StopReason stop_reason() const { return stop_; }
+  void stop_generation();   // the user stopped it: keeps what was generated
+  void clear_generation();  // back to the prompt alone
+  // begin_generation, then generate_step until it stops or on_token(id) returns false.
+  std::vector<int32_t> generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token = nullptr);
+  int64_t prompt_length() const { return prompt_len_; }
+  std::vector<int32_t> generated() const;  // ids after the prompt
+  std::string generated_text() const;      // their decoded text (needs a tokenizer; else "")
+  bool is_generated(int64_t position) const { return position >= prompt_len_; }
+  const std::vector<int32_t>& eos_ids() const { return eos_; }
+
   // Next-token distribution at the last position.
   std::vector<TopToken> top_k(int k) const;
   std::vector<float> next_token_logprobs() const;  // [vocab]
@@ -83,6 +115,21 @@ class Session {
   bool ids_dirty_ = true;
   std::vector<float> ran_lambda_;  // [L] lambda of the last run
   std::vector<LayerMaps> maps_cache_;
+  bool logits_stale_ = false;  // the backend was cut back: the next run() recomputes the last position's logits
+  // generation
+  int64_t prompt_len_ = 0;
+  std::vector<int32_t> eos_;
+  GenerateOptions gen_opt_;
+  Sampler sampler_;
+  bool gen_active_ = false;
+  int gen_count_ = 0;
+  int64_t gen_cap_ = 0;  // positions the backend had memory for when the generation began
+  StopReason stop_ = StopReason::None;
+  void set_stop(StopReason r) {
+    stop_ = r;
+    gen_active_ = false;
+  }
+  std::vector<float> run_lambda() const;  // [L] effective lambda of every layer
 };
 
 }  // namespace ds

@@ -30,6 +30,23 @@ __global__ void __launch_bounds__(THREADS) silu_mul_kernel(const __nv_bfloat16* 
   }
 }
 
+__global__ void __launch_bounds__(THREADS) copy_row_kernel(const uint32_t* src, int64_t src_stride,
+                                                           const int32_t* src_row, uint32_t* dst, int64_t dst_stride,
+                                                           const int32_t* dst_row, int64_t words) {
+  const int64_t i = int64_t(blockIdx.x) * THREADS + threadIdx.x;
+  if (i >= words) return;
+  const int64_t rs = src_row ? *src_row : 0, rd = dst_row ? *dst_row : 0;
+  dst[rd * dst_stride + i] = src[rs * src_stride + i];
+}
+
+__global__ void __launch_bounds__(THREADS) copy_rows_kernel(const uint32_t* src, int64_t src_stride, uint32_t* dst,
+                                                            int64_t dst_stride, const int32_t* row, int64_t words) {
+  const int64_t i = int64_t(blockIdx.x) * THREADS + threadIdx.x;
+  if (i >= words) return;
+  const int64_t b = blockIdx.y;
+  dst[b * dst_stride + int64_t(*row) * words + i] = src[b * src_stride + i];
+}
+
 dim3 grid_of(int64_t rows, int cols) {
   return dim3(unsigned((cols + THREADS - 1) / THREADS), unsigned(rows < 65535 ? rows : 65535));
 }
@@ -55,6 +72,31 @@ cudaError_t launch_silu_mul(const __nv_bfloat16* a, int64_t lda, const __nv_bflo
                             __nv_bfloat16* out, int64_t ldo, int64_t rows, int cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   silu_mul_kernel<<<grid_of(rows, cols), THREADS, 0, stream>>>(a, lda, b, ldb, out, ldo, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_row(const void* src, int64_t src_stride, const int32_t* src_row, void* dst, int64_t dst_stride,
+                            const int32_t* dst_row, int64_t row_bytes, cudaStream_t stream) {
+  if (row_bytes <= 0) return cudaSuccess;
+  if (row_bytes % 4 || src_stride % 4 || dst_stride % 4 || reinterpret_cast<uintptr_t>(src) % 4 ||
+      reinterpret_cast<uintptr_t>(dst) % 4)
+    return cudaErrorInvalidValue;
+  const int64_t words = row_bytes / 4;
+  copy_row_kernel<<<unsigned((words + THREADS - 1) / THREADS), THREADS, 0, stream>>>(
+      static_cast<const uint32_t*>(src), src_stride / 4, src_row, static_cast<uint32_t*>(dst), dst_stride / 4, dst_row,
+      words);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, const int32_t* row,
+                             int64_t row_bytes, int count, cudaStream_t stream) {
+  if (row_bytes <= 0 || count <= 0) return cudaSuccess;
+  if (row_bytes % 4 || src_stride % 4 || dst_stride % 4 || reinterpret_cast<uintptr_t>(src) % 4 ||
+      reinterpret_cast<uintptr_t>(dst) % 4 || count > 65535)
+    return cudaErrorInvalidValue;
+  const int64_t words = row_bytes / 4;
+  copy_rows_kernel<<<dim3(unsigned((words + THREADS - 1) / THREADS), unsigned(count)), THREADS, 0, stream>>>(
+      static_cast<const uint32_t*>(src), src_stride / 4, static_cast<uint32_t*>(dst), dst_stride / 4, row, words);
   return cudaGetLastError();
 }
 

@@ -16,4 +16,15 @@ cudaError_t launch_add_bias(float* y, int64_t ld, const float* bias, int64_t row
 cudaError_t launch_silu_mul(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
                             __nv_bfloat16* out, int64_t ldo, int64_t rows, int cols, cudaStream_t stream);
 
+// Copies row_bytes (a multiple of 4, both addresses 4-byte aligned) from src + src_row * src_stride to
+// dst + dst_row * dst_stride, bytes and strides in bytes; the rows are read from device memory (null: row 0), so
+// that a CUDA graph of a decoding step writes each new position's row into the caches at the position it reads.
+cudaError_t launch_copy_row(const void* src, int64_t src_stride, const int32_t* src_row, void* dst, int64_t dst_stride,
+                            const int32_t* dst_row, int64_t row_bytes, cudaStream_t stream);
+
+// `count` rows at once into caches laid out [count][..][row_bytes]: src + i * src_stride goes to
+// dst + i * dst_stride + *row * row_bytes (bytes; the same 4-byte rules as launch_copy_row).
+cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, const int32_t* row,
+                             int64_t row_bytes, int count, cudaStream_t stream);
+
 }  // namespace ds::kern

@@ -48,6 +48,29 @@ __global__ void rope_qk_inplace_kernel(__nv_bfloat16* qkv, const float2* cs, int
   }
 }
 
+// Decoding: one row [(H + 2 Hkv) d] rotated as above at position *pos (cs null: not rotated) and written to
+// dst + *pos * dst_stride; the source row is left as it was.
+__global__ void rope_row_store_kernel(const __nv_bfloat16* x, const float2* cs, const int32_t* pos, int rotated_heads,
+                                      int all_heads, int d, __nv_bfloat16* dst, int64_t dst_stride) {
+  const int half = d / 2;
+  const int64_t p = *pos;
+  __nv_bfloat16* y = dst + p * dst_stride;
+  const float2* c_row = cs ? cs + p * half : nullptr;
+  for (int idx = int(threadIdx.x); idx < all_heads * half; idx += int(blockDim.x)) {
+    const int hh = idx / half, k = idx - hh * half;
+    const __nv_bfloat16 a = x[hh * d + k], b = x[hh * d + k + half];
+    if (!c_row || hh >= rotated_heads) {
+      y[hh * d + k] = a;
+      y[hh * d + k + half] = b;
+      continue;
+    }
+    const float af = __bfloat162float(a), bf = __bfloat162float(b);
+    const float2 c = c_row[k];
+    y[hh * d + k] = __float2bfloat16(af * c.x - bf * c.y);
+    y[hh * d + k + half] = __float2bfloat16(bf * c.x + af * c.y);
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_rope_table(const float* inv_freq, int positions, int half, float2* cos_sin, cudaStream_t stream) {
@@ -63,6 +86,14 @@ cudaError_t launch_rope_qk_inplace(__nv_bfloat16* qkv, const float2* cos_sin, in
   if (d % 2) return cudaErrorInvalidValue;
   rope_qk_inplace_kernel<<<unsigned(tokens), 256, 0, stream>>>(qkv, cos_sin, seq_len, heads + kv_heads,
                                                                heads + 2 * kv_heads, d);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope_row_store(const __nv_bfloat16* row, const float2* cos_sin, const int32_t* pos, int heads,
+                                  int kv_heads, int d, __nv_bfloat16* dst, int64_t dst_stride, cudaStream_t stream) {
+  if (d % 2) return cudaErrorInvalidValue;
+  rope_row_store_kernel<<<1, 256, 0, stream>>>(row, cos_sin, pos, heads + kv_heads, heads + 2 * kv_heads, d, dst,
+                                               dst_stride);
   return cudaGetLastError();
 }
 

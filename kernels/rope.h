@@ -16,4 +16,9 @@ cudaError_t launch_rope_table(const float* inv_freq, int positions, int half, fl
 cudaError_t launch_rope_qk_inplace(__nv_bfloat16* qkv, const float2* cos_sin, int64_t tokens, int seq_len, int heads,
                                   int kv_heads, int d, cudaStream_t stream);
 
+// Decoding: one [(H + 2 Hkv) d] row rotated as launch_rope_qk_inplace rotates it at position *pos (device memory;
+// cos_sin null: copied unrotated), written to dst + *pos * dst_stride (elements); `row` itself is not changed.
+cudaError_t launch_rope_row_store(const __nv_bfloat16* row, const float2* cos_sin, const int32_t* pos, int heads,
+                                  int kv_heads, int d, __nv_bfloat16* dst, int64_t dst_stride, cudaStream_t stream);
+
 }  // namespace ds::kern

@@ -7,6 +7,8 @@
 #                                             plus the non-system shared libraries into .dev/cuda_suite.tar.xz
 #   tools/run_cuda_suite.sh [STAGE...]        (on the GPU machine, repo root) stages: env tests sanitize sass bench
 #                                             peers compare soak; default: all. Results and logs go to $OUT.
+#                                             gen: generation alone (decode kernel and engine tests, memcheck on
+#                                             them, diffscope-bench --only decode/decode_attn, peer_decode.py).
 #                                             Not in the default: views and peers_views (long prompts through the
 #                                             map queries, and their transformers peers), peers_attn (FD1/FD2 at
 #                                             d = 128 and 64), ncu,
@@ -18,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-/tmp/cuda_suite_out}
 mkdir -p "$OUT"
-PACK=.dev/cuda_suite.tar.xz
+PACK=${PACK:-.dev/cuda_suite.tar.xz}  # PACK=... names another (two packs side by side)
 DS=/tmp/ds_suite
 SUMMARY=$OUT/summary.md
 
@@ -79,7 +81,7 @@ else
 fi
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
-CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*'
+CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:GenerateCuda.*:GenerateReferenceCuda.*'
 
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
@@ -280,6 +282,20 @@ if has sass; then
     awk '/Function :/ {f=$3} /HMMA|HGMMA/ {h[f]++} /LDL|STL/ {l[f]++} /LDSM/ {m[f]++} /UTMALDG/ {t[f]++} END {for (k in h) printf "%s: (H)MMA/HGMMA %d, LDSM %d, TMA loads %d, local ld/st %d\n", k, h[k], m[k], t[k]+0, l[k]+0}' "$OUT/sass.txt" | tee -a "$SUMMARY"
     gzip -f "$OUT/sass.txt"
   done
+fi
+
+if has gen; then
+  log "## generation: decode kernel and engine tests, memcheck, benchmark, transformers generate"
+  timeout 300 "$T" --gtest_filter='AttnDecode*:GenerateCuda.*:GenerateReferenceCuda.*' >"$OUT/gen_tests.log" 2>&1
+  log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/gen_tests.log" | tee -a "$SUMMARY"
+  grep -B2 -A8 "Failure" "$OUT/gen_tests.log" | head -60 | tee -a "$SUMMARY"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  DS_CUDA_TEST_SMALL=1 timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" \
+    --gtest_filter='AttnDecode*:GenerateCuda.GraphReplays*:CudaKernels.Mamba*' >"$OUT/gen_memcheck.log" 2>&1
+  log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/gen_memcheck.log" | tail -3 | tee -a "$SUMMARY"
+  timeout 300 "$DS/bin/diffscope-bench" --backend cuda --only decode_attn --only decode --json "$OUT/decode_bench.json" \
+    2>&1 | tee "$OUT/decode_bench.log" | tail -20 | tee -a "$SUMMARY"
+  OUT="$OUT" timeout 240 python3 bench/peers/peer_decode.py 1024 8192 32768 2>&1 | tail -5 | tee -a "$SUMMARY"
 fi
 
 if has sanitize; then

@@ -6,6 +6,8 @@
 // through the dispatcher (kernels/attn_dispatch.h), so the rows name and time exactly what select_attn grants, and
 // the default row is what users get.
 #include "app/bench/cuda_bench.h"
+#include "app/bench/cuda_bench_decode.h"
+#include "app/bench/cuda_bench_generate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -676,8 +678,14 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     if (want("model")) r["model"] = bench_model_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[kajuma]");
     if (want("lambda")) r["lambda"] = bench_lambda(b, o.repeat);
   }
+  if (want("decode")) {
+    b.load_random(kajuma_shape(), 1);
+    r["decode_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";
+    r["decode"] = bench_decode(b, default_lambda(b.config()), {1024, 8192, 32768}, 64, o.warmup_ms);
+  }
   if (want("table7")) r["table7"] = bench_table7(b, o, model_repeat);
   if (want("mamba")) r["mamba"] = bench_mamba(b, model_repeat, o.warmup_ms);
+  if (want("decode_attn")) r["decode_attn"] = bench_decode_attn(o.repeat, o.warmup_ms);
   if (want("motif")) {
     b.load_random(motif_shape(), 1);
     r["motif_shape"] = "Motif-Technologies/Motif-2.6b-v1.1-LC (random bf16 weights on the GPU)";

@@ -12,6 +12,9 @@
 //              of a 3B DIFF model (DiffLlama, 12 differential heads of d = 128) against its Transformer twin (Llama,
 //              24 heads of 128), random bf16 weights, 2K x 8 and 4K x 4 tokens; ms, tokens/s, DIFF/Transformer
 //              ratio beside the paper's (depth, MLP width and vocabulary are assumptions the JSON states)
+//   decode_attn  decoding attention alone (cuda_bench_decode.h): kajuma shape, n 1K-128K, K+V GB/s vs copy bandwidth
+//   decode     batch-1 greedy decoding of the kajuma-shaped model after 1K, 8K and 32K-token prompts
+//              (cuda_bench_generate.h): ms per token as Session::generate_step gives it, against the bandwidth floor
 #pragma once
 #include <nlohmann/json.hpp>
 #include <set>
@@ -36,7 +39,8 @@ struct CudaBenchOptions {
 
 // The names --only takes.
 inline const std::set<std::string>& cuda_bench_sections() {
-  static const std::set<std::string> s = {"attention", "model", "lambda", "table7", "motif", "mamba", "phi4flash", "views"};
+  static const std::set<std::string> s = {"attention", "model",     "lambda", "table7",     "motif",
+                                          "mamba",     "phi4flash", "views",  "decode_attn", "decode"};
   return s;
 }
 

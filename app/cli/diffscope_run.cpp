@@ -3,6 +3,7 @@
 //
 // Exit codes: 0 ok, 2 bad arguments, 3 unusable model or input file (one line on stderr each).
 #include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -180,14 +181,65 @@ int run(const Args& a) {
     s->set_lambda_override(l, v);
   }
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
-  s->run(full_maps);
+  s->run(full_maps && a.generate == 0);
+  const double prefill_ms = s->result().ms;
+  if (!a.json) {
+    const size_t with_maps = c.map_layers().size();
+    const std::string attn_layers =
+        with_maps == size_t(c.layers) ? "" : ", " + std::to_string(with_maps) + " with attention";
+    std::printf("model   %s (%s, %lld layers%s, %lld %s heads)\nbackend %s\ntokens  %zu   forward %.2f ms\n",
+                a.model.c_str(), c.family(), (long long)c.layers, attn_layers.c_str(), (long long)c.view_heads(),
+                c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
+                prefill_ms);
+    if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
+  }
+  double gen_ms = 0;
+  if (a.generate > 0) {
+    ds::GenerateOptions g;
+    g.max_new = a.generate;
+    g.stop_at_eos = !a.ignore_eos;
+    g.sampling = {a.temperature, a.sample_top_k, a.top_p, a.seed};
+    // Text output streams the continuation as it comes (whole UTF-8 characters only).
+    size_t shown = 0;
+    if (!a.json) std::printf("\n%s", s->tokenizer() ? "generated: " : "generated ids:");
+    const auto t0 = std::chrono::steady_clock::now();
+    s->generate(g, [&](int32_t id) {
+      if (a.json) return true;
+      if (!s->tokenizer()) {
+        std::printf(" %d", id);
+      } else {
+        const std::string text = s->generated_text();
+        if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return true;  // partial character
+        if (text.size() > shown) std::fwrite(text.data() + shown, 1, text.size() - shown, stdout);
+        shown = text.size();
+      }
+      std::fflush(stdout);
+      return true;
+    });
+    gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!a.json) {
+      const std::string text = s->tokenizer() ? s->generated_text() : "";
+      if (text.size() > shown) std::fwrite(text.data() + shown, 1, text.size() - shown, stdout);
+      const size_t k = s->generated().size();
+      std::printf("\n        %zu tokens in %.1f ms (%.1f tokens/s), stop: %s\n", k, gen_ms,
+                  gen_ms > 0 ? 1e3 * double(k) / gen_ms : 0.0, ds::stop_reason_name(s->stop_reason()));
+    }
+    if (full_maps) s->run(true);  // every position's logits, for --dump
+  }
   const auto top = s->top_k(a.top_k);
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
     j["backend"] = s->backend().name();
     j["tokens"] = s->ids().size();
-    j["forward_ms"] = s->result().ms;
+    j["forward_ms"] = prefill_ms;
+    if (a.generate > 0) {
+      j["prompt_tokens"] = s->prompt_length();
+      j["generated"] = s->generated();
+      if (s->tokenizer()) j["text"] = s->generated_text();
+      j["stop_reason"] = ds::stop_reason_name(s->stop_reason());
+      j["generate_ms"] = gen_ms;
+    }
     nlohmann::json tk = nlohmann::json::array();
     for (const auto& t : top) tk.push_back({{"id", t.id}, {"prob", t.prob}, {"logit", t.logit}, {"text", t.text}});
     j["top_k"] = tk;
@@ -198,14 +250,6 @@ int run(const Args& a) {
     }
     std::cout << j.dump() << '\n';
   } else {
-    const size_t with_maps = c.map_layers().size();
-    const std::string attn_layers =
-        with_maps == size_t(c.layers) ? "" : ", " + std::to_string(with_maps) + " with attention";
-    std::printf("model   %s (%s, %lld layers%s, %lld %s heads)\nbackend %s\ntokens  %zu   forward %.2f ms\n",
-                a.model.c_str(), c.family(), (long long)c.layers, attn_layers.c_str(), (long long)c.view_heads(),
-                c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
-                s->result().ms);
-    if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
     if (!top.empty()) std::printf("\n  rank       id      prob     logit  token\n");
     for (size_t i = 0; i < top.size(); ++i)
       std::printf("  %4zu %8d  %8.5f  %8.3f  %s\n", i + 1, top[i].id, top[i].prob, top[i].logit,

@@ -24,6 +24,13 @@ const char* kUsage =
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; differential models only)\n"
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
+    "  --generate N           generate up to N tokens after the prompt (KV cache; stops at the model's EOS)\n"
+    "                         and print them; --dump, --rows, --view and --stats then cover prompt + generated\n"
+    "  --temperature T        sample with temperature T (default 0: greedy)\n"
+    "  --sample-top-k K       sample from the K most likely tokens only (default 0: all)\n"
+    "  --top-p P              sample from the smallest set of tokens whose probability reaches P (default 1)\n"
+    "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
+    "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
     "  --dump FILE            write logits [n, vocab], per layer layers.L.attn1/attn2 [H, n, n] and layers.L.lambda\n"
     "                         (Llama: layers.L.attn) as safetensors; with --rows or --view it writes those instead\n"
     "                         of the full maps (and only the last position's logits): memory O(n heads + R C).\n"
@@ -174,6 +181,31 @@ Args parse_args(int argc, const char* const* argv) {
       const long long t = parse_int(value(i), "--top-k");
       if (t < 0 || t > 1000000) throw ArgError("--top-k must be between 0 and 1000000");
       a.top_k = int(t);
+    } else if (k == "--generate") {
+      const long long t = parse_int(value(i), "--generate");
+      if (t < 1 || t > 1000000) throw ArgError("--generate must be between 1 and 1000000");
+      a.generate = int(t);
+    } else if (k == "--temperature") {
+      a.temperature = parse_double(value(i), "--temperature");
+      if (a.temperature < 0) throw ArgError("--temperature must be >= 0 (0 = greedy)");
+      a.sampling_given = true;
+    } else if (k == "--top-p") {
+      a.top_p = parse_double(value(i), "--top-p");
+      if (!(a.top_p > 0 && a.top_p <= 1)) throw ArgError("--top-p must be in (0, 1]");
+      a.sampling_given = true;
+    } else if (k == "--sample-top-k") {
+      const long long t = parse_int(value(i), "--sample-top-k");
+      if (t < 0 || t > INT32_MAX) throw ArgError("--sample-top-k must be >= 0 (0 = no limit)");
+      a.sample_top_k = int(t);
+      a.sampling_given = true;
+    } else if (k == "--seed") {
+      const long long t = parse_int(value(i), "--seed");
+      if (t < 0) throw ArgError("--seed must be >= 0");
+      a.seed = uint64_t(t);
+      a.sampling_given = true;
+    } else if (k == "--ignore-eos") {
+      a.ignore_eos = true;
+      a.sampling_given = true;
     } else if (k == "--lambda") {
       const std::string s = value(i);
       const size_t eq = s.find('=');
@@ -215,6 +247,8 @@ Args parse_args(int argc, const char* const* argv) {
     if (rect) a.view->q0 = (*rect)[0], a.view->q1 = (*rect)[1], a.view->k0 = (*rect)[2], a.view->k1 = (*rect)[3];
   }
   if ((a.view || !a.rows.empty()) && a.dump.empty()) throw ArgError("--rows and --view write into --dump FILE");
+  if (a.sampling_given && a.generate == 0)
+    throw ArgError("--temperature, --sample-top-k, --top-p, --seed and --ignore-eos go with --generate N");
   return a;
 }
 

@@ -35,6 +35,13 @@ struct Args {
   int top_k = 5, threads = 0;
   std::vector<std::pair<int, double>> lambdas;
   std::optional<double> lambda_scale;
+  // generation (engine/session.h): --generate N, sampling options, --ignore-eos
+  int generate = 0;
+  double temperature = 0.0, top_p = 1.0;
+  int sample_top_k = 0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  bool sampling_given = false;  // any of --temperature/--top-p/--sample-top-k/--seed (they need --generate)
 };
 
 // Throws ArgError with a one-line message. Sets help (and nothing else is checked) for -h/--help.

@@ -43,3 +43,16 @@ file(READ ${T}/s.json stats)
 if(NOT stats MATCHES "\"entropy1\"" OR NOT stats MATCHES "\"max_logit2\"")
   message(FATAL_ERROR "--stats lacks the statistics:\n${stats}")
 endif()
+# Generation: bad values are refused with one line; a good run prints the continuation, and --json has
+# "generated" (the ids) and "stop_reason"; --rows of a generated position (n = 3 + 4) is answered.
+expect_exit(2 "--generate must be between 1" --model ${FIXTURE} --token-ids 1,2 --generate 0)
+expect_exit(2 "--temperature must be >= 0" --model ${FIXTURE} --token-ids 1,2 --generate 2 --temperature -1)
+expect_exit(2 "--top-p must be in" --model ${FIXTURE} --token-ids 1,2 --generate 2 --top-p 1.5)
+expect_exit(2 "go with --generate" --model ${FIXTURE} --token-ids 1,2 --seed 3)
+expect_exit(0 "generated ids:.*4 tokens in" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4)
+expect_exit(0 "\"generated\":\\[[0-9]+,[0-9]+,[0-9]+,[0-9]+\\].*\"stop_reason\":\"max_tokens\"" --model ${FIXTURE}
+            --token-ids 1,2,3 --backend cpu --generate 4 --temperature 0.8 --top-p 0.9 --sample-top-k 50 --seed 5 --json)
+expect_exit(0 "wrote .*g.safetensors" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 6
+            --dump ${T}/g.safetensors)
+expect_exit(3 "row position 7 is outside" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
+            --dump ${T}/g.safetensors)
