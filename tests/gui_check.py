@@ -3,7 +3,8 @@
 --state-json sidecar and on the pixels of the PNG it wrote. Standard library only (PNG decoded with zlib).
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
-CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row | prompt_file
+CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row | prompt_file | replay |
+      hybrid | generate
 """
 import argparse
 import json
@@ -16,6 +17,7 @@ import zlib
 
 SCREEN = "-screen 0 1600x1000x24"
 FIXTURE = "tests/fixtures/diff_mha_d32_f32"
+DEMO = "assets/models/diffllama-demo"
 IDS = "1,260,254,163,91,93,12,298,113,187,31,94,211,260,254,163,91,93,12,298,113,187,31,94,211"
 
 
@@ -94,6 +96,7 @@ def differing_fraction(a, b):
 class Runner:
     def __init__(self, args):
         self.exe, self.xvfb, self.source = args.exe, args.xvfb, args.source
+        self.run_exe = args.run_exe or os.path.join(os.path.dirname(args.exe), "diffscope-run")
         self.work = os.path.join(args.work, args.case)
         self.case, self.runs = args.case, 0
         shutil.rmtree(self.work, ignore_errors=True)
@@ -393,6 +396,88 @@ def case_hybrid(r):
         check(len(set(px)) >= 20, "%s map region is nearly uniform (%d colours)" % (key, len(set(px))))
 
 
+def cli_generate(r, *args):
+    """What diffscope-run --json prints for the same model, prompt and options (the engine's reference)."""
+    cmd = [r.run_exe, "--backend", "cpu", "--json"] + list(args)
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300, cwd=r.source)
+    check(p.returncode == 0, "diffscope-run failed (%d): %s" % (p.returncode, p.stderr.decode(errors="replace")))
+    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+
+def count_colour(img, rect, rgb):
+    return sum(1 for p in region(img, rect) if p == rgb)
+
+
+def case_generate(r):
+    # Greedy generation of 6 tokens after the first run: the GUI's continuation is the engine's (diffscope-run), the
+    # sequence (maps, rows, statistics) covers prompt + generated, and a generated row can be selected.
+    demo = os.path.exists(os.path.join(r.source, DEMO, "config.json"))
+    if demo:
+        model = os.path.join(r.source, DEMO)
+        text = "The pass code of the blue door is 4729. Question: what is the pass code of the blue door? Answer:"
+        prompt_gui, prompt_cli = ["--prompt", text], ["--prompt", text]
+    else:
+        model = r.fixture()
+        prompt_gui, prompt_cli = ["--ids", IDS], ["--token-ids", IDS]
+    ref = cli_generate(r, "--model", model, "--generate", "6", *prompt_cli)
+    P = ref["prompt_tokens"]
+    check(len(ref["generated"]) == 6, "diffscope-run generated %s" % ref["generated"])
+    rc, st, img = r.run("generate", "--model", model, "--backend", "cpu", "--generate", "6", "--row", str(P + 2),
+                        *prompt_gui)
+    assert_sane_run(rc, st, img, P + 6)
+    check(st["prompt_tokens"] == P, "prompt_tokens %s, diffscope-run says %d" % (st["prompt_tokens"], P))
+    check(len(st["prompt"]["ids"]) == P, "prompt ids %d, expected %d" % (len(st["prompt"]["ids"]), P))
+    check(len(st["generated"]) == 6, "%d ids generated, expected 6: %s" % (len(st["generated"]), st["generated"]))
+    check(st["generated"] == ref["generated"], "GUI generated %s, diffscope-run %s" % (st["generated"], ref["generated"]))
+    check(st["stop_reason"] == ref["stop_reason"] == "max_tokens", "stop reason %r / %r" % (st["stop_reason"], ref["stop_reason"]))
+    if demo:
+        check(st["generated_text"] == ref["text"], "generated text %r, diffscope-run %r" % (st["generated_text"], ref["text"]))
+    else:
+        check("generated_text" not in st, "generated_text without a tokenizer")
+    check(st["generation"]["now"]["ids"] == ref["generated"] and not st["generation"]["streaming"], "generation %s" % st["generation"])
+    rv = st["row_view"]
+    check(rv["q"] == P + 2 and rv["generated"] and rv["n"] == P + 6, "row view %s" % rv)
+    check(abs(rv["a1_sum"] - 1) < 1e-4, "the generated row does not sum to 1: %s" % rv)
+    check(st["selected_generated_row"] == {"q": P + 2, "index": 2}, "selected row %s" % st["selected_generated_row"])
+    # The Generate panel shows the continuation as tokens in the generated colour, the selected one outlined.
+    check("Generate" in st["panels"], "Generate panel not drawn")
+    gen_rect = st["panels"]["Generate"]
+    px = region(img, gen_rect)
+    check(len(set(px)) >= 20, "Generate panel nearly uniform (%d colours)" % len(set(px)))
+    chips = count_colour(img, gen_rect, (24, 88, 74))
+    check(chips > 300, "generated tokens not drawn in the Generate panel (%d pixels of their colour)" % chips)
+    check(count_colour(img, gen_rect, (255, 196, 0)) > 20, "the selected generated token is not outlined")
+
+    # Sampling: the same seed and options give the engine's continuation; then a regeneration under lambda x0 keeps
+    # the first continuation as "before" and generates the one diffscope-run gives at that scale.
+    fx = r.fixture()
+    opts = ["--temperature", "0.9", "--sample-top-k", "40", "--top-p", "0.95", "--seed", "7"]
+    ref1 = cli_generate(r, "--model", fx, "--token-ids", IDS, "--generate", "8", *opts)
+    ref0 = cli_generate(r, "--model", fx, "--token-ids", IDS, "--generate", "8", "--lambda-scale", "0", *opts)
+    rc, st, img = r.run("regenerate", "--model", fx, "--ids", IDS, "--generate", "8", *opts,
+                        "--regenerate-lambda-scale", "0")
+    assert_sane_run(rc, st, img, 25 + len(ref0["generated"]))
+    g = st["generation"]
+    check(g["before"] is not None and g["before"]["ids"] == ref1["generated"],
+          "before %s, diffscope-run %s" % (g["before"] and g["before"]["ids"], ref1["generated"]))
+    check(g["now"]["ids"] == ref0["generated"] == st["generated"], "now %s, diffscope-run at scale 0 %s" % (g["now"]["ids"], ref0["generated"]))
+    check(g["before"]["lambda"]["scale"] == 1 and g["now"]["lambda"]["scale"] == 0, "lambda of the continuations %s" % g)
+    check(g["now"]["options"]["seed"] == 7 and g["now"]["options"]["top_k"] == 40, "options %s" % g["now"]["options"])
+    diff = next((i for i, (a, b) in enumerate(zip(ref1["generated"], ref0["generated"])) if a != b), -1)
+    check(g["first_diff"] == diff, "first difference %s, expected %d" % (g["first_diff"], diff))
+    check(all(v == 0 for v in st["lambda"]["effective"]), "lambda scale 0 not applied: %s" % st["lambda"])
+    check(st["row_view"]["generated"] and st["row_view"]["q"] == st["n_tokens"] - 1, "row view %s" % st["row_view"])
+
+    # Bad generation flags are one-line usage errors, not crashes.
+    for bad in (["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--generate", "0"],
+                ["--generate", "x"], ["--sample-top-k", "-2"], ["--seed", "-1"], ["--regenerate-lambda-scale", "0"]):
+        p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        out = p.stdout.decode(errors="replace").strip()
+        check(p.returncode == 2 and bad[0] in out and len(out.splitlines()) == 1,
+              "%s: rc %d, %r" % (bad, p.returncode, out))
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
@@ -408,7 +493,7 @@ def case_bad_args(r):
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
          "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay,
-         "hybrid": case_hybrid}
+         "hybrid": case_hybrid, "generate": case_generate}
 
 
 def main():
@@ -416,6 +501,7 @@ def main():
     ap.add_argument("--exe", required=True)
     ap.add_argument("--xvfb", default="")
     ap.add_argument("--source", required=True)
+    ap.add_argument("--run-exe", default="", help="diffscope-run (default: beside --exe)")
     ap.add_argument("--work", required=True)
     ap.add_argument("case", choices=sorted(CASES))
     args = ap.parse_args()

@@ -8,13 +8,14 @@ if(DS_BUILD_GUI AND TARGET diffscope)
     message(WARNING "xvfb-run not found: the gui_* tests will fail. HINT: apt-get install xvfb")
     set(XVFB_RUN "")
   endif()
-  set(DS_GUI_CASES fixture lambda corrupt text light export bad_args view row replay hybrid)
+  set(DS_GUI_CASES fixture lambda corrupt text light export bad_args view row replay hybrid generate)
   if(EXISTS ${PROJECT_SOURCE_DIR}/assets/models/diffllama-demo/config.json)
     list(APPEND DS_GUI_CASES demo prompt_file)
   endif()
   foreach(case ${DS_GUI_CASES})
     add_test(NAME gui_${case}
              COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/gui_check.py --exe $<TARGET_FILE:diffscope>
+                     --run-exe $<TARGET_FILE:diffscope-run>
                      --xvfb "${XVFB_RUN}" --source ${PROJECT_SOURCE_DIR} --work ${PROJECT_BINARY_DIR}/gui_tests ${case})
     set_tests_properties(gui_${case} PROPERTIES TIMEOUT 600 LABELS gui)
   endforeach()

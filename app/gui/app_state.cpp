@@ -186,6 +186,65 @@ void AppState::select_row(int64_t q) {
   submit();
 }
 
+GenerateOptions AppState::gen_options() const {
+  GenerateOptions o = gen;
+  o.sampling.temperature = gen_sample ? gen_temperature : 0.0;
+  return o;
+}
+
+bool AppState::can_generate() const {
+  return snap && snap->model && snap->result && !snap->loading && !(snap->gen && snap->gen->streaming);
+}
+
+const GenerateOptions* AppState::last_generate_options() const {
+  if (!snap || !snap->gen)
+    return nullptr;
+  const Generation& g = *snap->gen;
+  if (!g.now.empty())
+    return &g.now.options;
+  return g.before ? &g.before->options : nullptr;
+}
+
+namespace {
+void send_generation(AppState& st, GenCommand c, const GenerateOptions& o) {
+  st.gen_tail_steps = c == GenCommand::Step ? st.gen_tail_steps + 1 : 0;
+  st.req.gen_cmd = c;
+  st.req.gen = o;
+  st.req.gen_steps = std::max(1, st.gen_tail_steps);
+  ++st.req.gen_seq;
+  st.submit();
+}
+}  // namespace
+
+void AppState::generate() {
+  if (!can_generate())
+    return;
+  send_generation(*this, GenCommand::Start, gen_options());
+}
+
+void AppState::regenerate() {
+  const GenerateOptions* o = last_generate_options();
+  if (!can_generate() || !o)
+    return;
+  send_generation(*this, GenCommand::Start, *o);
+}
+
+void AppState::generate_step() {
+  if (!can_generate())
+    return;
+  send_generation(*this, GenCommand::Step, gen_options());
+}
+
+void AppState::stop_generation() {
+  send_generation(*this, GenCommand::Stop, req.gen);
+}
+
+void AppState::clear_generation() {
+  if (!can_generate())
+    return;
+  send_generation(*this, GenCommand::Clear, req.gen);
+}
+
 void AppState::notify(const std::string& text, bool error) {
   toast.text = text;
   toast.error = error;
@@ -284,7 +343,7 @@ void AppState::absorb_snapshot() {
     const Profile& p = snap->result->profile;
     HistoryPoint h;
     h.forward_ms = float(p.forward_ms);
-    h.tokens_per_s = p.forward_ms > 0 ? float(double(p.tokens) / (p.forward_ms * 1e-3)) : 0.0f;
+    h.tokens_per_s = p.forward_ms > 0 ? float(double(snap->result->tokens_run()) / (p.forward_ms * 1e-3)) : 0.0f;
     double flops = 0, ms = 0;
     for (const auto& hd : p.heads) {
       flops += hd.flops;
@@ -295,6 +354,20 @@ void AppState::absorb_snapshot() {
     if (history.size() > 240)
       history.erase(history.begin());
     ++runs_seen;
+  }
+  // --generate N: once the first run of the first model is in, generate with the options the flags set; then,
+  // with --regenerate-lambda-scale, change lambda and regenerate when that generation has stopped.
+  if (pending_generate > 0 && snap->model && snap->result && snap->result->model_seq == snap->model->seq &&
+      !snap->loading) {
+    gen.max_new = pending_generate;
+    pending_generate = 0;
+    generate();
+    generation_started = true;
+  } else if (pending_regenerate_scale && generation_started && snap->gen && !snap->gen->streaming &&
+             !snap->gen->now.empty() && !snap->gen->now.stop_reason.empty() && worker && worker->idle()) {
+    req.lambda.scale = *pending_regenerate_scale;
+    pending_regenerate_scale.reset();
+    regenerate();
   }
 }
 

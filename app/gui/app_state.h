@@ -99,6 +99,20 @@ struct AppState {
   bool open_prompt_popup = false;  // open the popup next frame
   bool focus_prompt = false;
 
+  // --- generation (panel_generate.cpp): what Generate and Step use
+  // max new tokens, top-k, top-p, seed, stop at EOS; the temperature comes from the two fields below
+  GenerateOptions gen = [] {
+    GenerateOptions o;
+    o.max_new = 32;
+    return o;
+  }();
+  bool gen_sample = false;       // sample instead of greedy
+  double gen_temperature = 0.8;  // the temperature when sampling
+  int gen_tail_steps = 0;        // Step commands sent since the last other generation command (Request::gen_steps)
+  int pending_generate = 0;      // --generate N: generate N tokens once the first run is in
+  std::optional<double> pending_regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X, Regenerate
+  bool generation_started = false;  // --generate was sent (the screenshot waits for it to finish)
+
   // --- selection and views
   int layer = 0, head = 0;
   HeadView view;
@@ -112,7 +126,7 @@ struct AppState {
   int64_t runs_seen = 0;
 
   // --- panels and layout
-  bool show_model = true, show_prompt = true, show_overview = true, show_head = true, show_lambda = true,
+  bool show_model = true, show_prompt = true, show_generate = true, show_overview = true, show_head = true, show_lambda = true,
        show_profiler = true, show_row = true, show_shortcuts = false, show_imgui_demo = false;
   bool reset_layout = false;
   std::map<std::string, PanelRect> panel_rects;  // last frame's panel rectangles (PNG export, state JSON)
@@ -131,6 +145,16 @@ struct AppState {
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
   void select_row(int64_t q);  // the row view's query (negative counts from the end)
+  // Generation (the worker carries them out between steps; see GenCommand).
+  GenerateOptions gen_options() const;  // the panel's options as the engine takes them
+  bool can_generate() const;            // a model and a result, no generation streaming
+  void generate();                      // from the prompt, with the panel's options, streaming
+  void regenerate();                    // again with the options of the last continuation (under today's lambda)
+  void generate_step();                 // one token (begins a generation when none is active)
+  void stop_generation();
+  void clear_generation();
+  // The options of the continuation shown (or the one before it, after Clear); null when there is none.
+  const GenerateOptions* last_generate_options() const;
   void notify(const std::string& text, bool error = false);
   void show_error(const std::string& line);
   // Call once per frame after taking the snapshot: reacts to a new model, result or error.

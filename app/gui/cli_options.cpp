@@ -1,7 +1,11 @@
 // Argument parsing for the GUI. See cli_options.h.
 #include "cli_options.h"
 
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -20,6 +24,14 @@ const char* cli_usage() {
          "  --row Q                row view of query Q (negative counts from the end; default -1, the last token)\n"
          "  --pool max|mean        how the head view pools tokens into a cell when they outnumber the pixels\n"
          "  --lambda-scale X       multiply every layer's lambda by X\n"
+         "  --generate N           after the first run, generate N tokens (then --screenshot waits for them)\n"
+         "  --temperature T        sample with temperature T (default 0: greedy)\n"
+         "  --sample-top-k K       sample from the K most likely tokens only (default 0: all)\n"
+         "  --top-p P              sample from the smallest set of tokens whose probability reaches P (default 1)\n"
+         "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
+         "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
+         "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
+         "                         same options (the Generate panel compares the two continuations)\n"
          "  --theme dark|light\n"
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
          "                         entropy-a2 | max-logit | max-logit2\n"
@@ -34,6 +46,24 @@ const char* cli_usage() {
          "                         to TO, one value a frame over STEPS frames, then capture\n"
          "  --replay-log FILE      with --replay-lambda: per frame the time, the lambda set and the lambda shown, and\n"
          "                         per shown value its latency from being set (CSV)\n";
+}
+
+// A whole-string number, else a one-line error naming the flag.
+static double parse_number(const std::string& v, const std::string& flag) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x))
+    throw Error(flag + ": '" + v + "' is not a number");
+  return x;
+}
+
+static long long parse_integer(const std::string& v, const std::string& flag) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE)
+    throw Error(flag + ": '" + v + "' is not a whole number");
+  return x;
 }
 
 static std::vector<int> parse_ids(const std::string& s) {
@@ -103,6 +133,33 @@ CliOptions parse_cli(int argc, char** argv) {
       o.lambda_scale = std::strtod(v.c_str(), &end);
       if (*end != '\0')
         throw Error("--lambda-scale: '" + v + "' is not a number");
+    } else if (a == "--generate") {
+      const long long n = parse_integer(need(i, a), a);
+      if (n < 1 || n > 1000000)
+        throw Error("--generate must be between 1 and 1000000");
+      o.generate = int(n);
+    } else if (a == "--temperature") {
+      o.temperature = parse_number(need(i, a), a);
+      if (*o.temperature < 0)
+        throw Error("--temperature must be >= 0 (0 = greedy)");
+    } else if (a == "--top-p") {
+      o.top_p = parse_number(need(i, a), a);
+      if (!(*o.top_p > 0 && *o.top_p <= 1))
+        throw Error("--top-p must be in (0, 1]");
+    } else if (a == "--sample-top-k") {
+      const long long k = parse_integer(need(i, a), a);
+      if (k < 0 || k > INT32_MAX)
+        throw Error("--sample-top-k must be >= 0 (0 = no limit)");
+      o.sample_top_k = int(k);
+    } else if (a == "--seed") {
+      const long long v = parse_integer(need(i, a), a);
+      if (v < 0)
+        throw Error("--seed must be >= 0");
+      o.seed = uint64_t(v);
+    } else if (a == "--ignore-eos") {
+      o.ignore_eos = true;
+    } else if (a == "--regenerate-lambda-scale") {
+      o.regenerate_scale = parse_number(need(i, a), a);
     } else if (a == "--theme") {
       const std::string v = need(i, a);
       if (v != "dark" && v != "light")
@@ -170,6 +227,8 @@ CliOptions parse_cli(int argc, char** argv) {
     throw Error("--export-dir needs --screenshot");
   if ((o.replay || !o.replay_log.empty()) && o.screenshot.empty())
     throw Error("--replay-lambda and --replay-log need --screenshot");
+  if (o.regenerate_scale && o.generate == 0)
+    throw Error("--regenerate-lambda-scale needs --generate N");
   if (!o.replay_log.empty() && !o.replay)
     throw Error("--replay-log needs --replay-lambda");
   return o;

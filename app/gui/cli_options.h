@@ -1,6 +1,7 @@
 // Command line of the diffscope GUI:
 //   diffscope [DIR] [--model DIR] [--prompt TEXT | --prompt-file FILE | --ids 1,2,3] [--head L.H] [--view Q0:Q1,K0:K1] [--pool max|mean]
-//             [--lambda-scale X]
+//             [--lambda-scale X] [--generate N [--regenerate-lambda-scale X]] [--temperature T] [--top-p P]
+//             [--sample-top-k K] [--seed S] [--ignore-eos]
 //             [--theme light|dark] [--overview MODE] [--backend cpu|cuda|auto] [--threads N]
 //             [--screenshot OUT.png [--state-json OUT.json] [--open-after DIR] [--export-dir DIR] [--size WxH]]
 #pragma once
@@ -22,6 +23,14 @@ struct CliOptions {
   std::optional<bool> mean_pool;               // --pool max|mean
   std::optional<int64_t> row;                  // --row Q: the row view's query (negative from the end)
   std::optional<double> lambda_scale;
+  // Generation: --generate N generates N tokens after the first run (then --screenshot waits for it); the sampling
+  // flags set the Generate panel's options and match diffscope-run's names.
+  int generate = 0;
+  std::optional<double> temperature, top_p;
+  std::optional<int> sample_top_k;
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+  std::optional<double> regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X and Regenerate
   std::optional<bool> dark;
   int overview = -1;  // --overview MODE: OverviewMode index, -1 = remembered / default
   std::string backend = "auto";

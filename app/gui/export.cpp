@@ -4,7 +4,9 @@
 #include <GL/gl.h>
 #include <stb_image_write.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 
@@ -188,10 +190,47 @@ nlohmann::json session_json(const AppState& st) {
   if (!rp)
     return j;
   const RunResult& r = *rp;
+  // The sequence is the prompt and the tokens generated after it (maps, rows and statistics cover both).
+  const size_t n = r.ids.size();
+  const size_t P = r.prompt_len > 0 ? std::min(size_t(r.prompt_len), n) : n;
+  const std::vector<int32_t> prompt_ids(r.ids.begin(), r.ids.begin() + std::ptrdiff_t(P));
+  const std::vector<std::string> prompt_tokens(r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(std::min(P, r.tokens.size())));
   j["prompt"] = {{"mode", st.req.use_ids ? "ids" : "text"},
                  {"text", st.req.use_ids ? "" : st.req.text},
-                 {"ids", r.ids},
-                 {"tokens", r.tokens}};
+                 {"ids", prompt_ids},
+                 {"tokens", prompt_tokens}};
+  j["prompt_tokens"] = P;
+  j["generated"] = std::vector<int32_t>(r.ids.begin() + std::ptrdiff_t(P), r.ids.end());
+  const auto& gp = st.snap->gen;
+  if (m.has_tokenizer)
+    j["generated_text"] = gp ? gp->now.text : "";
+  j["stop_reason"] = gp ? gp->now.stop_reason : "";
+  if (gp) {
+    const Generation& g = *gp;
+    auto options = [](const GenerateOptions& o) {
+      return json{{"max_new", o.max_new},         {"stop_at_eos", o.stop_at_eos},
+                  {"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k},
+                  {"top_p", o.sampling.top_p},    {"seed", o.sampling.seed}};
+    };
+    auto lambda = [](const LambdaControl& c) {
+      json ov = json::array();
+      for (const auto& o : c.override_)
+        ov.push_back(o ? json(*o) : json(nullptr));
+      return json{{"scale", c.scale}, {"override", ov}};
+    };
+    auto continuation = [&](const Continuation& c) {
+      return json{{"ids", c.ids},           {"tokens", c.tokens},   {"text", c.text},
+                  {"stop_reason", c.stop_reason}, {"options", options(c.options)}, {"lambda", lambda(c.lambda)},
+                  {"lambda_moved", c.lambda_moved}};
+    };
+    j["generation"] = {{"streaming", g.streaming},
+                       {"active", g.active},
+                       {"tokens_per_s", g.tokens_per_s()},
+                       {"step_ms", g.step_ms},
+                       {"now", continuation(g.now)},
+                       {"before", g.before ? continuation(*g.before) : json(nullptr)},
+                       {"first_diff", g.first_diff}};
+  }
   json overrides = json::array();
   for (const auto& o : r.control.override_)
     overrides.push_back(o ? json(*o) : json(nullptr));
@@ -228,7 +267,8 @@ nlohmann::json session_json(const AppState& st) {
                   {"first_layer", r.first_layer},
                   {"forward_ms", p.forward_ms},
                   {"tokens", p.tokens},
-                  {"tokens_per_s", p.forward_ms > 0 ? double(p.tokens) / (p.forward_ms * 1e-3) : 0.0},
+                  {"tokens_per_s", p.forward_ms > 0 ? double(r.tokens_run()) / (p.forward_ms * 1e-3) : 0.0},
+                  {"generation_step", r.decoded > 0},
                   {"attention_ms", attn_ms},
                   {"attention_tflops", attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0.0},
                   {"kernels", kernels},

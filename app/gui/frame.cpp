@@ -20,6 +20,8 @@ void draw_frame(AppState& st) {
     draw_model_panel(st);
   if (st.show_prompt)
     draw_prompt_panel(st);
+  if (st.show_generate)
+    draw_generate_panel(st);
   if (st.show_lambda)
     draw_lambda_panel(st);
   if (st.show_head)

@@ -310,6 +310,7 @@ void draw_head_panel(AppState& st) {
   const float lh = ImGui::GetTextLineHeight();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const int64_t n = int64_t(s.result->tokens.size());
+  const int64_t gen_from = s.result->prompt_len > 0 ? s.result->prompt_len : n;  // first generated position
   // Token text labels need a wider band than positions; use them when a token is at least a line tall.
   char digits[32];
   std::snprintf(digits, sizeof digits, "%lld", (long long)n);
@@ -387,6 +388,15 @@ void draw_head_panel(AppState& st) {
     }
     dl->PopClipRect();
     dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(img1.x + 1, img1.y + 1), tc.grid);
+    // Generated positions: a bar along the key axis under the map and along the query axis left of it.
+    if (gen_from < n) {
+      const float kx0 = std::max(p0.x, sx(p0, double(gen_from))), kx1 = std::min(img1.x, sx(p0, double(n)));
+      if (kx1 > kx0)
+        dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(kx1, img1.y + 4), tc.generated_mark);
+      const float qy0 = std::max(p0.y, sy(p0, double(gen_from))), qy1 = std::min(img1.y, sy(p0, double(n)));
+      if (i == 0 && qy1 > qy0)
+        dl->AddRectFilled(ImVec2(p0.x - 4, qy0), ImVec2(p0.x - 1, qy1), tc.generated_mark);
+    }
     st.map_rects[i] =
         PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
     draw_colorbar(dl, ImVec2(p0.x + S + 6, p0.y), ImVec2(p0.x + S + 20, img1.y),

@@ -9,8 +9,8 @@
 
 namespace ds::gui {
 
-// Inputs on the left (model, prompt with the next-token table, profiler), the head view across the top right, the
-// row view under it, the overview and the lambda controls below.
+// Inputs on the left (model, prompt with the next-token table, generation, profiler), the head view across the top
+// right, the row view under it, the overview and the lambda controls below.
 static ImRect slot_rect(Slot s) {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   // On the very first frame WorkPos does not yet account for the main menu bar (ImGui applies it a frame later),
@@ -19,8 +19,15 @@ static ImRect slot_rect(Slot s) {
   const ImVec2 o(vp->WorkPos.x, vp->WorkPos.y + menu), sz(vp->WorkSize.x, vp->WorkSize.y - menu);
   const float lw = std::clamp(sz.x * 0.25f, 330.0f, 440.0f);
   const float h = sz.y;
-  const float model_h = std::clamp(h * 0.18f, 160.0f, 200.0f);
-  const float prompt_h = std::clamp(h * 0.44f, 300.0f, 520.0f);
+  float model_h = std::clamp(h * 0.15f, 140.0f, 200.0f);
+  float prompt_h = std::clamp(h * 0.31f, 260.0f, 460.0f);
+  float gen_h = std::clamp(h * 0.34f, 260.0f, 440.0f);
+  // Short windows: the left column shrinks in proportion, leaving the profiler a strip.
+  if (const float room = std::max(120.0f, h - 100.0f), used = model_h + prompt_h + gen_h; used > room) {
+    model_h *= room / used;
+    prompt_h *= room / used;
+    gen_h *= room / used;
+  }
   const float head_h = std::max(330.0f, h * 0.45f);
   const float row_h = std::max(150.0f, h * 0.18f);
   const float rx = o.x + lw, rw = sz.x - lw;
@@ -30,8 +37,10 @@ static ImRect slot_rect(Slot s) {
       return ImRect(o.x, o.y, o.x + lw, o.y + model_h);
     case Slot::Prompt:
       return ImRect(o.x, o.y + model_h, o.x + lw, o.y + model_h + prompt_h);
+    case Slot::Generate:
+      return ImRect(o.x, o.y + model_h + prompt_h, o.x + lw, o.y + model_h + prompt_h + gen_h);
     case Slot::Profiler:
-      return ImRect(o.x, o.y + model_h + prompt_h, o.x + lw, o.y + h);
+      return ImRect(o.x, o.y + model_h + prompt_h + gen_h, o.x + lw, o.y + h);
     case Slot::Head:
       return ImRect(rx, o.y, o.x + sz.x, o.y + head_h);
     case Slot::Row:

@@ -52,6 +52,10 @@ void export_png(AppState& st, const std::string& panel) {
   st.capture_path = st.export_path(panel.empty() ? "window" : panel, "png");
 }
 
+bool s_streaming(const AppState& st) {
+  return st.snap && st.snap->gen && st.snap->gen->streaming;
+}
+
 bool ctrl_key(int key, bool shift = false) {
   const ImGuiIO& io = ImGui::GetIO();
   return io.KeyCtrl && io.KeyShift == shift && ImGui::IsKeyPressed(key, false);
@@ -69,6 +73,15 @@ void handle_shortcuts(AppState& st) {
     st.run_prompt();
   if (ctrl_key(GLFW_KEY_R))
     st.reset_lambda();
+  if (ctrl_key(GLFW_KEY_G))
+    st.generate();
+  if (ctrl_key(GLFW_KEY_G, true))
+    st.regenerate();
+  if (ImGui::IsKeyPressed(GLFW_KEY_F10, false) && !io.KeyCtrl && !io.KeyShift)
+    st.generate_step();
+  if (ImGui::IsKeyPressed(GLFW_KEY_F5, false) && io.KeyShift && st.snap && st.snap->gen &&
+      (st.snap->gen->streaming || st.snap->gen->active))
+    st.stop_generation();
   if (ctrl_key(GLFW_KEY_E))
     export_npy(st);
   if (ctrl_key(GLFW_KEY_E, true))
@@ -162,7 +175,7 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::BeginMenu("Export PNG")) {
       if (ImGui::MenuItem("Whole window", "Ctrl+P"))
         export_png(st, "");
-      for (const char* p : {"Model", "Prompt", "Head", "Row", "Overview", "Lambda", "Profiler"})
+      for (const char* p : {"Model", "Prompt", "Generate", "Head", "Row", "Overview", "Lambda", "Profiler"})
         if (ImGui::MenuItem(p, nullptr, false, st.panel_rects.count(p) > 0))
           export_png(st, p);
       ImGui::EndMenu();
@@ -181,11 +194,26 @@ void draw_menu_bar(AppState& st) {
       st.reset_lambda();
     if (ImGui::MenuItem("Lambda scale 0 (plain softmax)"))
       st.set_lambda_scale(0.0);
+    ImGui::Separator();
+    const bool streaming = s_streaming(st), active = st.snap && st.snap->gen && st.snap->gen->active;
+    if (ImGui::MenuItem("Generate", "Ctrl+G", false, st.can_generate()))
+      st.generate();
+    if (ImGui::MenuItem("Step one token", "F10", false, st.can_generate()))
+      st.generate_step();
+    if (ImGui::MenuItem("Stop generating", "Shift+F5", false, streaming || active))
+      st.stop_generation();
+    if (ImGui::MenuItem("Regenerate (same options)", "Ctrl+Shift+G", false,
+                        st.can_generate() && st.last_generate_options()))
+      st.regenerate();
+    if (ImGui::MenuItem("Clear the continuation", nullptr, false,
+                        st.can_generate() && st.snap->gen && !st.snap->gen->now.empty()))
+      st.clear_generation();
     ImGui::EndMenu();
   }
   if (ImGui::BeginMenu("View")) {
     ImGui::MenuItem("Model", nullptr, &st.show_model);
     ImGui::MenuItem("Prompt", nullptr, &st.show_prompt);
+    ImGui::MenuItem("Generate", nullptr, &st.show_generate);
     ImGui::MenuItem("Head", nullptr, &st.show_head);
     ImGui::MenuItem("Row", nullptr, &st.show_row);
     ImGui::MenuItem("Overview", nullptr, &st.show_overview);
@@ -221,6 +249,8 @@ void draw_menu_bar(AppState& st) {
   char status[160];
   if (s.loading)
     std::snprintf(status, sizeof status, "loading %.0f%%", s.load_fraction * 100);
+  else if (s.gen && s.gen->streaming)
+    std::snprintf(status, sizeof status, "generating %zu / %d...", s.gen->now.ids.size(), s.gen->now.options.max_new);
   else if (s.running)
     std::snprintf(status, sizeof status, "running...");
   else if (s.model)

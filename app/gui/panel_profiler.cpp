@@ -14,15 +14,16 @@ namespace ds::gui {
 namespace {
 
 void history_plot(const char* label, const std::vector<HistoryPoint>& hist, float HistoryPoint::*field,
-                  const char* unit, float h) {
+                  const char* unit, float w, float h) {
   std::vector<float> v;
   for (const auto& p : hist)
     v.push_back(p.*field);
   char overlay[64] = "";
   if (!v.empty())
     std::snprintf(overlay, sizeof overlay, "%s %s %s", label, fmt_value(v.back()).c_str(), unit);
-  ImGui::PlotLines("##hist", v.data(), int(v.size()), 0, overlay, 0.0f, FLT_MAX,
-                   ImVec2(ImGui::GetContentRegionAvail().x, h));
+  ImGui::PushID(label);
+  ImGui::PlotLines("##hist", v.data(), int(v.size()), 0, overlay, 0.0f, FLT_MAX, ImVec2(w, h));
+  ImGui::PopID();
 }
 
 void kernel_table(const Profile& p) {
@@ -166,10 +167,14 @@ void draw_profiler_panel(AppState& st) {
   double attn_ms = 0, flops = 0;
   for (const auto& h : p.heads)
     attn_ms += h.ms, flops += h.flops;
-  const double tps = p.forward_ms > 0 ? double(p.tokens) / (p.forward_ms * 1e-3) : 0;
+  const double tps = p.forward_ms > 0 ? double(r.tokens_run()) / (p.forward_ms * 1e-3) : 0;
   const double tflops = attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0;
-  ImGui::TextWrapped("forward %.2f ms, %lld tokens, %s tokens/s", p.forward_ms, (long long)p.tokens,
-                     fmt_value(tps).c_str());
+  if (r.decoded > 0)  // a generation step: the new token against the cached keys and values
+    ImGui::TextWrapped("generation step %.2f ms, %lld new of %lld tokens, %s tokens/s", p.forward_ms,
+                       (long long)r.decoded, (long long)p.tokens, fmt_value(tps).c_str());
+  else
+    ImGui::TextWrapped("forward %.2f ms, %lld tokens, %s tokens/s", p.forward_ms, (long long)p.tokens,
+                       fmt_value(tps).c_str());
   if (r.first_layer > 0) {
     ImGui::SameLine();
     ImGui::TextDisabled("(re-ran layers %d..%lld)", r.first_layer, (long long)s.model->cfg.layers - 1);
@@ -186,9 +191,16 @@ void draw_profiler_panel(AppState& st) {
         "FLOPs per differential head: 12 n^2 d, halved for causal (kernels/attn_heads.h); "
         "the peak is the device's measured matrix throughput");
 
-  const float plot_h = 44;
-  history_plot("tokens/s", st.history, &HistoryPoint::tokens_per_s, "", plot_h);
-  history_plot("attention", st.history, &HistoryPoint::attn_tflops, "TFLOP/s", plot_h);
+  const float plot_h = 44, avail_w = ImGui::GetContentRegionAvail().x;
+  if (ImGui::GetContentRegionAvail().y < 5 * plot_h + 40) {  // a short panel: the two plots side by side
+    const float w = (avail_w - ImGui::GetStyle().ItemSpacing.x) / 2;
+    history_plot("tokens/s", st.history, &HistoryPoint::tokens_per_s, "", w, plot_h);
+    ImGui::SameLine();
+    history_plot("attention", st.history, &HistoryPoint::attn_tflops, "TFLOP/s", w, plot_h);
+  } else {
+    history_plot("tokens/s", st.history, &HistoryPoint::tokens_per_s, "", avail_w, plot_h);
+    history_plot("attention", st.history, &HistoryPoint::attn_tflops, "TFLOP/s", avail_w, plot_h);
+  }
   ImGui::TextDisabled("%lld runs; times in ms", (long long)st.runs_seen);
 
   if (ImGui::BeginTabBar("prof")) {

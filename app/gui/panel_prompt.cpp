@@ -1,5 +1,6 @@
 // Prompt panel: the multi-line prompt (text, or token ids for models without a tokenizer), Run on Ctrl+Enter,
-// the tokens as the model sees them, and the next-token top-k with probabilities.
+// the tokens as the model sees them (generated ones after the prompt, in their own colour), and the next-token
+// top-k with probabilities.
 #include <imgui.h>
 #include <imgui_stdlib.h>
 
@@ -26,17 +27,22 @@ static void token_list(AppState& st, const std::shared_ptr<const RunResult>& rp)
   const float h = std::clamp(lines_h + 4, ImGui::GetTextLineHeight() * 2, ImGui::GetTextLineHeight() * 9);
   const ThemeColors& tc = theme_colors();
   const int64_t row = st.snap->row ? st.snap->row->q : -1;
+  const int64_t P = r.prompt_len > 0 ? r.prompt_len : n;
+  // While a generation streams the list follows its end.
+  const int64_t follow = st.snap->gen && st.snap->gen->streaming ? n - 1 : -1;
   const int64_t hovered = g_token_flow.draw("##tokens", h, [&](int64_t i, ImVec2 a, ImVec2 b, bool hov) {
     ImDrawList* dl = ImGui::GetWindowDrawList();
-    dl->AddRectFilled(a, b, ImGui::GetColorU32(hov ? ImGuiCol_ButtonHovered : ImGuiCol_Button), 2.0f);
+    const ImU32 fill = i >= P ? (hov ? tc.generated_hover : tc.generated)
+                              : ImGui::GetColorU32(hov ? ImGuiCol_ButtonHovered : ImGuiCol_Button);
+    dl->AddRectFilled(a, b, fill, 2.0f);
     dl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1), ImGui::GetColorU32(ImGuiCol_Text),
                 TokenFlow::label(r, i).c_str());
     if (i == row)
       dl->AddRect(a, b, tc.selection, 2.0f, 0, 2.0f);
-  });
+  }, follow);
   if (hovered >= 0) {
-    ImGui::SetTooltip("position %lld\nid %d\n\"%s\"\nclick: show its attention row", (long long)hovered,
-                      r.ids[size_t(hovered)], r.tokens[size_t(hovered)].c_str());
+    ImGui::SetTooltip("position %lld%s\nid %d\n\"%s\"\nclick: show its attention row", (long long)hovered,
+                      hovered >= P ? " (generated)" : "", r.ids[size_t(hovered)], r.tokens[size_t(hovered)].c_str());
     if (ImGui::IsMouseClicked(0))
       st.select_row(hovered);
   }
@@ -108,8 +114,15 @@ void draw_prompt_panel(AppState& st) {
   ImGui::Checkbox("token ids", &st.ids_mode);
   ImGui::EndDisabled();
   ImGui::SameLine();
-  if (s.running)
+  const int64_t n_all = s.result ? int64_t(s.result->tokens.size()) : 0;
+  const int64_t n_gen = s.result && s.result->prompt_len > 0 ? n_all - s.result->prompt_len : 0;
+  if (s.gen && s.gen->streaming)
+    ImGui::TextDisabled("generating... %lld + %lld tokens", (long long)(n_all - n_gen), (long long)n_gen);
+  else if (s.running)
     ImGui::TextDisabled("running...");
+  else if (s.result && n_gen > 0)
+    ImGui::TextDisabled("%lld + %lld generated tokens, %.1f ms", (long long)(n_all - n_gen), (long long)n_gen,
+                        s.result->run_ms);
   else if (s.result)
     ImGui::TextDisabled("%zu tokens, %.1f ms", s.result->tokens.size(), s.result->run_ms);
 
@@ -118,8 +131,12 @@ void draw_prompt_panel(AppState& st) {
     return end_panel();
   }
   const RunResult& r = *s.result;
-  char tokens_title[64];
-  std::snprintf(tokens_title, sizeof tokens_title, "Tokens (%zu)###Tokens", r.tokens.size());
+  char tokens_title[96];
+  if (n_gen > 0)
+    std::snprintf(tokens_title, sizeof tokens_title, "Tokens (%lld + %lld generated)###Tokens",
+                  (long long)(n_all - n_gen), (long long)n_gen);
+  else
+    std::snprintf(tokens_title, sizeof tokens_title, "Tokens (%zu)###Tokens", r.tokens.size());
   if (ImGui::CollapsingHeader(tokens_title, ImGuiTreeNodeFlags_None))
     token_list(st, s.result);
   section_title("Next token");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "panels.h"
@@ -46,8 +47,10 @@ void plot_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t cou
 void draw_row_panel(AppState& st) {
   char title[96];
   const auto& rp = st.snap->row;
+  const int64_t P = st.snap->result && st.snap->result->prompt_len > 0 ? st.snap->result->prompt_len : INT64_MAX;
   if (rp && st.snap->result)
-    std::snprintf(title, sizeof title, "Row  query %lld, L%d.H%d###Row", (long long)rp->q, rp->layer, st.head);
+    std::snprintf(title, sizeof title, "Row  query %lld%s, L%d.H%d###Row", (long long)rp->q,
+                  rp->q >= P ? " (generated)" : "", rp->layer, st.head);
   else
     std::snprintf(title, sizeof title, "Row###Row");
   if (!begin_panel(st, title, &st.show_row, Slot::Row))
@@ -69,7 +72,11 @@ void draw_row_panel(AppState& st) {
 
   // Header: the query and what colours the text.
   const std::string qlab = TokenFlow::label(r, q);
-  ImGui::Text("query %lld \"%s\"", (long long)q, qlab.c_str());
+  if (q >= P)
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().generated_mark), "query %lld \"%s\", generated #%lld",
+                       (long long)q, qlab.c_str(), (long long)(q - P + 1));
+  else
+    ImGui::Text("query %lld \"%s\"", (long long)q, qlab.c_str());
   ImGui::SameLine();
   if (ImGui::SmallButton("last token"))
     st.select_row(-1);
@@ -180,6 +187,8 @@ void draw_row_panel(AppState& st) {
         cdl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1),
                      dark_text ? IM_COL32(0, 0, 0, 255) : IM_COL32(255, 255, 255, 255),
                      TokenFlow::label(r, i).c_str());
+        if (i >= P)  // a generated token: a bar along its bottom edge
+          cdl->AddRectFilled(ImVec2(a.x + 1, b.y - 3), ImVec2(b.x - 1, b.y), tc.generated_mark, 1.0f);
         if (i == q || hov)
           cdl->AddRect(a, b, i == q ? tc.selection : tc.cursor, 2.0f, 0, 2.0f);
       },

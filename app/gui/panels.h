@@ -14,6 +14,7 @@ void draw_menu_bar(AppState& st);        // panel_menu.cpp (and the keyboard sho
 void handle_shortcuts(AppState& st);     // panel_menu.cpp
 void draw_model_panel(AppState& st);     // panel_model.cpp
 void draw_prompt_panel(AppState& st);    // panel_prompt.cpp
+void draw_generate_panel(AppState& st);  // panel_generate.cpp
 void draw_overview_panel(AppState& st);  // panel_overview.cpp
 void draw_head_panel(AppState& st);      // panel_head.cpp
 void draw_lambda_panel(AppState& st);    // panel_lambda.cpp
@@ -22,7 +23,7 @@ void draw_row_panel(AppState& st);       // panel_row.cpp
 void draw_status(AppState& st);          // panel_status.cpp: error modal, toasts, shortcut help
 
 // [SECTION] panel frame (panel_layout.cpp): default tiling, rectangle bookkeeping for PNG export
-enum class Slot { Model, Prompt, Lambda, Head, Row, Overview, Profiler };
+enum class Slot { Model, Prompt, Generate, Lambda, Head, Row, Overview, Profiler };
 bool begin_panel(AppState& st, const char* name, bool* open, Slot slot, ImGuiWindowFlags flags = 0);
 void end_panel();
 // A centred, wrapped, dimmed message for empty states ("what to do next").

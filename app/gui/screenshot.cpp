@@ -49,6 +49,10 @@ bool ScreenshotDriver::ready(const AppState& st) const {
     return true;  // an error is on screen
   if (!s.model)
     return st.req.open_seq == 0;  // nothing to open: the empty state is the picture
+  // --generate (and --regenerate-lambda-scale): wait until they were sent and have stopped (the worker is idle
+  // only once no generation streams).
+  if (st.pending_generate > 0 || st.pending_regenerate_scale)
+    return false;
   if (st.seen_model_seq != s.model->seq)
     return false;
   if (!s.result || s.result->model_seq != s.model->seq || !s.head)
@@ -230,8 +234,12 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
           s += v[size_t(h) * n + k];
         return s;
       };
+      const int64_t P = st.snap->result && st.snap->result->prompt_len > 0 ? st.snap->result->prompt_len : rm.rows.n;
       j["row_view"] = {{"layer", rm.layer}, {"q", rm.q},         {"head", h},
-                       {"n", rm.rows.n},    {"a1_sum", row_sum(rm.rows.a1)}, {"a2_sum", row_sum(rm.rows.a2)}};
+                       {"n", rm.rows.n},    {"a1_sum", row_sum(rm.rows.a1)}, {"a2_sum", row_sum(rm.rows.a2)},
+                       {"generated", rm.q >= P}};
+      // The selected row when it is a generated position: its place in the continuation (0 = first generated).
+      j["selected_generated_row"] = rm.q >= P ? nlohmann::json{{"q", rm.q}, {"index", rm.q - P}} : nlohmann::json(nullptr);
     }
     std::ofstream f(opt_.state_json);
     f << j.dump(2) << "\n";

@@ -77,6 +77,7 @@ struct ModelInfo {
   std::string tokenizer;             // kind, or why there is none
   std::vector<double> model_lambda;  // [L]
   int64_t max_tokens = 0;
+  std::vector<int32_t> eos_ids;  // the model's end-of-sequence tokens (generation stops there)
   double load_seconds = 0;
 };
 
@@ -88,6 +89,11 @@ struct RunResult {
   std::vector<TopToken> top;        // next-token top-k
   std::vector<double> lambda;       // [L] effective lambda of this run
   LambdaControl control;
+  int64_t prompt_len = 0;  // positions [prompt_len, n) are generated tokens
+  // > 0: the last forward was a generation step that ran only this many new positions against the cached ones
+  // (Profile::tokens counts the whole sequence); the throughput is of these.
+  int64_t decoded = 0;
+  int64_t tokens_run() const { return decoded > 0 ? decoded : profile.tokens; }
   int first_layer = 0;  // first layer the run recomputed
   double run_ms = 0;    // wall time of Session::run
   Profile profile;
@@ -110,6 +116,31 @@ struct Sweep {
   bool complete = false;
 };
 
+// One continuation of the prompt: the generated tokens and what produced them.
+struct Continuation {
+  std::vector<int32_t> ids;
+  std::vector<std::string> tokens;  // display labels
+  std::string text;                 // decoded text ("" without a tokenizer)
+  GenerateOptions options;
+  LambdaControl lambda;         // the lambda controls when it began
+  bool lambda_moved = false;    // lambda was changed while it was being generated
+  std::string stop_reason;      // stop_reason_name(): "" while it can go on
+  bool empty() const { return ids.empty(); }
+};
+
+// Generation (Session::begin_generation / generate_step): the continuation being shown and the one it replaced,
+// so that a regeneration after a lambda change shows how the answer changed.
+struct Generation {
+  int64_t prompt_len = 0;
+  bool streaming = false;  // the worker is generating token after token (Stop ends it between steps)
+  bool active = false;     // the session can take another step: Step continues this continuation
+  Continuation now;
+  std::shared_ptr<const Continuation> before;  // the previous continuation of the same prompt, if any
+  int64_t first_diff = -1;  // first index where now and before differ; -1 while they agree
+  double step_ms = 0;       // engine time of the steps so far (Session::generate_step)
+  double tokens_per_s() const { return step_ms > 0 ? 1e3 * double(now.ids.size()) / step_ms : 0.0; }
+};
+
 struct Snapshot {
   uint64_t seq = 0;
   // Loading
@@ -127,6 +158,7 @@ struct Snapshot {
   std::shared_ptr<const Overview> overview;
   std::shared_ptr<const RowMaps> row;
   std::shared_ptr<const Sweep> sweep;
+  std::shared_ptr<const Generation> gen;  // null until the first prompt ran
 };
 
 }  // namespace ds::gui

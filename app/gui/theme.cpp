@@ -56,6 +56,10 @@ void apply_theme(bool dark) {
     g_colors.plot_b = IM_COL32(245, 160, 80, 255);
     g_colors.error_bg = IM_COL32(120, 30, 35, 255);
     g_colors.error_text = IM_COL32(255, 235, 235, 255);
+    g_colors.generated = IM_COL32(24, 88, 74, 255);
+    g_colors.generated_hover = IM_COL32(36, 122, 102, 255);
+    g_colors.generated_mark = IM_COL32(72, 208, 160, 255);
+    g_colors.diff_mark = IM_COL32(240, 84, 120, 255);
   } else {
     c[ImGuiCol_WindowBg] = ImVec4(0.97f, 0.97f, 0.975f, 1.0f);
     c[ImGuiCol_ChildBg] = ImVec4(1.0f, 1.0f, 1.0f, 1.0f);
@@ -73,6 +77,10 @@ void apply_theme(bool dark) {
     g_colors.plot_b = IM_COL32(210, 100, 20, 255);
     g_colors.error_bg = IM_COL32(250, 220, 222, 255);
     g_colors.error_text = IM_COL32(130, 10, 20, 255);
+    g_colors.generated = IM_COL32(190, 232, 216, 255);
+    g_colors.generated_hover = IM_COL32(160, 216, 196, 255);
+    g_colors.generated_mark = IM_COL32(16, 140, 100, 255);
+    g_colors.diff_mark = IM_COL32(205, 30, 75, 255);
   }
 }
 

@@ -15,6 +15,9 @@ struct ThemeColors {
   ImU32 text_dim;
   ImU32 plot_a, plot_b;  // two series
   ImU32 error_bg, error_text;
+  ImU32 generated, generated_hover;  // generated tokens' boxes (the prompt's are ImGuiCol_Button)
+  ImU32 generated_mark;              // generated positions marked along map axes and under row-view tokens
+  ImU32 diff_mark;                   // the first token where two continuations differ
 };
 
 void apply_theme(bool dark);

@@ -50,7 +50,12 @@ std::shared_ptr<const Snapshot> Worker::snapshot() const {
 
 bool Worker::idle() const {
   std::lock_guard lk(mu_);
-  return !working_ && served_ == version_;
+  return !working_ && served_ == version_ && !streaming_;
+}
+
+void Worker::set_streaming(bool on) {
+  std::lock_guard lk(mu_);
+  streaming_ = on;
 }
 
 bool Worker::superseded() const {
@@ -83,7 +88,9 @@ void Worker::loop() {
     Request r;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || version_ != served_; });
+      // A streaming generation keeps the loop going: each pass takes the newest request (Stop, lambda, selection)
+      // and then generates one more token.
+      cv_.wait(lk, [&] { return stop_ || version_ != served_ || streaming_; });
       if (stop_)
         return;
       r = want_;
@@ -94,8 +101,16 @@ void Worker::loop() {
       step(r);
     } catch (const std::exception& e) {
       report_error(e.what());
+      if (streaming_) {  // never spin on a failing step
+        set_streaming(false);
+        if (session_)
+          session_->stop_generation();
+        auto g = session_ ? generation_state() : nullptr;
+        publish([&](Snapshot& s) { s.gen = g; });
+      }
     }
-    publish([](Snapshot& s) { s.running = false; });
+    if (snapshot()->running)
+      publish([](Snapshot& s) { s.running = false; });
     {
       std::lock_guard lk(mu_);
       served_ = serving_;
@@ -110,6 +125,7 @@ void Worker::loop() {
 void Worker::step(const Request& r) {
   if (r.open_seq != applied_open_) {
     applied_open_ = r.open_seq;
+    applied_gen_ = r.gen_seq;  // a generation command never carries over to another model
     open(r.open_dir);
     return;  // the UI answers a new model with a fresh request (prompt mode, lambda controls sized to L)
   }
@@ -128,6 +144,8 @@ void Worker::step(const Request& r) {
     } catch (const std::exception& e) {
       report_error(e.what());
     }
+    if (prompt_ok)
+      reset_generation();  // the session dropped its continuation with the old prompt
   }
   bool lambda_changed = false;
   try {
@@ -135,10 +153,53 @@ void Worker::step(const Request& r) {
   } catch (const std::exception& e) {
     report_error(e.what());
   }
+  if (lambda_changed && session_->generating())
+    cur_.lambda_moved = true;  // the next steps run under the new lambda (generate_step re-runs from that layer)
   if (session_->ids().empty())
     return;
-  if (prompt_ok || lambda_changed || !session_->has_result())
-    run_and_publish();
+  bool ids_changed = false, gen_changed = false;
+  if (r.gen_seq != applied_gen_) {
+    const uint64_t applied_before = applied_gen_;
+    applied_gen_ = r.gen_seq;
+    gen_changed = true;
+    try {
+      ids_changed = generation_command(r, applied_before);
+    } catch (const std::exception& e) {
+      report_error(e.what());
+      set_streaming(false);
+      ids_changed = true;  // a failed step leaves the session to run again
+    }
+  }
+  if (prompt_ok || lambda_changed || ids_changed || !session_->has_result())
+    run_and_publish(prompt_ok || ids_changed);
+  else if (gen_changed) {
+    auto g = generation_state();
+    publish([&](Snapshot& s) { s.gen = g; });
+  }
+  // A streaming generation: one token per pass of the loop, published as it comes. The head and row views follow
+  // a few times a second; the overview and the sweep wait until the generation stops.
+  if (streaming_) {
+    const auto t0 = Clock::now();
+    bool ok = true;
+    try {
+      generation_step();
+    } catch (const std::exception& e) {
+      report_error(e.what());
+      ok = false;
+    }
+    if (ok && session_->has_result())
+      publish_result(0, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), true, 1);
+    else
+      run_and_publish(true);  // the backend may hold part of the failed step: run the sequence again
+    if (streaming_) {
+      if (Clock::now() - views_at_ >= std::chrono::milliseconds(250) && !superseded()) {
+        refresh_head(r);
+        refresh_row(r);
+        views_at_ = Clock::now();
+      }
+      return;
+    }
+  }
   // What is on screen first (the selected head), then the overview, then the sweep; each stage returns early when
   // a newer request is waiting and picks up where it was on the next step.
   if (superseded())
@@ -198,11 +259,14 @@ void Worker::open(const std::string& dir) {
   for (int l = 0; l < info->cfg.layers; ++l)
     info->model_lambda.push_back(session_->model_lambda(l));
   info->max_tokens = session_->backend().max_tokens();
+  info->eos_ids = session_->eos_ids();
   info->load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   applied_prompt_ = 0;
   head_layer_ = head_head_ = -1;
   ov_ = nullptr;
+  reset_generation();
   publish([&](Snapshot& s) {
+    s.gen = nullptr;
     s.loading = false;
     s.model = info;
     s.result = nullptr;
@@ -233,18 +297,30 @@ bool Worker::apply_lambda(const LambdaControl& want) {
 }
 
 // [SECTION] run and top-k
-void Worker::run_and_publish() {
+// ids_changed: the sequence itself changed (a new prompt, tokens generated or cut back), so no layer of the
+// overview survives, whatever layer the run started from.
+void Worker::run_and_publish(bool ids_changed) {
   publish([](Snapshot& s) { s.running = true; });
-  auto res = std::make_shared<RunResult>();
   const auto t0 = Clock::now();
+  int first = 0;
   try {
-    res->first_layer = session_->run();
+    first = session_->run();
   } catch (const std::exception& e) {
     report_error(e.what());
     return;
   }
-  res->run_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (ids_changed && first >= int(session_->config().layers))
+    first = 0;  // the sequence changed without a run here (a generation began or was cleared)
+  publish_result(first, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), ids_changed);
+}
+
+void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded) {
+  auto res = std::make_shared<RunResult>();
+  res->decoded = decoded;
+  res->first_layer = first_layer;
+  res->run_ms = run_ms;
   res->seq = ++result_seq_;
+  res->prompt_len = session_->prompt_length();
   res->model_seq = model_seq_;
   res->ids = session_->ids();
   for (const auto& t : session_->tokens())
@@ -258,7 +334,7 @@ void Worker::run_and_publish() {
 
   // The overview keeps the layers this run did not recompute (their inputs and lambda are unchanged) when it
   // described the previous result; the rest is computed again by summarize().
-  if (ov_ && ov_->result_seq + 1 == res->seq && int(ov_->layers.size()) == L) {
+  if (!ids_changed && ov_ && ov_->result_seq + 1 == res->seq && int(ov_->layers.size()) == L) {
     for (int l = std::max(0, res->first_layer); l < L; ++l)
       ov_->layers[l] = LayerSummary{};
   } else {
@@ -267,10 +343,123 @@ void Worker::run_and_publish() {
   }
   ov_->result_seq = res->seq;
   ov_->complete = false;
+  auto gen = generation_state();
+  // While a generation streams the overview on screen stays as it was (summarize() waits for the end): better a
+  // grid a few tokens old than an empty one flashing at every token.
+  auto ov = streaming_ ? nullptr : std::make_shared<Overview>(*ov_);
   publish([&](Snapshot& s) {
     s.result = res;
-    s.overview = std::make_shared<Overview>(*ov_);
+    if (ov)
+      s.overview = ov;
+    s.gen = gen;
   });
+}
+
+// [SECTION] generation
+// Carries out a generation command; true when the sequence changed (tokens appended or cut back).
+bool Worker::generation_command(const Request& r, uint64_t applied_before) {
+  switch (r.gen_cmd) {
+    case GenCommand::Start:
+    case GenCommand::Step: {
+      bool began = false;
+      if (r.gen_cmd == GenCommand::Start || !session_->generating()) {
+        session_->begin_generation(r.gen);  // checks the options first: a bad one throws with nothing changed
+        archive_continuation();
+        cur_ = Continuation{};
+        cur_.options = r.gen;
+        cur_.lambda = session_->lambda_control();
+        cur_.stop_reason = stop_reason_name(session_->stop_reason());
+        step_ms_ = 0;
+        views_at_ = Clock::now();
+        began = true;
+      }
+      if (r.gen_cmd == GenCommand::Start) {
+        set_streaming(session_->generating());
+        return began;
+      }
+      set_streaming(false);
+      // Every Step the worker has not seen yet: at most the Steps that ended the command sequence.
+      const int steps = int(std::clamp<uint64_t>(r.gen_seq - applied_before, 1, uint64_t(std::max(1, r.gen_steps))));
+      for (int i = 0; i < steps && session_->generating(); ++i)
+        generation_step();
+      return true;
+    }
+    case GenCommand::Stop:
+      session_->stop_generation();
+      set_streaming(false);
+      cur_.stop_reason = stop_reason_name(session_->stop_reason());
+      return false;
+    case GenCommand::Clear: {
+      const bool had = !session_->generated().empty();
+      set_streaming(false);
+      session_->clear_generation();
+      archive_continuation();
+      cur_ = Continuation{};
+      step_ms_ = 0;
+      return had;
+    }
+    case GenCommand::None:
+      break;
+  }
+  return false;
+}
+
+// One token (Session::generate_step), copied into the continuation shown; streaming ends when the session stops.
+bool Worker::generation_step() {
+  const auto t0 = Clock::now();
+  int32_t id = -1;
+  try {
+    id = session_->generate_step();
+  } catch (...) {
+    set_streaming(false);
+    cur_.stop_reason = stop_reason_name(session_->stop_reason());
+    throw;
+  }
+  step_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const int64_t p = session_->prompt_length();
+  cur_.ids = session_->generated();
+  cur_.tokens.clear();
+  const auto& spans = session_->tokens();
+  for (size_t i = size_t(p); i < spans.size(); ++i)
+    cur_.tokens.push_back(spans[i].text);
+  cur_.text = session_->generated_text();
+  cur_.stop_reason = stop_reason_name(session_->stop_reason());
+  if (!session_->generating())
+    set_streaming(false);
+  return id >= 0;
+}
+
+// The continuation on screen becomes the one the next is compared with.
+void Worker::archive_continuation() {
+  if (!cur_.empty())
+    before_ = std::make_shared<const Continuation>(cur_);
+}
+
+void Worker::reset_generation() {
+  set_streaming(false);
+  cur_ = Continuation{};
+  before_ = nullptr;
+  step_ms_ = 0;
+}
+
+std::shared_ptr<Generation> Worker::generation_state() const {
+  auto g = std::make_shared<Generation>();
+  g->prompt_len = session_->prompt_length();
+  g->streaming = streaming_;
+  g->active = session_->generating();
+  g->now = cur_;
+  g->before = before_;
+  g->step_ms = step_ms_;
+  if (before_ && !cur_.empty()) {
+    const size_t m = std::min(before_->ids.size(), cur_.ids.size());
+    for (size_t i = 0; i < m && g->first_diff < 0; ++i)
+      if (before_->ids[i] != cur_.ids[i])
+        g->first_diff = int64_t(i);
+    // One is a prefix of the other: they differ in length once this one has stopped.
+    if (g->first_diff < 0 && !g->active && before_->ids.size() != cur_.ids.size())
+      g->first_diff = int64_t(m);
+  }
+  return g;
 }
 
 // [SECTION] the overview: every layer's per-head statistics (Backend::head_stats) and thumbnails

@@ -4,6 +4,7 @@
 // is in progress, any number of submits collapse into one follow-up run of the newest state. Results come back
 // as immutable Snapshots (snapshot.h).
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -16,6 +17,16 @@
 #include "snapshot.h"
 
 namespace ds::gui {
+
+// A generation command. Commands are events: each bumps Request::gen_seq, and the worker carries out the newest
+// one it has not seen (the controls that send them are disabled while the worker is busy, so none is lost).
+enum class GenCommand {
+  None,
+  Start,  // begin_generation(gen) from the prompt, then stream steps until it stops
+  Step,   // one token; begins a generation with `gen` when none is active
+  Stop,   // stop between steps; what was generated stays
+  Clear,  // back to the prompt alone
+};
 
 struct Request {
   uint64_t open_seq = 0;  // bump to open open_dir
@@ -32,6 +43,11 @@ struct Request {
   bool overview = true;  // per-layer statistics and thumbnails for every layer
   bool sweep = true;     // lambda sweep of the selected layer
   int sweep_points = 17;
+  // Generation: the newest command (see GenCommand) and the options a Start or a first Step uses.
+  uint64_t gen_seq = 0;
+  GenCommand gen_cmd = GenCommand::None;
+  int gen_steps = 1;  // Step: how many Step commands in a row ended the sequence (all of them are carried out)
+  GenerateOptions gen;
 };
 
 class Worker {
@@ -44,7 +60,7 @@ class Worker {
 
   void submit(const Request& r);
   std::shared_ptr<const Snapshot> snapshot() const;
-  // True when the latest request has been fully served (runs, maps, overview and sweep).
+  // True when the latest request has been fully served (runs, maps, overview and sweep) and no generation streams.
   bool idle() const;
 
  private:
@@ -52,7 +68,14 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
-  void run_and_publish();
+  void run_and_publish(bool ids_changed = false);
+  void publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded = 0);
+  bool generation_command(const Request& r, uint64_t applied_before);
+  bool generation_step();
+  void archive_continuation();
+  void reset_generation();
+  std::shared_ptr<Generation> generation_state() const;
+  void set_streaming(bool on);
   void summarize(const Request& r);
   void refresh_head(const Request& r);
   void refresh_row(const Request& r);
@@ -71,6 +94,7 @@ class Worker {
   Request want_;
   uint64_t version_ = 0, serving_ = 0, served_ = 0;
   bool working_ = false, stop_ = false;
+  bool streaming_ = false;  // a generation streams: the loop keeps stepping without a new request
   std::shared_ptr<const Snapshot> snap_;
 
   // Worker-thread only.
@@ -81,6 +105,11 @@ class Worker {
   uint64_t head_result_ = 0;
   ViewRequest head_view_;
   std::shared_ptr<Overview> ov_;  // the overview being filled (published as copies)
+  uint64_t applied_gen_ = 0;
+  Continuation cur_;                            // the continuation being generated or last generated
+  std::shared_ptr<const Continuation> before_;  // the one it replaced
+  double step_ms_ = 0;
+  std::chrono::steady_clock::time_point views_at_{};  // while streaming: when the head and row were last refreshed
   std::thread thread_;
 };
 
