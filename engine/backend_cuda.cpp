@@ -111,6 +111,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   lt_.reset(lh);
   lt_ws_ = DeviceBuffer(kLtWorkspace, "cuBLASLt workspace");
   if (const char* at = std::getenv("DS_GEMM_AUTOTUNE")) autotune_ = std::strcmp(at, "0") != 0;
+  if (const char* g = std::getenv("DS_DECODE_GEMV")) decode_gemv_ = std::strcmp(g, "0") != 0;
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
 }
@@ -941,7 +942,8 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   const int64_t n = int64_t(req.ids.size());
   const int L = int(cfg_.layers);
   if (n == 0) throw Error("empty prompt: nothing to run");
-  for (size_t i = 0; i < req.ids.size(); ++i)
+  // (a decoding step checks its new ids only: the others ran already)
+  for (size_t i = size_t(std::clamp<int64_t>(req.append_from, 0, n)); i < req.ids.size(); ++i)
     if (req.ids[i] < 0 || req.ids[i] >= cfg_.vocab)
       throw Error("token id " + std::to_string(req.ids[i]) + " at position " + std::to_string(i) +
                   " is outside the vocabulary (size " + std::to_string(cfg_.vocab) + ")");

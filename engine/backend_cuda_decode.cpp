@@ -15,6 +15,7 @@
 #include "kernels/attn_decode.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/gemv.h"
 #include "kernels/layernorm.h"
 #include "kernels/mamba_scan.h"
 #include "kernels/polynorm.h"
@@ -178,6 +179,16 @@ void CudaBackend::decode_launches() {
     marks_.push_back({name, layer, a, b});
   };
   const auto nm = [&](const char* name) { return decode_profile_ ? name : nullptr; };
+  // y = W x for the step's row through the GEMV kernel (kernels/gemv.h, with its fused bias, residual and SwiGLU),
+  // where decode_gemv_ is on and it takes the shape; false: nothing launched, the caller runs cuBLASLt.
+  const auto gemv = [&](const char* name, int layer, const kern::GemvParams& g) {
+    if (!decode_gemv_) return false;
+    cudaError_t e = cudaSuccess;
+    mark(name, layer, [&] { e = kern::launch_gemv(g, stream()); });
+    if (e == cudaErrorInvalidValue) return false;
+    DS_CUDA_CHECK(e);
+    return true;
+  };
   bf16* x = d.x.as<bf16>();
   DS_CUDA_CHECK(kern::launch_embedding(d.ctl.as<int32_t>(), embed_.as<bf16>(), h, 1, int(E), stream()));
   for (int l = 0; l < L; ++l) {
@@ -198,7 +209,10 @@ void CudaBackend::decode_launches() {
     } else {
       bf16* qkv = d.qkv.as<bf16>();
       const int64_t rows = kind == LayerKind::CrossAttention ? H * hd : W;
-      gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
+      // The bias is added to the bf16 projection afterwards, as the prompt's forward adds it (two roundings), so
+      // that a decoded position's Q/K/V are the ones a forward over the whole sequence caches.
+      if (!gemv("gemv_qkv", l, {.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E), .y_bf16 = qkv}))
+        gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
       if (w.qkv_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(qkv, W, w.qkv_b.as<float>(), 1, int(rows), stream()));
       // RoPE at the position, straight into the layer's cache row (one launch)
       mark("rope_store", l, [&] {
@@ -212,20 +226,30 @@ void CudaBackend::decode_launches() {
       p.out_row_stride = H * hd;
       p.out_batch_stride = H * hd;
       mark("decode_attention", l, [&] { DS_CUDA_CHECK(kern::launch_attn_decode(p, len, 1, int(cap), d.attn_ws.get(), stream())); });
-      gemm(nm("gemm_o"), l, {.out_f = E, .tokens = 1, .in_f = H * hd, .w = w.o.as<bf16>(), .x = d.attn.as<bf16>(),
-                        .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
-      if (w.o_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(h_out, E, w.o_b.as<float>(), 1, int(E), stream()));
+      if (!gemv("gemv_o", l, {.w = w.o.as<bf16>(), .x = d.attn.as<bf16>(), .out_f = int(E), .in_f = int(H * hd),
+                               .bias = w.o_b.as<float>(), .y_f32 = h_out, .c = h_in})) {
+        gemm(nm("gemm_o"), l, {.out_f = E, .tokens = 1, .in_f = H * hd, .w = w.o.as<bf16>(), .x = d.attn.as<bf16>(),
+                               .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
+        if (w.o_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(h_out, E, w.o_b.as<float>(), 1, int(E), stream()));
+      }
     }
     mark("norm", l, [&] { block_norm(h_out, E, w.ln2, w.ln2_b, x, 1); });
     bf16* gu = d.gu.as<bf16>();
-    gemm(nm("gemm_gate_up"), l, {.out_f = 2 * I, .tokens = 1, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-    if (cfg_.spec().mlp == MlpAct::PolyNorm)
-      DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), d.act.as<bf16>(), 1,
-                                              int(I), stream()));
-    else
-      mark("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, d.act.as<bf16>(), 1, int(I), stream())); });
-    gemm(nm("gemm_down"), l, {.out_f = E, .tokens = 1, .in_f = I, .w = w.down.as<bf16>(), .x = d.act.as<bf16>(), .y = h_out,
-                      .y_f32 = true, .beta = 1.f, .spare = d.spare.get(), .spare_bytes = d.spare.bytes()});
+    const bool swiglu = cfg_.spec().mlp != MlpAct::PolyNorm;
+    if (!swiglu || !gemv("gemv_gate_up_swiglu", l, {.w = w.gate_up.as<bf16>(), .x = x, .out_f = int(2 * I),
+                                                    .in_f = int(E), .y_bf16 = d.act.as<bf16>(), .swiglu = true})) {
+      gemm(nm("gemm_gate_up"), l, {.out_f = 2 * I, .tokens = 1, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
+      if (!swiglu)
+        DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), d.act.as<bf16>(), 1,
+                                                int(I), stream()));
+      else
+        mark("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, d.act.as<bf16>(), 1, int(I), stream())); });
+    }
+    if (!gemv("gemv_down", l, {.w = w.down.as<bf16>(), .x = d.act.as<bf16>(), .out_f = int(E), .in_f = int(I),
+                               .y_f32 = h_out, .c = h_out}))
+      gemm(nm("gemm_down"), l, {.out_f = E, .tokens = 1, .in_f = I, .w = w.down.as<bf16>(), .x = d.act.as<bf16>(),
+                                .y = h_out, .y_f32 = true, .beta = 1.f, .spare = d.spare.get(),
+                                .spare_bytes = d.spare.bytes()});
   }
   // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32,
   // the step's rows E apart, hidden's cap x E apart.

@@ -153,6 +153,15 @@ class CudaBackend final : public Backend {
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
   // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
   void set_decode_profile(bool on) { decode_profile_ = on; }
+  // false: the step's projections through cuBLASLt instead of kernels/gemv.h (tests and benchmarks compare).
+  void set_decode_gemv(bool on) {
+    decode_gemv_ = on;
+    if (dec_) dec_->warm = false;  // new shapes: one eager step (GEMM plans) before the next capture
+    if (dec_ && dec_->graph) {
+      cudaGraphExecDestroy(dec_->graph);
+      dec_->graph = nullptr;
+    }
+  }
   int64_t decode_graph_replays() const { return graph_replays_; }
   // The GEMMs of run(ids, batch, n, ..., last_rows_only) alone, over the activations a run of that batch and n
   // left: the floor that a forward with these GEMMs cannot beat (benchmarks). Leaves no maps to query.
@@ -284,6 +293,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Decoder> dec_;
   bool decode_graphs_ = true;
   bool decode_profile_ = false;
+  bool decode_gemv_ = true;  // the step's projections through kernels/gemv.h (DS_DECODE_GEMV=0: cuBLASLt)
   int64_t graph_replays_ = 0;
   DeviceBuffer mamba_state_;         // [Mamba layers]: conv state [K - 1][di] bf16, then scan state [di][S] f32
   std::vector<int> mamba_slot_;      // [L]: index into mamba_state_, -1 for other layers

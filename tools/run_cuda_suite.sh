@@ -81,7 +81,7 @@ else
 fi
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
-CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:GenerateCuda.*:GenerateReferenceCuda.*'
+CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*'
 
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
@@ -286,12 +286,12 @@ fi
 
 if has gen; then
   log "## generation: decode kernel and engine tests, memcheck, benchmark, transformers generate"
-  timeout 300 "$T" --gtest_filter='AttnDecode*:GenerateCuda.*:GenerateReferenceCuda.*' >"$OUT/gen_tests.log" 2>&1
+  timeout 300 "$T" --gtest_filter='AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*' >"$OUT/gen_tests.log" 2>&1
   log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/gen_tests.log" | tee -a "$SUMMARY"
   grep -B2 -A8 "Failure" "$OUT/gen_tests.log" | head -60 | tee -a "$SUMMARY"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   DS_CUDA_TEST_SMALL=1 timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" \
-    --gtest_filter='AttnDecode*:GenerateCuda.GraphReplays*:CudaKernels.Mamba*' >"$OUT/gen_memcheck.log" 2>&1
+    --gtest_filter='AttnDecode*:Gemv*:GenerateCuda.GraphReplays*:CudaKernels.Mamba*' >"$OUT/gen_memcheck.log" 2>&1
   log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/gen_memcheck.log" | tail -3 | tee -a "$SUMMARY"
   timeout 300 "$DS/bin/diffscope-bench" --backend cuda --only decode_attn --only decode --json "$OUT/decode_bench.json" \
     2>&1 | tee "$OUT/decode_bench.log" | tail -20 | tee -a "$SUMMARY"

@@ -69,13 +69,17 @@ json bench_decode(CudaBackend& b, const std::vector<float>& lambda, const std::v
     b.sync();
     DS_CUDA_CHECK(cudaMemcpy(host_logits.data(), b.logits_dev(), host_logits.size() * 4, cudaMemcpyDeviceToHost));
     int32_t next = greedy.pick(host_logits.data(), c.vocab);
-    // What Session::generate_step does per token: the step, its logits to the host, the choice there.
+    // What Session::generate_step does per token: the backend's decoding forward (the step, its logits to the
+    // host), then the greedy choice there.
+    ForwardRequest req;
+    req.ids = ids;
+    req.lambda = lambda;
+    ForwardResult res;
     auto step = [&] {
-      b.decode_step(next, lambda);
-      DS_CUDA_CHECK(cudaMemcpyAsync(host_logits.data(), b.logits_dev(), host_logits.size() * 4, cudaMemcpyDeviceToHost,
-                                    b.stream()));
-      b.sync();
-      next = greedy.pick(host_logits.data(), c.vocab);
+      req.append_from = int64_t(req.ids.size());
+      req.ids.push_back(next);
+      b.forward(req, res);
+      next = greedy.pick(res.logits.data(), c.vocab);
     };
     const auto tw = Clock::now();
     int warm = 0;
