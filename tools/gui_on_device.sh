@@ -17,7 +17,8 @@
 # Run knobs (environment): BACKEND=cuda, TOKENS=32768, SMALL=1 (2-layer checkpoint, for a CPU test), GLMODE=auto
 # (nvidia first, then mesa) | nvidia | mesa, REPLAY=8,0,1.5,60 (1,0,1.5,60 with SMALL), MOUSE=-1,-1 (ImGui's pointer,
 # off the window; empty: Xvfb's, mid-screen), SIZE=WxH (the window, default 1600x1000; the screen is 1920x1080),
-# HEAD=L.H (the head view; default the dragged layer's head 0), GUI_TIMEOUT=300 (seconds), CKPT=/tmp/ds_kajuma_random
+# HEAD=L.H (the head view; default the dragged layer's head 0), GUI_TIMEOUT=300 (seconds), GUI_ARGS (more diffscope
+# flags, e.g. "--generate 32"), CKPT=/tmp/ds_kajuma_random
 # (kept between calls while the machine is warm), FAMILY=phi4flash (a random Phi-4-mini-flash-shaped checkpoint;
 # set CKPT to another folder with it).
 # Everything is unpacked under /tmp (the packs' Xvfb looks for xkbcomp in /tmp/dsx, patched in): nothing goes to /
@@ -160,7 +161,7 @@ SUMMARY=$OUT/gui_summary.md
 BACKEND=${BACKEND:-cuda}
 TOKENS=${TOKENS:-32768}
 GLMODE=${GLMODE:-auto}
-if [ -n "${SMALL:-}" ]; then REPLAY=${REPLAY:-1,0,1.5,60}; else REPLAY=${REPLAY:-8,0,1.5,60}; fi
+if [ -n "${SMALL:-}" ]; then REPLAY=${REPLAY-1,0,1.5,60}; else REPLAY=${REPLAY-8,0,1.5,60}; fi  # REPLAY= : none
 HEAD=${HEAD-${REPLAY%%,*}.0}  # the head view opens on the dragged layer (head 0); empty: the GUI's default
 MOUSE=${MOUSE--1,-1}  # ImGui's pointer: off the window (Xvfb's rests mid-screen, over a panel: a tooltip); empty: Xvfb's
 GUI_TIMEOUT=${GUI_TIMEOUT:-300}  # the GUI's --screenshot gives up by itself 240 s after its first frame
@@ -298,7 +299,8 @@ run_gui() {  # $1 = vendor
   local t=$(date +%s)
   env DISPLAY=$DISP LD_LIBRARY_PATH="$GUILIB" __GLX_VENDOR_LIBRARY_NAME=$1 $extra \
     timeout "$GUI_TIMEOUT" "$DSG/bin/diffscope" --backend "$BACKEND" --model "$CKPT" --prompt-file "$PROMPT" \
-    ${HEAD:+--head $HEAD} ${SIZE:+--size $SIZE} ${MOUSE:+--mouse $MOUSE} --screenshot "$SHOT" --state-json "$STATE" --replay-lambda "$REPLAY" --replay-log "$CSV" \
+    ${HEAD:+--head $HEAD} ${SIZE:+--size $SIZE} ${MOUSE:+--mouse $MOUSE} --screenshot "$SHOT" --state-json "$STATE" \
+    ${REPLAY:+--replay-lambda "$REPLAY" --replay-log "$CSV"} ${GUI_ARGS:-} \
     >> "$LOG" 2>&1
   GUI_RC=$?
   GUI_S=$(( $(date +%s) - t ))

@@ -185,8 +185,11 @@ void draw_profiler_panel(AppState& st) {
                   fmt_value(p.peak_tflops).c_str());
   else
     std::snprintf(peak, sizeof peak, "%s", s.model->backend_kind == "cpu" ? "peak unknown on CPU" : "peak unknown");
-  ImGui::TextWrapped("attention %.2f ms, %s TFLOP/s (%s)", attn_ms, fmt_value(tflops).c_str(), peak);
-  if (ImGui::IsItemHovered())
+  if (p.heads.empty())  // a CUDA generation step is one graph: no per-head times inside it
+    ImGui::TextDisabled("no per-head attention times for this step (one CUDA graph)");
+  else
+    ImGui::TextWrapped("attention %.2f ms, %s TFLOP/s (%s)", attn_ms, fmt_value(tflops).c_str(), peak);
+  if (ImGui::IsItemHovered() && !p.heads.empty())
     ImGui::SetTooltip(
         "FLOPs per differential head: 12 n^2 d, halved for causal (kernels/attn_heads.h); "
         "the peak is the device's measured matrix throughput");
