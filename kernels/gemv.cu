@@ -12,6 +12,9 @@
 //   - One block per 4/KSPLIT rows, no grid-stride loop: even the smallest matrices of a decoder (2048 x 2048) give
 //     512 blocks, several per SM, so the whole matrix is requested almost at once.
 // f32 accumulation: per lane a sequential sum over its columns, then the butterfly warp_sum, then the slices.
+// RMSNorm prologue (x_f32): every block re-enacts kernels/rmsnorm.cu's sum of squares for the row (same virtual
+// threads, fmaf chains and reductions, so the same f32 bits), then writes the normed bf16 vector to shared memory
+// and runs the same W loop with x read from there (the W loads are untouched).
 #include "gemv.h"
 
 #include "warp_reduce.cuh"
@@ -52,9 +55,90 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + 
 // R rows per warp: 1, or 2 for swiglu (gate and up). The minimum of 4 blocks per SM lets ptxas spend the registers
 // (94 / 116 on sm_90) to keep all UNROLL * R loads of a round in flight; without it, it interleaves them with the FMAs
 // and keeps only 2-4 in flight. ksplit in {1, 2, 4} slices of `slice` columns (a multiple of 8).
-template <int R>
-__global__ void __launch_bounds__(THREADS, 4) gemv_kernel(GemvParams p, int groups, int ksplit, int slice) {
+// launch_rmsnorm's register kernel for one row of in_f = 4 nvec columns: VPT float4 per thread, blockDim
+// ((nvec + VPT - 1) / VPT rounded up to 32) threads (norm_vt). Thread t of that block: ss = fmaf chain over its
+// vectors t, t + nvt, ... (each vector w, z, y, x innermost first), warp_sum, then warp 0 warp_sums the per-warp
+// partials (zeros beyond the last warp). Here the THREADS threads of a GEMV block play its nvt / 32 warps in turn
+// (GEMV warp w plays its warps w, w + WARPS, ...; lane = lane), so every partial sum is the same f32 value.
+template <int VPT>
+__device__ __forceinline__ float norm_sum_squares(const float4* x4, int nvec, int nvt, float* red_norm) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  for (int vw = warp; vw < nvt / 32; vw += WARPS) {
+    const int t = vw * 32 + lane;
+    float4 v[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int i = t + j * nvt;
+      v[j] = i < nvec ? __ldg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+      ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+    ss = warp_sum(ss);
+    if (lane == 0) red_norm[vw] = ss;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < (nvt >> 5) ? red_norm[lane] : 0.f;
+    v = warp_sum(v);
+    if (lane == 0) red_norm[32] = v;
+  }
+  __syncthreads();
+  return red_norm[32];
+}
+
+// The prologue: r, then xs[j] = bf16(norm_w[j] * (x_f32[j] * r)) exactly as rmsnorm.cu's scale_pack (block 0 also
+// to x_normed_out). Ends with a __syncthreads: xs is ready for every warp.
+__device__ __forceinline__ void norm_prologue(const GemvParams& p, int norm_vpt, int norm_vt, __nv_bfloat16* xs) {
+  __shared__ float red_norm[33];
+  const int nvec = p.in_f >> 2;
+  const float4* x4 = reinterpret_cast<const float4*>(p.x_f32);
+  float ss;
+  if (norm_vpt == 1) ss = norm_sum_squares<1>(x4, nvec, norm_vt, red_norm);
+  else if (norm_vpt == 2) ss = norm_sum_squares<2>(x4, nvec, norm_vt, red_norm);
+  else if (norm_vpt == 4) ss = norm_sum_squares<4>(x4, nvec, norm_vt, red_norm);
+  else ss = norm_sum_squares<8>(x4, nvec, norm_vt, red_norm);
+  const float inv = rsqrtf(ss / float(p.in_f) + p.norm_eps);
+  const float4* w4 = reinterpret_cast<const float4*>(p.norm_w);
+  uint2* xs2 = reinterpret_cast<uint2*>(xs);
+  __nv_bfloat16* out = blockIdx.x == 0 ? p.x_normed_out : nullptr;
+  for (int i = int(threadIdx.x); i < nvec; i += THREADS) {
+    const float4 v = __ldg(x4 + i), w = __ldg(w4 + i);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x * (v.x * inv), w.y * (v.y * inv));
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(w.z * (v.z * inv), w.w * (v.w * inv));
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    xs2[i] = packed;
+    if (out) {
+      out[4 * i] = lo.x;
+      out[4 * i + 1] = lo.y;
+      out[4 * i + 2] = hi.x;
+      out[4 * i + 3] = hi.y;
+    }
+  }
+  __syncthreads();
+}
+
+// x as the W loop reads it: 8 bf16 from global (__ldg) or, with the prologue, from shared memory.
+template <bool NORM>
+__device__ __forceinline__ uint4 load_x(const __nv_bfloat16* x, int k) {
+  if constexpr (NORM) return *reinterpret_cast<const uint4*>(x + k);
+  else return __ldg(reinterpret_cast<const uint4*>(x + k));
+}
+
+template <int R, bool NORM>
+__global__ void __launch_bounds__(THREADS, 4)
+    gemv_kernel(GemvParams p, int groups, int ksplit, int slice, int norm_vpt, int norm_vt) {
   __shared__ float red[WARPS][R];
+  extern __shared__ uint4 xs_raw[];  // NORM: the normed vector, in_f bf16
+  const __nv_bfloat16* xp = p.x;
+  if constexpr (NORM) {
+    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(xs_raw);
+    norm_prologue(p, norm_vpt, norm_vt, xs);
+    xp = xs;
+  }
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int ks = warp % ksplit;
   const int64_t group = int64_t(blockIdx.x) * (WARPS / ksplit) + warp / ksplit;
@@ -76,7 +160,7 @@ __global__ void __launch_bounds__(THREADS, 4) gemv_kernel(GemvParams p, int grou
       for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
         for (int r = 0; r < R; ++r) wv[r][u] = load_stream(wr[r] + k + u * WARP_COLS);
-        xv[u] = __ldg(reinterpret_cast<const uint4*>(p.x + k + u * WARP_COLS));
+        xv[u] = load_x<NORM>(xp, k + u * WARP_COLS);
       }
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u)
@@ -85,7 +169,7 @@ __global__ void __launch_bounds__(THREADS, 4) gemv_kernel(GemvParams p, int grou
     }
     // The rest of the slice (fewer than UNROLL warp-wide loads): one at a time.
     for (; k < k1; k += WARP_COLS) {
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(p.x + k));
+      const uint4 xv = load_x<NORM>(xp, k);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = dot8(load_stream(wr[r] + k), xv, acc[r]);
     }
@@ -134,7 +218,12 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
   if (p.in_f <= 0 || p.in_f % VEC != 0 || p.out_f < 0) return cudaErrorInvalidValue;
-  if (!p.w || !p.x || !aligned16(p.w) || !aligned16(p.x)) return cudaErrorInvalidValue;
+  if (!p.w || !aligned16(p.w)) return cudaErrorInvalidValue;
+  const bool norm = p.x_f32 != nullptr;
+  if ((p.x != nullptr) == norm) return cudaErrorInvalidValue;  // exactly one of x, x_f32
+  if (!norm && !aligned16(p.x)) return cudaErrorInvalidValue;
+  if (norm && (!aligned16(p.x_f32) || !p.norm_w || !aligned16(p.norm_w) || p.in_f > kGemvNormMaxInF))
+    return cudaErrorInvalidValue;
   if ((p.y_bf16 != nullptr) == (p.y_f32 != nullptr)) return cudaErrorInvalidValue;
   if (p.c && !p.y_f32) return cudaErrorInvalidValue;
   if (p.swiglu && (p.out_f % 2 != 0 || !p.y_bf16)) return cudaErrorInvalidValue;
@@ -146,10 +235,18 @@ cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {
   const int groups = p.swiglu ? p.out_f / 2 : p.out_f;
   const int per_block = WARPS / ksplit;
   const unsigned blocks = unsigned((int64_t(groups) + per_block - 1) / per_block);
-  if (p.swiglu)
-    gemv_kernel<2><<<blocks, THREADS, 0, stream>>>(p, groups, ksplit, slice);
-  else
-    gemv_kernel<1><<<blocks, THREADS, 0, stream>>>(p, groups, ksplit, slice);
+  if (!norm) {
+    if (p.swiglu) gemv_kernel<2, false><<<blocks, THREADS, 0, stream>>>(p, groups, ksplit, slice, 0, 0);
+    else gemv_kernel<1, false><<<blocks, THREADS, 0, stream>>>(p, groups, ksplit, slice, 0, 0);
+    return cudaGetLastError();
+  }
+  // launch_rmsnorm's choice for one row of in_f columns (its register kernel: nvec <= 8192 since in_f <= 16384).
+  const int nvec = p.in_f / 4;
+  const int vpt = nvec <= 128 ? 1 : nvec <= 256 ? 2 : nvec <= 512 ? 4 : 8;
+  const int vt = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+  const size_t smem = size_t(p.in_f) * sizeof(__nv_bfloat16);
+  if (p.swiglu) gemv_kernel<2, true><<<blocks, THREADS, smem, stream>>>(p, groups, ksplit, slice, vpt, vt);
+  else gemv_kernel<1, true><<<blocks, THREADS, smem, stream>>>(p, groups, ksplit, slice, vpt, vt);
   return cudaGetLastError();
 }
 

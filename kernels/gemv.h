@@ -26,11 +26,27 @@ struct GemvParams {
   float* y_f32 = nullptr;
   const float* c = nullptr;
   bool swiglu = false;
+  // RMSNorm prologue: when x_f32 is set (and x null), the vector is bf16(norm_w[j] * (x_f32[j] * r)),
+  // r = rsqrt(mean_j x_f32[j]^2 + norm_eps), computed exactly as kernels/rmsnorm.cu computes it for one row of
+  // in_f columns (the same f32 sum of squares: launch_rmsnorm's register kernel, its VPT and block width for
+  // in_f / 4 float4 vectors, its per-thread fmaf chain and its block_sum reduction order, re-enacted by each GEMV
+  // block; then rsqrtf(ss / float(in_f) + eps) and bf16(w * (x * r)) per element), so that the result equals
+  // launch_rmsnorm (x_stride = y_stride = in_f, rows = 1) followed by launch_gemv on its output bit for bit. Every
+  // block computes r itself (in_f f32 read from L2), builds the normed bf16 vector in shared memory (in_f * 2
+  // bytes, dynamic) and runs the same W loop with x read from there. norm_w: [in_f] f32, 16-byte aligned.
+  const float* x_f32 = nullptr;
+  const float* norm_w = nullptr;
+  float norm_eps = 0.f;
+  // optional: the normed bf16 vector is also written here by block 0 (so later kernels can read it), or null
+  __nv_bfloat16* x_normed_out = nullptr;
 };
 
-// cudaErrorInvalidValue (nothing launched) for: in_f not a positive multiple of 8, out_f < 0, w/x null or not
-// 16-byte aligned, no or two outputs, c without y_f32, swiglu with odd out_f or without y_bf16. out_f == 0 launches
-// nothing. Otherwise the launch's status (cudaGetLastError).
+// cudaErrorInvalidValue (nothing launched) for: in_f not a positive multiple of 8, out_f < 0, w null or not 16-byte
+// aligned, x and x_f32 both set or both null, x not 16-byte aligned, x_f32 or norm_w (with x_f32) null or not
+// 16-byte aligned, x_f32 with in_f > kGemvNormMaxInF (the shared-memory vector), no or two outputs, c without
+// y_f32, swiglu with odd out_f or without y_bf16. out_f == 0 launches nothing (x_normed_out is then not written
+// either). Otherwise the launch's status (cudaGetLastError).
+inline constexpr int kGemvNormMaxInF = 16384;  // 32 KiB of bf16 in shared memory (under the 48 KiB default)
 cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream);
 
 }  // namespace ds::kern

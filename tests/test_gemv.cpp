@@ -2,7 +2,8 @@
 // (3072x2048 bf16 out with and without bias, 2048x2048 f32 out with a separate c and in place, 16384x2048 SwiGLU,
 // 2048x8192 f32 in place, the 128256x2048 lm_head), odd shapes (out_f 1, 7, 100 by in_f 8, 72, 4104), and the
 // refusals. Every output is poisoned with NaN before the run and must come back fully written, with the padding
-// beyond out_f untouched. GemvPerf.Bandwidth (DS_GEMV_PERF=1 only) prints the GB/s of W per shape against a
+// beyond out_f untouched. GemvNorm.*: the RMSNorm prologue (x_f32, norm_w) against the engine's launch_rmsnorm
+// followed by launch_gemv on its output (bit for bit: outputs and the normed vector), and against float64. GemvPerf.Bandwidth (DS_GEMV_PERF=1 only) prints the GB/s of W per shape against a
 // measured device-to-device copy. Skips cleanly without a CUDA device or build.
 #include <gtest/gtest.h>
 
@@ -18,12 +19,14 @@ TEST(Gemv, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no CUDA b
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "engine/backend_cuda_memory.h"
 #include "engine/dtype.h"
 #include "kernels/gemv.h"
+#include "kernels/rmsnorm.h"
 #include "test_cuda_util.h"
 
 namespace {
@@ -246,6 +249,180 @@ void run_case(const GemvCase& cs, uint64_t seed) {
   }
 }
 
+// The RMSNorm prologue: launch_gemv with x_f32/norm_w against launch_rmsnorm (the engine's kernel) followed by
+// launch_gemv on its bf16 output, on the same inputs. The prologue re-enacts rmsnorm.cu's sum of squares, so every
+// output (and x_normed_out against the rmsnorm output) must be bit-equal. Then against float64: the normed vector
+// v_k = w_k x_k / sqrt(mean x^2 + eps) in float64, the kernel's one differs by its bf16 rounding (<= 2^-8 |v_k|)
+// plus the f32 error of r and the two products (< 2^-20 |v_k| with rsqrtf's 2 ulp), so each output lies within
+// sum_k |W_k| (2^-8 + 2^-20) |v_k| plus the f32 sum bound of the dot product (and the bf16 output rounding).
+void run_norm_case(int out_f_i, int in_f_i, Out out, bool with_bias, uint64_t seed) {
+  const std::string what = "norm " + std::to_string(out_f_i) + "x" + std::to_string(in_f_i) + " " + out_name(out) +
+                           (with_bias ? " +bias" : "");
+  SCOPED_TRACE(what);
+  Rng rng{seed};
+  const size_t out_f = size_t(out_f_i), in_f = size_t(in_f_i);
+  const std::vector<uint16_t> w = random_bf16(out_f * in_f, rng, 1.f);
+  const std::vector<float> xf = random_f32(in_f, rng, 3.f);
+  std::vector<float> nw = random_f32(in_f, rng, 0.5f);
+  for (auto& v : nw) v += 1.f;  // a trained RMSNorm weight: around 1
+  const float eps = 1e-5f;
+  const std::vector<float> bias = with_bias ? random_f32(out_f, rng, 1.f) : std::vector<float>();
+  const bool swiglu = out == Out::Swiglu, f32 = out != Out::Bf16 && !swiglu;
+  const size_t n_out = swiglu ? out_f / 2 : out_f;
+  const std::vector<float> c = out == Out::F32InPlace ? random_f32(n_out, rng, 4.f) : std::vector<float>();
+  DeviceBuffer dw = to_device(w), dxf = to_device(xf), dnw = to_device(nw), dbias;
+  if (with_bias) dbias = to_device(bias);
+  std::vector<uint16_t> xn_init(in_f + kPad, kBf16Sentinel);
+  DeviceBuffer dxn_ref = to_device(xn_init), dxn = to_device(xn_init);
+  auto make_out = [&]() {
+    if (f32) {
+      std::vector<float> init(n_out + kPad, kF32Sentinel);
+      for (size_t i = 0; i < n_out; ++i) init[i] = out == Out::F32InPlace ? c[i] : std::nanf("");
+      return to_device(init);
+    }
+    std::vector<uint16_t> init(n_out + kPad, kBf16Sentinel);
+    std::fill(init.begin(), init.begin() + long(n_out), kBf16NaN);
+    return to_device(init);
+  };
+  DeviceBuffer dy_ref = make_out(), dy = make_out();
+  ds::kern::GemvParams p;
+  p.w = dw.as<bf16>();
+  p.out_f = out_f_i;
+  p.in_f = in_f_i;
+  p.bias = with_bias ? dbias.as<float>() : nullptr;
+  p.swiglu = swiglu;
+  auto set_out = [&](ds::kern::GemvParams& q, DeviceBuffer& d) {
+    if (f32) {
+      q.y_f32 = d.as<float>();
+      q.c = out == Out::F32InPlace ? q.y_f32 : nullptr;
+    } else {
+      q.y_bf16 = d.as<bf16>();
+    }
+  };
+  // Reference: the engine's two launches.
+  ASSERT_EQ(ds::kern::launch_rmsnorm(dxf.as<float>(), in_f_i, dnw.as<float>(), dxn_ref.as<bf16>(), in_f_i, 1, in_f_i,
+                                     eps, nullptr),
+            cudaSuccess);
+  ds::kern::GemvParams pr = p;
+  pr.x = dxn_ref.as<bf16>();
+  set_out(pr, dy_ref);
+  ASSERT_EQ(ds::kern::launch_gemv(pr, nullptr), cudaSuccess);
+  // The fused form.
+  ds::kern::GemvParams pn = p;
+  pn.x_f32 = dxf.as<float>();
+  pn.norm_w = dnw.as<float>();
+  pn.norm_eps = eps;
+  pn.x_normed_out = dxn.as<bf16>();
+  set_out(pn, dy);
+  ASSERT_EQ(ds::kern::launch_gemv(pn, nullptr), cudaSuccess);
+  DS_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const std::vector<uint16_t> xn_ref = to_host<uint16_t>(dxn_ref, in_f + kPad), xn = to_host<uint16_t>(dxn, in_f + kPad);
+  for (size_t k = in_f; k < in_f + kPad; ++k) ASSERT_EQ(xn[k], kBf16Sentinel) << "x_normed_out padding " << k;
+  size_t xn_equal = 0;
+  for (size_t k = 0; k < in_f; ++k) xn_equal += xn[k] == xn_ref[k];
+  EXPECT_EQ(xn_equal, in_f) << "x_normed_out differs from launch_rmsnorm's output";
+
+  std::vector<float> yf, yf_ref;
+  std::vector<uint16_t> yb, yb_ref;
+  if (f32) {
+    yf = to_host<float>(dy, n_out + kPad);
+    yf_ref = to_host<float>(dy_ref, n_out + kPad);
+  } else {
+    yb = to_host<uint16_t>(dy, n_out + kPad);
+    yb_ref = to_host<uint16_t>(dy_ref, n_out + kPad);
+  }
+  auto out_at = [&](size_t i) { return f32 ? double(yf[i]) : double(bf(yb[i])); };
+  size_t equal = 0;
+  for (size_t i = 0; i < n_out; ++i) {
+    ASSERT_TRUE(std::isfinite(out_at(i))) << "output " << i << " not written";
+    equal += f32 ? std::memcmp(&yf[i], &yf_ref[i], 4) == 0 : yb[i] == yb_ref[i];
+  }
+  for (size_t i = n_out; i < n_out + kPad; ++i) {
+    if (f32) ASSERT_EQ(yf[i], kF32Sentinel) << "padding " << i << " written";
+    else ASSERT_EQ(yb[i], kBf16Sentinel) << "padding " << i << " written";
+  }
+  EXPECT_EQ(equal, n_out) << "the fused form should equal launch_rmsnorm + launch_gemv bit for bit";
+
+  // Float64.
+  double ss = 0;
+  for (size_t k = 0; k < in_f; ++k) ss += double(xf[k]) * xf[k];
+  const double r = 1.0 / std::sqrt(ss / double(in_f) + double(eps));
+  std::vector<double> v(in_f);
+  for (size_t k = 0; k < in_f; ++k) v[k] = double(nw[k]) * double(xf[k]) * r;
+  const double vrel = std::ldexp(1.0, -8) + std::ldexp(1.0, -20);
+  auto dot = [&](size_t row, double* tol) {
+    const uint16_t* wr = w.data() + row * in_f;
+    double s = 0, a = 0, e = 0;
+    for (size_t k = 0; k < in_f; ++k) {
+      const double wk = bf(wr[k]);
+      s += wk * v[k];
+      e += std::fabs(wk * v[k]) * vrel;
+      a += std::fabs(wk * v[k]) * (1 + vrel);
+    }
+    if (with_bias) {
+      s += bias[row];
+      a += std::fabs(bias[row]);
+    }
+    *tol = e + f32_sum_tol(in_f_i, a);
+    return s;
+  };
+  double worst = 0;
+  for (size_t i = 0; i < n_out; ++i) {
+    const double got = out_at(i);
+    if (!swiglu) {
+      double tol = 0;
+      double ref = dot(i, &tol);
+      if (!c.empty()) {
+        ref += c[i];
+        tol += f32_sum_tol(in_f_i, std::fabs(c[i]));
+      }
+      if (!f32) tol += bf16_round_tol(std::fabs(ref) + tol);
+      worst = std::max(worst, std::fabs(got - ref) / tol);
+      ASSERT_LE(std::fabs(got - ref), tol) << "row " << i << ": got " << got << ", float64 " << ref;
+      continue;
+    }
+    double tg = 0, tu = 0;
+    const double g = dot(i, &tg), u = dot(i + n_out, &tu);
+    const double dg = tg + bf16_round_tol(std::fabs(g) + tg), du = tu + bf16_round_tol(std::fabs(u) + tu);
+    const double sg = g / (1 + std::exp(-g)), ref = sg * u;
+    const double bound = 1.1 * dg * (std::fabs(u) + du) + std::fabs(sg) * du + std::ldexp(std::fabs(ref), -7) + 1e-30;
+    worst = std::max(worst, std::fabs(got - ref) / bound);
+    ASSERT_LE(std::fabs(got - ref), bound) << "index " << i << ": got " << got << ", float64 " << ref;
+  }
+  std::printf("[ %s: %zu/%zu outputs and %zu/%zu normed entries bit-equal to rmsnorm + gemv, worst |err|/bound "
+              "vs float64 %.3f ]\n",
+              what.c_str(), equal, n_out, xn_equal, in_f, worst);
+}
+
+TEST(GemvNorm, Bf16Out3072x2048) {
+  SKIP_WITHOUT_DEVICE();
+  run_norm_case(3072, 2048, Out::Bf16, false, 201);
+  run_norm_case(3072, 2048, Out::Bf16, true, 202);
+}
+
+TEST(GemvNorm, Swiglu16384x2048) {
+  SKIP_WITHOUT_DEVICE();
+  run_norm_case(16384, 2048, Out::Swiglu, false, 203);
+}
+
+TEST(GemvNorm, F32InPlace2048x2048) {
+  SKIP_WITHOUT_DEVICE();
+  run_norm_case(2048, 2048, Out::F32InPlace, false, 204);
+}
+
+// Every rmsnorm.cu block shape: VPT 1 (in_f 8, 72: one virtual warp), 2 (1024), 4, 8 with 5 virtual warps (4104:
+// more than the GEMV block's 4 warps, not a multiple of them), 8192 (ksplit 4) and the largest in_f accepted.
+TEST(GemvNorm, OddShapes) {
+  SKIP_WITHOUT_DEVICE();
+  uint64_t seed = 300;
+  for (int in_f : {8, 72, 1024, 4104, 8192, ds::kern::kGemvNormMaxInF}) {
+    run_norm_case(7, in_f, Out::Bf16, true, seed++);
+    run_norm_case(100, in_f, Out::F32InPlace, false, seed++);
+    run_norm_case(14, in_f, Out::Swiglu, true, seed++);
+  }
+}
+
 TEST(Gemv, Bf16Out3072x2048) {
   SKIP_WITHOUT_DEVICE();
   run_case({3072, 2048, Out::Bf16, false}, 1);
@@ -339,14 +516,43 @@ TEST(Gemv, Refusals) {
   p.y_bf16 = nullptr;
   p.y_f32 = dyf.as<float>();
   refused(p, "swiglu without y_bf16");
+  // The RMSNorm prologue.
+  DeviceBuffer dxf(4 * (ds::kern::kGemvNormMaxInF + 8) + 64, "x_f32"), dnw(4 * (ds::kern::kGemvNormMaxInF + 8) + 64, "norm_w");
+  auto okn = ok;
+  okn.x = nullptr;
+  okn.x_f32 = dxf.as<float>();
+  okn.norm_w = dnw.as<float>();
+  okn.norm_eps = 1e-5f;
+  p = okn;
+  p.x = ok.x;
+  refused(p, "x and x_f32 both set");
+  p = ok;
+  p.x = nullptr;
+  refused(p, "x and x_f32 both null");
+  p = okn;
+  p.norm_w = nullptr;
+  refused(p, "x_f32 without norm_w");
+  p = okn;
+  p.x_f32 = okn.x_f32 + 1;
+  refused(p, "x_f32 misaligned");
+  p = okn;
+  p.norm_w = okn.norm_w + 2;
+  refused(p, "norm_w misaligned");
+  p = okn;
+  p.in_f = ds::kern::kGemvNormMaxInF + 8;
+  p.out_f = 1;
+  refused(p, "x_f32 with in_f beyond kGemvNormMaxInF");
   DS_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(to_host<uint16_t>(dyb, 64), poison_b) << "a refused call wrote its output";
   // out_f == 0: nothing to do, nothing launched.
   p = ok;
   p.out_f = 0;
   EXPECT_EQ(ds::kern::launch_gemv(p, nullptr), cudaSuccess);
-  // And the valid call goes through.
+  // And the valid calls go through.
   EXPECT_EQ(ds::kern::launch_gemv(ok, nullptr), cudaSuccess);
+  DS_CUDA_CHECK(cudaMemset(dxf.get(), 0, dxf.bytes()));
+  DS_CUDA_CHECK(cudaMemset(dnw.get(), 0, dnw.bytes()));
+  EXPECT_EQ(ds::kern::launch_gemv(okn, nullptr), cudaSuccess);
   DS_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
