@@ -195,8 +195,19 @@ void CudaBackend::decode_launches() {
     const LayerWeights& w = layers_[size_t(l)];
     const float* h_in = h + size_t(l) * size_t(E);
     float* h_out = h + size_t(l + 1) * size_t(E);
-    mark("norm", l, [&] { block_norm(h_in, E, w.ln1, w.ln1_b, x, 1); });
     const LayerKind kind = cfg_.kind(l);
+    // RMSNorm families: the block norms run inside the GEMVs that read them (kernels/gemv.h's prologue, the same
+    // bits as the norm kernel); LayerNorm and the cuBLASLt fallback norm into x first.
+    const bool fused_norm = decode_gemv_ && cfg_.spec().norm == NormKind::Rms;
+    const auto norm_x = [&](const float* src, const DeviceBuffer& nw, const DeviceBuffer& nb) {
+      mark("norm", l, [&] { block_norm(src, E, nw, nb, x, 1); });
+    };
+    const auto with_norm = [&](kern::GemvParams g, const float* src, const DeviceBuffer& nw) {
+      if (fused_norm) g.x = nullptr, g.x_f32 = src, g.norm_w = nw.as<float>(), g.norm_eps = float(cfg_.norm_eps);
+      return g;
+    };
+    const bool attention = cfg_.has_maps(l);
+    if (!attention || !fused_norm) norm_x(h_in, w.ln1, w.ln1_b);
     if (kind == LayerKind::Mamba || kind == LayerKind::Memory) {
       decode_mamba(l, h_in, h_out);
     } else if (kind == LayerKind::Gmu) {
@@ -211,8 +222,12 @@ void CudaBackend::decode_launches() {
       const int64_t rows = kind == LayerKind::CrossAttention ? H * hd : W;
       // The bias is added to the bf16 projection afterwards, as the prompt's forward adds it (two roundings), so
       // that a decoded position's Q/K/V are the ones a forward over the whole sequence caches.
-      if (!gemv("gemv_qkv", l, {.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E), .y_bf16 = qkv}))
+      if (!gemv("gemv_qkv", l,
+                with_norm({.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E), .y_bf16 = qkv}, h_in,
+                          w.ln1))) {
+        if (fused_norm) norm_x(h_in, w.ln1, w.ln1_b);
         gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
+      }
       if (w.qkv_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(qkv, W, w.qkv_b.as<float>(), 1, int(rows), stream()));
       // RoPE at the position, straight into the layer's cache row (one launch)
       mark("rope_store", l, [&] {
@@ -233,11 +248,14 @@ void CudaBackend::decode_launches() {
         if (w.o_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(h_out, E, w.o_b.as<float>(), 1, int(E), stream()));
       }
     }
-    mark("norm", l, [&] { block_norm(h_out, E, w.ln2, w.ln2_b, x, 1); });
     bf16* gu = d.gu.as<bf16>();
     const bool swiglu = cfg_.spec().mlp != MlpAct::PolyNorm;
-    if (!swiglu || !gemv("gemv_gate_up_swiglu", l, {.w = w.gate_up.as<bf16>(), .x = x, .out_f = int(2 * I),
-                                                    .in_f = int(E), .y_bf16 = d.act.as<bf16>(), .swiglu = true})) {
+    if (!swiglu || !fused_norm) norm_x(h_out, w.ln2, w.ln2_b);
+    if (!swiglu || !gemv("gemv_gate_up_swiglu", l,
+                         with_norm({.w = w.gate_up.as<bf16>(), .x = x, .out_f = int(2 * I), .in_f = int(E),
+                                    .y_bf16 = d.act.as<bf16>(), .swiglu = true},
+                                   h_out, w.ln2))) {
+      if (swiglu && fused_norm) norm_x(h_out, w.ln2, w.ln2_b);
       gemm(nm("gemm_gate_up"), l, {.out_f = 2 * I, .tokens = 1, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
       if (!swiglu)
         DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), d.act.as<bf16>(), 1,
