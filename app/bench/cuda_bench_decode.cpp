@@ -33,7 +33,18 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Bytes read plus bytes written per second by a device-to-device cudaMemcpyAsync of 1 GiB, median of 10 after 3.
+
+struct GraphOwner {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  ~GraphOwner() {
+    if (e) cudaGraphExecDestroy(e);
+    if (g) cudaGraphDestroy(g);
+  }
+};
+
+}  // namespace
+
 double copy_bandwidth(cudaStream_t s) {
   const size_t bytes = size_t(1) << 30;
   DeviceBuffer a(bytes, "copy bandwidth probe"), b(bytes, "copy bandwidth probe");
@@ -51,17 +62,6 @@ double copy_bandwidth(cudaStream_t s) {
   }
   return 2.0 * double(bytes) / (median(ms) * 1e-3);
 }
-
-struct GraphOwner {
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t e = nullptr;
-  ~GraphOwner() {
-    if (e) cudaGraphExecDestroy(e);
-    if (g) cudaGraphDestroy(g);
-  }
-};
-
-}  // namespace
 
 json bench_decode_attn(int repeat, int warmup_ms) {
   int dev = 0, l2 = 0;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 
+#include "app/bench/cuda_bench_decode.h"
 #include "engine/backend_cuda_impl.h"
 #include "engine/sampling.h"
 
@@ -14,32 +15,12 @@ namespace {
 
 using cuda::CudaBackend;
 using cuda::CudaEvent;
-using cuda::DeviceBuffer;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-// Device-to-device copy bandwidth (read + write bytes per second) of a 1 GiB buffer, median of 10.
-double copy_bandwidth(cudaStream_t s) {
-  const size_t bytes = size_t(1) << 30;
-  DeviceBuffer a(bytes, "copy bandwidth probe"), b(bytes, "copy bandwidth probe");
-  DS_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, s));
-  CudaEvent e0, e1;
-  std::vector<double> ms;
-  for (int i = 0; i < 13; ++i) {
-    DS_CUDA_CHECK(cudaEventRecord(e0.get(), s));
-    DS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
-    DS_CUDA_CHECK(cudaEventRecord(e1.get(), s));
-    DS_CUDA_CHECK(cudaEventSynchronize(e1.get()));
-    float t = 0;
-    DS_CUDA_CHECK(cudaEventElapsedTime(&t, e0.get(), e1.get()));
-    if (i >= 3) ms.push_back(t);
-  }
-  return 2.0 * double(bytes) / (median(ms) * 1e-3);
 }
 
 }  // namespace
