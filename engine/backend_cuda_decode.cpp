@@ -86,7 +86,6 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     const size_t XD = size_t(cfg_.dt_rank + 2 * cfg_.d_state);
     const char* what = "the decoding step's buffers";
     d.ctl = DeviceBuffer(16, what);
-    d.ctl_host = PinnedBuffer(16);
     d.h = DeviceBuffer(size_t(L + 1) * E * 4, what);
     d.x = DeviceBuffer(E * 2, what);
     d.qkv = DeviceBuffer(W * 2, what);
@@ -120,9 +119,10 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     d.graph = nullptr;
   }
   if (d.graph_gen != act_gen_ || d.graph_lambda != last_lambda_) d.warm = false;
-  int32_t* ctl = d.ctl_host.as<int32_t>();
-  ctl[0] = id, ctl[1] = int32_t(pos), ctl[2] = int32_t(n), ctl[3] = 0;
-  DS_CUDA_CHECK(cudaMemcpyAsync(d.ctl.get(), ctl, 16, cudaMemcpyHostToDevice, stream()));
+  // From pageable memory: the copy is staged before cudaMemcpyAsync returns, so steps may be queued back to back
+  // without waiting for each other (a pinned buffer would be rewritten before the previous copy ran).
+  const int32_t ctl[4] = {id, int32_t(pos), int32_t(n), 0};
+  DS_CUDA_CHECK(cudaMemcpyAsync(d.ctl.get(), ctl, sizeof ctl, cudaMemcpyHostToDevice, stream()));
   has_run_ = false;  // until the step completes
   if (decode_profile_) {  // eager, every launch between two events (build_profile reads them)
     marks_.clear();

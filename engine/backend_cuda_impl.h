@@ -274,7 +274,6 @@ class CudaBackend final : public Backend {
   // decoding (backend_cuda_decode.cpp)
   struct Decoder {
     DeviceBuffer ctl;        // int32 {token, position, length} the step's launches read
-    PinnedBuffer ctl_host;
     DeviceBuffer h;          // [L + 1][E] f32: the step's residual stream (row l: input of layer l)
     DeviceBuffer x, qkv, attn, gu, act, spare, attn_ws;      // one row each (bf16), attention workspace
     DeviceBuffer xz, u, xdbl, dt, mem, yg;                   // Mamba / GMU rows

@@ -319,6 +319,29 @@ TEST(GenerateCuda, GraphReplaysEqualEagerSteps) {
   }
 }
 
+// Steps queued back to back (no wait between them: the position of each is staged when it is queued) give the
+// logits of steps taken one at a time.
+TEST(GenerateCuda, QueuedStepsEqualSteppedOnes) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = fixture("diff_gqa4_d32_sharded_v5");
+  auto s = ds::Session::open(dir, ds::BackendChoice::Cuda);
+  ds::cuda::CudaBackend& b = ds::cuda::as_cuda(s->backend());
+  s->set_ids(dstest::Expected(dir).ids());
+  ds::GenerateOptions o;
+  o.max_new = 9;
+  o.stop_at_eos = false;
+  const std::vector<int32_t> g = s->generate(o);
+  const std::vector<float> stepped = last_logits(*s);
+  s->clear_generation();  // back to the prompt (the caches are cut, not recomputed)
+  std::vector<float> lam;
+  for (int l = 0; l < int(s->config().layers); ++l) lam.push_back(float(s->effective_lambda(l)));
+  for (int32_t id : g) b.decode_step(id, lam);
+  b.sync();
+  std::vector<float> queued(stepped.size());
+  ASSERT_EQ(cudaMemcpy(queued.data(), b.logits_dev(), queued.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(queued, stepped);
+}
+
 // Rows of generated positions, which the decoding steps wrote into the caches, against a full forward's.
 TEST(GenerateCuda, GeneratedRowsMatchFullForward) {
   SKIP_WITHOUT_DEVICE();
