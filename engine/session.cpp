@@ -217,6 +217,15 @@ void Session::stop_generation() {
   if (gen_active_) set_stop(StopReason::Stopped);
 }
 
+bool Session::continue_generation(int more) {
+  if (gen_active_ || more <= 0 || int64_t(ids_.size()) <= prompt_len_) return false;
+  if (stop_ == StopReason::Eos || stop_ == StopReason::ContextFull) return false;
+  gen_opt_.max_new = gen_count_ + more;
+  stop_ = StopReason::None;
+  gen_active_ = true;
+  return true;
+}
+
 void Session::begin_generation(const GenerateOptions& o) {
   check_sampling(o.sampling);
   if (o.max_new < 0) throw Error("the number of tokens to generate must be >= 0");

@@ -82,6 +82,9 @@ class Session {
   bool generating() const { return gen_active_; }
   StopReason stop_reason() const { return stop_; }
   void stop_generation();   // the user stopped it: keeps what was generated
+  // Goes on after a stop (the user's, or max_new) for up to `more` tokens with the same options and sampler stream;
+  // false (nothing changed) when nothing was generated, a generation is running, or it ended at EOS or full context.
+  bool continue_generation(int more);
   void clear_generation();  // back to the prompt alone
   // begin_generation, then generate_step until it stops or on_token(id) returns false.
   std::vector<int32_t> generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token = nullptr);

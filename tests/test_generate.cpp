@@ -216,6 +216,19 @@ TEST(Generate, StopsAtEosMaxAndContext) {
     EXPECT_EQ(g.size(), 2u);
     EXPECT_EQ(s->stop_reason(), ds::StopReason::Stopped);
   }
+  {  // stopped after 2, then continued by 3: the first 5 tokens of the free run
+    auto s = ds::Session::open(fixture(name), ds::BackendChoice::Cpu);
+    s->set_ids(prompt);
+    int seen = 0;
+    s->generate(o, [&](int32_t) { return ++seen < 2; });
+    ASSERT_TRUE(s->continue_generation(3));
+    while (s->generate_step() >= 0) {
+    }
+    EXPECT_EQ(s->generated(), std::vector<int32_t>(free_run.begin(), free_run.begin() + 5));
+    EXPECT_EQ(s->stop_reason(), ds::StopReason::MaxTokens);
+    EXPECT_TRUE(s->continue_generation(1));  // after max_new too
+    EXPECT_FALSE(s->continue_generation(1));  // but not while running
+  }
   {  // bad options are refused before anything runs
     auto s = ds::Session::open(fixture(name), ds::BackendChoice::Cpu);
     s->set_ids(prompt);

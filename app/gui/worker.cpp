@@ -362,7 +362,12 @@ bool Worker::generation_command(const Request& r, uint64_t applied_before) {
     case GenCommand::Start:
     case GenCommand::Step: {
       bool began = false;
-      if (r.gen_cmd == GenCommand::Start || !session_->generating()) {
+      // Every Step the worker has not seen yet: at most the Steps that ended the command sequence.
+      const int steps = int(std::clamp<uint64_t>(r.gen_seq - applied_before, 1, uint64_t(std::max(1, r.gen_steps))));
+      // Step after a Stop (or after max new tokens) goes on from where the continuation ended.
+      const bool resumed = r.gen_cmd == GenCommand::Step && !session_->generating() &&
+                           session_->continue_generation(steps);
+      if (!resumed && (r.gen_cmd == GenCommand::Start || !session_->generating())) {
         session_->begin_generation(r.gen);  // checks the options first: a bad one throws with nothing changed
         archive_continuation();
         cur_ = Continuation{};
@@ -378,8 +383,6 @@ bool Worker::generation_command(const Request& r, uint64_t applied_before) {
         return began;
       }
       set_streaming(false);
-      // Every Step the worker has not seen yet: at most the Steps that ended the command sequence.
-      const int steps = int(std::clamp<uint64_t>(r.gen_seq - applied_before, 1, uint64_t(std::max(1, r.gen_steps))));
       for (int i = 0; i < steps && session_->generating(); ++i)
         generation_step();
       return true;
