@@ -36,9 +36,6 @@ using bf16 = __nv_bfloat16;
 constexpr uint16_t kNaN = 0x7fc0;
 constexpr int64_t kTail = 64;  // poisoned elements after the last output row
 
-// Under compute-sanitizer (slow) the suite runs a reduced set of sizes and leaves out 32K and 128K.
-bool small_run() { return std::getenv("DS_CUDA_TEST_SMALL") != nullptr; }
-
 // Error bounds. Inputs are bf16 in both the kernel and the reference, so the differences come from the kernel's
 // arithmetic: P is rounded to bf16 before P V (relative 2^-9 per term, random sign, so far less on the sum), f32
 // accumulation and ex2.approx (relative ~1e-6), and the bf16 output (half an ulp: 2^-9 relative, 0.008 at |x| = 4,
@@ -179,13 +176,6 @@ struct Problem {
     return out;
   }
 };
-
-template <class T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16), "test input");
-  if (!v.empty()) DS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
 
 // The device side of a problem: inputs, the poisoned output, the length, a workspace for max_len.
 struct Device {

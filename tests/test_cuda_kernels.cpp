@@ -48,9 +48,6 @@ using ds::cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
-// Under compute-sanitizer (slow) the suite runs a reduced set of sizes.
-bool small_run() { return std::getenv("DS_CUDA_TEST_SMALL") != nullptr; }
-
 float bf(uint16_t h) { return ds::bf16_to_f32(h); }
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float amp) {
@@ -60,18 +57,6 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float amp) {
   return v;
 }
 
-template <class T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T), "test input");
-  DS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  DS_CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 struct AttnCase {
   int n, batch, heads, kv_heads, d;

@@ -63,18 +63,6 @@ std::vector<float> random_f32(size_t n, Rng& rng, float amp) {
   return v;
 }
 
-template <class T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T), "test input");
-  DS_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  DS_CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 // Error bound of an f32 sum of products of bf16 values against its float64 value: every product is exact in f32
 // (8 x 8 significant bits), and each lane of the warp that owns a row sums at most in_f / 32 of them in sequence
