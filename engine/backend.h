@@ -82,6 +82,9 @@ class Backend {
   virtual void map_view(const ViewRequest& req, MapView& out) = 0;
   virtual void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) = 0;  // resolved positions
   virtual std::vector<HeadStats> head_stats(int layer) = 0;                                 // [view heads]
+  // Row q of every view head of `layer` split into a key span, the sink and the rest (map_query.h), [view heads];
+  // O(heads) back from the device.
+  virtual std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) = 0;
   virtual Profile profile() const = 0;
   // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
   virtual int64_t max_tokens() const = 0;

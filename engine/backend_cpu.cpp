@@ -347,6 +347,19 @@ class CpuBackend final : public Backend {
       }
   }
 
+  std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override {
+    require_run();
+    check_layer(layer);
+    check_row_mass(q, int64_t(ids_.size()), a0, a1);
+    const float lam = lambda_of(layer);
+    std::vector<RowMass> out(size_t(cfg_.view_heads()));
+    for (int64_t h = 0; h < cfg_.view_heads(); ++h)
+      head_rows(layer, int(h), q, q + 1, [&](int64_t, const float* r1, const float* r2, float, float) {
+        out[size_t(h)] = row_mass_of(r1, r2, q, lam, a0, a1);
+      });
+    return out;
+  }
+
   std::vector<HeadStats> head_stats(int layer) override {
     require_run();
     check_layer(layer);

@@ -105,6 +105,25 @@ void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const 
   out.a2.assign(differential ? out.a1.size() : 0, 0.f);
 }
 
+void check_row_mass(int64_t q, int64_t n, int64_t a0, int64_t a1) {
+  if (q < 0 || q >= n)
+    throw Error("row " + std::to_string(q) + " is outside the sequence's " + std::to_string(n) + " positions");
+  if (a0 < 0 || a0 >= a1 || a1 > q + 1)
+    throw Error("span [" + std::to_string(a0) + ", " + std::to_string(a1) + ") is not a non-empty range of row " +
+                std::to_string(q) + "'s keys 0.." + std::to_string(q));
+}
+
+RowMass row_mass_of(const float* a1, const float* a2, int64_t q, float lambda, int64_t a0, int64_t a1_end) {
+  RowMass m;
+  for (int64_t k = 0; k <= q; ++k) {
+    const double x1 = a1[k], x2 = a2 ? a2[k] : 0.0, d = x1 - double(lambda) * x2;
+    const double v[MASS_NMAPS] = {x1, x2, d, std::fabs(d)};
+    double* part = k >= a0 && k < a1_end ? m.answer : k == 0 ? m.sink : m.context;
+    for (int i = 0; i < MASS_NMAPS; ++i) part[i] += v[i];
+  }
+  return m;
+}
+
 void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, float lambda, float ml1, float ml2) {
   double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0;
   for (int64_t k = 0; k <= q; ++k) {

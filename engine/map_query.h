@@ -74,6 +74,21 @@ void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const 
                   MapRows& out);
 
 // ---------------------------------------------------------------------------------------------------------------
+// row mass (corpus scans, engine/session_scan.h)
+
+// One query row q of one head split three ways over its causal keys 0..q: the span [a0, a1) ("answer"), key 0
+// ("sink"; 0 when the span holds it) and every other key ("context"); for A1, A2, D = A1 - lambda*A2 and |D|.
+// Plain heads: the A2 entries are 0 and D = A1.
+enum MassMap { MASS_A1, MASS_A2, MASS_D, MASS_ABS_D, MASS_NMAPS };
+struct RowMass {
+  double answer[MASS_NMAPS] = {}, sink[MASS_NMAPS] = {}, context[MASS_NMAPS] = {};
+};
+// From a row's probabilities (a2 nullptr for plain heads); the CUDA backend reduces on the device with the same rule.
+RowMass row_mass_of(const float* a1, const float* a2, int64_t q, float lambda, int64_t a0, int64_t a1_end);
+// Throws ds::Error unless 0 <= q < n and 0 <= a0 < a1 <= q + 1 (the span must lie in the row's causal keys).
+void check_row_mass(int64_t q, int64_t n, int64_t a0, int64_t a1);
+
+// ---------------------------------------------------------------------------------------------------------------
 // statistics
 
 // Per head, means over the n query rows q (row q has the q + 1 causal keys 0..q) unless said otherwise:

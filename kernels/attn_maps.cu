@@ -159,6 +159,34 @@ __global__ void __launch_bounds__(256) stats_reduce_kernel(const float* row_stat
   }
 }
 
+// One block per head: each thread sums its strided keys into 12 f64 partials, then the block reduces them.
+__global__ void __launch_bounds__(256) row_mass_kernel(const float* maps, int nmaps, int n, int q, float lambda,
+                                                       int a0, int a1, double* out) {
+  __shared__ double red[12][256];
+  const int h = int(blockIdx.x), t = int(threadIdx.x);
+  const float* r1 = maps + int64_t(h) * nmaps * n;
+  const float* r2 = nmaps == 2 ? r1 + n : nullptr;
+  double acc[12] = {};
+  for (int k = t; k <= q; k += 256) {
+    const double x1 = r1[k], x2 = r2 ? r2[k] : 0.0, d = x1 - double(lambda) * x2;
+    const int part = k >= a0 && k < a1 ? 0 : k == 0 ? 1 : 2;
+    acc[part * 4 + 0] += x1;
+    acc[part * 4 + 1] += x2;
+    acc[part * 4 + 2] += d;
+    acc[part * 4 + 3] += fabs(d);
+  }
+#pragma unroll
+  for (int i = 0; i < 12; ++i) red[i][t] = acc[i];
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (t < s)
+#pragma unroll
+      for (int i = 0; i < 12; ++i) red[i][t] += red[i][t + s];
+    __syncthreads();
+  }
+  if (t < 12) out[int64_t(h) * 12 + t] = red[t][0];
+}
+
 // One thread per (chunk row, grid column): reduces its row's cells of that column block and folds the result into
 // the grid cell of the row's block.
 __global__ void __launch_bounds__(256) map_pool_kernel(const float* maps, int nmaps, int rows, int n, int row0,
@@ -205,6 +233,14 @@ __global__ void __launch_bounds__(256) view_finish_kernel(ViewPoolArgs v, float*
 cudaError_t launch_attn_stats_reduce(const float* row_stats, int heads, int n, double* out, cudaStream_t stream) {
   if (heads <= 0 || n <= 0) return cudaErrorInvalidValue;
   stats_reduce_kernel<<<unsigned(heads), 256, 0, stream>>>(row_stats, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_attn_row_mass(const float* maps, int heads, int nmaps, int n, int q, float lambda, int a0, int a1,
+                                 double* out, cudaStream_t stream) {
+  if (heads <= 0 || (nmaps != 1 && nmaps != 2) || q < 0 || q >= n || a0 < 0 || a0 >= a1 || a1 > q + 1)
+    return cudaErrorInvalidValue;
+  row_mass_kernel<<<unsigned(heads), 256, 0, stream>>>(maps, nmaps, n, q, lambda, a0, a1, out);
   return cudaGetLastError();
 }
 

@@ -29,6 +29,12 @@ cudaError_t launch_attn_map_softmax(const AttnParams& p, int row0, int rows, flo
 // MAP_DIFF_MAX and of the max-logit terms. row_stats: [heads][n][MAP_NSTAT].
 cudaError_t launch_attn_stats_reduce(const float* row_stats, int heads, int n, double* out, cudaStream_t stream);
 
+// Per view head, one query row q (maps: [heads][nmaps][n], after the softmax pass with rows = 1) split over its keys
+// 0..q into the span [a0, a1), key 0 outside it and the rest, for A1, A2, D = A1 - lambda A2 and |D| (engine/
+// map_query.h's RowMass): out [heads][3 parts][4 maps] f64, parts in the order answer, sink, context.
+cudaError_t launch_attn_row_mass(const float* maps, int heads, int nmaps, int n, int q, float lambda, int a0, int a1,
+                                 double* out, cudaStream_t stream);
+
 // A pooled view's rectangle and grid (engine/map_query.h has the rules): query rows [q0, q1), keys [k0, k1),
 // rows x cols blocks, max or mean, D = A1 - lambda A2.
 struct ViewPoolArgs {
