@@ -10,6 +10,11 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Long work the user interrupted (a scan's prompt, a cancelled load): not a failure, nothing half-made is kept.
+struct Cancelled : Error {
+  Cancelled() : Error("cancelled") {}
+};
+
 // "FILE: WHAT" -- the one-line form every file problem takes.
 [[noreturn]] inline void fail_file(const std::string& file, const std::string& what) {
   throw Error(file + ": " + what);

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 pkgs=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libpcre2-dev libsentencepiece-dev nlohmann-json3-dev
-  libimgui-dev libglfw3-dev libstb-dev libgl-dev fonts-dejavu-core
+  libimgui-dev libglfw3-dev libstb-dev libgl-dev fonts-dejavu-core libcairo2-dev
   libgtest-dev libgmock-dev clang libclang-rt-14-dev
   xvfb xauth libgl1-mesa-dri
   python3 python3-venv python3-pip

@@ -1,0 +1,283 @@
+// diffscope-scan: noise cancellation measured over a corpus (engine/session_scan.h has the measures and the report).
+//
+//   diffscope-scan --model DIR --input PROMPTS.jsonl --out REPORT.json [--backend auto|cpu|cuda[:N]] [--csv FILE]
+//                  [--plot FILE.png] [--compare-model DIR2] [--compare-lambda-scale S] ...
+//
+// The report is rewritten (atomically) as prompts finish, so an interrupted scan (Ctrl-C) leaves a valid partial
+// report with "complete": false. Exit codes: 0 done (bad lines skipped and listed), 2 bad arguments, 3 unusable
+// model or input file, 130 interrupted (the partial report is written).
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/scan/plot.h"
+#include "engine/error.h"
+#include "engine/session.h"
+#include "engine/session_scan.h"
+
+namespace {
+
+constexpr int kExitArgs = 2, kExitInput = 3, kExitInterrupted = 130;
+
+const char* kUsage =
+    "usage: diffscope-scan --model DIR --input PROMPTS.jsonl --out REPORT.json [options]\n"
+    "\n"
+    "For the last prompt token of each prompt, per attention layer and head: the attention on the answer span, on\n"
+    "position 0 (sink) and on the rest (context), for A1, A2 and A1 - lambda*A2, averaged over prompts; and the\n"
+    "greedy answer's accuracy where a line has a \"target\".\n"
+    "\n"
+    "input lines:  {\"text\": \"...\", \"answer\": [begin, end)}   character offsets into the text\n"
+    "              {\"ids\": [...], \"answer\": [begin, end)}     token positions\n"
+    "              optional \"target\": \"text\" or [ids]; other keys (\"length\", \"depth\", ...) are kept as tags\n"
+    "\n"
+    "options:\n"
+    "  --backend B               auto (default: CUDA when a GPU is usable), cpu, cuda, cuda:N\n"
+    "  --threads N               CPU backend threads (default: all cores)\n"
+    "  --csv FILE                per (run, layer, head) fractions as CSV\n"
+    "  --plot FILE.png           answer vs noise bars (the paper's Figure 1), layer x head heatmaps, depth/length\n"
+    "  --lambda-scale S          scale every differential layer's lambda (default 1)\n"
+    "  --label NAME              the run's name in the report and the plot (default: the model folder)\n"
+    "  --compare-model DIR2      a second model in the same report (e.g. the Transformer twin)\n"
+    "  --compare-lambda-scale S  a second run at lambda scale S (of --compare-model, else of --model)\n"
+    "  --compare-label NAME      the second run's name\n"
+    "  --max-prompts N           stop after N prompts\n"
+    "  --max-answer-tokens N     greedy tokens generated at most to check a target (default 32)\n"
+    "  --no-progress             no progress bar\n"
+    "  -h, --help                this text\n";
+
+struct ArgError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Args {
+  std::string model, input, out, csv, plot, backend = "auto", label, compare_model, compare_label;
+  std::optional<double> compare_lambda_scale;
+  double lambda_scale = 1.0;
+  int threads = 0, max_prompts = -1, max_answer_tokens = 32;
+  bool progress = true, help = false;
+};
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used != v.size() || !std::isfinite(x)) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    throw ArgError(flag + ": '" + v + "' is not a number");
+  }
+}
+
+int parse_int(const std::string& flag, const std::string& v, int lo) {
+  try {
+    size_t used = 0;
+    const long x = std::stol(v, &used);
+    if (used != v.size() || x < lo || x > 1'000'000'000) throw std::invalid_argument(v);
+    return int(x);
+  } catch (const std::exception&) {
+    throw ArgError(flag + ": '" + v + "' is not an integer >= " + std::to_string(lo));
+  }
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "-h" || f == "--help") {
+      a.help = true;
+      return a;
+    }
+    if (f == "--no-progress") {
+      a.progress = false;
+      continue;
+    }
+    if (f.rfind("--", 0) != 0) throw ArgError("unexpected argument '" + f + "' (options start with --)");
+    if (i + 1 >= argc) throw ArgError(f + " needs a value");
+    const std::string v = argv[++i];
+    if (f == "--model") a.model = v;
+    else if (f == "--input") a.input = v;
+    else if (f == "--out") a.out = v;
+    else if (f == "--csv") a.csv = v;
+    else if (f == "--plot") a.plot = v;
+    else if (f == "--backend") a.backend = v;
+    else if (f == "--label") a.label = v;
+    else if (f == "--compare-model") a.compare_model = v;
+    else if (f == "--compare-label") a.compare_label = v;
+    else if (f == "--lambda-scale") a.lambda_scale = parse_double(f, v);
+    else if (f == "--compare-lambda-scale") a.compare_lambda_scale = parse_double(f, v);
+    else if (f == "--threads") a.threads = parse_int(f, v, 0);
+    else if (f == "--max-prompts") a.max_prompts = parse_int(f, v, 1);
+    else if (f == "--max-answer-tokens") a.max_answer_tokens = parse_int(f, v, 1);
+    else throw ArgError("unknown option " + f + " (see --help)");
+  }
+  try {
+    ds::parse_backend_choice(a.backend);
+  } catch (const ds::Error& e) {
+    throw ArgError(e.what());
+  }
+  if (a.model.empty()) throw ArgError("--model DIR is required");
+  if (a.input.empty()) throw ArgError("--input PROMPTS.jsonl is required");
+  if (a.out.empty()) throw ArgError("--out REPORT.json is required");
+  if (!a.compare_label.empty() && a.compare_model.empty() && !a.compare_lambda_scale)
+    throw ArgError("--compare-label needs --compare-model or --compare-lambda-scale");
+  return a;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  if (g_interrupted.exchange(true)) std::_Exit(kExitInterrupted);  // a second Ctrl-C: the report on disk stays valid
+}
+
+// One line on a terminal, redrawn in place; elsewhere a line at every tenth of the work.
+class ProgressBar {
+ public:
+  ProgressBar(bool on, size_t total) : on_(on), tty_(isatty(STDERR_FILENO)), total_(total) {}
+  void update(size_t done, int64_t tokens, double elapsed_s, size_t skipped) {
+    if (!on_ || total_ == 0) return;
+    const double rate = elapsed_s > 0 ? double(done) / elapsed_s : 0.0;
+    const double eta = rate > 0 ? double(total_ - done) / rate : 0.0;
+    char tail[160];
+    std::snprintf(tail, sizeof tail, "%zu/%zu prompts  %.2f prompts/s  %lld tokens  ETA %.0f s%s", done, total_, rate,
+                  static_cast<long long>(tokens), eta,
+                  skipped ? ("  (" + std::to_string(skipped) + " skipped)").c_str() : "");
+    if (tty_) {
+      const int width = 30, fill = int(double(width) * double(done) / double(total_));
+      std::string bar(size_t(fill), '=');
+      bar.resize(size_t(width), ' ');
+      std::fprintf(stderr, "\r[%s] %s\x1b[K", bar.c_str(), tail);
+      if (done == total_) std::fputc('\n', stderr);
+    } else if (done == total_ || done * 10 / total_ != last_ * 10 / total_) {
+      std::fprintf(stderr, "scan: %s\n", tail);
+    }
+    last_ = done;
+    std::fflush(stderr);
+  }
+  void clear_line() {
+    if (on_ && tty_) std::fputs("\r\x1b[K", stderr);
+  }
+
+ private:
+  bool on_, tty_;
+  size_t total_, last_ = 0;
+};
+
+int scan(const Args& a) {
+  const ds::BackendChoice choice = ds::parse_backend_choice(a.backend);
+  ds::scan::Corpus corpus = ds::scan::read_corpus(a.input);
+  std::unique_ptr<ds::Session> s1 = ds::Session::open(a.model, choice, nullptr, a.threads);
+  std::unique_ptr<ds::Session> s2;
+  if (!a.compare_model.empty()) s2 = ds::Session::open(a.compare_model, choice, nullptr, a.threads);
+  std::vector<std::unique_ptr<ds::scan::Run>> runs;
+  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens}));
+  if (s2 || a.compare_lambda_scale)
+    runs.push_back(std::make_unique<ds::scan::Run>(
+        s2 ? *s2 : *s1,
+        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens}));
+  std::vector<const ds::scan::Run*> views;
+  for (const auto& r : runs) views.push_back(r.get());
+  std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),
+               s1->backend().name().c_str(), runs.size() == 2 ? (", comparing " + runs[0]->options().label + " with " +
+                                                                 runs[1]->options().label).c_str()
+                                                              : "");
+  for (const ds::scan::LineError& e : corpus.errors)
+    std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), e.line, e.error.c_str());
+
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::vector<ds::scan::LineError> skipped = corpus.errors;
+  const size_t total = a.max_prompts > 0 ? std::min(corpus.prompts.size(), size_t(a.max_prompts)) : corpus.prompts.size();
+  ProgressBar bar(a.progress, total);
+  const auto cancelled = [] { return g_interrupted.load(); };
+  const auto write = [&](bool complete) {
+    ds::scan::write_json_atomic(ds::scan::make_report(views, a.input, skipped, complete, elapsed()), a.out);
+  };
+  write(false);  // a valid (empty) report from the start
+  double last_write = 0;
+  int64_t tokens = 0;
+  size_t done = 0;
+  bool interrupted = false;
+  for (size_t i = 0; i < total && !interrupted; ++i) {
+    const ds::scan::Prompt& p = corpus.prompts[i];
+    // A prompt counts for every run or for none: a failure or an interrupt in the second run takes back the first's.
+    size_t ran = 0;
+    try {
+      for (auto& r : runs) {
+        r->scan(p, cancelled);
+        ++ran;
+      }
+      tokens += runs[0]->results().back().tokens;
+    } catch (const ds::Cancelled&) {
+      interrupted = true;
+    } catch (const ds::Error& e) {
+      bar.clear_line();
+      std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), p.line, e.what());
+      skipped.push_back({p.line, e.what()});
+    }
+    if (ran && ran < runs.size()) runs[0]->drop_last();
+    ++done;
+    if (g_interrupted) interrupted = true;
+    bar.update(done, tokens, elapsed(), skipped.size());
+    if (elapsed() - last_write > 2.0) {
+      write(false);
+      last_write = elapsed();
+    }
+  }
+  write(!interrupted && total == corpus.prompts.size());
+  if (interrupted) {
+    bar.clear_line();
+    std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n",
+                 runs[0]->results().size(), a.out.c_str());
+  }
+  const nlohmann::json report = ds::scan::make_report(views, a.input, skipped, !interrupted, elapsed());
+  if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
+  if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
+  for (const auto& r : runs) {
+    const nlohmann::json j = r->report();
+    const nlohmann::json& m = j["mean"];
+    const bool d = r->differential();
+    const auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : NAN; };
+    std::printf("%-28s prompts %zu  answer %.4f  context %.4f  sink %.4f%s", r->options().label.c_str(),
+                r->results().size(), get(d ? "answer_diff" : "answer1"), get(d ? "context_diff" : "context1"),
+                get(d ? "sink_diff" : "sink1"), d ? " (A1 - lambda*A2)" : " (softmax)");
+    if (j["accuracy"].is_number()) std::printf("  accuracy %.3f", j["accuracy"].get<double>());
+    std::printf("\n");
+  }
+  return interrupted ? kExitInterrupted : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse_args(argc, argv);
+  } catch (const ArgError& e) {
+    std::fprintf(stderr, "diffscope-scan: %s\n", e.what());
+    return kExitArgs;
+  }
+  if (a.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
+    return scan(a);
+  } catch (const ds::Error& e) {
+    std::fprintf(stderr, "diffscope-scan: %s\n", e.what());
+    return kExitInput;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "diffscope-scan: out of host memory\n");
+    return kExitInput;
+  }
+}
