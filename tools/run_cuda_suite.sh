@@ -7,6 +7,8 @@
 #                                             plus the non-system shared libraries into .dev/cuda_suite.tar.xz
 #   tools/run_cuda_suite.sh [STAGE...]        (on the GPU machine, repo root) stages: env tests sanitize sass bench
 #                                             peers compare soak; default: all. Results and logs go to $OUT.
+#                                             scan: corpus scans alone (device row masses, memcheck,
+#                                             diffscope-scan on the demo pair, diffscope-bench --only scan).
 #                                             gen: generation alone (decode kernel and engine tests, memcheck on
 #                                             them, diffscope-bench --only decode/decode_attn, peer_decode.py).
 #                                             Not in the default: views and peers_views (long prompts through the
@@ -28,9 +30,9 @@ if [ "${1:-}" = pack ]; then
   set -e
   B=${BUILD_DIR:-build-cuda}  # BUILD_DIR=build reuses the main build
   [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >/dev/null
-  ninja -C "$B" diffscope_tests diffscope-bench diffscope-run
+  ninja -C "$B" diffscope_tests diffscope-bench diffscope-run diffscope-scan
   rm -rf /tmp/ds_pack && mkdir -p /tmp/ds_pack/bin /tmp/ds_pack/lib /tmp/ds_pack/obj
-  cp "$B"/diffscope_tests "$B"/diffscope-bench "$B"/diffscope-run /tmp/ds_pack/bin/
+  cp "$B"/diffscope_tests "$B"/diffscope-bench "$B"/diffscope-run "$B"/diffscope-scan /tmp/ds_pack/bin/
   find "$B" \( -name 'diff_attn_fwd*.cu.o' -o -name 'attn_fwd_sm90*.cu.o' \) -exec cp {} /tmp/ds_pack/obj/ \;
   # The previous commit's benchmark, for an A/B of the attention kernels in one run (bench_prev).
   if [ -n "${PREV_BUILD:-}" ] && [ -x "$PREV_BUILD/diffscope-bench" ]; then
@@ -39,7 +41,7 @@ if [ "${1:-}" = pack ]; then
   # OpenBLAS and its Fortran runtime (5 MB of the 64 MiB carry limit) only serve the CPU backend, which the GPU
   # machine runs on tiny fixtures alone: tools/cblas_standin.c takes their place.
   gcc -O2 -shared -fPIC -o /tmp/ds_pack/lib/libopenblas.so.0 -Wl,-soname,libopenblas.so.0 tools/cblas_standin.c
-  for lib in $(ldd "$B"/diffscope_tests | awk '/=>/ {print $3}'); do
+  for lib in $(ldd "$B"/diffscope_tests "$B"/diffscope-scan | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*) ;;
       libopenblas*|libgfortran*|libquadmath*) ;;
@@ -81,7 +83,7 @@ else
 fi
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
-CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*'
+CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*:ScanRowMassCuda.*'
 
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
@@ -296,6 +298,23 @@ if has gen; then
   timeout 300 "$DS/bin/diffscope-bench" --backend cuda --only decode_attn --only decode --json "$OUT/decode_bench.json" \
     2>&1 | tee "$OUT/decode_bench.log" | tail -20 | tee -a "$SUMMARY"
   OUT="$OUT" timeout 240 python3 bench/peers/peer_decode.py 1024 8192 32768 2>&1 | tail -5 | tee -a "$SUMMARY"
+fi
+
+if has scan; then
+  log "## corpus scans: device row masses against the rows, memcheck, diffscope-scan on the demo pair, benchmark"
+  timeout 200 "$T" --gtest_filter='ScanRowMassCuda.*' >"$OUT/scan_tests.log" 2>&1
+  log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/scan_tests.log" | tee -a "$SUMMARY"
+  grep -B2 -A8 "Failure" "$OUT/scan_tests.log" | head -40 | tee -a "$SUMMARY"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter='ScanRowMassCuda.*' >"$OUT/scan_memcheck.log" 2>&1
+  log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/scan_memcheck.log" | tail -3 | tee -a "$SUMMARY"
+  SET=${SCAN_SET:-assets/models/needles_demo.jsonl}
+  if [ -f "$SET" ] && [ -x "$DS/bin/diffscope-scan" ]; then
+    timeout 200 "$DS/bin/diffscope-scan" --model assets/models/diffllama-demo --compare-model assets/models/llama-demo \
+      --input "$SET" --out "$OUT/scan_demo_cuda.json" --backend cuda --no-progress 2>&1 | tail -4 | tee -a "$SUMMARY"
+  fi
+  timeout 300 "$DS/bin/diffscope-bench" --backend cuda --only scan --json "$OUT/scan_bench.json" \
+    2>&1 | tee "$OUT/scan_bench.log" | tail -12 | tee -a "$SUMMARY"
 fi
 
 if has sanitize; then

@@ -8,6 +8,7 @@
 #include "app/bench/cuda_bench.h"
 #include "app/bench/cuda_bench_decode.h"
 #include "app/bench/cuda_bench_generate.h"
+#include "app/bench/cuda_bench_scan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -682,6 +683,11 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     b.load_random(kajuma_shape(), 1);
     r["decode_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";
     r["decode"] = bench_decode(b, default_lambda(b.config()), {1024, 8192, 32768}, 64, o.warmup_ms);
+  }
+  if (want("scan")) {
+    b.load_random(kajuma_shape(), 1);
+    r["scan_shape"] = "kajuma/DiffLlama-0.3B-handcut (random bf16 weights on the GPU)";
+    r["scan"] = bench_scan(b, default_lambda(b.config()), {4096, 16384, 32768}, 6, o.warmup_ms);
   }
   if (want("table7")) r["table7"] = bench_table7(b, o, model_repeat);
   if (want("mamba")) r["mamba"] = bench_mamba(b, model_repeat, o.warmup_ms);
