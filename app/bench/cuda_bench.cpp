@@ -6,6 +6,7 @@
 // through the dispatcher (kernels/attn_dispatch.h), so the rows name and time exactly what select_attn grants, and
 // the default row is what users get.
 #include "app/bench/cuda_bench.h"
+#include "app/bench/bench_median.h"
 #include "app/bench/cuda_bench_decode.h"
 #include "app/bench/cuda_bench_generate.h"
 #include "app/bench/cuda_bench_scan.h"
@@ -34,11 +35,6 @@ using cuda::CudaEvent;
 using cuda::DeviceBuffer;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // Median device time (CUDA events) of f over `reps` runs, after at least `warm` runs and at least warm_ms of them
 // (CudaBenchOptions::warmup_ms says why). f(i) gets the run's index.

@@ -7,6 +7,7 @@
 // the K and V rows the launch must read, n x 2 x Hkv x d x 2. The copy bandwidth counts the bytes a
 // cudaMemcpyAsync device-to-device of 1 GiB reads and writes (2 GiB per copy), median of 10.
 #include "app/bench/cuda_bench_decode.h"
+#include "app/bench/bench_median.h"
 
 #include <algorithm>
 #include <chrono>
@@ -27,11 +28,6 @@ using cuda::DeviceBuffer;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using bf16 = __nv_bfloat16;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 
 struct GraphOwner {

@@ -1,5 +1,6 @@
 // See cuda_bench_scan.h.
 #include "app/bench/cuda_bench_scan.h"
+#include "app/bench/bench_median.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,11 +17,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 }  // namespace
 
@@ -80,7 +76,7 @@ json bench_scan(CudaBackend& b, const std::vector<float>& lambda, const std::vec
       mass.push_back(ms_since(t1));
       scan.push_back(ms_since(t0));
     }
-    const double f = median_of(fwd), s = median_of(scan), m = median_of(mass);
+    const double f = median(fwd), s = median(scan), m = median(mass);
     std::printf("%-8lld %12.2f %12.2f %12.3f %14.2f %14.2f %8.3f\n", static_cast<long long>(n), f, s, m, 1000 / f,
                 1000 / s, f / s);
     rows.push_back({{"tokens", n},
@@ -113,7 +109,7 @@ json bench_scan(CudaBackend& b, const std::vector<float>& lambda, const std::vec
       b.sync();
       four.push_back(ms_since(t0) / B);
     }
-    const double o1 = median_of(one), o4 = median_of(four);
+    const double o1 = median(one), o4 = median(four);
     std::printf("batching at %lld tokens: %.2f ms a prompt one at a time, %.2f ms in batches of %d (gain %.1f%%)\n",
                 static_cast<long long>(n), o1, o4, B, 100 * (o1 / o4 - 1));
     batch = {{"tokens", n}, {"batch", B}, {"ms_per_prompt_batch1", o1}, {"ms_per_prompt_batched", o4},

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "app/bench/cuda_bench.h"
+#include "app/bench/bench_median.h"
 #include "app/bench/synthetic_model.h"
 #include "engine/error.h"
 #include "engine/session.h"
@@ -28,6 +29,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ds::median;
 
 const char* kUsage =
     "usage: diffscope-bench [--backend cpu|cuda] [--model DIR] [--tokens N] [--repeat R] [--threads T]\n"
@@ -78,11 +80,6 @@ const char* kUsage =
     "  --attn-d D           attention: only head dim D, 64 or 128 (default: both)\n"
     "  --warmup-ms N        run each row's work for at least N ms (and at least 2-3 times) before timing it, so\n"
     "                       that it is timed in its steady state (default 1000; 0: only the 2-3 runs)\n";
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 nlohmann::json bench_cpu(const std::string& model_arg, int64_t tokens, int repeat, int threads) {
   std::string model = model_arg;
