@@ -4,7 +4,7 @@
 
 usage: gui_check.py --exe build/diffscope --xvfb /usr/bin/xvfb-run --source DIR --work DIR CASE
 CASE: fixture | lambda | corrupt | text | light | export | demo | bad_args | view | row | prompt_file | replay |
-      hybrid | generate
+      hybrid | generate | corpus
 """
 import argparse
 import json
@@ -97,6 +97,7 @@ class Runner:
     def __init__(self, args):
         self.exe, self.xvfb, self.source = args.exe, args.xvfb, args.source
         self.run_exe = args.run_exe or os.path.join(os.path.dirname(args.exe), "diffscope-run")
+        self.scan_exe = args.scan_exe or os.path.join(os.path.dirname(args.exe), "diffscope-scan")
         self.work = os.path.join(args.work, args.case)
         self.case, self.runs = args.case, 0
         shutil.rmtree(self.work, ignore_errors=True)
@@ -478,6 +479,146 @@ def case_generate(r):
               "%s: rc %d, %r" % (bad, p.returncode, out))
 
 
+def demo_corpus_line(i, depth):
+    """A retrieval prompt in the demo model's training format: four pass codes, one asked for; the answer span is
+    the asked code's characters in the text, the target the code the model should answer."""
+    facts = [("blue door", "4729"), ("red door", "1185"), ("blue gate", "6032"), ("green box", "3310")]
+    key, code = facts[i]
+    parts = ["The pass code of the %s is %s." % f for j, f in enumerate(facts) if j != i]
+    parts.insert(depth, "The pass code of the %s is %s." % (key, code))
+    filler = ["The function returns a list of the matching entries.", "This option is ignored when the file does not exist."]
+    text = " ".join(parts[:2] + filler + parts[2:]) + " Question: what is the pass code of the %s? Answer:" % key
+    b = text.index(code)
+    return {"text": text, "answer": [b, b + len(code)], "target": " " + code, "depth": depth}
+
+
+def close(a, b, tol=1e-5):
+    return (a is None and b is None) or (a is not None and b is not None and abs(a - b) <= tol)
+
+
+def case_corpus(r):
+    # The Corpus panel: a scan of a JSONL corpus on the demo model (CPU), a bad line listed and skipped, the report
+    # (the same as diffscope-scan's), a prompt of it opened in the views with its answer span marked, Stop keeping
+    # what was done, and a missing file as a one-line error.
+    model = os.path.join(r.source, DEMO)
+    lines = [json.dumps(demo_corpus_line(0, 0)), json.dumps(demo_corpus_line(1, 3)), '{"text": "a broken line"',
+             json.dumps(demo_corpus_line(2, 1)), "", json.dumps({"ids": [0, 17, 42, 99, 5, 17, 42, 99, 5], "answer": [2, 4]}),
+             json.dumps(demo_corpus_line(3, 2))]
+    corpus = r.path("corpus.jsonl")
+    with open(corpus, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    report_path, plot_path = r.path("report.json"), r.path("report.png")
+    rc, st, img = r.run("corpus", "--model", model, "--backend", "cpu", "--head", "3.1", "--scan", corpus,
+                        "--scan-open", "1", "--scan-report", report_path, "--scan-plot", plot_path)
+    check(rc == 0 and st and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    sc = st["scan"]
+    check(sc and not sc["running"] and sc["complete"] and not sc["stopped"] and sc["error"] == "", "scan state %s" % sc)
+    check(sc["total"] == 5 and sc["done"] == 5, "prompts: %d in the file, %d scanned, expected 5" % (sc["total"], sc["done"]))
+    check([e["line"] for e in sc["skipped"]] == [3] and "JSON" in sc["skipped"][0]["error"], "skipped %s" % sc["skipped"])
+    rep = sc["report"]
+    check(rep["tool"] == "diffscope-scan" and rep["complete"] and rep["prompts"] == 5, "report %s" % {k: rep.get(k) for k in ("tool", "complete", "prompts")})
+    check([p["line"] for p in rep["per_prompt"]] == [1, 2, 4, 6, 7], "report lines %s" % [p["line"] for p in rep["per_prompt"]])
+    check(rep["with_target"] == 4 and rep["accuracy"] is not None, "accuracy %s of %s" % (rep["accuracy"], rep["with_target"]))
+    L, H = st["model"]["layers"], st["model"]["view_heads"]
+    check(len(rep["layers"]) == L and all(len(l["heads"]) == H for l in rep["layers"]), "report layers x heads")
+    for part in ("answer", "sink", "context"):
+        check(0 <= rep["mean"][part + "1"] <= 1, "mean %s" % rep["mean"])
+    check(abs(rep["mean"]["answer1"] + rep["mean"]["sink1"] + rep["mean"]["context1"] - 1) < 1e-6, "A1 fractions do not sum to 1")
+    # --scan-report / --scan-plot: the same report on disk, and its figure.
+    with open(report_path) as f:
+        saved = json.load(f)
+    check(saved == rep, "the saved report differs from the one in the state")
+    w, h, _, _ = read_png(plot_path)
+    check(w >= 800 and h >= 400, "plot is %dx%d" % (w, h))
+    # The opened prompt (row 1 = line 2): its text is the prompt, the row view is its last token, the span is marked.
+    op, pp = sc["open"], rep["per_prompt"][1]
+    check(op and op["index"] == 1 and op["line"] == 2 and op["on_screen"], "open %s" % op)
+    check(st["prompt"]["mode"] == "text" and st["prompt"]["text"] == json.loads(lines[1])["text"], "prompt %s" % st["prompt"]["text"])
+    check(st["n_tokens"] == pp["tokens"] == op["tokens"] and len(st["prompt"]["ids"]) == pp["tokens"],
+          "opened prompt has %d tokens, the report says %d" % (st["n_tokens"], pp["tokens"]))
+    rv = st["row_view"]
+    check(rv["q"] == pp["tokens"] - 1 and rv["layer"] == 3 and rv["head"] == 1, "row view %s" % rv)
+    check(rv["answer"]["begin"] == pp["answer"][0] and rv["answer"]["end"] == pp["answer"][1] and rv["answer"]["line"] == 2,
+          "answer span %s, report %s" % (rv["answer"], pp["answer"]))
+    check(st["lambda"]["scale"] == 1 and st["lambda"]["effective"] == st["lambda"]["model"], "lambda %s" % st["lambda"])
+    # The panel: drawn with a heatmap of the layer x head grid and the answer span marked in the row view.
+    check("Corpus" in st["panels"] and sc["heatmap_rect"], "Corpus panel or heatmap not drawn")
+    cells = set(region(img, sc["heatmap_rect"]))
+    check(len(cells) >= 12, "heatmap nearly uniform (%d colours)" % len(cells))
+    marks = count_colour(img, st["panels"]["Row"], (190, 120, 255))
+    check(marks > 40, "answer span not marked in the row view (%d pixels of its colour)" % marks)
+    x, y, pw, ph = st["panels"]["Corpus"]
+    check(len(set(region(img, [x + 4, y + 30, pw - 8, ph - 34]))) >= 40, "Corpus panel nearly empty")
+
+    # diffscope-scan on the same corpus writes the same report (its numbers; times aside).
+    if not os.path.exists(r.scan_exe):
+        print("note: %s not built: the comparison with diffscope-scan is left out" % r.scan_exe)
+    else:
+        cli = r.path("cli_report.json")
+        cmd = [r.scan_exe, "--model", model, "--backend", "cpu", "--input", corpus, "--out", cli, "--no-progress"]
+        print("$", " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, cwd=r.source)
+        check(p.returncode == 0, "diffscope-scan failed (%d): %s" % (p.returncode, p.stdout.decode(errors="replace")))
+        with open(cli) as f:
+            ref = json.load(f)
+        check(ref["skipped"] == rep["skipped"] and ref["prompts"] == rep["prompts"] and ref["correct"] == rep["correct"],
+              "GUI and diffscope-scan disagree on the prompts")
+        for k, v in ref["mean"].items():
+            check(close(v, rep["mean"][k]), "mean %s: GUI %s, diffscope-scan %s" % (k, rep["mean"][k], v))
+        for la, lb in zip(ref["layers"], rep["layers"]):
+            for ha, hb in zip(la["heads"], lb["heads"]):
+                for k, v in ha.items():
+                    check(close(v, hb[k]), "layer %d head %d %s: GUI %s, diffscope-scan %s" % (la["layer"], ha["head"], k, hb[k], v))
+        for a, b in zip(ref["per_prompt"], rep["per_prompt"]):
+            check(a["output"] == b["output"] if "output" in a else "output" not in b, "outputs differ at line %d" % a["line"])
+
+    # One prompt: the row view's answer fractions of the opened head (recomputed from the exact row) are the scan's.
+    one = r.path("one.jsonl")
+    with open(one, "w") as f:
+        f.write(lines[3] + "\n")
+    rc, st, img = r.run("corpus_one", "--model", model, "--backend", "cpu", "--head", "4.2", "--scan", one,
+                        "--scan-open", "0")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    rep = st["scan"]["report"]
+    cell = next(l for l in rep["layers"] if l["layer"] == 4)["heads"][2]
+    fr = st["row_view"]["answer"]["fractions"]
+    for k, v in cell.items():
+        if k != "head":
+            check(v is None or abs(v - fr[k]) < 1e-4, "%s: the scan says %s, the row view %s" % (k, v, fr.get(k)))
+
+    # Stop after 2 prompts with a second run at lambda x0: both runs keep the same 2 prompts, the report is partial.
+    rc, st, img = r.run("corpus_stop", "--model", model, "--backend", "cpu", "--scan", corpus, "--scan-compare", "0",
+                        "--scan-stop-after", "2", "--scan-view", "difference")
+    sc = st["scan"]
+    check(rc == 0 and sc["stopped"] and not sc["complete"] and sc["done"] == 2, "stopped scan %s" % {k: sc[k] for k in sc if k != "report"})
+    rep = sc["report"]
+    check(not rep["complete"] and rep["prompts"] == 2 and rep["compare"]["prompts"] == 2, "partial report")
+    check(rep["compare"]["lambda_scale"] == 0 and sc["view"] == 2, "compare run %s" % rep["compare"]["lambda_scale"])
+    for k in ("answer1", "sink1", "context1"):  # lambda does not change A1 of layer 0
+        check(close(rep["layers"][0]["heads"][0][k], rep["compare"]["layers"][0]["heads"][0][k], 1e-6), "layer 0 A1 moved with lambda")
+    check(len(set(region(img, sc["heatmap_rect"]))) >= 12, "difference heatmap nearly uniform")
+
+    # A missing file: a one-line error naming it, the model and its prompt stay.
+    rc, st, img = r.run("corpus_missing", "--model", model, "--backend", "cpu", "--scan", r.path("missing.jsonl"))
+    check(rc != 0 and st["error_shown"] and "missing.jsonl" in st["error"] and "\n" not in st["error"], "error %r" % st["error"])
+    check(st["scan"]["error"] == st["error"] and st["has_model"] and st["n_tokens"] > 0, "after a missing corpus %s" % st["scan"])
+    # Every line bad: listed, nothing scanned, and --scan-open says there is no such prompt (exit code 1).
+    bad = r.path("all_bad.jsonl")
+    with open(bad, "w") as f:
+        f.write('garbage\n{"text": 5, "answer": [0, 1]}\n')
+    rc, st, img = r.run("corpus_all_bad", "--model", model, "--backend", "cpu", "--scan", bad, "--scan-open", "0")
+    sc = st["scan"]
+    check(rc == 1 and "--scan-open" in st["error"] and sc["done"] == 0 and sc["report"]["prompts"] == 0,
+          "rc %d, error %r, scan %s" % (rc, st["error"], {k: sc[k] for k in sc if k != "report"}))
+    check([e["line"] for e in sc["skipped"]] == [1, 2] and "not a string" in sc["skipped"][1]["error"], "skipped %s" % sc["skipped"])
+    # Scan flags without --scan are usage errors.
+    for bad in (["--scan-open", "1"], ["--scan-compare", "0"], ["--scan", "x.jsonl", "--scan-stop-after", "2"],
+                ["--scan", "x.jsonl", "--scan-view", "difference"], ["--scan", "x.jsonl", "--scan-fraction", "answer3"]):
+        p = subprocess.run([r.exe] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        out = p.stdout.decode(errors="replace").strip()
+        check(p.returncode == 2 and len(out.splitlines()) == 1 and "--scan" in out, "%s: rc %d, %r" % (bad, p.returncode, out))
+
+
 def case_bad_args(r):
     p = subprocess.run([r.exe, "--head", "x"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     out = p.stdout.decode()
@@ -493,7 +634,7 @@ def case_bad_args(r):
 CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
          "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay,
-         "hybrid": case_hybrid, "generate": case_generate}
+         "hybrid": case_hybrid, "generate": case_generate, "corpus": case_corpus}
 
 
 def main():
@@ -502,6 +643,7 @@ def main():
     ap.add_argument("--xvfb", default="")
     ap.add_argument("--source", required=True)
     ap.add_argument("--run-exe", default="", help="diffscope-run (default: beside --exe)")
+    ap.add_argument("--scan-exe", default="", help="diffscope-scan (default: beside --exe)")
     ap.add_argument("--work", required=True)
     ap.add_argument("case", choices=sorted(CASES))
     args = ap.parse_args()

@@ -10,12 +10,17 @@ if(DS_BUILD_GUI AND TARGET diffscope)
   endif()
   set(DS_GUI_CASES fixture lambda corrupt text light export bad_args view row replay hybrid generate)
   if(EXISTS ${PROJECT_SOURCE_DIR}/assets/models/diffllama-demo/config.json)
-    list(APPEND DS_GUI_CASES demo prompt_file)
+    list(APPEND DS_GUI_CASES demo prompt_file corpus)
+  endif()
+  # gui_corpus compares the Corpus panel's report with diffscope-scan's when that program is built.
+  set(DS_GUI_SCAN_EXE "")
+  if(TARGET diffscope-scan)
+    set(DS_GUI_SCAN_EXE --scan-exe $<TARGET_FILE:diffscope-scan>)
   endif()
   foreach(case ${DS_GUI_CASES})
     add_test(NAME gui_${case}
              COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/gui_check.py --exe $<TARGET_FILE:diffscope>
-                     --run-exe $<TARGET_FILE:diffscope-run>
+                     --run-exe $<TARGET_FILE:diffscope-run> ${DS_GUI_SCAN_EXE}
                      --xvfb "${XVFB_RUN}" --source ${PROJECT_SOURCE_DIR} --work ${PROJECT_BINARY_DIR}/gui_tests ${case})
     set_tests_properties(gui_${case} PROPERTIES TIMEOUT 600 LABELS gui)
   endforeach()

@@ -3,11 +3,15 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "app/scan/plot.h"
 
 namespace ds::gui {
 
@@ -52,9 +56,41 @@ bool overview_mode_needs_a2(OverviewMode m) {
          m == OverviewMode::MaxLogit2;
 }
 
+Fractions12 row_fractions(const RowMaps& rm, int head, int64_t begin, int64_t end) {
+  Fractions12 f;
+  f.fill(NAN);
+  const int64_t n = rm.rows.n, q = rm.q;
+  if (head < 0 || head >= rm.rows.heads || q < 0 || q >= n)
+    return f;
+  const float* a1 = rm.rows.a1.data() + size_t(head) * size_t(n);
+  const float* a2 = rm.differential && !rm.rows.a2.empty() ? rm.rows.a2.data() + size_t(head) * size_t(n) : nullptr;
+  // [map][part]: maps A1, A2, D, |D|; parts answer, sink, context (session_scan.cpp's fractions_of).
+  double m[4][3] = {};
+  for (int64_t k = 0; k <= q; ++k) {
+    const int part = k >= begin && k < end ? 0 : k == 0 ? 1 : 2;
+    const double x1 = a1[k], x2 = a2 ? a2[k] : 0.0, d = x1 - rm.lambda * x2;
+    m[0][part] += x1;
+    m[1][part] += x2;
+    m[2][part] += d;
+    m[3][part] += std::fabs(d);
+  }
+  const auto total = [&](int map) { return m[map][0] + m[map][1] + m[map][2]; };
+  const auto ratio = [](double part, double t) { return t != 0.0 && std::isfinite(t) ? part / t : NAN; };
+  const double ta = total(3), td = std::fabs(total(2)) > 1e-6 * std::max(1.0, ta) ? total(2) : 0.0;
+  const double tot[4] = {total(0), total(1), td, ta};
+  for (int map = 0; map < (a2 ? 4 : 1); ++map)
+    for (int part = 0; part < 3; ++part)
+      f[size_t(part * 4 + map)] = ratio(m[map][part], tot[map]);
+  return f;
+}
+
 void AppState::open_model(const std::string& dir) {
   if (dir.empty())
     return;
+  if (scanning()) {
+    notify("A corpus scan is running: Stop it (Corpus panel) before opening another model.", true);
+    return;
+  }
   req.open_dir = dir;
   ++req.open_seq;
   submit();
@@ -98,6 +134,10 @@ std::vector<int32_t> AppState::parse_prompt_ids(std::string* why) const {
 void AppState::run_prompt() {
   if (!snap || !snap->model) {
     show_error("no model loaded: open a checkpoint folder first (File > Open, or drop a folder on the window)");
+    return;
+  }
+  if (scanning()) {
+    notify("A corpus scan is running: the prompt can run when it has finished (or Stop it in the Corpus panel).", true);
     return;
   }
   if (ids_mode) {
@@ -193,7 +233,154 @@ GenerateOptions AppState::gen_options() const {
 }
 
 bool AppState::can_generate() const {
-  return snap && snap->model && snap->result && !snap->loading && !(snap->gen && snap->gen->streaming);
+  return snap && snap->model && snap->result && !snap->loading && !(snap->gen && snap->gen->streaming) && !scanning();
+}
+
+// [SECTION] corpus scan
+bool AppState::scanning() const {
+  if (req.scan_seq == 0)
+    return false;
+  const auto& sc = snap ? snap->scan : nullptr;
+  return !sc || sc->seq != req.scan_seq || sc->running;
+}
+
+void AppState::start_scan() {
+  if (scanning())
+    return;
+  if (!snap || !snap->model || snap->loading) {
+    show_error("no model loaded: open a model first, then scan a corpus");
+    return;
+  }
+  if (scan_opts.path.empty()) {
+    notify("Type the path of a JSONL corpus first (one JSON object a line).", true);
+    return;
+  }
+  req.scan = scan_opts;
+  req.scan.stop_after = scan_stop_after;
+  req.scan_stop_base = req.scan_stop_seq;
+  ++req.scan_seq;
+  answer_mark.reset();
+  scan_open_row = -1;
+  if (!scan_opts.compare && scan_view != 0)
+    scan_view = 0;
+  if (!show_corpus)
+    raise_corpus = true;
+  show_corpus = true;
+  submit();
+}
+
+void AppState::stop_scan() {
+  if (!scanning())
+    return;
+  ++req.scan_stop_seq;
+  submit();
+}
+
+bool AppState::open_scan_prompt(int row, std::string* why) {
+  const auto fail = [&](const std::string& w) {
+    if (why)
+      *why = w;
+    return false;
+  };
+  const auto& sc = snap ? snap->scan : nullptr;
+  if (!sc || !sc->report)
+    return fail("no corpus scan to open a prompt from: scan a corpus first");
+  if (scanning())
+    return fail("the scan is still running: open a prompt when it has finished (or Stop it)");
+  if (!snap->model)
+    return fail("no model loaded");
+  const ScanReport& rep = *sc->report;
+  const auto& rows = rep.run.rows;
+  const int n = int(rows.size());
+  const int i = row < 0 ? row + n : row;
+  if (i < 0 || i >= n)
+    return fail("prompt " + std::to_string(row) + ": the scan has " + std::to_string(n) +
+                (n == 1 ? " prompt" : " prompts") + (n ? " (0.." + std::to_string(n - 1) + ")" : ""));
+  const ScanRunView::Row& r = rows[size_t(i)];
+  const ds::scan::Prompt* p = sc->prompt_at_line(r.line);
+  if (!p)
+    return fail("line " + std::to_string(r.line) + " is not in the corpus any more");
+  if (p->is_text && !snap->model->has_tokenizer)
+    return fail("line " + std::to_string(r.line) + " is text, and this model has no tokenizer");
+  if (p->is_text) {
+    prompt_text = p->text;
+    ids_mode = false;
+  } else {
+    prompt_ids.clear();
+    for (size_t k = 0; k < p->ids.size(); ++k)
+      prompt_ids += (k ? ", " : "") + std::to_string(p->ids[k]);
+    ids_mode = true;
+  }
+  // The lambda the prompt was scanned with (the compare run's when the panel shows it), without per-layer
+  // overrides: then the row view's answer mass is the scan's.
+  const double scale = scan_view == 1 && rep.has_compare ? sc->options.compare_scale : sc->options.lambda_scale;
+  bool lambda_moved = req.lambda.scale != scale;
+  for (auto& o : req.lambda.override_) {
+    lambda_moved |= o.has_value();
+    o.reset();
+  }
+  req.lambda.scale = scale;
+  run_prompt();
+  select_row(r.tokens - 1);
+  answer_mark = AnswerMark{req.use_ids, req.use_ids ? std::string() : req.text, req.use_ids ? req.ids : std::vector<int32_t>{},
+                           r.line, r.tokens, r.answer_begin, r.answer_end};
+  scan_open_row = i;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "Opened line %d: %lld tokens, answer span %lld..%lld", r.line, (long long)r.tokens,
+                (long long)r.answer_begin, (long long)r.answer_end - 1);
+  std::string msg = buf;
+  if (lambda_moved && snap->model->cfg.is_diff()) {
+    std::snprintf(buf, sizeof buf, ", %s x%g as scanned", lam(), scale);
+    msg += buf;
+  }
+  // A prompt of a scan of another model (the twin, say) opens too; the numbers of the report are that model's.
+  const std::string scanned = rep.json.value("model", std::string());
+  std::error_code ec;
+  if (!scanned.empty() && !fs::equivalent(scanned, snap->model->dir, ec))
+    msg += " (scanned with " + (fs::path(scanned).filename().empty() ? fs::path(scanned).parent_path() : fs::path(scanned)).filename().string() + ")";
+  notify(msg);
+  return true;
+}
+
+const AppState::AnswerMark* AppState::answer_span() const {
+  if (!answer_mark || !snap || !snap->result || req.use_ids != answer_mark->use_ids ||
+      (req.use_ids ? req.ids != answer_mark->ids : req.text != answer_mark->text))
+    return nullptr;
+  return snap->result->prompt_len == answer_mark->tokens ? &*answer_mark : nullptr;
+}
+
+bool AppState::save_scan_report(const std::string& path, std::string* why) const {
+  const auto& sc = snap ? snap->scan : nullptr;
+  if (!sc || !sc->report) {
+    if (why)
+      *why = "no report to save yet: scan a corpus first";
+    return false;
+  }
+  try {
+    ds::scan::write_json_atomic(sc->report->json, path);
+  } catch (const std::exception& e) {
+    if (why)
+      *why = e.what();
+    return false;
+  }
+  return true;
+}
+
+bool AppState::save_scan_plot(const std::string& path, std::string* why) const {
+  const auto& sc = snap ? snap->scan : nullptr;
+  if (!sc || !sc->report) {
+    if (why)
+      *why = "no report to plot yet: scan a corpus first";
+    return false;
+  }
+  try {
+    ds::scan::write_plot_png(sc->report->json, path);
+  } catch (const std::exception& e) {
+    if (why)
+      *why = e.what();
+    return false;
+  }
+  return true;
 }
 
 const GenerateOptions* AppState::last_generate_options() const {
@@ -368,6 +555,43 @@ void AppState::absorb_snapshot() {
     req.lambda.scale = *pending_regenerate_scale;
     pending_regenerate_scale.reset();
     regenerate();
+  }
+  // --scan FILE: once the model is in and the worker has served its first prompt (run or refused); then
+  // --scan-report, --scan-plot and --scan-open when the scan has finished.
+  if (pending_scan && snap->model && seen_model_seq == snap->model->seq && !snap->loading && !req_dirty && worker &&
+      worker->idle()) {
+    scan_opts.path = *pending_scan;
+    pending_scan.reset();
+    start_scan();
+  }
+  const auto& sc = snap->scan;
+  if (req.scan_seq != 0 && sc && sc->seq == req.scan_seq && !sc->running &&
+      (pending_scan_open || !pending_scan_report.empty() || !pending_scan_plot.empty())) {
+    std::string why;
+    if (!sc->report) {  // the scan could not run: its error is on screen already
+      pending_scan_open.reset();
+      pending_scan_report.clear();
+      pending_scan_plot.clear();
+    }
+    if (!pending_scan_report.empty()) {
+      if (save_scan_report(pending_scan_report, &why))
+        notify("Wrote " + pending_scan_report);
+      else
+        show_error("--scan-report: " + why);
+      pending_scan_report.clear();
+    }
+    if (!pending_scan_plot.empty()) {
+      if (save_scan_plot(pending_scan_plot, &why))
+        notify("Wrote " + pending_scan_plot);
+      else
+        show_error("--scan-plot: " + why);
+      pending_scan_plot.clear();
+    }
+    if (pending_scan_open) {
+      if (!open_scan_prompt(*pending_scan_open, &why))
+        show_error("--scan-open: " + why);
+      pending_scan_open.reset();
+    }
   }
 }
 

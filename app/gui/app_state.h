@@ -29,6 +29,11 @@ bool read_prompt_file(const std::string& path, std::string& text, std::string* w
 bool overview_mode_is_map(OverviewMode m);
 bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 
+// The twelve fractions of session_scan.h (answer / sink / context of A1, A2, A1 - lambda*A2 and its absolute value)
+// of one head's row in the row view, for the answer span [begin, end): what the corpus scan measured, recomputed
+// from the exact row (NaN where a map is absent or a denominator is zero).
+Fractions12 row_fractions(const RowMaps& rm, int head, int64_t begin, int64_t end);
+
 // Linked zoom, pan and hover of the three head maps, in token coordinates. The panel turns this into the visible
 // rectangle and asks the engine for it (Request::view); the last image stays on screen until the new one comes.
 struct HeadView {
@@ -113,6 +118,29 @@ struct AppState {
   std::optional<double> pending_regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X, Regenerate
   bool generation_started = false;  // --generate was sent (the screenshot waits for it to finish)
 
+  // --- corpus analysis (panel_corpus.cpp; the scan runs on the worker, worker_scan.cpp)
+  ScanOptions scan_opts;            // the Corpus panel's file and options (path, lambda scale, compare)
+  bool focus_scan_path = false;
+  std::optional<std::string> pending_scan;  // --scan FILE: started once the first prompt of the first model ran
+  std::optional<int> pending_scan_open;     // --scan-open K: open the K-th prompt once the scan has finished
+  std::string pending_scan_report, pending_scan_plot;  // --scan-report / --scan-plot: saved once it has finished
+  int scan_stop_after = 0;                  // --scan-stop-after N (tests): the worker stops after N prompts
+  int scan_view = 0;                        // what the panel shows: 0 the first run, 1 the compare run, 2 their difference
+  int scan_open_row = -1;                   // the report row opened in the views (-1: none)
+  int scan_part = 0;                        // heatmap and table: 0 answer, 1 sink, 2 context
+  int scan_map = 2;                         // 0 A1, 1 A2, 2 A1 - lambda*A2, 3 |A1 - lambda*A2| (plain models: A1)
+  PanelRect scan_heat_rect;                 // last frame's layer x head heatmap (framebuffer pixels; state JSON)
+  // The answer span of the prompt opened from a scan, marked in the token list, the row view and the head view
+  // while that prompt is the one on screen.
+  struct AnswerMark {
+    bool use_ids = false;  // the prompt as it was sent (Request::use_ids / text / ids): the mark holds while the
+    std::string text;      // prompt on screen is this one
+    std::vector<int32_t> ids;
+    int line = 0;                            // its corpus line
+    int64_t tokens = 0, begin = 0, end = 0;  // prompt length and the span [begin, end), token positions
+  };
+  std::optional<AnswerMark> answer_mark;
+
   // --- selection and views
   int layer = 0, head = 0;
   HeadView view;
@@ -128,6 +156,8 @@ struct AppState {
   // --- panels and layout
   bool show_model = true, show_prompt = true, show_generate = true, show_overview = true, show_head = true, show_lambda = true,
        show_profiler = true, show_row = true, show_shortcuts = false, show_imgui_demo = false;
+  bool show_corpus = false;  // over the overview and lambda panels when shown (View > Corpus, File > Scan corpus...)
+  bool raise_corpus = false;  // bring the Corpus panel to the front next frame
   bool reset_layout = false;
   std::map<std::string, PanelRect> panel_rects;  // last frame's panel rectangles (PNG export, state JSON)
   PanelRect map_rects[3];                        // last frame's A1 / A2 / difference image rectangles
@@ -155,6 +185,17 @@ struct AppState {
   void clear_generation();
   // The options of the continuation shown (or the one before it, after Clear); null when there is none.
   const GenerateOptions* last_generate_options() const;
+  // Corpus scan (the worker serves nothing else while it runs: prompts, generation and model changes are refused
+  // with a message, selections wait).
+  bool scanning() const;   // a scan was asked for and has not finished
+  void start_scan();       // scan_opts.path with scan_opts
+  void stop_scan();        // between prompts; what was done stays
+  // Opens row `row` of the scan's report (negative counts from the end) in the views: its prompt (text or ids) at
+  // the lambda it was scanned with, the row view on its last token, the answer span marked. False with *why.
+  bool open_scan_prompt(int row, std::string* why);
+  const AnswerMark* answer_span() const;  // answer_mark when the result on screen is that prompt's
+  bool save_scan_report(const std::string& path, std::string* why) const;  // JSON (write_json_atomic)
+  bool save_scan_plot(const std::string& path, std::string* why) const;    // PNG (write_plot_png)
   void notify(const std::string& text, bool error = false);
   void show_error(const std::string& line);
   // Call once per frame after taking the snapshot: reacts to a new model, result or error.

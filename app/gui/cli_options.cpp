@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/session_scan.h"
 
 namespace ds::gui {
 
@@ -32,6 +33,19 @@ const char* cli_usage() {
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
+         "  --scan FILE.jsonl      scan a corpus once the model has run its first prompt (Corpus panel; with\n"
+         "                         --screenshot, the picture waits for it): per layer and head, the last prompt\n"
+         "                         token's attention on each line's answer span, as diffscope-scan\n"
+         "  --scan-lambda-scale X  the scan's lambda scale (default 1)\n"
+         "  --scan-compare X       also scan at lambda scale X (a second run of the same model)\n"
+         "  --scan-max-answer N    greedy tokens at most to check a line's target (default 32)\n"
+         "  --scan-open K          when the scan has finished, open its K-th prompt (0 = first, -1 = last) in the\n"
+         "                         views: the prompt, the row view on its last token, the answer span marked\n"
+         "  --scan-report OUT.json, --scan-plot OUT.png   when the scan has finished, save its report / plot\n"
+         "  --scan-stop-after N    with --screenshot: stop the scan after N prompts (what was done stays)\n"
+         "  --scan-view V          what the Corpus panel shows: first | compare | difference (of the two runs)\n"
+         "  --scan-fraction KEY    its heatmap and table: answer1 | answer2 | answer_diff (default) |\n"
+         "                         answer_diff_abs | sink1 ... | context_diff_abs (diffscope-scan's report keys)\n"
          "  --theme dark|light\n"
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
          "                         entropy-a2 | max-logit | max-logit2\n"
@@ -160,6 +174,46 @@ CliOptions parse_cli(int argc, char** argv) {
       o.ignore_eos = true;
     } else if (a == "--regenerate-lambda-scale") {
       o.regenerate_scale = parse_number(need(i, a), a);
+    } else if (a == "--scan") {
+      o.scan = need(i, a);
+      if (o.scan.empty())
+        throw Error("--scan: no file given. HINT: --scan prompts.jsonl");
+    } else if (a == "--scan-lambda-scale") {
+      o.scan_lambda_scale = parse_number(need(i, a), a);
+    } else if (a == "--scan-compare") {
+      o.scan_compare = parse_number(need(i, a), a);
+    } else if (a == "--scan-max-answer") {
+      const long long n = parse_integer(need(i, a), a);
+      if (n < 1 || n > 100000)
+        throw Error("--scan-max-answer must be between 1 and 100000");
+      o.scan_max_answer = int(n);
+    } else if (a == "--scan-open") {
+      const long long k = parse_integer(need(i, a), a);
+      if (k < INT32_MIN || k > INT32_MAX)
+        throw Error("--scan-open: '" + std::to_string(k) + "' is out of range");
+      o.scan_open = int(k);
+    } else if (a == "--scan-report") {
+      o.scan_report = need(i, a);
+    } else if (a == "--scan-plot") {
+      o.scan_plot = need(i, a);
+    } else if (a == "--scan-stop-after") {
+      const long long n = parse_integer(need(i, a), a);
+      if (n < 1 || n > INT32_MAX)
+        throw Error("--scan-stop-after must be >= 1");
+      o.scan_stop_after = int(n);
+    } else if (a == "--scan-view") {
+      const std::string v = need(i, a);
+      o.scan_view = v == "first" ? 0 : v == "compare" ? 1 : v == "difference" ? 2 : -1;
+      if (o.scan_view < 0)
+        throw Error("--scan-view: '" + v + "' is not first, compare or difference");
+    } else if (a == "--scan-fraction") {
+      const std::string v = need(i, a);
+      for (int k = 0; k < ds::scan::kNumFractions; ++k)
+        if (v == ds::scan::kFractionKeys[k])
+          o.scan_fraction = k;
+      if (o.scan_fraction < 0)
+        throw Error("--scan-fraction: '" + v + "' is not a report key (answer1, answer2, answer_diff, answer_diff_abs, "
+                    "sink1, ..., context_diff_abs)");
     } else if (a == "--theme") {
       const std::string v = need(i, a);
       if (v != "dark" && v != "light")
@@ -229,6 +283,15 @@ CliOptions parse_cli(int argc, char** argv) {
     throw Error("--replay-lambda and --replay-log need --screenshot");
   if (o.regenerate_scale && o.generate == 0)
     throw Error("--regenerate-lambda-scale needs --generate N");
+  if (o.scan.empty() && (o.scan_lambda_scale || o.scan_compare || o.scan_max_answer || o.scan_open ||
+                         !o.scan_report.empty() || !o.scan_plot.empty() || o.scan_stop_after || o.scan_view >= 0 ||
+                         o.scan_fraction >= 0))
+    throw Error("--scan-lambda-scale, --scan-compare, --scan-max-answer, --scan-open, --scan-report, --scan-plot, "
+                "--scan-stop-after, --scan-view and --scan-fraction need --scan FILE.jsonl");
+  if (o.scan_view > 0 && !o.scan_compare)
+    throw Error("--scan-view compare|difference needs --scan-compare X");
+  if (o.scan_stop_after && o.screenshot.empty())
+    throw Error("--scan-stop-after needs --screenshot");
   if (!o.replay_log.empty() && !o.replay)
     throw Error("--replay-log needs --replay-lambda");
   return o;

@@ -3,6 +3,8 @@
 //             [--lambda-scale X] [--generate N [--regenerate-lambda-scale X]] [--temperature T] [--top-p P]
 //             [--sample-top-k K] [--seed S] [--ignore-eos]
 //             [--theme light|dark] [--overview MODE] [--backend cpu|cuda|auto] [--threads N]
+//             [--scan FILE.jsonl [--scan-lambda-scale X] [--scan-compare X] [--scan-max-answer N] [--scan-open K]
+//              [--scan-report OUT.json] [--scan-plot OUT.png] [--scan-stop-after N] [--scan-view V] [--scan-fraction KEY]]
 //             [--screenshot OUT.png [--state-json OUT.json] [--open-after DIR] [--export-dir DIR] [--size WxH]]
 #pragma once
 #include <array>
@@ -31,6 +33,16 @@ struct CliOptions {
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   std::optional<double> regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X and Regenerate
+  // Corpus scan (the Corpus panel): --scan FILE starts one once the first prompt ran; the rest set its options and
+  // what happens when it has finished (open a prompt, save the report and the plot).
+  std::string scan;
+  std::optional<double> scan_lambda_scale, scan_compare;
+  std::optional<int> scan_max_answer;
+  std::optional<int> scan_open;  // K-th prompt of the report (negative counts from the end)
+  std::string scan_report, scan_plot;
+  int scan_stop_after = 0;  // with --screenshot: Stop after N prompts (tests)
+  int scan_view = -1;       // --scan-view first|compare|difference: 0, 1, 2
+  int scan_fraction = -1;   // --scan-fraction KEY: index into ds::scan::kFractionKeys
   std::optional<bool> dark;
   int overview = -1;  // --overview MODE: OverviewMode index, -1 = remembered / default
   std::string backend = "auto";

@@ -32,6 +32,8 @@ void draw_frame(AppState& st) {
     draw_overview_panel(st);
   if (st.show_profiler)
     draw_profiler_panel(st);
+  if (st.show_corpus)  // after the overview and the lambda panel: it starts over them
+    draw_corpus_panel(st);
   draw_status(st);
   if (st.show_imgui_demo)
     ImGui::ShowDemoWindow(&st.show_imgui_demo);

@@ -47,6 +47,12 @@ void on_drop(GLFWwindow* w, int count, const char** paths) {
     return;
   fs::path p(paths[0]);
   std::error_code ec;
+  if (!fs::is_directory(p, ec) && p.extension() == ".jsonl") {  // a corpus: into the Corpus panel's path field
+    st->scan_opts.path = p.string();
+    st->raise_corpus = !st->show_corpus;
+    st->show_corpus = true;
+    return;
+  }
   if (!fs::is_directory(p, ec))
     p = p.parent_path();
   st->path_input = p.string();
@@ -167,6 +173,30 @@ int main(int argc, char** argv) {
     st.view.cq = double(v[0] + v[1]) / 2;
     st.view.ck = double(v[2] + v[3]) / 2;
   }
+  // --scan: the Corpus panel's options; the scan starts once the first prompt ran (AppState::absorb_snapshot).
+  if (!opt.scan.empty()) {
+    st.pending_scan = opt.scan;
+    st.scan_opts.path = opt.scan;
+    st.show_corpus = true;
+  }
+  if (opt.scan_lambda_scale)
+    st.scan_opts.lambda_scale = *opt.scan_lambda_scale;
+  if (opt.scan_compare) {
+    st.scan_opts.compare = true;
+    st.scan_opts.compare_scale = *opt.scan_compare;
+  }
+  if (opt.scan_max_answer)
+    st.scan_opts.max_answer_tokens = *opt.scan_max_answer;
+  st.pending_scan_open = opt.scan_open;
+  st.pending_scan_report = opt.scan_report;
+  st.pending_scan_plot = opt.scan_plot;
+  st.scan_stop_after = opt.scan_stop_after;
+  if (opt.scan_view >= 0)
+    st.scan_view = opt.scan_view;
+  if (opt.scan_fraction >= 0) {
+    st.scan_part = opt.scan_fraction / 4;
+    st.scan_map = opt.scan_fraction % 4;
+  }
   st.req.sweep = st.settings.sweep;
   const std::string model = !opt.model.empty() ? opt.model : default_model(st.assets_dir);
   if (opt.layer < 0 && opt.model.empty()) {
@@ -189,7 +219,9 @@ int main(int argc, char** argv) {
     // Sleep until input or a worker publication when nothing moves; poll while the engine works.
     const bool busy = !worker->idle() || (st.snap && (st.snap->loading || st.snap->running));
     if (shot)
-      glfwWaitEventsTimeout(0.02);
+      glfwWaitEventsTimeout(st.scanning() ? 0.1 : 0.02);
+    else if (st.scanning() && !ImGui::IsAnyMouseDown())
+      glfwWaitEventsTimeout(0.25);  // a corpus scan: its progress wakes the loop (<= 10 a second); leave it the cores
     else if (busy || ImGui::IsAnyMouseDown())
       glfwPollEvents();
     else

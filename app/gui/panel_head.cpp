@@ -397,6 +397,12 @@ void draw_head_panel(AppState& st) {
       if (i == 0 && qy1 > qy0)
         dl->AddRectFilled(ImVec2(p0.x - 4, qy0), ImVec2(p0.x - 1, qy1), tc.generated_mark);
     }
+    // The answer span of a prompt opened from a corpus scan: a bar along the key axis.
+    if (const AppState::AnswerMark* ans = st.answer_span(); ans && ans->begin < n) {
+      const float kx0 = std::max(p0.x, sx(p0, double(ans->begin))), kx1 = std::min(img1.x, sx(p0, double(std::min(ans->end, n))));
+      if (kx1 > kx0)
+        dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(std::max(kx1, kx0 + 2), img1.y + 4), tc.answer_mark);
+    }
     st.map_rects[i] =
         PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
     draw_colorbar(dl, ImVec2(p0.x + S + 6, p0.y), ImVec2(p0.x + S + 20, img1.y),

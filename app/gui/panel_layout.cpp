@@ -10,7 +10,8 @@
 namespace ds::gui {
 
 // Inputs on the left (model, prompt with the next-token table, generation, profiler), the head view across the top
-// right, the row view under it, the overview and the lambda controls below.
+// right, the row view under it, the overview and the lambda controls below (the corpus panel over both of them
+// when it is open).
 static ImRect slot_rect(Slot s) {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   // On the very first frame WorkPos does not yet account for the main menu bar (ImGui applies it a frame later),
@@ -49,6 +50,8 @@ static ImRect slot_rect(Slot s) {
       return ImRect(rx, o.y + head_h + row_h, rx + ow, o.y + h);
     case Slot::Lambda:
       return ImRect(rx + ow, o.y + head_h + row_h, o.x + sz.x, o.y + h);
+    case Slot::Corpus:
+      return ImRect(rx, o.y + head_h + row_h, o.x + sz.x, o.y + h);
   }
   return ImRect(o, ImVec2(o.x + sz.x, o.y + sz.y));
 }

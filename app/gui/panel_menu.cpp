@@ -157,6 +157,10 @@ void draw_menu_bar(AppState& st) {
       st.focus_path = st.show_model = true;
     if (ImGui::MenuItem("Open prompt...", "Ctrl+Shift+O"))
       st.open_prompt_popup = true;
+    if (ImGui::MenuItem("Scan corpus...")) {  // the Corpus panel, its file field focused
+      st.raise_corpus = st.focus_scan_path = true;
+      st.show_corpus = true;
+    }
     if (ImGui::BeginMenu("Recent models", !st.settings.recent.empty())) {
       for (const auto& r : st.settings.recent)
         if (ImGui::MenuItem(r.c_str())) {
@@ -175,7 +179,7 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::BeginMenu("Export PNG")) {
       if (ImGui::MenuItem("Whole window", "Ctrl+P"))
         export_png(st, "");
-      for (const char* p : {"Model", "Prompt", "Generate", "Head", "Row", "Overview", "Lambda", "Profiler"})
+      for (const char* p : {"Model", "Prompt", "Generate", "Head", "Row", "Overview", "Lambda", "Profiler", "Corpus"})
         if (ImGui::MenuItem(p, nullptr, false, st.panel_rects.count(p) > 0))
           export_png(st, p);
       ImGui::EndMenu();
@@ -208,6 +212,11 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::MenuItem("Clear the continuation", nullptr, false,
                         st.can_generate() && st.snap->gen && !st.snap->gen->now.empty()))
       st.clear_generation();
+    ImGui::Separator();
+    if (ImGui::MenuItem("Scan corpus", nullptr, false, !st.scanning() && !st.scan_opts.path.empty() && st.snap->model))
+      st.start_scan();
+    if (ImGui::MenuItem("Stop the scan", nullptr, false, st.scanning()))
+      st.stop_scan();
     ImGui::EndMenu();
   }
   if (ImGui::BeginMenu("View")) {
@@ -219,6 +228,8 @@ void draw_menu_bar(AppState& st) {
     ImGui::MenuItem("Overview", nullptr, &st.show_overview);
     ImGui::MenuItem("Lambda", nullptr, &st.show_lambda);
     ImGui::MenuItem("Profiler", nullptr, &st.show_profiler);
+    if (ImGui::MenuItem("Corpus", nullptr, &st.show_corpus) && st.show_corpus)
+      st.raise_corpus = true;
     ImGui::Separator();
     if (ImGui::MenuItem("Dark theme", "Ctrl+T", st.settings.dark))
       st.settings.dark = true;
@@ -249,6 +260,9 @@ void draw_menu_bar(AppState& st) {
   char status[160];
   if (s.loading)
     std::snprintf(status, sizeof status, "loading %.0f%%", s.load_fraction * 100);
+  else if (st.scanning())
+    std::snprintf(status, sizeof status, "scanning %d / %d...", s.scan && s.scan->seq == st.req.scan_seq ? s.scan->tried : 0,
+                  s.scan && s.scan->seq == st.req.scan_seq ? s.scan->total : 0);
   else if (s.gen && s.gen->streaming)
     std::snprintf(status, sizeof status, "generating %zu / %d...", s.gen->now.ids.size(), s.gen->now.options.max_new);
   else if (s.running)

@@ -30,6 +30,7 @@ static void token_list(AppState& st, const std::shared_ptr<const RunResult>& rp)
   const int64_t P = r.prompt_len > 0 ? r.prompt_len : n;
   // While a generation streams the list follows its end.
   const int64_t follow = st.snap->gen && st.snap->gen->streaming ? n - 1 : -1;
+  const AppState::AnswerMark* ans = st.answer_span();  // a prompt opened from a corpus scan: its answer span
   const int64_t hovered = g_token_flow.draw("##tokens", h, [&](int64_t i, ImVec2 a, ImVec2 b, bool hov) {
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const ImU32 fill = i >= P ? (hov ? tc.generated_hover : tc.generated)
@@ -37,12 +38,16 @@ static void token_list(AppState& st, const std::shared_ptr<const RunResult>& rp)
     dl->AddRectFilled(a, b, fill, 2.0f);
     dl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1), ImGui::GetColorU32(ImGuiCol_Text),
                 TokenFlow::label(r, i).c_str());
+    if (ans && i >= ans->begin && i < ans->end)
+      dl->AddRectFilled(ImVec2(a.x + 1, b.y - 3), ImVec2(b.x - 1, b.y), tc.answer_mark, 1.0f);
     if (i == row)
       dl->AddRect(a, b, tc.selection, 2.0f, 0, 2.0f);
   }, follow);
   if (hovered >= 0) {
-    ImGui::SetTooltip("position %lld%s\nid %d\n\"%s\"\nclick: show its attention row", (long long)hovered,
-                      hovered >= P ? " (generated)" : "", r.ids[size_t(hovered)], r.tokens[size_t(hovered)].c_str());
+    const bool in_answer = ans && hovered >= ans->begin && hovered < ans->end;
+    ImGui::SetTooltip("position %lld%s%s\nid %d\n\"%s\"\nclick: show its attention row", (long long)hovered,
+                      hovered >= P ? " (generated)" : "", in_answer ? " (answer span)" : "", r.ids[size_t(hovered)],
+                      r.tokens[size_t(hovered)].c_str());
     if (ImGui::IsMouseClicked(0))
       st.select_row(hovered);
   }
@@ -103,12 +108,13 @@ void draw_prompt_panel(AppState& st) {
     st.run_prompt();  // Ctrl+Enter (plain Enter types a new line)
     st.focus_prompt = true;
   }
-  ImGui::BeginDisabled(s.loading);
+  ImGui::BeginDisabled(s.loading || st.scanning());
   if (ImGui::Button("Run"))
     st.run_prompt();
   ImGui::EndDisabled();
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Run the prompt (Ctrl+Enter)");
+  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+    ImGui::SetTooltip(st.scanning() ? "A corpus scan is running: the prompt can run when it has finished (or Stop it)"
+                                    : "Run the prompt (Ctrl+Enter)");
   ImGui::SameLine();
   ImGui::BeginDisabled(!m.has_tokenizer);
   ImGui::Checkbox("token ids", &st.ids_mode);
@@ -116,7 +122,9 @@ void draw_prompt_panel(AppState& st) {
   ImGui::SameLine();
   const int64_t n_all = s.result ? int64_t(s.result->tokens.size()) : 0;
   const int64_t n_gen = s.result && s.result->prompt_len > 0 ? n_all - s.result->prompt_len : 0;
-  if (s.gen && s.gen->streaming)
+  if (st.scanning())
+    ImGui::TextDisabled("corpus scan running...");
+  else if (s.gen && s.gen->streaming)
     ImGui::TextDisabled("generating... %lld + %lld tokens", (long long)(n_all - n_gen), (long long)n_gen);
   else if (s.running)
     ImGui::TextDisabled("running...");
@@ -126,6 +134,10 @@ void draw_prompt_panel(AppState& st) {
   else if (s.result)
     ImGui::TextDisabled("%zu tokens, %.1f ms", s.result->tokens.size(), s.result->run_ms);
 
+  if (const AppState::AnswerMark* ans = st.answer_span())
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().answer_mark),
+                       "corpus line %d: answer span %lld..%lld (underlined)", ans->line, (long long)ans->begin,
+                       (long long)ans->end - 1);
   if (!s.result) {
     empty_state("Press Ctrl+Enter or Run to see the model's attention for this prompt.");
     return end_panel();

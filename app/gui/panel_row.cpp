@@ -91,6 +91,27 @@ void draw_row_panel(AppState& st) {
     st.row_color = 1, names[1] = "A";
   ImGui::SetNextItemWidth(130);
   ImGui::Combo("##rowcol", &st.row_color, names, rm.differential ? 3 : 2);
+  // A prompt opened from a corpus scan: this head's answer mass in this row, as the scan measures it.
+  const AppState::AnswerMark* ans = st.answer_span();
+  if (ans && ans->begin <= q) {
+    const Fractions12 f = row_fractions(rm, head, ans->begin, ans->end);
+    char buf[160];
+    if (rm.differential)
+      std::snprintf(buf, sizeof buf, "answer %lld..%lld: A1 %.3f  A2 %.3f  D %.3f", (long long)ans->begin,
+                    (long long)ans->end - 1, f[0], f[1], f[2]);
+    else
+      std::snprintf(buf, sizeof buf, "answer %lld..%lld: %.3f", (long long)ans->begin, (long long)ans->end - 1, f[0]);
+    ImGui::SameLine();
+    if (ImGui::GetCursorScreenPos().x + ImGui::CalcTextSize(buf).x > ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x)
+      ImGui::NewLine();
+    ImGui::AlignTextToFramePadding();
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().answer_mark), "%s", buf);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("corpus line %d: the answer span's share of this row (head %d), as the corpus scan measures it:\n"
+                        "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
+                        "(the scan's heatmap averages this over prompts)",
+                        ans->line, head, st.lam());
+  }
   const float* colour_src = st.row_color == 0 ? d.data() : (st.row_color == 1 || !a2) ? a1 : a2;
   const bool diverging = st.row_color == 0 && rm.differential;
 
@@ -115,6 +136,11 @@ void draw_row_panel(AppState& st) {
     hi = std::max(hi, lo + 1e-6f);
     if (b.x - a.x > 20 && b.y - a.y > 20) {
       dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+      if (ans && ans->begin < count) {  // the answer span's keys, shaded
+        const float x0 = a.x + float(ans->begin) / float(count) * (b.x - a.x);
+        const float x1 = a.x + float(std::min(ans->end, count)) / float(count) * (b.x - a.x);
+        dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
+      }
       dl->AddRect(a, b, tc.grid);
       const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
       dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
@@ -189,6 +215,8 @@ void draw_row_panel(AppState& st) {
                      TokenFlow::label(r, i).c_str());
         if (i >= P)  // a generated token: a bar along its bottom edge
           cdl->AddRectFilled(ImVec2(a.x + 1, b.y - 3), ImVec2(b.x - 1, b.y), tc.generated_mark, 1.0f);
+        else if (ans && i >= ans->begin && i < ans->end)  // the answer span of a prompt opened from a scan
+          cdl->AddRectFilled(ImVec2(a.x + 1, b.y - 3), ImVec2(b.x - 1, b.y), tc.answer_mark, 1.0f);
         if (i == q || hov)
           cdl->AddRect(a, b, i == q ? tc.selection : tc.cursor, 2.0f, 0, 2.0f);
       },

@@ -20,10 +20,12 @@ void draw_head_panel(AppState& st);      // panel_head.cpp
 void draw_lambda_panel(AppState& st);    // panel_lambda.cpp
 void draw_profiler_panel(AppState& st);  // panel_profiler.cpp
 void draw_row_panel(AppState& st);       // panel_row.cpp
+void draw_corpus_panel(AppState& st);    // panel_corpus.cpp
 void draw_status(AppState& st);          // panel_status.cpp: error modal, toasts, shortcut help
 
 // [SECTION] panel frame (panel_layout.cpp): default tiling, rectangle bookkeeping for PNG export
-enum class Slot { Model, Prompt, Generate, Lambda, Head, Row, Overview, Profiler };
+// Corpus takes the overview's and the lambda panel's place, over them, while it is shown.
+enum class Slot { Model, Prompt, Generate, Lambda, Head, Row, Overview, Profiler, Corpus };
 bool begin_panel(AppState& st, const char* name, bool* open, Slot slot, ImGuiWindowFlags flags = 0);
 void end_panel();
 // A centred, wrapped, dimmed message for empty states ("what to do next").

@@ -39,6 +39,46 @@ double sum(const std::vector<float>& v) {
 }
 }  // namespace
 
+// The corpus scan in the state JSON: options, progress, skipped lines, the report (make_report's JSON), the prompt
+// opened from it and where the panel drew its heatmap.
+static nlohmann::json scan_json(const AppState& st) {
+  using nlohmann::json;
+  const auto& sc = st.snap ? st.snap->scan : nullptr;
+  if (!sc)
+    return nullptr;
+  json skipped = json::array();
+  if (sc->skipped)
+    for (const auto& e : *sc->skipped)
+      skipped.push_back({{"line", e.line}, {"error", e.error}});
+  json j = {{"seq", sc->seq},
+            {"path", sc->options.path},
+            {"lambda_scale", sc->options.lambda_scale},
+            {"compare_scale", sc->options.compare ? json(sc->options.compare_scale) : json(nullptr)},
+            {"running", sc->running},
+            {"complete", sc->complete},
+            {"stopped", sc->stopped},
+            {"error", sc->error},
+            {"total", sc->total},
+            {"tried", sc->tried},
+            {"done", sc->done},
+            {"elapsed_s", sc->elapsed_s},
+            {"skipped", skipped},
+            {"report", sc->report ? sc->report->json : json(nullptr)},
+            {"view", st.scan_view},
+            {"fraction", ds::scan::kFractionKeys[std::clamp(st.scan_part * 4 + st.scan_map, 0, ds::scan::kNumFractions - 1)]}};
+  j["heatmap_rect"] = st.show_corpus && sc->report ? rect_json(st.scan_heat_rect) : json(nullptr);
+  j["open"] = nullptr;
+  if (sc->report && st.scan_open_row >= 0 && size_t(st.scan_open_row) < sc->report->run.rows.size()) {
+    const auto& r = sc->report->run.rows[size_t(st.scan_open_row)];
+    j["open"] = {{"index", st.scan_open_row},
+                 {"line", r.line},
+                 {"tokens", r.tokens},
+                 {"answer", {r.answer_begin, r.answer_end}},
+                 {"on_screen", st.answer_span() != nullptr}};
+  }
+  return j;
+}
+
 ScreenshotDriver::ScreenshotDriver(const CliOptions& opt) : opt_(opt) {}
 
 bool ScreenshotDriver::ready(const AppState& st) const {
@@ -52,6 +92,10 @@ bool ScreenshotDriver::ready(const AppState& st) const {
   // --generate (and --regenerate-lambda-scale): wait until they were sent and have stopped (the worker is idle
   // only once no generation streams).
   if (st.pending_generate > 0 || st.pending_regenerate_scale)
+    return false;
+  // --scan (and what follows it): wait until it was started, has finished, and --scan-open's prompt was sent.
+  if (st.pending_scan || st.pending_scan_open || !st.pending_scan_report.empty() || !st.pending_scan_plot.empty() ||
+      st.scanning())
     return false;
   if (st.seen_model_seq != s.model->seq)
     return false;
@@ -177,7 +221,8 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
       rc = 3;
     }
   }
-  const bool error_shown = st.seen_error_seq > 0;
+  // The engine's errors and the UI's own (a --scan-open past the report, a prompt the UI refused) alike.
+  const bool error_shown = st.seen_error_seq > 0 || !st.error_line.empty();
   if (!opt_.state_json.empty()) {
     nlohmann::json j = session_json(st);
     j["screenshot"] = opt_.screenshot;
@@ -240,7 +285,18 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
                        {"generated", rm.q >= P}};
       // The selected row when it is a generated position: its place in the continuation (0 = first generated).
       j["selected_generated_row"] = rm.q >= P ? nlohmann::json{{"q", rm.q}, {"index", rm.q - P}} : nlohmann::json(nullptr);
+      // A prompt opened from a corpus scan: the answer span and this head's fractions of the row, as the scan
+      // measures them (session_scan.h's keys).
+      if (const AppState::AnswerMark* ans = st.answer_span()) {
+        const Fractions12 fr = row_fractions(rm, h, ans->begin, ans->end);
+        nlohmann::json fj = nlohmann::json::object();
+        for (int i = 0; i < ds::scan::kNumFractions; ++i)
+          if (std::isfinite(fr[size_t(i)]))
+            fj[ds::scan::kFractionKeys[i]] = fr[size_t(i)];
+        j["row_view"]["answer"] = {{"line", ans->line}, {"begin", ans->begin}, {"end", ans->end}, {"fractions", fj}};
+      }
     }
+    j["scan"] = scan_json(st);
     std::ofstream f(opt_.state_json);
     f << j.dump(2) << "\n";
     if (!f) {

@@ -3,14 +3,19 @@
 // threads. Heavy parts sit behind their own shared_ptrs: a snapshot that only updates the loading progress copies
 // pointers, not maps. No ImGui or GL here.
 #pragma once
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/session.h"
+#include "engine/session_scan.h"
 
 namespace ds::gui {
 
@@ -141,6 +146,83 @@ struct Generation {
   double tokens_per_s() const { return step_ms > 0 ? 1e3 * double(now.ids.size()) / step_ms : 0.0; }
 };
 
+// [SECTION] corpus analysis (engine/session_scan.h): the scan the worker runs, its progress and its report.
+
+// What a scan runs with (the Corpus panel's options; diffscope-scan's flags of the same names).
+struct ScanOptions {
+  std::string path;                 // the JSONL corpus
+  double lambda_scale = 1.0;        // every differential layer's lambda times this (per-layer overrides are off)
+  bool compare = false;             // a second run of the same model at compare_scale
+  double compare_scale = 0.0;
+  int max_answer_tokens = 32;       // greedy tokens at most to check a target
+  int stop_after = 0;               // tests (--scan-stop-after): Stop once this many prompts are done; 0 = never
+};
+
+// The twelve fractions in session_scan.h's order (kFractionKeys), NaN where absent.
+using Fractions12 = std::array<double, ds::scan::kNumFractions>;
+
+// One run of the report, read out of its JSON once (on the worker) so that panels draw plain numbers.
+struct ScanRunView {
+  std::string label;
+  double lambda_scale = 1.0;
+  bool differential = true;
+  int64_t prompts = 0, tokens = 0, with_target = 0, correct = 0;
+  double accuracy = NAN;  // NaN without targets
+  Fractions12 mean{};
+  std::vector<int> layers;          // the attention layers (model indices): the heatmap's rows
+  int heads = 0;                    // view heads per layer: its columns
+  std::vector<Fractions12> cells;   // [layers.size() * heads], mean over prompts
+  struct Group {
+    std::string key, value;  // "length" / "depth", and the tag's value as text
+    int64_t prompts = 0;
+    double accuracy = NAN;
+    Fractions12 mean{};
+  };
+  std::vector<Group> groups;
+  struct Row {  // one prompt
+    int line = 0;
+    int64_t tokens = 0, answer_begin = 0, answer_end = 0;  // token positions
+    Fractions12 mean{};
+    int correct = -1;  // -1 no target, 0 wrong, 1 right
+    std::string target, output, tags;
+    double ms = 0;
+  };
+  std::vector<Row> rows;
+  const Fractions12& cell(size_t layer_index, int head) const { return cells[layer_index * size_t(heads) + size_t(head)]; }
+};
+
+struct ScanReport {
+  nlohmann::json json;  // make_report's: what Save report writes and Save plot draws
+  bool complete = false;
+  ScanRunView run;
+  bool has_compare = false;
+  ScanRunView compare;  // the second run (same prompts, in the same order)
+};
+
+struct ScanState {
+  uint64_t seq = 0;  // the Request::scan_seq this scan serves
+  ScanOptions options;
+  bool running = false;
+  bool complete = false;  // every prompt of the file was tried
+  bool stopped = false;   // Stop (or --scan-stop-after) ended it early; what was done stays
+  std::string error;      // why it could not run or ended (one line); empty when fine
+  int total = 0;          // prompts the file holds (bad lines not counted)
+  int tried = 0;          // prompts run so far (the ones the model refused included)
+  int done = 0;           // prompts in the report
+  int current_line = 0;   // the line being run
+  double elapsed_s = 0;
+  std::shared_ptr<const ds::scan::Corpus> corpus;                   // the prompts, to open one in the views
+  std::shared_ptr<const std::vector<ds::scan::LineError>> skipped;  // bad lines and prompts the model refused
+  std::shared_ptr<const ScanReport> report;                         // null until the first prompt is in
+  double prompts_per_s() const { return elapsed_s > 0 ? double(tried) / elapsed_s : 0.0; }
+  double eta_s() const {
+    const double r = prompts_per_s();
+    return r > 0 ? double(total - tried) / r : NAN;
+  }
+  // The corpus line of a prompt of the report (null when absent).
+  const ds::scan::Prompt* prompt_at_line(int line) const;
+};
+
 struct Snapshot {
   uint64_t seq = 0;
   // Loading
@@ -159,6 +241,7 @@ struct Snapshot {
   std::shared_ptr<const RowMaps> row;
   std::shared_ptr<const Sweep> sweep;
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
+  std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first
 };
 
 }  // namespace ds::gui

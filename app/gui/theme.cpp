@@ -60,6 +60,7 @@ void apply_theme(bool dark) {
     g_colors.generated_hover = IM_COL32(36, 122, 102, 255);
     g_colors.generated_mark = IM_COL32(72, 208, 160, 255);
     g_colors.diff_mark = IM_COL32(240, 84, 120, 255);
+    g_colors.answer_mark = IM_COL32(190, 120, 255, 255);
   } else {
     c[ImGuiCol_WindowBg] = ImVec4(0.97f, 0.97f, 0.975f, 1.0f);
     c[ImGuiCol_ChildBg] = ImVec4(1.0f, 1.0f, 1.0f, 1.0f);
@@ -81,6 +82,7 @@ void apply_theme(bool dark) {
     g_colors.generated_hover = IM_COL32(160, 216, 196, 255);
     g_colors.generated_mark = IM_COL32(16, 140, 100, 255);
     g_colors.diff_mark = IM_COL32(205, 30, 75, 255);
+    g_colors.answer_mark = IM_COL32(130, 50, 200, 255);
   }
 }
 

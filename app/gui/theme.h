@@ -18,6 +18,7 @@ struct ThemeColors {
   ImU32 generated, generated_hover;  // generated tokens' boxes (the prompt's are ImGuiCol_Button)
   ImU32 generated_mark;              // generated positions marked along map axes and under row-view tokens
   ImU32 diff_mark;                   // the first token where two continuations differ
+  ImU32 answer_mark;                 // the answer span of a prompt opened from a corpus scan
 };
 
 void apply_theme(bool dark);

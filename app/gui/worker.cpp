@@ -76,6 +76,10 @@ void Worker::publish(F&& edit) {
     wake_();
 }
 
+void Worker::publish_scan(std::shared_ptr<const ScanState> scan) {
+  publish([&](Snapshot& s) { s.scan = std::move(scan); });
+}
+
 void Worker::report_error(const std::string& what) {
   publish([&](Snapshot& s) {
     s.error = what;
@@ -127,13 +131,33 @@ void Worker::step(const Request& r) {
     applied_open_ = r.open_seq;
     applied_gen_ = r.gen_seq;  // a generation command never carries over to another model
     open(r.open_dir);
+    if (r.scan_seq != applied_scan_) {
+      // A scan asked for while another model was being opened: not run on a model the user has not seen yet.
+      applied_scan_ = r.scan_seq;
+      auto refused = std::make_shared<ScanState>();
+      refused->seq = r.scan_seq;
+      refused->options = r.scan;
+      refused->error = "the scan did not start: a model was being opened. Start it again";
+      publish_scan(std::move(refused));
+    }
     return;  // the UI answers a new model with a fresh request (prompt mode, lambda controls sized to L)
+  }
+  // A corpus scan takes the session over (worker_scan.cpp); afterwards the request's prompt runs again, so that the
+  // views show the prompt of the Prompt panel and not the scan's last one.
+  bool restore = false;
+  if (r.scan_seq != applied_scan_) {
+    applied_scan_ = r.scan_seq;
+    run_scan(r);
+    restore = session_ && r.prompt_seq != 0;
+    std::lock_guard lk(mu_);
+    if (stop_)
+      return;  // the program is closing: no prompt to bring back
   }
   if (!session_)
     return;
 
   bool prompt_ok = false;
-  if (r.prompt_seq != applied_prompt_) {
+  if (r.prompt_seq != applied_prompt_ || restore) {
     applied_prompt_ = r.prompt_seq;
     try {
       if (r.use_ids)

@@ -48,6 +48,12 @@ struct Request {
   GenCommand gen_cmd = GenCommand::None;
   int gen_steps = 1;  // Step: how many Step commands in a row ended the sequence (all of them are carried out)
   GenerateOptions gen;
+  // Corpus scan (worker_scan.cpp): bump scan_seq to scan scan.path; bump scan_stop_seq to stop the scan between
+  // prompts (what was done stays). While a scan runs the worker serves nothing else; afterwards it brings the
+  // session back to this request (the prompt runs again).
+  uint64_t scan_seq = 0, scan_stop_seq = 0;
+  uint64_t scan_stop_base = 0;  // scan_stop_seq when this scan was asked for (a Stop sent before it began counts)
+  ScanOptions scan;
 };
 
 class Worker {
@@ -80,6 +86,9 @@ class Worker {
   void refresh_head(const Request& r);
   void refresh_row(const Request& r);
   void run_sweep(const Request& r);
+  void run_scan(const Request& r);  // worker_scan.cpp
+  void publish_scan(std::shared_ptr<const ScanState> scan);
+  bool scan_stop_requested(uint64_t stop_seq_at_start) const;
   bool superseded() const;
   void report_error(const std::string& what);
   template <class F>
@@ -93,6 +102,7 @@ class Worker {
   std::condition_variable cv_;
   Request want_;
   uint64_t version_ = 0, serving_ = 0, served_ = 0;
+  uint64_t serving_scan_ = 0;  // the scan_seq being scanned (a newer one stops it)
   bool working_ = false, stop_ = false;
   bool streaming_ = false;  // a generation streams: the loop keeps stepping without a new request
   std::shared_ptr<const Snapshot> snap_;
@@ -100,7 +110,7 @@ class Worker {
   // Worker-thread only.
   std::unique_ptr<Session> session_;
   uint64_t model_seq_ = 0, result_seq_ = 0;
-  uint64_t applied_open_ = 0, applied_prompt_ = 0;
+  uint64_t applied_open_ = 0, applied_prompt_ = 0, applied_scan_ = 0;
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
   ViewRequest head_view_;

@@ -1,0 +1,257 @@
+// The corpus scan on the engine thread (Request::scan_seq; engine/session_scan.h): every prompt of a JSONL file
+// through ds::scan::Run, one or two runs (the second at another lambda scale of the same model), progress published
+// as prompts finish and the report (make_report) re-made every so often and at the end, read out of its JSON into
+// plain numbers (ScanRunView) for the Corpus panel. Stop (Request::scan_stop_seq) ends the scan between prompts, or
+// inside one (ds::Cancelled): a prompt counts for every run or for none, what was done stays. A bad line or a
+// prompt the model refuses is listed with its line number and skipped, never fatal.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+
+#include "engine/error.h"
+#include "worker.h"
+
+namespace ds::gui {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace sc = ds::scan;
+
+Fractions12 fractions_from(const nlohmann::json& o) {
+  Fractions12 f;
+  f.fill(NAN);
+  if (!o.is_object())
+    return f;
+  for (int i = 0; i < sc::kNumFractions; ++i)
+    if (const auto it = o.find(sc::kFractionKeys[i]); it != o.end() && it->is_number())
+      f[size_t(i)] = it->get<double>();
+  return f;
+}
+
+double number_or_nan(const nlohmann::json& o, const char* key) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+int64_t integer_or(const nlohmann::json& o, const char* key, int64_t fallback) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<int64_t>() : fallback;
+}
+
+std::string string_or(const nlohmann::json& o, const char* key) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+std::string tag_text(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+// One run's part of the report (make_report's keys) as plain numbers.
+ScanRunView run_view(const nlohmann::json& j) {
+  ScanRunView v;
+  v.label = string_or(j, "label");
+  v.lambda_scale = number_or_nan(j, "lambda_scale");
+  v.differential = j.value("differential", true);
+  v.prompts = integer_or(j, "prompts", 0);
+  v.tokens = integer_or(j, "tokens", 0);
+  v.with_target = integer_or(j, "with_target", 0);
+  v.correct = integer_or(j, "correct", 0);
+  v.accuracy = number_or_nan(j, "accuracy");
+  v.mean = fractions_from(j.value("mean", nlohmann::json::object()));
+  const nlohmann::json layers = j.value("layers", nlohmann::json::array());
+  for (const auto& l : layers) {
+    v.layers.push_back(int(integer_or(l, "layer", -1)));
+    v.heads = std::max(v.heads, int(l.value("heads", nlohmann::json::array()).size()));
+  }
+  Fractions12 none;
+  none.fill(NAN);
+  v.cells.assign(v.layers.size() * size_t(v.heads), none);
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const nlohmann::json heads = layers[li].value("heads", nlohmann::json::array());
+    for (size_t h = 0; h < heads.size(); ++h)
+      v.cells[li * size_t(v.heads) + h] = fractions_from(heads[h]);
+  }
+  if (const auto g = j.find("groups"); g != j.end() && g->is_object())
+    for (const char* key : {"length", "depth"})
+      if (const auto arr = g->find(key); arr != g->end() && arr->is_array())
+        for (const auto& e : *arr) {
+          ScanRunView::Group gr;
+          gr.key = key;
+          gr.value = e.contains("value") ? tag_text(e["value"]) : "";
+          gr.prompts = integer_or(e, "prompts", 0);
+          gr.accuracy = number_or_nan(e, "accuracy");
+          gr.mean = fractions_from(e.value("mean", nlohmann::json::object()));
+          v.groups.push_back(std::move(gr));
+        }
+  for (const auto& p : j.value("per_prompt", nlohmann::json::array())) {
+    ScanRunView::Row r;
+    r.line = int(integer_or(p, "line", 0));
+    r.tokens = integer_or(p, "tokens", 0);
+    if (const auto a = p.find("answer"); a != p.end() && a->is_array() && a->size() == 2) {
+      r.answer_begin = (*a)[0].is_number() ? (*a)[0].get<int64_t>() : 0;
+      r.answer_end = (*a)[1].is_number() ? (*a)[1].get<int64_t>() : 0;
+    }
+    r.mean = fractions_from(p.value("mean", nlohmann::json::object()));
+    if (const auto c = p.find("correct"); c != p.end() && c->is_boolean())
+      r.correct = c->get<bool>() ? 1 : 0;
+    r.target = string_or(p, "target");
+    r.output = string_or(p, "output");
+    r.ms = number_or_nan(p, "ms");
+    if (const auto t = p.find("tags"); t != p.end() && t->is_object())
+      for (auto it = t->begin(); it != t->end(); ++it)
+        r.tags += (r.tags.empty() ? "" : " ") + it.key() + "=" + tag_text(it.value());
+    v.rows.push_back(std::move(r));
+  }
+  return v;
+}
+
+}  // namespace
+
+const ds::scan::Prompt* ScanState::prompt_at_line(int line) const {
+  if (!corpus)
+    return nullptr;
+  const auto& ps = corpus->prompts;  // in line order
+  const auto it = std::lower_bound(ps.begin(), ps.end(), line, [](const sc::Prompt& p, int l) { return p.line < l; });
+  return it != ps.end() && it->line == line ? &*it : nullptr;
+}
+
+bool Worker::scan_stop_requested(uint64_t stop_seq_at_start) const {
+  std::lock_guard lk(mu_);
+  // Stop, a newer scan, or the program closing.
+  return stop_ || want_.scan_stop_seq != stop_seq_at_start || want_.scan_seq != serving_scan_;
+}
+
+void Worker::run_scan(const Request& r) {
+  const ScanOptions& o = r.scan;
+  {
+    std::lock_guard lk(mu_);
+    serving_scan_ = r.scan_seq;
+  }
+  auto st = std::make_shared<ScanState>();
+  st->seq = r.scan_seq;
+  st->options = o;
+  st->running = true;
+  auto skipped = std::make_shared<std::vector<sc::LineError>>();
+  st->skipped = skipped;
+  const auto t0 = Clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  const auto publish_state = [&] {
+    st->elapsed_s = elapsed();
+    publish_scan(std::make_shared<const ScanState>(*st));
+  };
+  // The scan could not run (or broke off): one line in the panel and in the error banner.
+  const auto fail = [&](const std::string& why) {
+    st->running = false;
+    st->error = why;
+    publish_state();
+    report_error(why);
+  };
+  publish_state();
+  if (!session_)
+    return fail("no model loaded: open a model first, then scan a corpus");
+  std::error_code ec;
+  if (o.path.empty())
+    return fail("no corpus file: type the path of a JSONL file in the Corpus panel");
+  if (std::filesystem::is_directory(o.path, ec))
+    return fail(o.path + ": is a folder, not a JSONL corpus file");
+  if (!std::filesystem::exists(o.path, ec))
+    return fail(o.path + ": no such file (a JSONL corpus: one JSON object a line)");
+
+  std::vector<std::unique_ptr<sc::Run>> runs;
+  std::shared_ptr<const sc::Corpus> corpus;
+  try {
+    corpus = std::make_shared<const sc::Corpus>(sc::read_corpus(o.path));
+    runs.push_back(std::make_unique<sc::Run>(*session_, sc::RunOptions{"", o.lambda_scale, o.max_answer_tokens}));
+    if (o.compare)
+      runs.push_back(std::make_unique<sc::Run>(*session_, sc::RunOptions{"", o.compare_scale, o.max_answer_tokens}));
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  st->corpus = corpus;
+  st->total = int(corpus->prompts.size());
+  *skipped = corpus->errors;
+  st->skipped = std::make_shared<const std::vector<sc::LineError>>(*skipped);
+  // The scan replaces the session's sequence and lambda: the continuation is gone, and the lambda is the runs'
+  // scale alone (no per-layer overrides, as diffscope-scan). step() brings the session back afterwards.
+  reset_generation();
+  session_->reset_lambda();
+
+  std::vector<const sc::Run*> views;
+  for (const auto& run : runs)
+    views.push_back(run.get());
+  const auto make_report = [&](bool complete) {
+    auto rep = std::make_shared<ScanReport>();
+    rep->json = sc::make_report(views, o.path, *skipped, complete, elapsed());
+    rep->complete = complete;
+    rep->run = run_view(rep->json);
+    if (const auto c = rep->json.find("compare"); c != rep->json.end()) {
+      rep->has_compare = true;
+      rep->compare = run_view(*c);
+    }
+    return std::shared_ptr<const ScanReport>(std::move(rep));
+  };
+
+  try {
+    const uint64_t stop_seq = r.scan_stop_base;
+    const std::function<bool()> cancelled = [&] { return scan_stop_requested(stop_seq); };
+    Clock::time_point last_publish{}, last_report = t0;
+    double report_cost = 0;
+    publish_state();
+    for (size_t i = 0; i < corpus->prompts.size(); ++i) {
+      if (cancelled() || (o.stop_after > 0 && st->done >= o.stop_after)) {
+        st->stopped = true;
+        break;
+      }
+      const sc::Prompt& p = corpus->prompts[i];
+      st->current_line = p.line;
+      size_t ran = 0;
+      try {
+        for (auto& run : runs) {
+          run->scan(p, cancelled);
+          ++ran;
+        }
+      } catch (const Cancelled&) {
+        st->stopped = true;
+      } catch (const std::exception& e) {
+        // A prompt this model cannot run (too long, a span outside it, ...): listed, skipped.
+        const auto at = std::upper_bound(skipped->begin(), skipped->end(), p.line,
+                                         [](int l, const sc::LineError& x) { return l < x.line; });
+        skipped->insert(at, sc::LineError{p.line, e.what()});
+        st->skipped = std::make_shared<const std::vector<sc::LineError>>(*skipped);
+      }
+      if (ran > 0 && ran < runs.size())
+        runs[0]->drop_last();  // a prompt counts for every run or for none
+      if (st->stopped)
+        break;
+      st->tried = int(i) + 1;
+      st->done = int(runs[0]->results().size());
+      const auto now = Clock::now();
+      if (now - last_publish >= std::chrono::milliseconds(100)) {
+        // The report costs a pass over every prompt's heads: re-made at most every half second, and less often
+        // when it takes long.
+        if (now - last_report >= std::chrono::duration<double>(std::max(0.5, 10 * report_cost)) || !st->report) {
+          const auto r0 = Clock::now();
+          st->report = make_report(false);
+          report_cost = std::chrono::duration<double>(Clock::now() - r0).count();
+          last_report = Clock::now();
+        }
+        publish_state();
+        last_publish = Clock::now();
+      }
+    }
+    st->complete = !st->stopped && st->tried == st->total;
+    st->running = false;
+    st->current_line = 0;
+    st->report = make_report(st->complete);
+    publish_state();
+  } catch (const std::exception& e) {
+    // Not a prompt's fault (the report, memory): the scan ends here with what it has.
+    fail(std::string("corpus scan: ") + e.what());
+  }
+}
+
+}  // namespace ds::gui
