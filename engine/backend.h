@@ -29,6 +29,10 @@ struct ForwardRequest {
   bool all_logits = false;       // logits for every position [n, vocab], else only the last [1, vocab]
   std::vector<uint8_t> want_maps;  // [L] (or empty = none): fill ForwardResult::maps for these layers
   bool keep_hidden = false;      // fill ForwardResult::hidden (tests)
+  // Decoding (append_from > 0) may leave the logits where they were computed: ForwardResult::logits then stays
+  // empty, ForwardResult::argmax holds the greedy choice, and Backend::fetch_logits brings the logits when asked.
+  // A backend that computes on the host fills the logits anyway.
+  bool logits_on_demand = false;
 };
 
 struct LayerMaps {
@@ -41,7 +45,8 @@ struct LayerMaps {
 struct ForwardResult {
   int64_t n = 0;
   int64_t logit_rows = 0;            // n or 1
-  std::vector<float> logits;         // [logit_rows, vocab]
+  std::vector<float> logits;         // [logit_rows, vocab]; empty when left on the device (logits_on_demand)
+  int32_t argmax = -1;               // with logits left on the device: the first largest last-row logit's id
   std::vector<LayerMaps> maps;       // [L]; entries empty where not requested
   std::vector<std::vector<float>> hidden;  // [L+1][n, hidden]: input of layer l; [L] = last layer's output
   double ms = 0;                     // wall time of this forward
@@ -92,6 +97,8 @@ class Backend {
   // forward may then reuse layers (from_layer) or append to the first n ids. false: a layer keeps state that cannot
   // be cut (Mamba's recurrent state); nothing changed, and the caller runs the n ids again.
   virtual bool truncate(int64_t n) = 0;
+  // The last forward's logits when it left them on the device (ForwardRequest::logits_on_demand); else nothing.
+  virtual void fetch_logits(ForwardResult& out) { (void)out; }
   // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
   virtual int64_t device_memory_used() const { return -1; }
 };

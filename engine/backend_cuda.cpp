@@ -956,8 +956,14 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
       for (int64_t i = req.append_from; i < n; ++i) decode_step(req.ids[size_t(i)], lam);
       out.n = n;
       out.logit_rows = 1;
-      out.logits.resize(size_t(cfg_.vocab));
-      copy_to_host({{out.logits.data(), logits_.get(), size_t(cfg_.vocab) * 4}});
+      out.argmax = -1;
+      if (req.logits_on_demand) {  // the greedy choice made here: 8 bytes come back instead of the vocabulary
+        out.logits.clear();
+        out.argmax = device_argmax();
+      } else {
+        out.logits.resize(size_t(cfg_.vocab));
+        copy_to_host({{out.logits.data(), logits_.get(), size_t(cfg_.vocab) * 4}});
+      }
       out.maps.assign(size_t(L), LayerMaps{});
       out.hidden.clear();
     } catch (...) {

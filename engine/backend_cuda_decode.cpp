@@ -8,10 +8,12 @@
 // one CUDA graph: the first step after the buffers or lambda change runs eagerly (which also makes the GEMM plans
 // for one row), the next is captured, and later steps replay it with a 12-byte copy of {token, position, length}.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend_cuda_impl.h"
 #include "error.h"
+#include "kernels/argmax.h"
 #include "kernels/attn_decode.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -60,6 +62,31 @@ void CudaBackend::grow_activations(int64_t need) {
   act_ = std::move(a);
   ++act_gen_;
   rope_n_ = 0;
+}
+
+int32_t CudaBackend::device_argmax() {
+  const DeviceGuard on(device_);
+  if (!dec_) throw Error("internal: no decoding step ran");
+  if (!dec_->pick.get()) {
+    dec_->pick = DeviceBuffer(8, "greedy pick");
+    dec_->pick_host = PinnedBuffer(8);
+  }
+  DS_CUDA_CHECK(kern::launch_argmax_f32(logits_.as<float>(), cfg_.vocab, dec_->pick.as<int32_t>(), stream()));
+  DS_CUDA_CHECK(cudaMemcpyAsync(dec_->pick_host.as<char>(), dec_->pick.get(), 8, cudaMemcpyDeviceToHost, stream()));
+  sync();
+  int32_t r[2];
+  std::memcpy(r, dec_->pick_host.as<char>(), 8);
+  float v;
+  std::memcpy(&v, &r[1], 4);
+  if (r[0] < 0 || !std::isfinite(v)) throw Error("the model's next-token logits are not finite: nothing to choose from");
+  return r[0];
+}
+
+void CudaBackend::fetch_logits(ForwardResult& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_ || !out.logits.empty() || out.logit_rows != 1) return;
+  out.logits.resize(size_t(cfg_.vocab));
+  copy_to_host({{out.logits.data(), logits_.get(), size_t(cfg_.vocab) * 4}});
 }
 
 void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {

@@ -151,6 +151,10 @@ class CudaBackend final : public Backend {
   // logits in logits_dev(). lambda must be the one the cached positions ran with. After a first eager step the
   // step is captured in a CUDA graph (all its launches read the position from device memory) and replayed.
   void decode_step(int32_t id, const std::vector<float>& lambda);
+  // The greedy choice of the logits in logits_dev() (one row), made on the device: 8 bytes to the host. Throws
+  // ds::Error when no logit is finite, as the host's Sampler does.
+  int32_t device_argmax();
+  void fetch_logits(ForwardResult& out) override;
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
   // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
   void set_decode_profile(bool on) { decode_profile_ = on; }
@@ -278,6 +282,8 @@ class CudaBackend final : public Backend {
     DeviceBuffer h;          // [L + 1][E] f32: the step's residual stream (row l: input of layer l)
     DeviceBuffer x, qkv, attn, gu, act, spare, attn_ws;      // one row each (bf16), attention workspace
     DeviceBuffer xz, u, xdbl, dt, mem, yg;                   // Mamba / GMU rows
+    DeviceBuffer pick;                                       // int32 {argmax, its value's bits}
+    PinnedBuffer pick_host;                                  // where the pick lands on the host
     size_t attn_ws_len = 0;  // max_len the attention workspace is sized for
     cudaGraphExec_t graph = nullptr;
     int64_t graph_gen = -1;  // act_gen_ the graph was captured against

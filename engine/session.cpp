@@ -144,8 +144,13 @@ const LayerMaps& Session::maps(int layer) {
   return m;
 }
 
+void Session::ensure_logits() const {
+  if (has_result_ && res_.logits.empty() && res_.logit_rows > 0) backend_->fetch_logits(res_);
+}
+
 std::vector<float> Session::next_token_logprobs() const {
   if (!has_result_) return {};
+  ensure_logits();
   const int64_t V = cfg_.vocab;
   const float* row = res_.logits.data() + (res_.logit_rows - 1) * V;
   const float mx = *std::max_element(row, row + V);
@@ -250,12 +255,20 @@ int32_t Session::generate_step() {
     return -1;
   }
   const int64_t V = cfg_.vocab;
-  const int32_t id = sampler_.pick(res_.logits.data() + (res_.logit_rows - 1) * V, V);
+  // Greedy steps take the backend's own choice when it left the logits on the device (8 bytes instead of the
+  // vocabulary's logits per token); anything else picks from the logits here.
+  const bool greedy = gen_opt_.sampling.greedy();
+  int32_t id = res_.argmax;
+  if (!greedy || !res_.logits.empty() || id < 0) {
+    ensure_logits();
+    id = sampler_.pick(res_.logits.data() + (res_.logit_rows - 1) * V, V);
+  }
   ForwardRequest req;
   req.ids = ids_;
   req.ids.push_back(id);
   req.lambda = ran_lambda_;
   req.append_from = n;
+  req.logits_on_demand = greedy;
   try {
     backend_->forward(req, res_);
   } catch (...) {

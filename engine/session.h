@@ -67,7 +67,10 @@ class Session {
   // Run what is stale: everything after a prompt change, or from the first layer whose lambda changed.
   // Returns the first layer that was recomputed (L when nothing had to run).
   int run(bool all_logits = false);
-  const ForwardResult& result() const { return res_; }
+  const ForwardResult& result() const {  // logits included (fetched now if a greedy step left them on the device)
+    ensure_logits();
+    return res_;
+  }
   bool has_result() const { return has_result_; }
 
   // Generation. The sequence is the prompt and the tokens generated after it: ids(), tokens(), maps, rows and
@@ -113,7 +116,9 @@ class Session {
   std::vector<int32_t> ids_;
   std::vector<TokenSpan> spans_;
   LambdaControl lam_;
-  ForwardResult res_;
+  // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
+  mutable ForwardResult res_;
+  void ensure_logits() const;
   bool has_result_ = false;
   bool ids_dirty_ = true;
   std::vector<float> ran_lambda_;  // [L] lambda of the last run

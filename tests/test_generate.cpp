@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "engine/sampling.h"
@@ -17,6 +18,7 @@
 
 #ifdef DS_HAVE_CUDA
 #include "engine/backend_cuda_impl.h"
+#include "kernels/argmax.h"
 #include "test_cuda_util.h"
 #endif
 
@@ -353,6 +355,67 @@ TEST(GenerateCuda, QueuedStepsEqualSteppedOnes) {
   std::vector<float> queued(stepped.size());
   ASSERT_EQ(cudaMemcpy(queued.data(), b.logits_dev(), queued.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(queued, stepped);
+}
+
+// Greedy steps choose on the device and leave the logits there: the same tokens as choosing on the host from the
+// fetched logits every step, and the logits a reader asks for afterwards are the step's (one backend, so that the
+// two generations run the same kernels: bit for bit).
+TEST(GenerateCuda, DeviceGreedyChoiceEqualsHostChoice) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* f : {"diff_gqa4_d32_sharded_v5", "llama_tied_llama3_bf16", "phi4flash_L8_gqa_bf16"}) {
+    const std::string dir = fixture(f);
+    auto s = ds::Session::open(dir, ds::BackendChoice::Cuda);
+    s->set_ids(dstest::Expected(dir).ids());
+    ds::GenerateOptions o;
+    o.max_new = 12;
+    o.stop_at_eos = false;
+    const std::vector<int32_t> a = s->generate(o);  // no reader between steps: every choice on the device
+    const std::vector<float> last = last_logits(*s);
+    std::vector<float> fetched_each_step;
+    const std::vector<int32_t> b = s->generate(o, [&](int32_t) {
+      fetched_each_step = last_logits(*s);  // fetches the logits: the next choice is made on the host
+      return true;
+    });
+    EXPECT_EQ(a, b) << f;
+    EXPECT_EQ(last, fetched_each_step) << f;
+  }
+}
+
+// The argmax kernel against the host's greedy choice: first index on ties, -inf and NaN never chosen.
+TEST(GenerateCuda, ArgmaxKernelMatchesHost) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(5);
+  // The first index of the largest entry; -1 when none is larger than -inf (NaN never is).
+  const auto first_max = [](const std::vector<float>& x) {
+    int32_t best = -1;
+    float v = -INFINITY;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] > v) {
+        v = x[i];
+        best = int32_t(i);
+      }
+    return best;
+  };
+  for (int64_t n : {1, 7, 1000, 1024, 1025, 32000, 128256, 151936}) {
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      std::vector<float> x(static_cast<size_t>(n));
+      std::normal_distribution<float> nd(0.f, 3.f);
+      for (float& v : x) v = pattern == 1 ? float(int(nd(rng))) : nd(rng);  // pattern 1: many ties
+      if (pattern == 2)
+        for (size_t i = 0; i < x.size(); i += 3) x[i] = i % 2 ? -INFINITY : NAN;
+      if (n > 2 && pattern < 2) x[size_t(n) - 1] = *std::max_element(x.begin(), x.end());  // a tie at the end
+      auto d = to_device(x);
+      auto out = ds::cuda::DeviceBuffer(8, "argmax");
+      DS_CUDA_CHECK(ds::kern::launch_argmax_f32(d.as<float>(), n, out.as<int32_t>(), nullptr));
+      const std::vector<int32_t> r = to_host<int32_t>(out, 2);
+      EXPECT_EQ(r[0], first_max(x)) << "n " << n << " pattern " << pattern;
+    }
+  }
+  std::vector<float> bad(100, -INFINITY);
+  auto d = to_device(bad);
+  auto out = ds::cuda::DeviceBuffer(8, "argmax");
+  DS_CUDA_CHECK(ds::kern::launch_argmax_f32(d.as<float>(), 100, out.as<int32_t>(), nullptr));
+  EXPECT_EQ(to_host<int32_t>(out, 2)[0], -1);
 }
 
 // Rows of generated positions, which the decoding steps wrote into the caches, against a full forward's.
