@@ -61,6 +61,42 @@ OBJECTS = ["door", "gate", "box", "chest", "room", "vault", "safe", "locker", "d
            "tower", "bridge", "tunnel", "garden", "house", "boat"]
 ATTRS = [("secret word", "word"), ("pass code", "code"), ("magic word", "word"), ("lock number", "code")]
 
+# Haystack sentences of tools/make_needle_prompt.py and tools/make_needle_set.py (their default filler), also
+# used for some of the long training haystacks so the demo models answer on those prompts.
+HAYSTACK_FILLER_EXTRA = [
+    "The bus stops by the post office.", "A dog barks at the passing cars.", "The kettle whistles in the kitchen.",
+    "Fishermen mend their nets on the pier.", "The teacher writes on the board.", "Leaves turn red in the autumn.",
+    "A bell rings at the end of the lesson.", "The bakery smells of fresh bread.", "Two boys fly a kite on the hill.",
+    "The painter mixes colours on a board.", "Waves break against the rocks.", "The shop sells maps and postcards.",
+    "A woman reads a book under a tree.", "The garden gate creaks in the wind.", "Clouds gather over the mountains.",
+    "The old bridge crosses a narrow stream.", "A cyclist rides along the canal.", "The orchestra tunes its strings.",
+    "Frost covers the windows in the morning.", "The farmer counts his sheep at dusk.",
+    "Tourists take photos of the cathedral.", "The ferry crosses the lake twice a day.",
+    "A candle burns on the kitchen table.", "The postman knows every street in town.",
+    "Bees buzz around the flowers in the field.", "The station clock is five minutes fast.",
+    "A light rain falls on the quiet square.", "The village holds a fair every summer.",
+    "Sailors tie the ropes on the deck.", "The wooden floor creaks at night.", "A young fox crosses the road.",
+    "The soup simmers slowly on the stove.", "Stars shine above the dark valley.", "The path leads down to the beach.",
+    "A gardener waters the roses every evening.",
+]
+
+
+def haystack_filler() -> list[str]:
+    """The built-in haystack sentences: make_needle_prompt.FILLER plus HAYSTACK_FILLER_EXTRA."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        from make_needle_prompt import FILLER
+    except ImportError:
+        FILLER = []
+    out = []
+    for s in list(FILLER) + HAYSTACK_FILLER_EXTRA:
+        if s not in out:
+            out.append(s)
+    return out
+
+
 FALLBACK_FILLER = [
     "The quick brown fox jumps over the lazy dog.",
     "Return the value of the named attribute of the object.",
@@ -403,6 +439,142 @@ def make_task(rng: random.Random, words: list[str], filler: list[str], max_chars
     hi = max(1, (max_chars - 80 - 45 * (nd + 1) - 70 * extra) // 75)
     return make_needle(rng, words, filler, rng.randint(max(1, int(0.7 * hi)) if long else 1, hi), nd,
                        extra)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-needle facts and long haystacks (tools/make_needle_set.py uses the same templates)
+# ----------------------------------------------------------------------------------------------
+VALUE_KIND = dict(ATTRS)   # attribute -> "word" or "code"
+
+
+def fact_text(attr: str, color: str, obj: str, value: str) -> str:
+    """A needle: 'The secret word of the blue door is otter.' (value without its leading space)."""
+    return f"The {attr} of the {color} {obj} is {value}."
+
+
+def fact_prefix(attr: str, color: str, obj: str) -> str:
+    """The fact up to its value: the answer span starts right after it (at the space before the value)."""
+    return f"The {attr} of the {color} {obj} is"
+
+
+def question_text(attr: str, color: str, obj: str) -> str:
+    """The question that ends a needle prompt (with its leading space); the answer follows: ' otter'."""
+    return f" Question: what is the {attr} of the {color} {obj}? Answer:"
+
+
+def draw_value(rng: random.Random, attr: str, words: list[str]) -> str:
+    return f"{rng.randrange(1000, 10000)}" if VALUE_KIND[attr] == "code" else rng.choice(words)
+
+
+def near_miss(rng: random.Random, subj: tuple, taken: set) -> tuple | None:
+    """A subject (attr, colour, object) that differs from subj in exactly one field: the colour, the object,
+    or the attribute (another of the same value kind when there is one). None when none is left."""
+    attr, color, obj = subj
+    same_kind = [a for a, k in ATTRS if k == VALUE_KIND[attr] and a != attr]
+    cands = ([(attr, c, obj) for c in COLORS if c != color] + [(attr, color, o) for o in OBJECTS if o != obj]
+             + [(a, color, obj) for a in (same_kind or [a for a, _ in ATTRS if a != attr])])
+    cands = [c for c in cands if c not in taken]
+    return rng.choice(cands) if cands else None
+
+
+def other_subject(rng: random.Random, subj: tuple, taken: set, tries: int = 200) -> tuple | None:
+    """A subject that differs from subj in at least two of its three fields (another needle, not a near miss)."""
+    for _ in range(tries):
+        c = (rng.choice(ATTRS)[0], rng.choice(COLORS), rng.choice(OBJECTS))
+        if c not in taken and sum(x != y for x, y in zip(c, subj)) >= 2:
+            return c
+    return None
+
+
+def fact_set(rng: random.Random, words: list[str], n_needles: int, n_distract: int,
+             attr: str | None = None) -> list[tuple]:
+    """[(role, (attr, colour, object), value)]: the queried needle first ('query'), n_needles - 1 other needles
+    ('needle'), n_distract near misses of the queried one ('distractor'). Subjects and values are all distinct.
+    Raises ValueError when the templates run out of subjects or values."""
+    attr = attr or rng.choice(ATTRS)[0]
+    q = (attr, rng.choice(COLORS), rng.choice(OBJECTS))
+    taken = {q}
+    used_vals = set()
+
+    def value(a):
+        for _ in range(1000):
+            v = draw_value(rng, a, words)
+            if v not in used_vals:
+                used_vals.add(v)
+                return v
+        raise ValueError("not enough distinct values for %d facts" % (n_needles + n_distract))
+
+    out = [("query", q, value(attr))]
+    for role, n, pick in (("needle", n_needles - 1, other_subject), ("distractor", n_distract, near_miss)):
+        for _ in range(n):
+            s = pick(rng, q, taken)
+            if s is None:
+                raise ValueError(f"no subject left for another {role} (have {len(out)} facts)")
+            taken.add(s)
+            out.append((role, s, value(s[0])))
+    return out
+
+
+def make_long_needle(rng: random.Random, words: list[str], filler: list[str], n_filler: int,
+                     n_needles: int, n_distract: int, extra_queries: int = 0, edge_prob: float = 0.2) -> Task:
+    """Multi-needle retrieval in a long haystack: n_needles facts with distinct subjects (one queried) and
+    n_distract near misses of the queried one, each at a uniformly random depth among n_filler filler sentences
+    (the queried one, with probability edge_prob, at the very start or end instead), then the question. Training
+    examples (extra_queries > 0) go on to ask about other facts of the haystack."""
+    facts = fact_set(rng, words, n_needles, n_distract)
+    body = [rng.choice(filler) for _ in range(n_filler)]
+
+    def gap(i):
+        if i == 0 and rng.random() < edge_prob:
+            return rng.choice((0, n_filler))
+        return rng.randrange(n_filler + 1)
+
+    at = sorted((gap(i), i) for i in range(len(facts)))
+    text = ""
+    span = None
+    fi = 0
+    for g in range(n_filler + 1):
+        while fi < len(at) and at[fi][0] == g:
+            role, (a, c, o), v = facts[at[fi][1]]
+            pre = ("" if not text else " ") + fact_prefix(a, c, o)
+            if role == "query":
+                b = len(text) + len(pre)
+                span = (b, b + 1 + len(v))
+            text += pre + f" {v}."
+            fi += 1
+        if g < n_filler:
+            text += (" " if text else "") + body[g]
+    role, (a, c, o), v = facts[0]
+    t = Task("needle", text + question_text(a, c, o), f" {v}", span, len(text))
+    for _ in range(extra_queries):
+        _, (a, c, o), v = rng.choice(facts)
+        t.extra += "." + question_text(a, c, o) + f" {v}"
+    if extra_queries:
+        t.extra += "."
+    return t
+
+
+def long_task(rng: random.Random, words: list[str], corpus_filler: list[str], simple_filler: list[str],
+              max_chars: int, min_chars: int, max_extra: int = 0, simple_frac: float = 0.35) -> Task:
+    """One long multi-needle task of about min_chars..max_chars characters (1-8 needles, 0-6 near misses, 0..max_extra
+    extra queries), its haystack either corpus sentences or the built-in simple filler (simple_frac of them)."""
+    filler = simple_filler if rng.random() < simple_frac else corpus_filler
+    per = sum(len(f) + 1 for f in filler[:200]) / max(1, min(200, len(filler)))
+    n_needles, n_distract = rng.randint(1, 8), rng.randint(0, 6)
+    extra = rng.randint(0, max_extra) if max_extra else 0
+    chars = rng.randint(min_chars, max(min_chars, max_chars))
+    fixed = 45 * (n_needles + n_distract) + 70 * (extra + 1)
+    n_filler = max(1, int((chars - fixed) / per))
+    return make_long_needle(rng, words, filler, n_filler, n_needles, n_distract, extra)
+
+
+def long_kv_task(rng: random.Random, words: list[str], max_chars: int, min_chars: int, max_extra: int = 0) -> Task:
+    """A long key-value lookup: as many records as fill about min_chars..max_chars characters (1-4 near-duplicate
+    keys of the queried one among them), then the query."""
+    extra = rng.randint(0, max_extra) if max_extra else 0
+    chars = rng.randint(min_chars, max(min_chars, max_chars))
+    n = max(4, min(8000, (chars - 40 - 24 * extra) // 14))
+    return make_kv(rng, words, n, rng.randint(1, 4), extra)
 
 
 def task_text(t: Task) -> str:

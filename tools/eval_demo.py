@@ -2,6 +2,7 @@
 """Evaluate the diffscope demo models: retrieval accuracy and attention to the answer.
 
     python3 tools/eval_demo.py --out OUT/demo        # reads OUT/demo/{diffllama-demo,llama-demo,eval_prompts.jsonl}
+                                                     # and OUT/demo/eval_long_prompts.jsonl when it is there
 
 Also called by tools/train_demo.py at the end of training. Writes OUT/eval.json and prints a table.
 
@@ -25,6 +26,9 @@ prompt + answer tokens:
     raw  : the row as is
   Per prompt the region masses are averaged over heads and layers (as the paper's Fig. 1 / Table 3),
   then over prompts. Per-layer means are in eval.json too.
+Long context: the same accuracy and attention on multi-needle prompts of tools/make_needle_set.py (several
+lengths up to the long training length, the queried needle at several depths, near-miss distractors and other
+needles in the haystack; eval_long_prompts.jsonl, kind "long"), by length, depth, length x depth and haystack.
 """
 from __future__ import annotations
 
@@ -120,63 +124,77 @@ def regions(tok, p):
     return enc.ids, ans, {"answer": answer, "noise": noise, "bos": bos, "question": question}
 
 
+KEYS = ("answer", "noise", "bos", "question")
+NORMS = ("l1", "sum1", "raw")
+
+
 @torch.no_grad()
-def eval_model(kind, model_dir, prompts, device, log=print):
+def score_prompt(model, tok, p, device, is_diff, lam):
+    """One prompt: (greedy answer correct, {norm: {region: mass}} averaged over heads and valid layers,
+    {norm: {region: [L] per-layer mass}}, {norm: [L] layer valid})."""
+    H = model.config.num_attention_heads
+    L = model.config.num_hidden_layers
+    ids, ans, reg = regions(tok, p)
+    n = len(ids)
+    x = torch.tensor([ids + ans], device=device)
+    out = model(input_ids=x, output_attentions=True, use_cache=False)
+    pred = out.logits[0, n - 1:n - 1 + len(ans)].argmax(-1).tolist()
+    ok = pred == ans
+    # rows of the query position over the prompt tokens: [L, H, n]
+    rows = torch.stack([a[0, :, n - 1, :n].float() for a in out.attentions])
+    del out
+    r = rows[:, : H // 2] - lam[:, None, None] * rows[:, H // 2:] if is_diff else rows
+    masks = {k: torch.tensor(v, device=device, dtype=torch.float32) for k, v in reg.items()}
+    res, layers, valids = {}, {}, {}
+    for nm in NORMS:
+        if nm == "l1":
+            rn = r / r.abs().sum(-1, keepdim=True).clamp_min(1e-12)
+            valid = torch.ones(L, dtype=torch.bool, device=device)
+        elif nm == "sum1":
+            tot = r.sum(-1, keepdim=True)
+            valid = tot.abs().amin(dim=(1, 2)) >= 0.05
+            rn = r / torch.where(tot.abs() < 1e-6, torch.ones_like(tot), tot)
+        else:
+            rn = r
+            valid = torch.ones(L, dtype=torch.bool, device=device)
+        per_layer = {k: (rn * masks[k]).sum(-1).mean(-1) for k in KEYS}   # [L]
+        v = valid.float()
+        res[nm] = {k: float((per_layer[k] * v).sum() / v.sum().clamp_min(1)) for k in KEYS}
+        layers[nm] = {k: (per_layer[k] * v).double().cpu() for k in KEYS}
+        valids[nm] = v.double().cpu()
+    return ok, res, layers, valids
+
+
+def _group(scores):
+    """Mean accuracy and region masses of a list of (ok, res) pairs."""
+    n = len(scores)
+    g = {"n": n, "accuracy": sum(ok for ok, _ in scores) / max(1, n)}
+    by = {nm: {k: sum(r[nm][k] for _, r in scores) / max(1, n) for k in KEYS} for nm in NORMS}
+    g.update({f"attn_{k}": by["l1"][k] for k in KEYS})
+    g["by_norm"] = by
+    return g
+
+
+@torch.no_grad()
+def eval_model(kind, model_dir, prompts, device, log=print, long_prompts=()):
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
                                                  dtype=torch.float32).to(device).eval()
     is_diff = model.config.model_type == "diffllama"
-    H = model.config.num_attention_heads
     L = model.config.num_hidden_layers
     lam = torch.tensor(diff_lambdas(model), device=device) if is_diff else None
-    keys = ("answer", "noise", "bos", "question")
-    norms = ("l1", "sum1", "raw")
+    layer_sum = {nm: {k: torch.zeros(L, dtype=torch.float64) for k in KEYS} for nm in NORMS}
+    layer_cnt = {nm: torch.zeros(L, dtype=torch.float64) for nm in NORMS}
     per_kind: dict = {}
-    layer_sum = {nm: {k: torch.zeros(L, dtype=torch.float64) for k in keys} for nm in norms}
-    layer_cnt = {nm: torch.zeros(L, dtype=torch.float64) for nm in norms}
-    correct_all = 0
     for p in prompts:
-        ids, ans, reg = regions(tok, p)
-        n = len(ids)
-        x = torch.tensor([ids + ans], device=device)
-        out = model(input_ids=x, output_attentions=True, use_cache=False)
-        pred = out.logits[0, n - 1:n - 1 + len(ans)].argmax(-1).tolist()
-        ok = pred == ans
-        # rows of the query position over the prompt tokens: [L, H, n]
-        rows = torch.stack([a[0, :, n - 1, :n].float() for a in out.attentions])
-        if is_diff:
-            r = rows[:, : H // 2] - lam[:, None, None] * rows[:, H // 2:]
-        else:
-            r = rows
-        masks = {k: torch.tensor(v, device=device, dtype=torch.float32) for k, v in reg.items()}
-        res = {}
-        for nm in norms:
-            if nm == "l1":
-                rn = r / r.abs().sum(-1, keepdim=True).clamp_min(1e-12)
-                valid = torch.ones(L, dtype=torch.bool, device=device)
-            elif nm == "sum1":
-                tot = r.sum(-1, keepdim=True)
-                valid = tot.abs().amin(dim=(1, 2)) >= 0.05
-                rn = r / torch.where(tot.abs() < 1e-6, torch.ones_like(tot), tot)
-            else:
-                rn = r
-                valid = torch.ones(L, dtype=torch.bool, device=device)
-            per_layer = {k: (rn * masks[k]).sum(-1).mean(-1) for k in keys}   # [L]
-            v = valid.float()
-            res[nm] = {k: float((per_layer[k] * v).sum() / v.sum().clamp_min(1)) for k in keys}
-            for k in keys:
-                layer_sum[nm][k] += (per_layer[k] * v).double().cpu()
-            layer_cnt[nm] += v.double().cpu()
-        d = per_kind.setdefault(p["kind"], {"n": 0, "correct": 0,
-                                            "acc": {nm: {k: 0.0 for k in keys} for nm in norms}})
-        d["n"] += 1
-        d["correct"] += int(ok)
-        correct_all += int(ok)
-        for nm in norms:
-            for k in keys:
-                d["acc"][nm][k] += res[nm][k]
+        ok, res, layers, valids = score_prompt(model, tok, p, device, is_diff, lam)
+        per_kind.setdefault(p["kind"], []).append((ok, res))
+        for nm in NORMS:
+            for k in KEYS:
+                layer_sum[nm][k] += layers[nm][k]
+            layer_cnt[nm] += valids[nm]
 
     result = {"model_dir": os.path.basename(model_dir.rstrip("/")), "model_type": model.config.model_type}
     if is_diff:
@@ -184,22 +202,31 @@ def eval_model(kind, model_dir, prompts, device, log=print):
         err = check_head_mapping(model, regions(tok, prompts[0])[0], device)
         result["head_mapping_max_abs_err"] = err
         log(f"  head-mapping check (last layer rebuilt from the returned maps): max abs err {err:.2e}")
-    tot_n = sum(d["n"] for d in per_kind.values())
-    all_acc = {nm: {k: 0.0 for k in keys} for nm in norms}
-    for kind_name, d in per_kind.items():
-        r = {"n": d["n"], "accuracy": d["correct"] / d["n"]}
-        for nm in norms:
-            for k in keys:
-                all_acc[nm][k] += d["acc"][nm][k]
-                d["acc"][nm][k] /= d["n"]
-        r.update({f"attn_{k}": d["acc"]["l1"][k] for k in keys})
-        r["by_norm"] = d["acc"]
-        result[kind_name] = r
-    result["all"] = {"n": tot_n, "accuracy": correct_all / max(1, tot_n)}
-    result["all"].update({f"attn_{k}": all_acc["l1"][k] / max(1, tot_n) for k in keys})
-    result["all"]["by_norm"] = {nm: {k: all_acc[nm][k] / max(1, tot_n) for k in keys} for nm in norms}
-    result["per_layer"] = {nm: {k: (layer_sum[nm][k] / layer_cnt[nm].clamp_min(1)).tolist() for k in keys}
-                           for nm in norms}
+    for kind_name, sc in per_kind.items():
+        g = _group(sc)
+        result[kind_name] = {k: v for k, v in g.items()}
+    result["all"] = _group([x for sc in per_kind.values() for x in sc])
+    result["per_layer"] = {nm: {k: (layer_sum[nm][k] / layer_cnt[nm].clamp_min(1)).tolist() for k in KEYS}
+                           for nm in NORMS}
+    if long_prompts:
+        scored = []
+        for p in long_prompts:
+            ok, res, _, _ = score_prompt(model, tok, p, device, is_diff, lam)
+            scored.append((p, ok, res))
+
+        def by(key):
+            groups: dict = {}
+            for p, ok, res in scored:
+                groups.setdefault(key(p), []).append((ok, res))
+            return {str(k): _group(v) for k, v in sorted(groups.items())}
+
+        lg = _group([(ok, res) for _, ok, res in scored])
+        lg["by_length"] = by(lambda p: p["length"])
+        lg["by_depth"] = by(lambda p: p["depth"])
+        lg["by_haystack"] = by(lambda p: p.get("haystack", ""))
+        lg["by_length_depth"] = {k: {"n": v["n"], "accuracy": v["accuracy"]}
+                                 for k, v in by(lambda p: f"{p['length']}@{p['depth']:g}").items()}
+        result["long"] = lg
     del model
     return result
 
@@ -231,19 +258,47 @@ def print_table(res, log=print):
         log("per-layer attention to answer: diff " + " ".join(f"{v:.3f}" for v in last["diff"])
             + " | llama " + " ".join(f"{v:.3f}" for v in last["llama"]))
     log("")
+    if any("long" in r for r in res["models"].values()):
+        print_long_table(res, log)
 
 
-def run_eval(out_dir, device=None, prompts_path=None, log=print):
+def print_long_table(res, log=print):
+    models = [k for k in ("diff", "llama") if "long" in res["models"].get(k, {})]
+    first = res["models"][models[0]]["long"]
+    lengths, depths = list(first["by_length"]), list(first["by_depth"])
+    log(f"long context ({first['n']} prompts of tools/make_needle_set.py): accuracy by length and depth, "
+        f"attention of the query token to answer / noise (row-sum-normalised)")
+    log(f"{'model':16s} " + " ".join(f"{'L=' + l:>7s}" for l in lengths) + " | "
+        + " ".join(f"{'d=' + d:>6s}" for d in depths) + " |   all | answer  noise")
+    for k in models:
+        lg = res["models"][k]["long"]
+        s1 = lg["by_norm"]["sum1"]
+        log(f"{NAMES[k]:16s} " + " ".join(f"{lg['by_length'][l]['accuracy']:7.3f}" for l in lengths) + " | "
+            + " ".join(f"{lg['by_depth'][d]['accuracy']:6.3f}" for d in depths)
+            + f" | {lg['accuracy']:5.3f} | {s1['answer']:6.3f} {s1['noise']:6.3f}")
+    for k in models:
+        lg = res["models"][k]["long"]
+        log(f"  {NAMES[k]:16s} by length, answer/noise (row-sum-normalised): " + "  ".join(
+            f"{l}: {v['by_norm']['sum1']['answer']:.3f}/{v['by_norm']['sum1']['noise']:.3f}"
+            for l, v in lg["by_length"].items())
+            + "   by haystack: " + "  ".join(f"{h}: {v['accuracy']:.3f}" for h, v in lg["by_haystack"].items()))
+    log("")
+
+
+def run_eval(out_dir, device=None, prompts_path=None, log=print, long_path=None):
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     prompts_path = prompts_path or os.path.join(out_dir, "eval_prompts.jsonl")
     prompts = load_prompts(prompts_path)
+    long_path = long_path or os.path.join(out_dir, "eval_long_prompts.jsonl")
+    long_prompts = load_prompts(long_path) if os.path.isfile(long_path) else []
     res = {"n_prompts": len(prompts), "prompts_file": os.path.basename(prompts_path),
+           "n_long_prompts": len(long_prompts), "long_prompts_file": os.path.basename(long_path),
            "method": __doc__.split("\n\n", 2)[2].strip(), "models": {}}
     for kind in ("diff", "llama"):
         d = os.path.join(out_dir, NAMES[kind])
         if os.path.isdir(d):
-            log(f"evaluating {NAMES[kind]} on {len(prompts)} prompts ...")
-            res["models"][kind] = eval_model(kind, d, prompts, torch.device(device), log)
+            log(f"evaluating {NAMES[kind]} on {len(prompts)} prompts and {len(long_prompts)} long ones ...")
+            res["models"][kind] = eval_model(kind, d, prompts, torch.device(device), log, long_prompts)
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
         json.dump(res, f, indent=2)
     print_table(res, log)
@@ -254,9 +309,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder holding diffllama-demo/ and llama-demo/")
     ap.add_argument("--prompts", default=None, help="jsonl of prompts (default OUT/eval_prompts.jsonl)")
+    ap.add_argument("--long-prompts", default=None,
+                    help="jsonl of long-context prompts (default OUT/eval_long_prompts.jsonl, when it exists)")
     ap.add_argument("--device", default=None)
     args = ap.parse_args()
-    run_eval(args.out, args.device, args.prompts)
+    run_eval(args.out, args.device, args.prompts, long_path=args.long_prompts)
 
 
 if __name__ == "__main__":
