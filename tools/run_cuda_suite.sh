@@ -308,7 +308,7 @@ if has scan; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter='ScanRowMassCuda.*' >"$OUT/scan_memcheck.log" 2>&1
   log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/scan_memcheck.log" | tail -3 | tee -a "$SUMMARY"
-  SET=${SCAN_SET:-assets/models/needles_demo.jsonl}
+  SET=${SCAN_SET:-assets/models/report/needles.jsonl}
   if [ -f "$SET" ] && [ -x "$DS/bin/diffscope-scan" ]; then
     timeout 200 "$DS/bin/diffscope-scan" --model assets/models/diffllama-demo --compare-model assets/models/llama-demo \
       --input "$SET" --out "$OUT/scan_demo_cuda.json" --backend cuda --no-progress 2>&1 | tail -4 | tee -a "$SUMMARY"
