@@ -502,11 +502,16 @@ def close(a, b, tol=1e-5):
     return (a is None and b is None) or (a is not None and b is not None and abs(a - b) <= tol)
 
 
+SHORT_PROMPT = "The secret word of the red door is walrus. Question: what is the secret word of the red door? Answer:"
+
+
 def case_corpus(r):
     # The Corpus panel: a scan of a JSONL corpus on the demo model (CPU), a bad line listed and skipped, the report
     # (the same as diffscope-scan's), a prompt of it opened in the views with its answer span marked, Stop keeping
     # what was done, and a missing file as a one-line error.
     model = os.path.join(r.source, DEMO)
+    # The window's own prompt stays short: the demo's default (3K tokens) would cost every run a long CPU forward and
+    # lambda sweep before the scan starts.
     lines = [json.dumps(demo_corpus_line(0, 0)), json.dumps(demo_corpus_line(1, 3)), '{"text": "a broken line"',
              json.dumps(demo_corpus_line(2, 1)), "", json.dumps({"ids": [0, 17, 42, 99, 5, 17, 42, 99, 5], "answer": [2, 4]}),
              json.dumps(demo_corpus_line(3, 2))]
@@ -514,7 +519,7 @@ def case_corpus(r):
     with open(corpus, "w") as f:
         f.write("\n".join(lines) + "\n")
     report_path, plot_path = r.path("report.json"), r.path("report.png")
-    rc, st, img = r.run("corpus", "--model", model, "--backend", "cpu", "--head", "3.1", "--scan", corpus,
+    rc, st, img = r.run("corpus", "--model", model, "--backend", "cpu", "--prompt", SHORT_PROMPT, "--head", "3.1", "--scan", corpus,
                         "--scan-open", "1", "--scan-report", report_path, "--scan-plot", plot_path)
     check(rc == 0 and st and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
     sc = st["scan"]
@@ -582,7 +587,7 @@ def case_corpus(r):
     one = r.path("one.jsonl")
     with open(one, "w") as f:
         f.write(lines[3] + "\n")
-    rc, st, img = r.run("corpus_one", "--model", model, "--backend", "cpu", "--head", "4.2", "--scan", one,
+    rc, st, img = r.run("corpus_one", "--model", model, "--backend", "cpu", "--prompt", SHORT_PROMPT, "--head", "4.2", "--scan", one,
                         "--scan-open", "0")
     check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
     rep = st["scan"]["report"]
@@ -593,7 +598,7 @@ def case_corpus(r):
             check(v is None or abs(v - fr[k]) < 1e-4, "%s: the scan says %s, the row view %s" % (k, v, fr.get(k)))
 
     # Stop after 2 prompts with a second run at lambda x0: both runs keep the same 2 prompts, the report is partial.
-    rc, st, img = r.run("corpus_stop", "--model", model, "--backend", "cpu", "--scan", corpus, "--scan-compare", "0",
+    rc, st, img = r.run("corpus_stop", "--model", model, "--backend", "cpu", "--prompt", SHORT_PROMPT, "--scan", corpus, "--scan-compare", "0",
                         "--scan-stop-after", "2", "--scan-view", "difference")
     sc = st["scan"]
     check(rc == 0 and sc["stopped"] and not sc["complete"] and sc["done"] == 2, "stopped scan %s" % {k: sc[k] for k in sc if k != "report"})
@@ -605,14 +610,14 @@ def case_corpus(r):
     check(len(set(region(img, sc["heatmap_rect"]))) >= 12, "difference heatmap nearly uniform")
 
     # A missing file: a one-line error naming it, the model and its prompt stay.
-    rc, st, img = r.run("corpus_missing", "--model", model, "--backend", "cpu", "--scan", r.path("missing.jsonl"))
+    rc, st, img = r.run("corpus_missing", "--model", model, "--backend", "cpu", "--prompt", SHORT_PROMPT, "--scan", r.path("missing.jsonl"))
     check(rc != 0 and st["error_shown"] and "missing.jsonl" in st["error"] and "\n" not in st["error"], "error %r" % st["error"])
     check(st["scan"]["error"] == st["error"] and st["has_model"] and st["n_tokens"] > 0, "after a missing corpus %s" % st["scan"])
     # Every line bad: listed, nothing scanned, and --scan-open says there is no such prompt (exit code 1).
     bad = r.path("all_bad.jsonl")
     with open(bad, "w") as f:
         f.write('garbage\n{"text": 5, "answer": [0, 1]}\n')
-    rc, st, img = r.run("corpus_all_bad", "--model", model, "--backend", "cpu", "--scan", bad, "--scan-open", "0")
+    rc, st, img = r.run("corpus_all_bad", "--model", model, "--backend", "cpu", "--prompt", SHORT_PROMPT, "--scan", bad, "--scan-open", "0")
     sc = st["scan"]
     check(rc == 1 and "--scan-open" in st["error"] and sc["done"] == 0 and sc["report"]["prompts"] == 0,
           "rc %d, error %r, scan %s" % (rc, st["error"], {k: sc[k] for k in sc if k != "report"}))
