@@ -369,7 +369,7 @@ nlohmann::json Run::report() const {
   o["model"] = s_.model_dir();
   o["architecture"] = arch_spec(c.arch).architecture;
   o["differential"] = diff;
-  o["backend"] = const_cast<Session&>(s_).backend().name();
+  o["backend"] = s_.backend().name();
   o["lambda_scale"] = opt_.lambda_scale;
   o["prompts"] = results_.size();
   int64_t tokens = 0, with_target = 0, correct = 0;

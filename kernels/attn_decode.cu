@@ -517,9 +517,6 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   if (pl.smem + static_bytes > optin) return cudaErrorInvalidValue;
   e = cudaFuncSetAttribute(pl.split, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.smem);
   if (e != cudaSuccess) return e;
-  int occ = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, pl.split, THREADS, size_t(pl.smem));
-  if (e != cudaSuccess) return e;
   // Programmatic dependent launch where the code that runs was built for sm_90 or newer (it then holds the
   // griddepcontrol instructions; code JIT-compiled from the compute_80 PTX does not).
   cudaFuncAttributes fs{}, fc{};
@@ -527,9 +524,10 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&fc, pl.combine);
   if (e != cudaSuccess) return e;
   pl.pdl = fs.ptxVersion >= 90 && fc.ptxVersion >= 90 && fs.binaryVersion >= 90 && fc.binaryVersion >= 90;
-  occ = std::max(occ, 1);
   const int64_t ctas = int64_t(pl.groups) * pl.mchunks;
-  const int64_t want = (int64_t(sms) * occ + ctas - 1) / ctas;
+  // One wave of one split CTA per SM (longer key ranges per CTA, fewer partials to combine): faster than filling
+  // the occupancy at every length measured (bench/EXPERIMENTS.md).
+  const int64_t want = (int64_t(sms) + ctas - 1) / ctas;
   const int64_t cap = std::min<int64_t>(MAX_SPLITS, (int64_t(max_len) + TK - 1) / TK);
   pl.splits = int(std::max<int64_t>(1, std::min(want, cap)));
   const size_t cells = size_t(pl.groups) * size_t(pl.rows) * size_t(pl.splits);
