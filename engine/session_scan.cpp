@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -131,21 +133,6 @@ void trim_right(std::string& s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
 }
 
-// `content` to `path` through a temporary file renamed over it: a reader never sees half a file.
-void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail_file(path, "cannot write (" + tmp + " cannot be created)");
-    out << content;
-    out.flush();
-    if (!out) fail_file(path, "write failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail_file(path, "cannot replace: " + ec.message());
-}
-
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
@@ -167,6 +154,20 @@ double& fraction(Fractions& f, int i) {
 double fraction(const Fractions& f, int i) { return fraction(const_cast<Fractions&>(f), i); }
 
 bool fraction_applies(int i, bool differential) { return differential || i % 4 == 0; }
+
+void write_file_atomic(const std::string& path, const std::string& content, const std::string& what) {
+  const std::string tmp = path + ".partial";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail_file(path, "cannot write " + what + ": " + std::strerror(errno));
+  bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    fail_file(path, "cannot write " + what + ": " + (err ? std::strerror(err) : "write failed"));
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // input
@@ -446,6 +447,19 @@ nlohmann::json Run::report() const {
   return o;
 }
 
+void scan_all(const std::vector<Run*>& runs, const Prompt& p, const std::function<bool()>& cancelled) {
+  size_t ran = 0;
+  try {
+    for (Run* r : runs) {
+      r->scan(p, cancelled);
+      ++ran;
+    }
+  } catch (...) {
+    for (size_t i = 0; i < ran; ++i) runs[i]->drop_last();
+    throw;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // the report
 
@@ -462,7 +476,7 @@ nlohmann::json make_report(const std::vector<const Run*>& runs, const std::strin
 }
 
 void write_json_atomic(const nlohmann::json& report, const std::string& path) {
-  write_file_atomic(path, report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  write_file_atomic(path, report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the report");
 }
 
 void write_csv(const nlohmann::json& report, const std::string& path) {
@@ -492,7 +506,7 @@ void write_csv(const nlohmann::json& report, const std::string& path) {
   };
   run_rows(report);
   if (report.contains("compare")) run_rows(report["compare"]);
-  write_file_atomic(path, s.str());
+  write_file_atomic(path, s.str(), "the CSV");
 }
 
 }  // namespace ds::scan

@@ -129,6 +129,10 @@ class Run {
   std::vector<PromptResult> results_;
 };
 
+// One prompt through every run (a comparison): it counts for all of them or for none. When a later run fails or
+// is cancelled, the earlier runs' results for it are taken back and the exception goes on.
+void scan_all(const std::vector<Run*>& runs, const Prompt& p, const std::function<bool()>& cancelled = nullptr);
+
 // ---------------------------------------------------------------------------------------------------------------
 // the report
 
@@ -147,6 +151,9 @@ nlohmann::json make_report(const std::vector<const Run*>& runs, const std::strin
 // Writes `report` to `path` atomically (a temporary file renamed over it), so an interrupted scan leaves a valid
 // report. Throws ds::Error naming the file.
 void write_json_atomic(const nlohmann::json& report, const std::string& path);
+// `content` to `path` through a temporary file (PATH.partial) renamed over it, so a reader never sees half a file;
+// throws ds::Error "PATH: cannot write WHAT: reason" and leaves no temporary file behind.
+void write_file_atomic(const std::string& path, const std::string& content, const std::string& what);
 // CSV: one row per (run, layer, head): label,layer,head,<fraction keys> (empty cells where a key does not apply).
 void write_csv(const nlohmann::json& report, const std::string& path);
 

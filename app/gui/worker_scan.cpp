@@ -181,8 +181,11 @@ void Worker::run_scan(const Request& r) {
   session_->reset_lambda();
 
   std::vector<const sc::Run*> views;
-  for (const auto& run : runs)
+  std::vector<sc::Run*> run_ptrs;
+  for (const auto& run : runs) {
     views.push_back(run.get());
+    run_ptrs.push_back(run.get());
+  }
   const auto make_report = [&](bool complete) {
     auto rep = std::make_shared<ScanReport>();
     rep->json = sc::make_report(views, o.path, *skipped, complete, elapsed());
@@ -208,12 +211,8 @@ void Worker::run_scan(const Request& r) {
       }
       const sc::Prompt& p = corpus->prompts[i];
       st->current_line = p.line;
-      size_t ran = 0;
       try {
-        for (auto& run : runs) {
-          run->scan(p, cancelled);
-          ++ran;
-        }
+        sc::scan_all(run_ptrs, p, cancelled);  // every run or none
       } catch (const Cancelled&) {
         st->stopped = true;
       } catch (const std::exception& e) {
@@ -223,8 +222,6 @@ void Worker::run_scan(const Request& r) {
         skipped->insert(at, sc::LineError{p.line, e.what()});
         st->skipped = std::make_shared<const std::vector<sc::LineError>>(*skipped);
       }
-      if (ran > 0 && ran < runs.size())
-        runs[0]->drop_last();  // a prompt counts for every run or for none
       if (st->stopped)
         break;
       st->tried = int(i) + 1;

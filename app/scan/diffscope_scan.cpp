@@ -184,7 +184,11 @@ int scan(const Args& a) {
         s2 ? *s2 : *s1,
         ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens}));
   std::vector<const ds::scan::Run*> views;
-  for (const auto& r : runs) views.push_back(r.get());
+  std::vector<ds::scan::Run*> run_ptrs;
+  for (const auto& r : runs) {
+    views.push_back(r.get());
+    run_ptrs.push_back(r.get());
+  }
   std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),
                s1->backend().name().c_str(), runs.size() == 2 ? (", comparing " + runs[0]->options().label + " with " +
                                                                  runs[1]->options().label).c_str()
@@ -210,13 +214,8 @@ int scan(const Args& a) {
   bool interrupted = false;
   for (size_t i = 0; i < total && !interrupted; ++i) {
     const ds::scan::Prompt& p = corpus.prompts[i];
-    // A prompt counts for every run or for none: a failure or an interrupt in the second run takes back the first's.
-    size_t ran = 0;
     try {
-      for (auto& r : runs) {
-        r->scan(p, cancelled);
-        ++ran;
-      }
+      ds::scan::scan_all(run_ptrs, p, cancelled);  // every run or none
       tokens += runs[0]->results().back().tokens;
     } catch (const ds::Cancelled&) {
       interrupted = true;
@@ -225,7 +224,6 @@ int scan(const Args& a) {
       std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), p.line, e.what());
       skipped.push_back({p.line, e.what()});
     }
-    if (ran && ran < runs.size()) runs[0]->drop_last();
     ++done;
     if (g_interrupted) interrupted = true;
     bar.update(done, tokens, elapsed(), skipped.size());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/session_scan.h"
 
 namespace ds::scan {
 
@@ -775,20 +776,6 @@ cairo_status_t append_png(void* closure, const unsigned char* data, unsigned int
   return CAIRO_STATUS_SUCCESS;
 }
 
-void write_file_atomic(const std::string& bytes, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail_file(path, std::string("cannot write the plot: ") + std::strerror(errno));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail_file(path, std::string("cannot write the plot: ") + (err ? std::strerror(err) : "write failed"));
-  }
-}
-
 }  // namespace
 
 void write_plot_png(const nlohmann::json& report, const std::string& path) {
@@ -956,7 +943,7 @@ void write_plot_png(const nlohmann::json& report, const std::string& path) {
   if (cairo_status_t st = cairo_surface_write_to_png_stream(surface.get(), append_png, &png);
       st != CAIRO_STATUS_SUCCESS)
     fail_file(path, std::string("cannot encode the plot as PNG: ") + cairo_status_to_string(st));
-  write_file_atomic(png, path);
+  write_file_atomic(path, png, "the plot");
 }
 
 }  // namespace ds::scan
