@@ -196,6 +196,15 @@ void upload_f32(const std::vector<float>& v, DeviceBuffer& dst, const char* what
   DS_CUDA_CHECK(cudaStreamSynchronize(s));  // v may die after return
 }
 
+// dst = src (f32 on the device) rounded to bf16, through the bias kernel on zeros; nothing for an empty src.
+void bf16_copy(const DeviceBuffer& src, DeviceBuffer& dst, cudaStream_t s) {
+  if (!src.get()) return;
+  const int64_t count = int64_t(src.bytes() / sizeof(float));
+  dst = DeviceBuffer(size_t(count) * 2, "weights");
+  DS_CUDA_CHECK(cudaMemsetAsync(dst.get(), 0, dst.bytes(), s));
+  DS_CUDA_CHECK(kern::launch_add_bias(dst.as<bf16>(), count, src.as<float>(), 1, int(count), s));
+}
+
 }  // namespace
 
 void CudaBackend::load(const Model& model, const ProgressFn& progress) {
@@ -260,6 +269,7 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
         }
       }
       if (!bias.empty()) upload_f32(bias, w.qkv_b, "weights", stream());
+      bf16_copy(w.qkv_b, w.qkv_b16, stream());
     }
     if (t.act_w) {
       std::vector<float> wb = tensor_to_f32(*t.act_w);
@@ -341,7 +351,7 @@ void CudaBackend::load_random(const ModelConfig& c, uint64_t seed) {
       const int64_t rows = (kind == LayerKind::CrossAttention ? H : H + 2 * Hkv) * d;
       rnd(w.qkv, rows * E);
       rnd(w.o, E * H * d);
-      if (bias) constant(w.qkv_b, rows, 0.01f), constant(w.o_b, E, 0.01f);
+      if (bias) constant(w.qkv_b, rows, 0.01f), constant(w.o_b, E, 0.01f), bf16_copy(w.qkv_b, w.qkv_b16, stream());
     } else if (kind == LayerKind::Gmu) {
       rnd(w.in_proj, di * E);
       rnd(w.out_proj, E * di);
@@ -551,7 +561,7 @@ size_t gemm_out_bytes(const GemmArgs& g) {
 // stored [in, out] (ld in) with transa = T, B = x stored [in, tokens] (ld in), C = D stored [out, tokens] (ld out).
 GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
   const void* c = g.c ? g.c : g.y;
-  const GemmKey key{g.out_f, g.tokens, g.in_f, ld_x(g), ld_y(g), g.y_f32, g.beta != 0.f,
+  const GemmKey key{g.out_f, g.tokens, g.in_f, ld_x(g), ld_y(g), g.y_f32, g.beta != 0.f, g.bias != nullptr,
                     alignment_of(g.w), alignment_of(g.x), alignment_of(c), alignment_of(g.y)};
   auto it = gemm_plans_.find(key);
   if (it == gemm_plans_.end()) {
@@ -562,6 +572,11 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (g.bias) {  // the bias vector has y's type (cuBLASLt's default); its pointer is set again at every launch
+      const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+      DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    }
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.out_f), g.in_f));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.tokens), ld_x(g)));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, uint64_t(g.out_f), uint64_t(g.tokens), ld_y(g)));
@@ -611,6 +626,7 @@ void CudaBackend::gemm_tune(GemmPlan& p, const GemmArgs& g, void* d) {
   CudaEvent e0, e1;
   float best = INFINITY;
   int runnable = 0;
+  set_bias(p, g);
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
     auto launch = [&] {
       return cublasLtMatmul(lt_.get(), p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, d, p.d, &algo, lt_ws_.get(),
@@ -654,6 +670,7 @@ void CudaBackend::gemm_launch(const GemmPlan& p, const GemmArgs& g) {
     DS_CUDA_CHECK(cudaMemset2DAsync(g.y, size_t(ld_y(g)) * elem_y(g), 0, size_t(g.out_f) * elem_y(g),
                                     size_t(g.tokens), stream()));
   if (p.lt) {
+    set_bias(p, g);
     DS_CUBLAS_CHECK(cublasLtMatmul(lt_.get(), p.op, &alpha, g.w, p.a, g.x, p.b, &g.beta, c, p.d, g.y, p.d, &p.algo,
                                    lt_ws_.get(), lt_ws_.bytes(), stream()));
     return;
@@ -666,6 +683,21 @@ void CudaBackend::gemm_launch(const GemmPlan& p, const GemmArgs& g) {
                                CUDA_R_16BF, int(g.in_f), g.x, CUDA_R_16BF, int(ld_x(g)), &g.beta, g.y,
                                g.y_f32 ? CUDA_R_32F : CUDA_R_16BF, int(ld_y(g)), CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+  if (g.bias) {
+    if (!g.bias_f32) throw Error("CUDA backend: a GEMM with a bias but no f32 copy of it for cublasGemmEx");
+    if (g.y_f32)
+      DS_CUDA_CHECK(kern::launch_add_bias(static_cast<float*>(g.y), ld_y(g), g.bias_f32, g.tokens, int(g.out_f),
+                                          stream()));
+    else
+      DS_CUDA_CHECK(kern::launch_add_bias(static_cast<bf16*>(g.y), ld_y(g), g.bias_f32, g.tokens, int(g.out_f),
+                                          stream()));
+  }
+}
+
+// The plan's descriptor is shared by every GEMM of its shape; each brings its own bias vector.
+void CudaBackend::set_bias(const GemmPlan& p, const GemmArgs& g) {
+  if (g.bias)
+    DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
 }
 
 void CudaBackend::gemm(const char* name, int layer, const GemmArgs& g) {
@@ -749,9 +781,9 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
     // reads the keys and values of its kv_source's cache.
     bf16* qkv = qkv_slot(l);
     const int64_t rows = kind == LayerKind::CrossAttention ? H * d : W;
-    gemm("gemm_qkv", l, {.out_f = rows, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv, .ldy = W});
-    if (w.qkv_b.get())
-      step("bias", [&] { DS_CUDA_CHECK(kern::launch_add_bias(qkv, W, w.qkv_b.as<float>(), T, int(rows), stream())); });
+    // Biases join the GEMMs' epilogues (run_gemms_only leaves them out: the floor is the products alone).
+    gemm("gemm_qkv", l, {.out_f = rows, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv,
+                         .bias = gemms_only ? nullptr : w.qkv_b16.get(), .bias_f32 = w.qkv_b.as<float>(), .ldy = W});
     if (cfg_.spec().rotary)
       step("rope", [&] {
         DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
@@ -769,9 +801,8 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
     // The residual add is the GEMM's C term (C = h_in, D = h_out): the f32 stream is never copied.
     gemm("gemm_o", l, {.out_f = E, .tokens = R, .in_f = H * d, .w = w.o.as<bf16>(),
                        .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
-                       .c = h_in_r, .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
-    if (w.o_b.get())
-      step("bias", [&] { DS_CUDA_CHECK(kern::launch_add_bias(h_out_r, hs, w.o_b.as<float>(), R, int(E), stream())); });
+                       .c = h_in_r, .bias = gemms_only ? nullptr : w.o_b.get(), .bias_f32 = w.o_b.as<float>(),
+                       .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
   }
   step(norm_name, [&] { block_norm(h_out_r, hs, w.ln2, w.ln2_b, x, R); });
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;

@@ -247,15 +247,16 @@ void CudaBackend::decode_launches() {
     } else {
       bf16* qkv = d.qkv.as<bf16>();
       const int64_t rows = kind == LayerKind::CrossAttention ? H * hd : W;
-      // The bias is added to the bf16 projection afterwards, as the prompt's forward adds it (two roundings), so
-      // that a decoded position's Q/K/V are the ones a forward over the whole sequence caches.
+      // The bias joins the f32 product before the one rounding to bf16, as in the prompt's forward (the GEMM's
+      // epilogue), so that a decoded position's Q/K/V are the ones a forward over the whole sequence caches.
       if (!gemv("gemv_qkv", l,
-                with_norm({.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E), .y_bf16 = qkv}, h_in,
-                          w.ln1))) {
+                with_norm({.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E),
+                           .bias = w.qkv_b.as<float>(), .y_bf16 = qkv},
+                          h_in, w.ln1))) {
         if (fused_norm) norm_x(h_in, w.ln1, w.ln1_b);
-        gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv});
+        gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv,
+                                 .bias = w.qkv_b16.get(), .bias_f32 = w.qkv_b.as<float>()});
       }
-      if (w.qkv_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(qkv, W, w.qkv_b.as<float>(), 1, int(rows), stream()));
       // RoPE at the position, straight into the layer's cache row (one launch)
       mark("rope_store", l, [&] {
         DS_CUDA_CHECK(kern::launch_rope_row_store(qkv, cfg_.spec().rotary ? act_.cos_sin.as<float2>() : nullptr, pos,
@@ -271,8 +272,8 @@ void CudaBackend::decode_launches() {
       if (!gemv("gemv_o", l, {.w = w.o.as<bf16>(), .x = d.attn.as<bf16>(), .out_f = int(E), .in_f = int(H * hd),
                                .bias = w.o_b.as<float>(), .y_f32 = h_out, .c = h_in})) {
         gemm(nm("gemm_o"), l, {.out_f = E, .tokens = 1, .in_f = H * hd, .w = w.o.as<bf16>(), .x = d.attn.as<bf16>(),
-                               .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
-        if (w.o_b.get()) DS_CUDA_CHECK(kern::launch_add_bias(h_out, E, w.o_b.as<float>(), 1, int(E), stream()));
+                               .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in, .bias = w.o_b.get(),
+                               .bias_f32 = w.o_b.as<float>()});
       }
     }
     bf16* gu = d.gu.as<bf16>();

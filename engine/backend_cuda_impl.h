@@ -43,6 +43,7 @@ struct LayerWeights {
   DeviceBuffer ln1, ln2;               // f32
   DeviceBuffer ln1_b, ln2_b;           // f32 LayerNorm biases (arch.h: NormKind::LayerNorm)
   DeviceBuffer qkv_b, o_b;             // f32 projection biases (arch.h: attn_bias)
+  DeviceBuffer qkv_b16;                // qkv_b in bf16, for the qkv GEMM's epilogue (its output is bf16)
   DeviceBuffer act;                    // f32 {w0, w1, w2, b}: PolyNorm (arch.h)
   // Mamba-1 / GMU (model.h): bf16 in_proj [2 di or di, E], x_proj [R + 2S, di], dt_w [di, R], out_proj [E, di];
   // f32 conv_w [di, K], conv_b, dt_b, d_skip [di], a_neg [di, S] = -exp(A_log)
@@ -80,6 +81,10 @@ struct GemmArgs {
   bool y_f32 = false;     // y (and c) f32, else bf16
   float beta = 0.f;
   const void* c = nullptr;  // the beta term, laid out like y; nullptr: y itself (accumulate in place)
+  // A bias added to every row in the GEMM's epilogue (cuBLASLt's EPILOGUE_BIAS): out_f values of y's type (bf16 or
+  // f32, as cuBLASLt wants it), and the same values in f32 for the fallback's separate add.
+  const void* bias = nullptr;
+  const float* bias_f32 = nullptr;
   // Row strides in elements of x and of y (and c); 0: packed (in_f, out_f). The last layer's rows-only pass uses
   // them to pick one row per sequence out of the [batch][n] activations.
   int64_t ldx = 0, ldy = 0;
@@ -94,7 +99,7 @@ struct GemmArgs {
 // (cuBLASLt's heuristic must not offer kernels that need more than the pointers have).
 struct GemmKey {
   int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;
-  bool d_f32 = false, accumulate = false;
+  bool d_f32 = false, accumulate = false, bias = false;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_d = 0;
   auto operator<=>(const GemmKey&) const = default;
 };
@@ -239,6 +244,7 @@ class CudaBackend final : public Backend {
   GemmPlan& gemm_plan(const GemmArgs& g);
   void gemm_tune(GemmPlan& p, const GemmArgs& g, void* d);
   void gemm_launch(const GemmPlan& p, const GemmArgs& g);
+  void set_bias(const GemmPlan& p, const GemmArgs& g);
   int view_heads() const { return int(cfg_.view_heads()); }
   int64_t qkv_width() const { return (cfg_.heads + 2 * cfg_.kv_heads) * cfg_.head_dim; }
   size_t bytes_per_token() const;
