@@ -7,8 +7,13 @@ namespace {
 
 constexpr int THREADS = 128;
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
-__device__ __forceinline__ float softplus(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }
+__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+// log(1 + e^x) = max(x, 0) + log1p(e^-|x|) on the SFU: log1p(e) as log(1 + e), or as e itself below 1e-4 (where
+// 1 + e loses e's digits; the error is under e^2 / 2). Above x = 20 this is x, as the published threshold makes it.
+__device__ __forceinline__ float softplus(float x) {
+  const float e = __expf(-fabsf(x));
+  return fmaxf(x, 0.f) + (e < 1e-4f ? e : __logf(1.f + e));
+}
 
 // Rows [t_begin, n), one thread per (row, channel). Taps before t = 0 read zeros; with t_begin >= K - 1 there are
 // none (the rows before come from conv_silu_head_kernel).
@@ -25,6 +30,73 @@ __global__ void __launch_bounds__(256) conv_silu_kernel(const __nv_bfloat16* x, 
     if (s >= 0) acc = fmaf(w[int64_t(c) * K + k], __bfloat162float(x[s * ld_x + c]), acc);
   }
   u[t * ld_u + c] = __float2bfloat16(silu(acc));
+}
+
+// 8 bf16 at p (16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    v[2 * j] = f.x, v[2 * j + 1] = f.y;
+  }
+}
+
+// The same rows [t_begin, n), 8 channels per thread in 16-byte loads and stores (channels, ld_x, ld_u multiples of
+// 8, x and u 16-byte aligned) and CONV_ROWS consecutive rows per thread, the K - 1 rows before each kept in
+// registers: every x row is read about once. The products in the same order as conv_silu_kernel.
+constexpr int CONV_ROWS = 16;
+constexpr int CONV_THREADS = 128;
+template <int K>
+__global__ void __launch_bounds__(CONV_THREADS) conv_silu_vec8_kernel(const __nv_bfloat16* x, int64_t ld_x,
+                                                                     const float* w, const float* bias,
+                                                                     __nv_bfloat16* u, int64_t ld_u, int64_t t_begin,
+                                                                     int64_t n, int channels) {
+  const int c0 = (int(blockIdx.y) * CONV_THREADS + int(threadIdx.x)) * 8;  // x: rows, y: channels (grid.y <= 65535)
+  if (c0 >= channels) return;
+  const int64_t t0 = t_begin + int64_t(blockIdx.x) * CONV_ROWS;
+  const int64_t t1 = t0 + CONV_ROWS < n ? t0 + CONV_ROWS : n;
+  float wk[8][K], b[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    b[j] = bias ? bias[c0 + j] : 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) wk[j][k] = w[int64_t(c0 + j) * K + k];
+  }
+  float win[K][8];  // at row t: win[k] = x row t - (K - 1) + k (zeros before the sequence)
+#pragma unroll
+  for (int k = 1; k < K; ++k) {
+    const int64_t s = t0 - K + k;
+    if (s >= 0) {
+      load8(x + s * ld_x + c0, win[k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) win[k][j] = 0.f;
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+#pragma unroll
+    for (int k = 0; k < K - 1; ++k)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) win[k][j] = win[k + 1][j];
+    load8(x + t * ld_x + c0, win[K - 1]);
+    uint4 o;
+    __nv_bfloat162* po = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float acc[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float a = b[2 * j + e];
+#pragma unroll
+        for (int k = 0; k < K; ++k) a = fmaf(wk[2 * j + e][k], win[k][2 * j + e], a);
+        acc[e] = silu(a);
+      }
+      po[j] = __floats2bfloat162_rn(acc[0], acc[1]);
+    }
+    *reinterpret_cast<uint4*>(u + t * ld_u + c0) = o;
+  }
 }
 
 // With the conv state: one thread per channel computes the rows t < min(n, K - 1), the only ones whose taps reach
@@ -61,46 +133,115 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
 //                          over the chunks;
 //   pass 3 (chunk_output): each chunk again from its start state, writing y; the last chunk's end state is state_out.
 // Consecutive threads take consecutive channels, so u, dt and z loads coalesce; B and C rows are the same for every
-// channel (broadcast from L1).
+// channel (broadcast from L1), read as 16-byte vectors where the state is SMAX wide and the rows are aligned (VEC).
+// Each step's inputs are loaded one step ahead. States past p.state compute zeros (A = 0, B = C = 0, h = 0).
 constexpr int CHUNK = 256;
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <int SMAX>
-__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t t0, int64_t t1, float (&h)[SMAX],
-                                            const float (&a)[SMAX], float bias, float dskip, float* dsum, bool out) {
-  float sum = 0.f;
-  for (int64_t t = t0; t < t1; ++t) {
-    const float u = __bfloat162float(p.u[t * p.ld_u + c]);
-    const float delta = softplus(__bfloat162float(p.dt[t * p.ld_dt + c]) + bias);
-    sum += delta;
-    const __nv_bfloat16* bt = p.B + t * p.ld_bc;
-    const __nv_bfloat16* ct = p.C + t * p.ld_bc;
-    float y = dskip * u;
+struct StepIn {
+  float u, dt, z;
+  __nv_bfloat162 b[SMAX / 2], c[SMAX / 2];  // B and C of the step (C and z only where OUT)
+};
+
+// One channel's inputs, a row at a time: the pointers start at row t of u, dt, z, B and C; next() moves them one
+// row on.
+template <int SMAX, bool VEC, bool OUT>
+struct StepReader {
+  const __nv_bfloat16 *u, *dt, *z, *b, *c;
+  int64_t ld_u, ld_dt, ld_z, ld_bc;
+  int state;
+  __device__ StepReader(const ScanParams& p, int ch, int64_t t)
+      : u(p.u + t * p.ld_u + ch), dt(p.dt + t * p.ld_dt + ch), z(OUT && p.y_gated ? p.z + t * p.ld_z + ch : nullptr),
+        b(p.B + t * p.ld_bc), c(p.C + t * p.ld_bc), ld_u(p.ld_u), ld_dt(p.ld_dt), ld_z(p.ld_z), ld_bc(p.ld_bc),
+        state(p.state) {}
+  __device__ __forceinline__ StepIn<SMAX> load() const {
+    StepIn<SMAX> r;
+    r.u = __bfloat162float(*u);
+    r.dt = __bfloat162float(*dt);
+    r.z = OUT && z ? __bfloat162float(*z) : 0.f;
+    if constexpr (VEC) {
 #pragma unroll
-    for (int s = 0; s < SMAX; ++s) {
-      if (s >= p.state) break;
-      h[s] = fmaf(__expf(delta * a[s]), h[s], delta * __bfloat162float(bt[s]) * u);
-      if (out) y = fmaf(__bfloat162float(ct[s]), h[s], y);
+      for (int i = 0; i < SMAX / 8; ++i) {
+        *reinterpret_cast<uint4*>(&r.b[4 * i]) = __ldg(reinterpret_cast<const uint4*>(b) + i);
+        if constexpr (OUT) *reinterpret_cast<uint4*>(&r.c[4 * i]) = __ldg(reinterpret_cast<const uint4*>(c) + i);
+      }
+    } else {
+      const __nv_bfloat16 zero = __float2bfloat16(0.f);
+#pragma unroll
+      for (int i = 0; i < SMAX / 2; ++i) {
+        r.b[i] = __halves2bfloat162(2 * i < state ? b[2 * i] : zero, 2 * i + 1 < state ? b[2 * i + 1] : zero);
+        if constexpr (OUT)
+          r.c[i] = __halves2bfloat162(2 * i < state ? c[2 * i] : zero, 2 * i + 1 < state ? c[2 * i + 1] : zero);
+      }
     }
-    if (out) {
-      if (p.y) p.y[t * p.ld_y + c] = __float2bfloat16(y);
-      if (p.y_gated) p.y_gated[t * p.ld_y + c] = __float2bfloat16(y * silu(__bfloat162float(p.z[t * p.ld_z + c])));
+    return r;
+  }
+  __device__ __forceinline__ void next() {
+    u += ld_u, dt += ld_dt, b += ld_bc, c += ld_bc;
+    if (OUT && z) z += ld_z;
+  }
+};
+
+// a2: A log2(e), so that exp(delta A) = 2^(delta a2).
+template <int SMAX, bool VEC, bool OUT>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t t0, int64_t t1, float (&h)[SMAX],
+                                            const float (&a2)[SMAX], float bias, float dskip, float* dsum) {
+  float sum = 0.f;
+  StepReader<SMAX, VEC, OUT> in(p, c, t0);
+  __nv_bfloat16* y_out = p.y ? p.y + t0 * p.ld_y + c : nullptr;
+  __nv_bfloat16* g_out = p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
+  StepIn<SMAX> cur = in.load();
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t + 1 < t1) in.next();  // the last step loads its own row again
+    const StepIn<SMAX> nxt = in.load();
+    const float delta = softplus(cur.dt + bias);
+    sum += delta;
+    const float du = delta * cur.u;
+    float y = dskip * cur.u;
+#pragma unroll
+    for (int i = 0; i < SMAX / 2; ++i) {
+      const float2 b = __bfloat1622float2(cur.b[i]);
+      h[2 * i] = fmaf(ex2_approx(delta * a2[2 * i]), h[2 * i], b.x * du);
+      h[2 * i + 1] = fmaf(ex2_approx(delta * a2[2 * i + 1]), h[2 * i + 1], b.y * du);
+      if constexpr (OUT) {
+        const float2 cc = __bfloat1622float2(cur.c[i]);
+        y = fmaf(cc.x, h[2 * i], y);
+        y = fmaf(cc.y, h[2 * i + 1], y);
+      }
     }
+    if constexpr (OUT) {
+      if (y_out) *y_out = __float2bfloat16(y), y_out += p.ld_y;
+      if (g_out) *g_out = __float2bfloat16(y * silu(cur.z)), g_out += p.ld_y;
+    }
+    cur = nxt;
   }
   if (dsum) *dsum = sum;
 }
 
+template <int SMAX>
+__device__ __forceinline__ void load_a2(const ScanParams& p, int c, float (&a2)[SMAX]) {
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s) a2[s] = s < p.state ? p.A[int64_t(c) * p.state + s] * LOG2E : 0.f;
+}
+
 // hs: [chunks][channels][state] f32 (pass 1 writes end states, pass 2 turns them into start states); ds: [chunks]
 // [channels] f32, the chunks' delta sums.
-template <int SMAX>
+template <int SMAX, bool VEC>
 __global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p, float* hs, float* ds) {
   const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
   if (c >= p.channels) return;
-  float h[SMAX] = {}, a[SMAX];
-#pragma unroll
-  for (int s = 0; s < SMAX; ++s) a[s] = s < p.state ? p.A[int64_t(c) * p.state + s] : 0.f;
+  float h[SMAX] = {}, a2[SMAX];
+  load_a2<SMAX>(p, c, a2);
   const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
   float sum;
-  chunk_steps<SMAX>(p, c, t0, t1, h, a, p.dt_bias[c], p.D[c], &sum, false);
+  chunk_steps<SMAX, VEC, false>(p, c, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
   float* out = hs + (int64_t(k) * p.channels + c) * p.state;
   for (int s = 0; s < p.state; ++s) out[s] = h[s];
   ds[int64_t(k) * p.channels + c] = sum;
@@ -122,19 +263,17 @@ __global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, in
   }
 }
 
-template <int SMAX>
+template <int SMAX, bool VEC>
 __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
   const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
   if (c >= p.channels) return;
-  float h[SMAX], a[SMAX];
+  float h[SMAX], a2[SMAX];
+  load_a2<SMAX>(p, c, a2);
   const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
 #pragma unroll
-  for (int s = 0; s < SMAX; ++s) {
-    a[s] = s < p.state ? p.A[int64_t(c) * p.state + s] : 0.f;
-    h[s] = s < p.state ? start[s] : 0.f;
-  }
+  for (int s = 0; s < SMAX; ++s) h[s] = s < p.state ? start[s] : 0.f;
   const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
-  chunk_steps<SMAX>(p, c, t0, t1, h, a, p.dt_bias[c], p.D[c], nullptr, true);
+  chunk_steps<SMAX, VEC, true>(p, c, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
   // The last chunk ends at the last token. state_in was read by chunk_carry_kernel, which has finished.
   if (p.state_out && t1 == p.n) {
     float* out = p.state_out + int64_t(c) * p.state;
@@ -144,15 +283,23 @@ __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams 
   }
 }
 
-template <int SMAX>
+template <int SMAX, bool VEC>
 cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
   const int chunks = int((p.n + CHUNK - 1) / CHUNK);
   const dim3 grid(unsigned((p.channels + THREADS - 1) / THREADS), unsigned(chunks));
-  chunk_state_kernel<SMAX><<<grid, THREADS, 0, stream>>>(p, hs, ds);
+  chunk_state_kernel<SMAX, VEC><<<grid, THREADS, 0, stream>>>(p, hs, ds);
   const int64_t pairs = int64_t(p.channels) * p.state;
   chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
-  chunk_output_kernel<SMAX><<<grid, THREADS, 0, stream>>>(p, hs);
+  chunk_output_kernel<SMAX, VEC><<<grid, THREADS, 0, stream>>>(p, hs);
   return cudaGetLastError();
+}
+
+// B and C rows as 16-byte vectors: the state exactly SMAX wide and every row 16-byte aligned.
+template <int SMAX>
+cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  const auto a16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  if (p.state == SMAX && p.ld_bc % 8 == 0 && a16(p.B) && a16(p.C)) return run_scan<SMAX, true>(p, hs, ds, stream);
+  return run_scan<SMAX, false>(p, hs, ds, stream);
 }
 
 // Short runs (n <= kScanSequentialMaxN, decoding's n = 1): one kernel, sequential over the tokens. A group of G
@@ -232,6 +379,19 @@ cudaError_t launch_causal_conv_silu_state(const __nv_bfloat16* x, int64_t ld_x, 
                                                                                  channels, state_in, state_out);
     t_begin = K - 1;
   }
+  if (n > t_begin && K <= 4 && channels % 8 == 0 && ld_x % 8 == 0 && ld_u % 8 == 0 &&
+      (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(u) & 15u) == 0) {
+    const dim3 grid(unsigned((n - t_begin + CONV_ROWS - 1) / CONV_ROWS),
+                    unsigned((channels / 8 + CONV_THREADS - 1) / CONV_THREADS));
+    const auto go = [&](auto kern) {
+      kern<<<grid, CONV_THREADS, 0, stream>>>(x, ld_x, w, bias, u, ld_u, t_begin, n, channels);
+    };
+    if (K == 4) go(conv_silu_vec8_kernel<4>);
+    else if (K == 3) go(conv_silu_vec8_kernel<3>);
+    else if (K == 2) go(conv_silu_vec8_kernel<2>);
+    else go(conv_silu_vec8_kernel<1>);
+    return cudaGetLastError();
+  }
   if (n > t_begin) {
     const int64_t total = (n - t_begin) * channels;
     conv_silu_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(x, ld_x, w, bias, K, u, ld_u, t_begin, n,
@@ -257,7 +417,7 @@ cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStre
   const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
   float* hs = static_cast<float*>(workspace);
   float* ds = hs + chunks * p.channels * p.state;
-  return p.state <= 16 ? run_scan<16>(p, hs, ds, stream) : run_scan<32>(p, hs, ds, stream);
+  return p.state <= 16 ? run_scan_any<16>(p, hs, ds, stream) : run_scan_any<32>(p, hs, ds, stream);
 }
 
 }  // namespace ds::kern

@@ -1064,8 +1064,11 @@ struct MambaInputs {
   std::vector<uint16_t> x, dt, bc, z;
   std::vector<float> w, bias, dtb, A, D;
 
-  MambaInputs(int n_, int ch_, int S_, int K_, std::mt19937& rng)
-      : n(n_), ch(ch_), S(S_), K(K_), ldx(ch_ + 5), ldu(ch_ + 3), ldbc(S_ + 2) {
+  // packed: rows of multiples of 8 elements and B, C 16-byte aligned (with ch and S multiples of 8), the layout of
+  // the engine's buffers, where the kernels take their 16-byte vector paths; else odd strides, where they do not.
+  MambaInputs(int n_, int ch_, int S_, int K_, std::mt19937& rng, bool packed = false)
+      : n(n_), ch(ch_), S(S_), K(K_), ldx(ch_ + (packed ? 8 : 5)), ldu(ch_ + (packed ? 16 : 3)),
+        ldbc(S_ + (packed ? 0 : 2)) {
     std::uniform_real_distribution<float> U(-1.f, 1.f);
     x = random_bf16(size_t(n) * ldx, rng, 2.f);
     dt = random_bf16(size_t(n) * ch, rng, 2.f);
@@ -1133,12 +1136,14 @@ struct MambaDevice {
 // Mamba-1's causal depthwise convolution (+ SiLU) and selective scan against the float64 loops: channel counts that
 // leave a block partly empty, strided rows, gated and ungated outputs. n = 37 and 129 run the sequential scan
 // (d_state 16: half a warp per channel; 24: a whole warp, 8 lanes idle), n = 600 the chunked one over three 256-step
-// chunks (their states carried) with d_state 5.
+// chunks (their states carried) with d_state 5, n = 1100 the chunked one in the packed layout (the convolution 8
+// channels per thread, the scan's B and C rows as vectors; a partial last chunk).
 TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(31);
-  for (auto [n, ch, S] : {std::tuple{37, 24, 16}, std::tuple{600, 140, 5}, std::tuple{129, 19, 24}}) {
-    const MambaInputs in(n, ch, S, 4, rng);
+  for (auto [n, ch, S, packed] : {std::tuple{37, 24, 16, false}, std::tuple{600, 140, 5, false},
+                                  std::tuple{129, 19, 24, false}, std::tuple{1100, 64, 16, true}}) {
+    const MambaInputs in(n, ch, S, 4, rng, packed);
     const MambaDevice dev(in);
     DeviceBuffer du(size_t(n) * in.ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
     for (DeviceBuffer* b : {&du, &dy, &dyg}) poison_bf16(*b);
@@ -1186,6 +1191,7 @@ TEST(CudaKernels, MambaStateCarriedAcrossCallsMatchesWhole) {
   struct Case {
     int ch, S, K;
     std::vector<int> pieces;
+    bool packed = false;
   };
   // The pieces below run as their comments say while the sequential scan takes 96 to 599 tokens.
   static_assert(ds::kern::kScanSequentialMaxN >= 96 && ds::kern::kScanSequentialMaxN < 600);
@@ -1198,6 +1204,8 @@ TEST(CudaKernels, MambaStateCarriedAcrossCallsMatchesWhole) {
       {48, 16, 4, {100, 768, 3, 600}},  // the chunked scan from a state: three whole chunks, then a partial last one
       {19, 16, 4, {1, 2, 1, 2, 2, 1, 30, 1}},  // n < K - 1 pieces, the first one too
       {16, 8, 6, {2, 3, 1, 24, 4}},
+      {64, 16, 4, {700, 1, 3, 600, 2}, true},  // packed: vector paths, chunked from null and from a state
+      {32, 16, 3, {2, 530}, true},
   };
   for (const Case& cs : cases) {
     int n = 0;
@@ -1205,7 +1213,8 @@ TEST(CudaKernels, MambaStateCarriedAcrossCallsMatchesWhole) {
                        " pieces";
     for (int m : cs.pieces) n += m, what += " " + std::to_string(m);
     const int ch = cs.ch, S = cs.S, K = cs.K;
-    const MambaInputs in(n, ch, S, K, rng);
+    if (cs.packed) what += " (packed)";
+    const MambaInputs in(n, ch, S, K, rng, cs.packed);
     const MambaDevice dev(in);
     DeviceBuffer du(size_t(n) * in.ldu * 2, "test"), dy(size_t(n) * ch * 2, "test"), dyg(size_t(n) * ch * 2, "test");
     DeviceBuffer wu(du.bytes(), "test"), wy(dy.bytes(), "test"), wyg(dyg.bytes(), "test");
