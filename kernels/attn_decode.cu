@@ -12,8 +12,8 @@
 // online softmax in log2 units (the scale times log2 e folded in, exp2 on the SFU), P rounded to bf16 for P V, O
 // accumulated in f32. At the end the warps' partial results are merged in shared memory and each row's (max, sum,
 // unnormalised O) goes to the workspace. The split ranges are computed on the device from *len: the keys [lo, n)
-// that the first query row's window starts at, cut into `splits` chunks of a multiple of 64 keys; trailing splits
-// that get no keys return at once.
+// that the first query row's window starts at, cut into `splits` equal chunks (the last may be shorter); trailing
+// splits that get no keys return at once.
 //
 // Combine kernel. One CTA per (view head, query row): each of 8 warps merges every 8th split of each map online
 // (running maximum, sums of l and O rescaled by exp2 of the maximum's moves), the warps' results are merged, then
@@ -58,9 +58,10 @@ __device__ __forceinline__ Geometry geometry(int n, int q_rows, int window, int 
   Geometry g{0, TK, 0};
   if (n <= 0) return g;
   g.lo = window_first_key(window, max(n - q_rows, 0));
+  // Equal chunks to the key, not rounded to whole tiles: rounding to 64 keys left splits without keys (at 32K keys
+  // and 33 splits: 32 chunks of 1024 instead of 33 of 993), and the slowest CTA sets the launch's time.
   const int range = n - g.lo;
-  const int per = (range + splits - 1) / splits;
-  g.chunk = (per + TK - 1) / TK * TK;
+  g.chunk = (range + splits - 1) / splits;
   g.used = (range + g.chunk - 1) / g.chunk;
   return g;
 }

@@ -325,8 +325,8 @@ TEST(AttnDecode, ShapesAgainstFloat64) {
   worst.print("shapes");
 }
 
-// Lengths on and off the split chunk: the chunk is ceil(n / splits) rounded up to 64 keys (attn_decode.cu), for the
-// split count the plan gives max_len on this device.
+// Lengths on and off the split chunk and the key tile: the chunk is ceil(n / splits) keys (attn_decode.cu), for
+// the split count the plan gives max_len on this device, so chunks start inside 64-key tiles.
 TEST(AttnDecode, SplitChunkBoundaries) {
   SKIP_WITHOUT_DEVICE();
   const Shape s{8, 2, 64, true};
@@ -337,11 +337,13 @@ TEST(AttnDecode, SplitChunkBoundaries) {
   ASSERT_TRUE(ds::kern::attn_decode_plan(dv.p, 1, max_len, &plan));
   ASSERT_GE(plan.splits, 1);
   const int S = plan.splits;
-  auto chunk = [&](int n) { return (((n + S - 1) / S) + 63) / 64 * 64; };
+  auto chunk = [&](int n) { return (n + S - 1) / S; };
   std::vector<int> ns = {max_len, max_len - 1, 64 * S, 64 * S + 1, 64 * S - 1, 128 * S + 5, max_len / 3};
   bool off_chunk = false;
-  for (int n : ns) off_chunk |= n % chunk(n) != 0;
+  bool off_tile = false;
+  for (int n : ns) off_chunk |= n % chunk(n) != 0, off_tile |= chunk(n) % 64 != 0;
   EXPECT_TRUE(off_chunk) << "no length off the split chunk with " << S << " splits";
+  EXPECT_TRUE(off_tile) << "no chunk off the 64-key tile with " << S << " splits";
   Worst worst;
   uint64_t seed = 100;
   for (int n : ns) {
