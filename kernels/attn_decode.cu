@@ -25,6 +25,7 @@
 // in the workspace outlives a launch, so the pair of launches can be captured in a CUDA graph and replayed with any
 // length; the grids depend only on the shape, q_rows, max_len and the device.
 #include "attn_decode.h"
+#include "align.h"
 
 #include <algorithm>
 #include <cmath>
@@ -478,8 +479,6 @@ struct Plan {
   size_t ml_bytes = 0, bytes = 0;
   SplitKernel split = nullptr, combine = nullptr;
 };
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 // The launch for p, q_rows and max_len on the current device; cudaErrorInvalidValue for a shape the kernels do not
 // take, or the error of a device query.

@@ -1,6 +1,7 @@
 // The one place that decides which attention kernel runs (attn_dispatch.h), and the launcher that takes the choice.
 // Host code only. Each rule carries its reason; the numbers are from bench/results (H200 and H100, 2026-11).
 #include "attn_dispatch.h"
+#include "align.h"
 
 #include <cstdio>
 
@@ -116,10 +117,10 @@ AttnShape attn_shape(const AttnParams& p) {
   s.diff = p.diff;
   s.n = p.n;
   s.batch = p.batch;
-  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  s.aligned16 = a16(p.qkv) && a16(p.kv) && a16(p.out) && p.row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                p.q_off % 8 == 0 && p.k_off % 8 == 0 && p.v_off % 8 == 0 && p.batch_stride >= 0 &&
-                p.out_batch_stride >= 0 && (p.batch <= 1 || (p.batch_stride % 8 == 0 && p.out_batch_stride % 8 == 0));
+  s.aligned16 = aligned16(p.qkv) && aligned16(p.kv) && aligned16(p.out) && p.row_stride % 8 == 0 &&
+                p.out_row_stride % 8 == 0 && p.q_off % 8 == 0 && p.k_off % 8 == 0 && p.v_off % 8 == 0 &&
+                p.batch_stride >= 0 && p.out_batch_stride >= 0 &&
+                (p.batch <= 1 || (p.batch_stride % 8 == 0 && p.out_batch_stride % 8 == 0));
   return s;
 }
 

@@ -1,5 +1,6 @@
 // Element-wise kernels (elementwise.h): a 2-D grid, x over columns, y over rows (capped; rows loop).
 #include "elementwise.h"
+#include "align.h"
 
 #include <algorithm>
 
@@ -96,8 +97,7 @@ cudaError_t launch_add_bias(float* y, int64_t ld, const float* bias, int64_t row
 cudaError_t launch_silu_mul(const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
                             __nv_bfloat16* out, int64_t ldo, int64_t rows, int cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  if (cols % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && ldo % 8 == 0 && a16(a) && a16(b) && a16(out)) {
+  if (cols % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && ldo % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(out)) {
     const int64_t total = rows * (cols / 8);
     const int64_t blocks = std::min<int64_t>((total + THREADS - 1) / THREADS, int64_t(1) << 20);
     silu_mul_vec8_kernel<<<unsigned(blocks), THREADS, 0, stream>>>(

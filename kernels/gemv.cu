@@ -16,6 +16,7 @@
 // threads, fmaf chains and reductions, so the same f32 bits), then writes the normed bf16 vector to shared memory
 // and runs the same W loop with x read from there (the W loads are untouched).
 #include "gemv.h"
+#include "align.h"
 
 #include "warp_reduce.cuh"
 
@@ -212,7 +213,6 @@ __global__ void __launch_bounds__(THREADS, 4)
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 

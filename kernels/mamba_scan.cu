@@ -2,6 +2,7 @@
 // convolution is element-wise over (token, channel), K taps read from the previous rows (8 channels by 16 rows per
 // thread where the layout allows).
 #include "mamba_scan.h"
+#include "align.h"
 
 namespace ds::kern {
 namespace {
@@ -298,8 +299,8 @@ cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t str
 // B and C rows as 16-byte vectors: the state exactly SMAX wide and every row 16-byte aligned.
 template <int SMAX>
 cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
-  const auto a16 = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
-  if (p.state == SMAX && p.ld_bc % 8 == 0 && a16(p.B) && a16(p.C)) return run_scan<SMAX, true>(p, hs, ds, stream);
+  if (p.state == SMAX && p.ld_bc % 8 == 0 && aligned16(p.B) && aligned16(p.C))
+    return run_scan<SMAX, true>(p, hs, ds, stream);
   return run_scan<SMAX, false>(p, hs, ds, stream);
 }
 
@@ -380,8 +381,7 @@ cudaError_t launch_causal_conv_silu_state(const __nv_bfloat16* x, int64_t ld_x, 
                                                                                  channels, state_in, state_out);
     t_begin = K - 1;
   }
-  if (n > t_begin && K <= 4 && channels % 8 == 0 && ld_x % 8 == 0 && ld_u % 8 == 0 &&
-      (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(u) & 15u) == 0) {
+  if (n > t_begin && K <= 4 && channels % 8 == 0 && ld_x % 8 == 0 && ld_u % 8 == 0 && aligned16(x) && aligned16(u)) {
     const dim3 grid(unsigned((n - t_begin + CONV_ROWS - 1) / CONV_ROWS),
                     unsigned((channels / 8 + CONV_THREADS - 1) / CONV_THREADS));
     const auto go = [&](auto kern) {

@@ -2,6 +2,7 @@
 // output, so the gate row is read twice (the second time from L1/L2: 16 KB at I = 8192); both passes read 16-byte
 // vectors when I allows. Fused with the up multiply, so the activation costs one pass over gate_up, as SwiGLU does.
 #include "polynorm.h"
+#include "align.h"
 
 #include "warp_reduce.cuh"
 
@@ -77,7 +78,6 @@ __global__ void __launch_bounds__(THREADS) polynorm_kernel(const __nv_bfloat16* 
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 

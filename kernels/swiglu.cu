@@ -4,6 +4,7 @@
 // Element-wise, memory-bound: 6 bytes per element, so the loads and stores are 16 bytes wide and there is no
 // 64-bit index arithmetic per element.
 #include "swiglu.h"
+#include "align.h"
 
 namespace ds::kern {
 namespace {
@@ -60,7 +61,6 @@ __global__ void __launch_bounds__(THREADS) swiglu_scalar_kernel(const __nv_bfloa
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 
