@@ -516,20 +516,6 @@ size_t CudaBackend::next_event() {
   return events_used_++;
 }
 
-template <class F>
-void CudaBackend::timed(const char* name, int layer, F&& f) {
-  if (!profiling_) {
-    f();
-    return;
-  }
-  const size_t a = next_event();
-  DS_CUDA_CHECK(cudaEventRecord(events_[a].get(), stream()));
-  f();
-  const size_t b = next_event();
-  DS_CUDA_CHECK(cudaEventRecord(events_[b].get(), stream()));
-  marks_.push_back({name, layer, a, b});
-}
-
 GemmPlan::~GemmPlan() {
   if (d) cublasLtMatrixLayoutDestroy(d);
   if (b) cublasLtMatrixLayoutDestroy(b);

@@ -196,15 +196,7 @@ void CudaBackend::decode_launches() {
   const size_t cap = size_t(act_.cap);
   float* h = d.h.as<float>();
   // With decode_profile_, each launch is timed (eager steps only: no events inside a captured graph).
-  const auto mark = [&](const char* name, int layer, auto&& f) {
-    if (!decode_profile_) return f();
-    const size_t a = next_event();
-    DS_CUDA_CHECK(cudaEventRecord(events_[a].get(), stream()));
-    f();
-    const size_t b = next_event();
-    DS_CUDA_CHECK(cudaEventRecord(events_[b].get(), stream()));
-    marks_.push_back({name, layer, a, b});
-  };
+  const auto mark = [&](const char* name, int layer, auto&& f) { timed_if(decode_profile_, name, layer, f); };
   const auto nm = [&](const char* name) { return decode_profile_ ? name : nullptr; };
   // y = W x for the step's row through the GEMV kernel (kernels/gemv.h, with its fused bias, residual and SwiGLU),
   // where decode_gemv_ is on and it takes the shape; false: nothing launched, the caller runs cuBLASLt.

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -202,8 +203,25 @@ class CudaBackend final : public Backend {
     int layer;
     size_t ev0, ev1;
   };
+  // f() between two events recorded on the stream, kept as a profiler mark, when `on`; else f() alone. timed() is
+  // the forward's (profiling_), the decode step has its own switch (eager steps only: no events inside a graph).
   template <class F>
-  void timed(const char* name, int layer, F&& f);
+  void timed_if(bool on, const char* name, int layer, F&& f) {
+    if (!on) {
+      f();
+      return;
+    }
+    const size_t a = next_event();
+    DS_CUDA_CHECK(cudaEventRecord(events_[a].get(), stream()));
+    f();
+    const size_t b = next_event();
+    DS_CUDA_CHECK(cudaEventRecord(events_[b].get(), stream()));
+    marks_.push_back({name, layer, a, b});
+  }
+  template <class F>
+  void timed(const char* name, int layer, F&& f) {
+    timed_if(profiling_, name, layer, std::forward<F>(f));
+  }
   size_t next_event();
   void reset_model();
   // Activations for `tokens` rows of sequences of n, with room for `spare` more positions where memory allows.
