@@ -21,9 +21,10 @@
 //
 // Both kernels are launched as programmatic dependents (PDL) where the code that runs is sm_90 code: the split
 // kernel's CTAs start while the grid before it drains and wait (griddepcontrol.wait) before reading anything; the
-// combine kernel's CTAs start once every split CTA has started and wait for the split kernel to complete. Nothing
-// in the workspace outlives a launch, so the pair of launches can be captured in a CUDA graph and replayed with any
-// length; the grids depend only on the shape, q_rows, max_len and the device.
+// combine kernel's CTAs start once every split CTA has started and wait for the split kernel to complete, then let
+// the grid after them start launching. Nothing in the workspace outlives a launch, so the pair of launches can be
+// captured in a CUDA graph and replayed with any length; the grids depend only on the shape, q_rows, max_len and the
+// device.
 #include "attn_decode.h"
 #include "align.h"
 
@@ -31,6 +32,7 @@
 #include <cmath>
 
 #include "mma_sm80.cuh"
+#include "pdl.cuh"
 #include "warp_reduce.cuh"
 
 namespace ds::kern {
@@ -71,20 +73,6 @@ __device__ __forceinline__ Geometry geometry(int n, int q_rows, int window, int 
 // groups read the neighbouring heads of the same rows at about the same time).
 __device__ __forceinline__ void cp_async_16_l2(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// Programmatic dependent launch (sm_90 and newer; the host asks for it only where this code is what runs): wait for
-// the grid before this one in the stream to complete and its writes to be visible, and let the next grid start
-// launching (it waits in turn before reading anything this one writes).
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ void cp_async_wait_stages(int stages) {  // wait until stages - 2 groups are pending
@@ -362,6 +350,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS) attn_decode_combine_kernel(co
   const int n = *a.len, pos = n - R + r;
   const Geometry geo = geometry(n, R, p.window, a.splits);
   pdl_wait();  // the split kernel's partials are complete and visible
+  // The next grid may start launching now: its CTAs take the SMs the split kernel has left while this one merges
+  // (triggering before the wait brought them in during the split kernel, which was slower at 128K keys).
+  pdl_launch_dependents();
   if (pos < 0) {
     for (int e = tid; e < vw; e += COMBINE_THREADS) out[e] = __float2bfloat16(0.f);
     return;

@@ -3,6 +3,7 @@
 // The QKV GEMM writes bf16 (as transformers' q/k/v_proj outputs are in a bf16 model) straight into the layer's
 // Q/K/V cache; this kernel rotates Q and K there in place, in f32, rounding once (transformers rounds each product).
 #include "rope.h"
+#include "pdl.cuh"
 
 namespace ds::kern {
 namespace {
@@ -52,6 +53,9 @@ __global__ void rope_qk_inplace_kernel(__nv_bfloat16* qkv, const float2* cs, int
 // dst + *pos * dst_stride; the source row is left as it was.
 __global__ void rope_row_store_kernel(const __nv_bfloat16* x, const float2* cs, const int32_t* pos, int rotated_heads,
                                       int all_heads, int d, __nv_bfloat16* dst, int64_t dst_stride) {
+  // The decoding attention after this kernel waits for it to complete before reading anything (attn_decode.h): let
+  // its CTAs launch now, while this single block runs.
+  pdl_launch_dependents();
   const int half = d / 2;
   const int64_t p = *pos;
   __nv_bfloat16* y = dst + p * dst_stride;

@@ -17,7 +17,9 @@ cudaError_t launch_rope_qk_inplace(__nv_bfloat16* qkv, const float2* cos_sin, in
                                   int kv_heads, int d, cudaStream_t stream);
 
 // Decoding: one [(H + 2 Hkv) d] row rotated as launch_rope_qk_inplace rotates it at position *pos (device memory;
-// cos_sin null: copied unrotated), written to dst + *pos * dst_stride (elements); `row` itself is not changed.
+// cos_sin null: copied unrotated), written to dst + *pos * dst_stride (elements); `row` itself is not changed. On
+// sm_90 it lets a programmatic dependent (the decoding attention) start launching at once (kernels/pdl.cuh): such a
+// successor must wait for it before reading what it writes.
 cudaError_t launch_rope_row_store(const __nv_bfloat16* row, const float2* cos_sin, const int32_t* pos, int heads,
                                   int kv_heads, int d, __nv_bfloat16* dst, int64_t dst_stride, cudaStream_t stream);
 
