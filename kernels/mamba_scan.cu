@@ -34,13 +34,22 @@ __global__ void __launch_bounds__(256) conv_silu_kernel(const __nv_bfloat16* x, 
   u[t * ld_u + c] = __float2bfloat16(silu(acc));
 }
 
+// A bf16 pair as two floats, one integer instruction each (a bf16 is the top half of its float; cuda_bf16.h's
+// conversion takes two for the upper one).
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+__device__ __forceinline__ float2 unpack_bf16x2(__nv_bfloat162 v) {
+  return unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&v));
+}
+
 // 8 bf16 at p (16-byte aligned) as floats.
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
   const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q);
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(h[j]);
+    const float2 f = unpack_bf16x2(w[j]);
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
   }
 }
@@ -209,11 +218,11 @@ __device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t 
     float y = dskip * cur.u;
 #pragma unroll
     for (int i = 0; i < SMAX / 2; ++i) {
-      const float2 b = __bfloat1622float2(cur.b[i]);
+      const float2 b = unpack_bf16x2(cur.b[i]);
       h[2 * i] = fmaf(ex2_approx(delta * a2[2 * i]), h[2 * i], b.x * du);
       h[2 * i + 1] = fmaf(ex2_approx(delta * a2[2 * i + 1]), h[2 * i + 1], b.y * du);
       if constexpr (OUT) {
-        const float2 cc = __bfloat1622float2(cur.c[i]);
+        const float2 cc = unpack_bf16x2(cur.c[i]);
         y = fmaf(cc.x, h[2 * i], y);
         y = fmaf(cc.y, h[2 * i + 1], y);
       }
