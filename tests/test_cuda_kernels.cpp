@@ -36,6 +36,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
+#include "kernels/layernorm.h"
 #include "kernels/mamba_scan.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -932,6 +933,45 @@ TEST(CudaKernels, RmsNormMatchesFloat64) {
       for (int c = 0; c < cols; ++c) {
         const double ref = w[size_t(c)] * x[size_t(r) * (cols + 8) + c] * inv, v = bf(y[size_t(r) * cols + c]);
         ASSERT_TRUE(std::isfinite(v));
+        num += (v - ref) * (v - ref);
+        den += ref * ref;
+      }
+    }
+    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << rows << "x" << cols;
+  }
+}
+
+// LayerNorm (SambaY's block norms) with weight and bias against float64: 64, 2560 (Phi-4-mini-flash), 4096 take the
+// register kernel at 1, 3 and 4 float4 per thread; 4100 (too wide for it) and 30 (not whole float4) the three-pass
+// kernel. Rows are strided; the mean is far from 0, as in a residual stream, so a one-pass variance would show.
+TEST(CudaKernels, LayerNormMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (auto [rows, cols] : {std::pair{3, 64}, std::pair{5, 2560}, std::pair{2, 4096}, std::pair{3, 4100},
+                            std::pair{4, 30}}) {
+    const int ld = cols + 8;
+    std::vector<float> x(static_cast<size_t>(rows) * ld), w(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+    for (auto& v : x) v = 20.f + nd(rng);
+    for (auto& v : w) v = 1.f + 0.3f * nd(rng);
+    for (auto& v : b) v = 0.5f * nd(rng);
+    DeviceBuffer dx = to_device(x), dw = to_device(w), db = to_device(b), dy(size_t(rows) * cols * 2, "test");
+    std::vector<uint16_t> poison(size_t(rows) * cols, kBf16NaN);
+    DS_CUDA_CHECK(cudaMemcpy(dy.get(), poison.data(), dy.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(ds::kern::launch_layernorm(dx.as<float>(), ld, dw.as<float>(), db.as<float>(), dy.as<bf16>(), cols,
+                                             rows, cols, 1e-5f, nullptr));
+    const auto y = to_host<uint16_t>(dy, size_t(rows) * cols);
+    double num = 0, den = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = &x[size_t(r) * ld];
+      double mean = 0, var = 0;
+      for (int c = 0; c < cols; ++c) mean += xr[c];
+      mean /= cols;
+      for (int c = 0; c < cols; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+      const double inv = 1.0 / std::sqrt(var / cols + 1e-5);
+      for (int c = 0; c < cols; ++c) {
+        const double ref = (xr[c] - mean) * inv * w[size_t(c)] + b[size_t(c)], v = bf(y[size_t(r) * cols + c]);
+        ASSERT_TRUE(std::isfinite(v)) << rows << "x" << cols << " at " << r << ", " << c;
         num += (v - ref) * (v - ref);
         den += ref * ref;
       }
