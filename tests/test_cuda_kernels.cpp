@@ -2,8 +2,8 @@
 // (kernels/attn_dispatch.h) can choose on this device, each chosen through the API (many n including 1 and
 // non-multiples of the 64-row tile, d = 64 and 128, differential and plain, MHA and GQA, batches, padded strides),
 // the dispatch rules themselves on described devices (no GPU needed), the map kernels with their statistics,
-// RMSNorm, RoPE (default and llama3 frequencies), SwiGLU, PolyNorm, the embedding gather and Mamba-1's convolution
-// and selective scan. Every attention kernel also with a sliding window and K/V from a separate buffer
+// RMSNorm, LayerNorm, RoPE (default and llama3 frequencies), SwiGLU, PolyNorm, the embedding gather and Mamba-1's
+// convolution and selective scan. Every attention kernel also with a sliding window and K/V from a separate buffer
 // (AttnParams::window, ::kv; Phi-4-mini-flash). Every output is poisoned with NaN before the run and must
 // come back fully written, with the padding around it untouched. Skips cleanly without a CUDA device or build.
 #include <gtest/gtest.h>
