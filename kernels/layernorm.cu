@@ -95,7 +95,9 @@ cudaError_t launch_layernorm(const float* x, int64_t x_stride, const float* w, c
   if (cols % 4 == 0 && n4 <= VEC4_MAX * THREADS && x_stride % 4 == 0 && y_stride % 4 == 0 && aligned16(x) &&
       aligned16(w) && aligned16(b) && aligned8(y)) {
     const int v = (n4 + THREADS - 1) / THREADS;
-    const auto go = [&](auto kern) { kern<<<unsigned(rows), THREADS, 0, stream>>>(x, x_stride, w, b, y, y_stride, cols, eps); };
+    const auto go = [&](auto kern) {
+      kern<<<unsigned(rows), THREADS, 0, stream>>>(x, x_stride, w, b, y, y_stride, cols, eps);
+    };
     if (v <= 1) go(layernorm_vec4_kernel<1>);
     else if (v == 2) go(layernorm_vec4_kernel<2>);
     else if (v == 3) go(layernorm_vec4_kernel<3>);

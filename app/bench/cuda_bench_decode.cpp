@@ -4,11 +4,11 @@
 // does, cycling over the slabs of a buffer of random bf16 rows; the slabs rotate so that the K/V bytes of the slabs
 // together exceed three times the L2 cache and every launch reads its keys from device memory. A graph holds at
 // least 32 launches (whole cycles of the slabs), so that the graph's own start, which the engine pays once per
-// decoding step and not per layer, is spread thin (with one cycle of 3 slabs at 32K it added about 1 us to each
+// decoding step and not per layer, is spread thin (with one cycle of 3 slabs at 32K it added about 1.3 us to each
 // launch). Time per launch: the graph's CUDA-event time over its launches, median over `repeat` graph launches
-// after at least warmup_ms of them. Bytes:
-// the K and V rows the launch must read, n x 2 x Hkv x d x 2. The copy bandwidth counts the bytes a
-// cudaMemcpyAsync device-to-device of 1 GiB reads and writes (2 GiB per copy), median of 10.
+// after at least warmup_ms of them. Bytes: the K and V rows the launch must read, n x 2 x Hkv x d x 2. The copy
+// bandwidth counts the bytes a cudaMemcpyAsync device-to-device of 1 GiB reads and writes (2 GiB per copy), median
+// of 10.
 #include "app/bench/cuda_bench_decode.h"
 #include "app/bench/bench_median.h"
 
