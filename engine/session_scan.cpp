@@ -447,10 +447,10 @@ nlohmann::json Run::report() const {
   return o;
 }
 
-void scan_all(const std::vector<Run*>& runs, const Prompt& p, const std::function<bool()>& cancelled) {
+void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p, const std::function<bool()>& cancelled) {
   size_t ran = 0;
   try {
-    for (Run* r : runs) {
+    for (const auto& r : runs) {
       r->scan(p, cancelled);
       ++ran;
     }

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -131,7 +132,8 @@ class Run {
 
 // One prompt through every run (a comparison): it counts for all of them or for none. When a later run fails or
 // is cancelled, the earlier runs' results for it are taken back and the exception goes on.
-void scan_all(const std::vector<Run*>& runs, const Prompt& p, const std::function<bool()>& cancelled = nullptr);
+void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p,
+              const std::function<bool()>& cancelled = nullptr);
 
 // ---------------------------------------------------------------------------------------------------------------
 // the report

@@ -181,11 +181,7 @@ void Worker::run_scan(const Request& r) {
   session_->reset_lambda();
 
   std::vector<const sc::Run*> views;
-  std::vector<sc::Run*> run_ptrs;
-  for (const auto& run : runs) {
-    views.push_back(run.get());
-    run_ptrs.push_back(run.get());
-  }
+  for (const auto& run : runs) views.push_back(run.get());
   const auto make_report = [&](bool complete) {
     auto rep = std::make_shared<ScanReport>();
     rep->json = sc::make_report(views, o.path, *skipped, complete, elapsed());
@@ -212,7 +208,7 @@ void Worker::run_scan(const Request& r) {
       const sc::Prompt& p = corpus->prompts[i];
       st->current_line = p.line;
       try {
-        sc::scan_all(run_ptrs, p, cancelled);  // every run or none
+        sc::scan_all(runs, p, cancelled);  // every run or none
       } catch (const Cancelled&) {
         st->stopped = true;
       } catch (const std::exception& e) {

@@ -184,11 +184,7 @@ int scan(const Args& a) {
         s2 ? *s2 : *s1,
         ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens}));
   std::vector<const ds::scan::Run*> views;
-  std::vector<ds::scan::Run*> run_ptrs;
-  for (const auto& r : runs) {
-    views.push_back(r.get());
-    run_ptrs.push_back(r.get());
-  }
+  for (const auto& r : runs) views.push_back(r.get());
   std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),
                s1->backend().name().c_str(), runs.size() == 2 ? (", comparing " + runs[0]->options().label + " with " +
                                                                  runs[1]->options().label).c_str()
@@ -215,7 +211,7 @@ int scan(const Args& a) {
   for (size_t i = 0; i < total && !interrupted; ++i) {
     const ds::scan::Prompt& p = corpus.prompts[i];
     try {
-      ds::scan::scan_all(run_ptrs, p, cancelled);  // every run or none
+      ds::scan::scan_all(runs, p, cancelled);  // every run or none
       tokens += runs[0]->results().back().tokens;
     } catch (const ds::Cancelled&) {
       interrupted = true;
