@@ -349,15 +349,19 @@ const AppState::AnswerMark* AppState::answer_span() const {
   return snap->result->prompt_len == answer_mark->tokens ? &*answer_mark : nullptr;
 }
 
-bool AppState::save_scan_report(const std::string& path, std::string* why) const {
-  const auto& sc = snap ? snap->scan : nullptr;
+// The scan's report through `write` (a writer of session_scan.h or plot.h that throws naming the file); `none`:
+// why nothing was written when there is no report yet.
+template <class W>
+static bool save_scan_file(const AppState& st, const std::string& path, std::string* why, const char* none,
+                           W&& write) {
+  const auto& sc = st.snap ? st.snap->scan : nullptr;
   if (!sc || !sc->report) {
     if (why)
-      *why = "no report to save yet: scan a corpus first";
+      *why = none;
     return false;
   }
   try {
-    ds::scan::write_json_atomic(sc->report->json, path);
+    write(sc->report->json, path);
   } catch (const std::exception& e) {
     if (why)
       *why = e.what();
@@ -366,21 +370,12 @@ bool AppState::save_scan_report(const std::string& path, std::string* why) const
   return true;
 }
 
+bool AppState::save_scan_report(const std::string& path, std::string* why) const {
+  return save_scan_file(*this, path, why, "no report to save yet: scan a corpus first", ds::scan::write_json_atomic);
+}
+
 bool AppState::save_scan_plot(const std::string& path, std::string* why) const {
-  const auto& sc = snap ? snap->scan : nullptr;
-  if (!sc || !sc->report) {
-    if (why)
-      *why = "no report to plot yet: scan a corpus first";
-    return false;
-  }
-  try {
-    ds::scan::write_plot_png(sc->report->json, path);
-  } catch (const std::exception& e) {
-    if (why)
-      *why = e.what();
-    return false;
-  }
-  return true;
+  return save_scan_file(*this, path, why, "no report to plot yet: scan a corpus first", ds::scan::write_plot_png);
 }
 
 const GenerateOptions* AppState::last_generate_options() const {
