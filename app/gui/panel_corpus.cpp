@@ -133,6 +133,35 @@ struct Shown {
   }
 };
 
+// The fractions as a table: a row per part (answer, sink, context), a column per map; value(index) the number at
+// session_scan.h's fraction index. The cell (hp, hm) is drawn in the selection colour (-1: none).
+template <class F>
+void fraction_table(const char* id, const char* corner, ImGuiTableFlags flags, const AppState& st, const Shown& sh,
+                    bool diff, F&& value, int hp = -1, int hm = -1) {
+  const int maps = diff ? 4 : 1;
+  if (!ImGui::BeginTable(id, maps + 1, flags))
+    return;
+  ImGui::TableSetupColumn(corner);
+  for (int m = 0; m < maps; ++m)
+    ImGui::TableSetupColumn(map_name(st, m, diff).c_str());
+  ImGui::TableHeadersRow();
+  for (int p = 0; p < 3; ++p) {
+    ImGui::TableNextRow();
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(k_parts[p]);
+    for (int m = 0; m < maps; ++m) {
+      ImGui::TableNextColumn();
+      const double v = value(fraction_index(p, m));
+      const std::string t = sh.diff() ? fmt_signed(v) : fmt_frac(v);
+      if (p == hp && m == hm)
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().selection), "%s", t.c_str());
+      else
+        ImGui::TextUnformatted(t.c_str());
+    }
+  }
+  ImGui::EndTable();
+}
+
 // [SECTION] controls: file, options, Start / Stop
 void controls(AppState& st, const ModelInfo& m) {
   const bool running = st.scanning();
@@ -338,29 +367,9 @@ void summary(AppState& st, const ScanState& sc, const Shown& sh) {
     ImGui::RadioButton("difference", &st.scan_view, 2);
     tooltip_if_hovered("The second run minus the first");
   }
-  const int maps = diff ? 4 : 1;
   const ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
-  if (ImGui::BeginTable("##means", maps + 1, flags)) {
-    ImGui::TableSetupColumn("mean");
-    for (int m = 0; m < maps; ++m)
-      ImGui::TableSetupColumn(map_name(st, m, diff).c_str());
-    ImGui::TableHeadersRow();
-    for (int p = 0; p < 3; ++p) {
-      ImGui::TableNextRow();
-      ImGui::TableNextColumn();
-      ImGui::TextUnformatted(k_parts[p]);
-      for (int m = 0; m < maps; ++m) {
-        ImGui::TableNextColumn();
-        const double v = sh.mean(fraction_index(p, m));
-        const std::string t = sh.diff() ? fmt_signed(v) : fmt_frac(v);
-        if (p == st.scan_part && m == st.scan_map)
-          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().selection), "%s", t.c_str());
-        else
-          ImGui::TextUnformatted(t.c_str());
-      }
-    }
-    ImGui::EndTable();
-  }
+  fraction_table("##means", "mean", flags, st, sh, diff, [&](int idx) { return sh.mean(idx); }, st.scan_part,
+                 st.scan_map);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Attention of the last prompt token, as a fraction of its row, averaged over layers, heads\n"
                       "and prompts: on the answer span, on position 0 (the sink), on every other key (the context).\n"
@@ -549,24 +558,8 @@ void heatmap(AppState& st, const Shown& sh, ImVec2 size) {
     ImGui::BeginTooltip();
     ImGui::Text("layer %d, head %d   (%s, mean over %lld prompts)", layer, h, sh.name(st).c_str(), (long long)r.prompts);
     ImGui::Separator();
-    const int maps = diff ? 4 : 1;
-    if (ImGui::BeginTable("##tip", maps + 1, ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerV)) {
-      ImGui::TableSetupColumn("");
-      for (int mm = 0; mm < maps; ++mm)
-        ImGui::TableSetupColumn(map_name(st, mm, diff).c_str());
-      ImGui::TableHeadersRow();
-      for (int p = 0; p < 3; ++p) {
-        ImGui::TableNextRow();
-        ImGui::TableNextColumn();
-        ImGui::TextUnformatted(k_parts[p]);
-        for (int mm = 0; mm < maps; ++mm) {
-          ImGui::TableNextColumn();
-          const double v = sh.cell(size_t(l), h, fraction_index(p, mm));
-          ImGui::TextUnformatted((sh.diff() ? fmt_signed(v) : fmt_frac(v)).c_str());
-        }
-      }
-      ImGui::EndTable();
-    }
+    fraction_table("##tip", "", ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerV, st, sh, diff,
+                   [&](int idx) { return sh.cell(size_t(l), h, idx); });
     ImGui::TextDisabled("click: open this head in the head view");
     ImGui::EndTooltip();
     if (clicked)
