@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(THREADS, 4)
   }
 }
 
-
 }  // namespace
 
 cudaError_t launch_gemv(const GemvParams& p, cudaStream_t stream) {

@@ -78,7 +78,6 @@ __global__ void __launch_bounds__(THREADS) polynorm_kernel(const __nv_bfloat16* 
   }
 }
 
-
 }  // namespace
 
 cudaError_t launch_polynorm_mul(const __nv_bfloat16* gate_up, const float* wb, float eps, __nv_bfloat16* out,

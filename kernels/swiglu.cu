@@ -61,7 +61,6 @@ __global__ void __launch_bounds__(THREADS) swiglu_scalar_kernel(const __nv_bfloa
   }
 }
 
-
 }  // namespace
 
 cudaError_t launch_swiglu(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int64_t rows, int inter,

@@ -33,7 +33,6 @@ using Clock = std::chrono::steady_clock;
 using bf16 = __nv_bfloat16;
 constexpr int kMinLaunches = 32;  // launches per graph, at least
 
-
 struct GraphOwner {
   cudaGraph_t g = nullptr;
   cudaGraphExec_t e = nullptr;
