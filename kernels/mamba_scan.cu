@@ -61,9 +61,6 @@ __global__ void __launch_bounds__(256) conv_silu_kernel(const __nv_bfloat16* x, 
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
-__device__ __forceinline__ float2 unpack_bf16x2(__nv_bfloat162 v) {
-  return unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&v));
-}
 
 // 8 bf16 (16 bytes) as floats.
 __device__ __forceinline__ void unpack8(const uint4 q, float (&v)[8]) {
@@ -176,82 +173,97 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
 //   pass 2 (chunk_carry):  per channel, the chunks' true start states (the first: state_in, or 0), sequentially
 //                          over the chunks;
 //   pass 3 (chunk_output): each chunk again from its start state, writing y; the last chunk's end state is state_out.
-// Consecutive threads take consecutive channels, so u, dt and z loads coalesce; B and C rows are the same for every
-// channel (broadcast from L1), read as 16-byte vectors where the state is SMAX wide and the rows are aligned (VEC).
-// Each step's inputs are loaded one step ahead. States past p.state compute zeros (A = 0, B = C = 0, h = 0).
+// A block takes THREADS consecutive channels (u, dt and z loads coalesce) over one chunk. B and C rows are the same
+// for every channel: the block stages them in shared memory as f32 (zeros past p.state), STAGE rows at a time, and
+// every thread reads them as 16-byte broadcasts. The passes are bound by instruction issue, not by the
+// exponentials: staged in f32, a step no longer unpacks bf16 pairs (1 instruction per value) nor moves B and C
+// pointers through the loop (state pass 130 -> 102 instructions per step, output pass 225 -> 191). u, dt and z come
+// from device memory at long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes
+// waiting on them at 32K tokens; the output pass stops at 2, where it holds 96 registers). States past p.state
+// compute zeros (A = 0, B = C = 0, h = 0).
 constexpr int CHUNK = 256;
+constexpr int kPrefetchState = 4, kPrefetchOutput = 2;
 
 template <int SMAX>
+constexpr int kStage = CHUNK * SMAX <= 4096 ? CHUNK : 4096 / SMAX;  // rows staged at a time: <= 16 KB per matrix
+
+// Rows [t, t + rows) of B (and C where OUT) into sb (sc): [rows][SMAX] f32, every thread of the block taking 8
+// values of a row at a time: one 16-byte load each where VEC (the state exactly SMAX wide, rows 16-byte aligned).
+template <int SMAX, bool VEC, bool OUT>
+__device__ __forceinline__ void stage_bc(const ScanParams& p, int64_t t, int rows, float* sb, float* sc) {
+  constexpr unsigned G = SMAX / 8;  // groups of 8 per row
+  for (unsigned i = threadIdx.x; i < unsigned(rows) * G; i += THREADS) {
+    const unsigned r = i / G, s0 = (i % G) * 8;
+    const int64_t off = (t + r) * p.ld_bc + s0;
+    float v[8], w[8];
+    if constexpr (VEC) {
+      load8(p.B + off, v);
+      if constexpr (OUT) load8(p.C + off, w);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const bool on = int(s0) + j < p.state;
+        v[j] = on ? __bfloat162float(p.B[off + j]) : 0.f;
+        w[j] = OUT && on ? __bfloat162float(p.C[off + j]) : 0.f;
+      }
+    }
+    float4* db = reinterpret_cast<float4*>(sb + r * SMAX + s0);
+    db[0] = make_float4(v[0], v[1], v[2], v[3]), db[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (OUT) {
+      float4* dc = reinterpret_cast<float4*>(sc + r * SMAX + s0);
+      dc[0] = make_float4(w[0], w[1], w[2], w[3]), dc[1] = make_float4(w[4], w[5], w[6], w[7]);
+    }
+  }
+}
+
 struct StepIn {
-  float u, dt, z;
-  __nv_bfloat162 b[SMAX / 2], c[SMAX / 2];  // B and C of the step (C and z only where OUT)
+  float u, dt, z;  // z only where OUT
 };
 
-// One channel's inputs, a row at a time: the pointers start at row t of u, dt, z, B and C; next() moves them one
-// row on.
-template <int SMAX, bool VEC, bool OUT>
-struct StepReader {
-  const __nv_bfloat16 *u, *dt, *z, *b, *c;
-  int64_t ld_u, ld_dt, ld_z, ld_bc;
-  int state;
-  __device__ StepReader(const ScanParams& p, int ch, int64_t t)
-      : u(p.u + t * p.ld_u + ch), dt(p.dt + t * p.ld_dt + ch), z(OUT && p.y_gated ? p.z + t * p.ld_z + ch : nullptr),
-        b(p.B + t * p.ld_bc), c(p.C + t * p.ld_bc), ld_u(p.ld_u), ld_dt(p.ld_dt), ld_z(p.ld_z), ld_bc(p.ld_bc),
-        state(p.state) {}
-  __device__ __forceinline__ StepIn<SMAX> load() const {
-    StepIn<SMAX> r;
+// The chunk's steps [t0, t1) for channel c (live: c < p.channels; the others only help stage). Every thread of the
+// block calls this with the same t0, t1 (the staging synchronises the block).
+template <int SMAX, bool VEC, bool OUT, int PF>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int64_t t1,
+                                            float (&h)[SMAX], const float (&a2)[SMAX], float bias, float dskip,
+                                            float* dsum) {
+  __shared__ __align__(16) float sb[kStage<SMAX> * SMAX];
+  __shared__ __align__(16) float sc[OUT ? kStage<SMAX> * SMAX : 4];
+  float sum = 0.f;
+  const __nv_bfloat16* u = p.u + t0 * p.ld_u + c;
+  const __nv_bfloat16* dt = p.dt + t0 * p.ld_dt + c;
+  const __nv_bfloat16* z = OUT && p.y_gated ? p.z + t0 * p.ld_z + c : nullptr;
+  __nv_bfloat16* y_out = OUT && p.y ? p.y + t0 * p.ld_y + c : nullptr;
+  __nv_bfloat16* g_out = OUT && p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
+  int64_t tl = t0;  // the row u, dt and z point at
+  const auto load_next = [&] {  // row tl's per-channel inputs; the pointers then move on, up to the last row
+    StepIn r;
     r.u = __bfloat162float(*u);
     r.dt = __bfloat162float(*dt);
     r.z = OUT && z ? __bfloat162float(*z) : 0.f;
-    if constexpr (VEC) {
-#pragma unroll
-      for (int i = 0; i < SMAX / 8; ++i) {
-        *reinterpret_cast<uint4*>(&r.b[4 * i]) = __ldg(reinterpret_cast<const uint4*>(b) + i);
-        if constexpr (OUT) *reinterpret_cast<uint4*>(&r.c[4 * i]) = __ldg(reinterpret_cast<const uint4*>(c) + i);
-      }
-    } else {
-      const __nv_bfloat16 zero = __float2bfloat16(0.f);
-#pragma unroll
-      for (int i = 0; i < SMAX / 2; ++i) {
-        r.b[i] = __halves2bfloat162(2 * i < state ? b[2 * i] : zero, 2 * i + 1 < state ? b[2 * i + 1] : zero);
-        if constexpr (OUT)
-          r.c[i] = __halves2bfloat162(2 * i < state ? c[2 * i] : zero, 2 * i + 1 < state ? c[2 * i + 1] : zero);
-      }
+    if (tl + 1 < t1) {
+      ++tl, u += p.ld_u, dt += p.ld_dt;
+      if (OUT && z) z += p.ld_z;
     }
     return r;
-  }
-  __device__ __forceinline__ void next() {
-    u += ld_u, dt += ld_dt, b += ld_bc, c += ld_bc;
-    if (OUT && z) z += ld_z;
-  }
-};
-
-// a2: A log2(e), so that exp(delta A) = 2^(delta a2). The passes are bound by instruction issue, not by the
-// exponentials. The state pass (no outputs) takes two steps per iteration, the inputs of the step after next loaded
-// into the registers just consumed: that saves the copy of the next step's inputs each step (3.34 -> 3.26 ms at
-// 32K tokens, Phi-4-mini-flash's shape, H100) at 72 registers. The output pass stays at one: two took it from 80 to
-// 127 registers and a third of its occupancy (3.84 ms).
-template <int SMAX, bool VEC, bool OUT>
-__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t t0, int64_t t1, float (&h)[SMAX],
-                                            const float (&a2)[SMAX], float bias, float dskip, float* dsum) {
-  float sum = 0.f;
-  StepReader<SMAX, VEC, OUT> in(p, c, t0);
-  __nv_bfloat16* y_out = p.y ? p.y + t0 * p.ld_y + c : nullptr;
-  __nv_bfloat16* g_out = p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
-  const auto step = [&](const StepIn<SMAX>& cur) {
+  };
+  const auto step = [&](const StepIn& cur, const float* bs, const float* cs) {
     const float delta = softplus(cur.dt + bias);
     sum += delta;
     const float du = delta * cur.u;
     float y = dskip * cur.u;
 #pragma unroll
-    for (int i = 0; i < SMAX / 2; ++i) {
-      const float2 b = unpack_bf16x2(cur.b[i]);
-      h[2 * i] = fmaf(ex2_approx(delta * a2[2 * i]), h[2 * i], b.x * du);
-      h[2 * i + 1] = fmaf(ex2_approx(delta * a2[2 * i + 1]), h[2 * i + 1], b.y * du);
+    for (int i = 0; i < SMAX / 4; ++i) {
+      const float4 b = reinterpret_cast<const float4*>(bs)[i];
+      h[4 * i] = fmaf(ex2_approx(delta * a2[4 * i]), h[4 * i], b.x * du);
+      h[4 * i + 1] = fmaf(ex2_approx(delta * a2[4 * i + 1]), h[4 * i + 1], b.y * du);
+      h[4 * i + 2] = fmaf(ex2_approx(delta * a2[4 * i + 2]), h[4 * i + 2], b.z * du);
+      h[4 * i + 3] = fmaf(ex2_approx(delta * a2[4 * i + 3]), h[4 * i + 3], b.w * du);
       if constexpr (OUT) {
-        const float2 cc = unpack_bf16x2(cur.c[i]);
-        y = fmaf(cc.x, h[2 * i], y);
-        y = fmaf(cc.y, h[2 * i + 1], y);
+        const float4 cc = reinterpret_cast<const float4*>(cs)[i];
+        y = fmaf(cc.x, h[4 * i], y);
+        y = fmaf(cc.y, h[4 * i + 1], y);
+        y = fmaf(cc.z, h[4 * i + 2], y);
+        y = fmaf(cc.w, h[4 * i + 3], y);
       }
     }
     if constexpr (OUT) {
@@ -259,27 +271,27 @@ __device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, int64_t 
       if (g_out) *g_out = __float2bfloat16(y * silu(cur.z)), g_out += p.ld_y;
     }
   };
-  StepIn<SMAX> cur = in.load();
-  if constexpr (!OUT) {
-    int64_t t = t0;
-    for (; t + 1 < t1; t += 2) {
-      in.next();
-      const StepIn<SMAX> second = in.load();
-      step(cur);
-      if (t + 2 < t1) {
-        in.next();
-        cur = in.load();
+  StepIn ring[PF];  // rows r .. r + PF - 1 of the round, loaded PF steps ahead
+#pragma unroll
+  for (int j = 0; j < PF; ++j) ring[j] = live ? load_next() : StepIn{};
+  for (int64_t ts = t0; ts < t1; ts += kStage<SMAX>) {
+    const int rows = int(t1 - ts < kStage<SMAX> ? t1 - ts : kStage<SMAX>);
+    __syncthreads();  // every thread is done with the previous rows
+    stage_bc<SMAX, VEC, OUT>(p, ts, rows, sb, sc);
+    __syncthreads();
+    if (!live) continue;
+    int r = 0;
+    for (; r + PF <= rows; r += PF) {
+#pragma unroll
+      for (int j = 0; j < PF; ++j) {
+        const StepIn ahead = load_next();
+        step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+        ring[j] = ahead;
       }
-      step(second);
     }
-    if (t < t1) step(cur);
-  } else {
-    for (int64_t t = t0; t < t1; ++t) {
-      if (t + 1 < t1) in.next();  // the last step loads its own row again
-      const StepIn<SMAX> nxt = in.load();
-      step(cur);
-      cur = nxt;
-    }
+#pragma unroll
+    for (int j = 0; j < PF; ++j)  // the last round's remainder (a whole round has kStage rows, a multiple of PF)
+      if (r + j < rows) step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
   }
   if (dsum) *dsum = sum;
 }
@@ -292,15 +304,17 @@ __device__ __forceinline__ void load_a2(const ScanParams& p, int c, float (&a2)[
 
 // hs: [chunks][channels][state] f32 (pass 1 writes end states, pass 2 turns them into start states); ds: [chunks]
 // [channels] f32, the chunks' delta sums.
-template <int SMAX, bool VEC>
+template <int SMAX, bool VEC, int PF>
 __global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p, float* hs, float* ds) {
-  const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
-  if (c >= p.channels) return;
+  const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  const bool live = c0 < p.channels;
+  const int c = live ? c0 : 0;
   float h[SMAX] = {}, a2[SMAX];
   load_a2<SMAX>(p, c, a2);
   const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
   float sum;
-  chunk_steps<SMAX, VEC, false>(p, c, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
+  chunk_steps<SMAX, VEC, false, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
+  if (!live) return;
   float* out = hs + (int64_t(k) * p.channels + c) * p.state;
   for (int s = 0; s < p.state; ++s) out[s] = h[s];
   ds[int64_t(k) * p.channels + c] = sum;
@@ -322,19 +336,20 @@ __global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, in
   }
 }
 
-template <int SMAX, bool VEC>
+template <int SMAX, bool VEC, int PF>
 __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
-  const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
-  if (c >= p.channels) return;
+  const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  const bool live = c0 < p.channels;
+  const int c = live ? c0 : 0;
   float h[SMAX], a2[SMAX];
   load_a2<SMAX>(p, c, a2);
   const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
 #pragma unroll
   for (int s = 0; s < SMAX; ++s) h[s] = s < p.state ? start[s] : 0.f;
   const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
-  chunk_steps<SMAX, VEC, true>(p, c, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
+  chunk_steps<SMAX, VEC, true, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
   // The last chunk ends at the last token. state_in was read by chunk_carry_kernel, which has finished.
-  if (p.state_out && t1 == p.n) {
+  if (live && p.state_out && t1 == p.n) {
     float* out = p.state_out + int64_t(c) * p.state;
 #pragma unroll
     for (int s = 0; s < SMAX; ++s)
@@ -346,14 +361,14 @@ template <int SMAX, bool VEC>
 cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
   const int chunks = int((p.n + CHUNK - 1) / CHUNK);
   const dim3 grid(unsigned((p.channels + THREADS - 1) / THREADS), unsigned(chunks));
-  chunk_state_kernel<SMAX, VEC><<<grid, THREADS, 0, stream>>>(p, hs, ds);
+  chunk_state_kernel<SMAX, VEC, kPrefetchState><<<grid, THREADS, 0, stream>>>(p, hs, ds);
   const int64_t pairs = int64_t(p.channels) * p.state;
   chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
-  chunk_output_kernel<SMAX, VEC><<<grid, THREADS, 0, stream>>>(p, hs);
+  chunk_output_kernel<SMAX, VEC, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
   return cudaGetLastError();
 }
 
-// B and C rows as 16-byte vectors: the state exactly SMAX wide and every row 16-byte aligned.
+// B and C rows staged with 16-byte loads: the state exactly SMAX wide and every row 16-byte aligned.
 template <int SMAX>
 cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
   if (p.state == SMAX && p.ld_bc % 8 == 0 && aligned16(p.B) && aligned16(p.C))

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <sys/resource.h>
 #include <random>
 #include <stdexcept>
@@ -322,6 +323,21 @@ json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::st
              {"attn_products_at_peak_ms", attn_ms}, {"gemm_peak_tflops", peak},
              {"ratio_to_gemm_floor", ms / floor_ms}, {"ratio_to_matmul_floor", ms / (floor_ms + attn_ms)},
              {"kernels", kernels}};
+    // The attention by layer kind (sliding-window layers apart from the full and cross ones): the profiler's
+    // per-head shares summed per layer, with the FLOPs the profiler counts (windows as their band).
+    std::map<std::string, std::pair<double, double>> attn_kind;  // kind -> (ms, flops)
+    for (const HeadTiming& h : b.profile().heads) {
+      auto& [kms, kfl] = attn_kind[c.layer_window(h.layer) > 0 ? "window" : "full"];
+      kms += h.ms;
+      kfl += h.flops;
+    }
+    json by_kind = json::object();
+    for (const auto& [kind, v] : attn_kind) {
+      by_kind[kind] = {{"ms", v.first}, {"tflops", v.first > 0 ? v.second / v.first * 1e-9 : 0.0}};
+      std::printf("%-30s %6d   attention, %s layers: %.3f ms, %.0f TFLOP/s\n", "", n, kind.c_str(), v.first,
+                  v.first > 0 ? v.second / v.first * 1e-9 : 0.0);
+    }
+    row["attn_by_kind"] = by_kind;
     if (c.d_inner > 0) {  // SambaY: the selective scan's (and its convolution's) share of the profiled forward
       row["scan_ms"] = scan_ms;
       row["scan_share"] = profiled_ms > 0 ? scan_ms / profiled_ms : 0.0;
