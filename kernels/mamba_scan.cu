@@ -1,8 +1,10 @@
 // The selective scan runs time in parallel chunks for long runs and sequentially for short ones (below); the
 // convolution is element-wise over (token, channel), K taps read from the previous rows (8 channels by 16 rows per
 // thread where the layout allows).
+#define DS_SCAN_AB 1  // EXPERIMENT BUILD ONLY
 #include "mamba_scan.h"
 #include "align.h"
+#include <cstdlib>
 
 namespace ds::kern {
 namespace {
@@ -60,9 +62,6 @@ __global__ void __launch_bounds__(256) conv_silu_kernel(const __nv_bfloat16* x, 
 // conversion takes two for the upper one).
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-__device__ __forceinline__ float2 unpack_bf16x2(__nv_bfloat162 v) {
-  return unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&v));
 }
 
 // 8 bf16 (16 bytes) as floats.
@@ -169,6 +168,233 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
     for (int r = 0; r < K - 1; ++r) state_out[int64_t(r) * channels + c] = __float2bfloat16(input(n + r));
 }
 
+// One thread per channel holds the channel's whole state h[S] in registers; time is cut into chunks of CHUNK steps
+// that run in parallel, since h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t is linear in h:
+//   pass 1 (chunk_state):  each chunk from h = 0: its end state and the sum of its deltas (the chunk's decay is
+//                          exp(A sum delta));
+//   pass 2 (chunk_carry):  per channel, the chunks' true start states (the first: state_in, or 0), sequentially
+//                          over the chunks;
+//   pass 3 (chunk_output): each chunk again from its start state, writing y; the last chunk's end state is state_out.
+// A block takes THREADS consecutive channels (u, dt and z loads coalesce) over one chunk. B and C rows are the same
+// for every channel: the block stages them in shared memory as f32 (zeros past p.state), STAGE rows at a time, and
+// every thread reads them as 16-byte broadcasts. The passes are bound by instruction issue, not by the
+// exponentials: staged in f32, a step no longer unpacks bf16 pairs (1 instruction per value) nor moves B and C
+// pointers through the loop. u, dt and z are loaded one step ahead. States past p.state compute zeros (A = 0,
+// B = C = 0, h = 0).
+constexpr int CHUNK = 256;
+
+template <int SMAX>
+constexpr int kStage = CHUNK * SMAX <= 4096 ? CHUNK : 4096 / SMAX;  // rows staged at a time: <= 16 KB per matrix
+
+// Rows [t, t + rows) of B (and C where OUT) into sb (sc): [rows][SMAX] f32, every thread of the block taking 8
+// values of a row at a time: one 16-byte load each where VEC (the state exactly SMAX wide, rows 16-byte aligned).
+template <int SMAX, bool VEC, bool OUT>
+__device__ __forceinline__ void stage_bc(const ScanParams& p, int64_t t, int rows, float* sb, float* sc) {
+  constexpr unsigned G = SMAX / 8;  // groups of 8 per row
+  for (unsigned i = threadIdx.x; i < unsigned(rows) * G; i += THREADS) {
+    const unsigned r = i / G, s0 = (i % G) * 8;
+    const int64_t off = (t + r) * p.ld_bc + s0;
+    float v[8], w[8];
+    if constexpr (VEC) {
+      load8(p.B + off, v);
+      if constexpr (OUT) load8(p.C + off, w);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const bool on = int(s0) + j < p.state;
+        v[j] = on ? __bfloat162float(p.B[off + j]) : 0.f;
+        w[j] = OUT && on ? __bfloat162float(p.C[off + j]) : 0.f;
+      }
+    }
+    float4* db = reinterpret_cast<float4*>(sb + r * SMAX + s0);
+    db[0] = make_float4(v[0], v[1], v[2], v[3]), db[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (OUT) {
+      float4* dc = reinterpret_cast<float4*>(sc + r * SMAX + s0);
+      dc[0] = make_float4(w[0], w[1], w[2], w[3]), dc[1] = make_float4(w[4], w[5], w[6], w[7]);
+    }
+  }
+}
+
+struct StepIn {
+  float u, dt, z;  // z only where OUT
+};
+
+// The chunk's steps [t0, t1) for channel c (live: c < p.channels; the others only help stage). Every thread of the
+// block calls this with the same t0, t1 (the staging synchronises the block).
+template <int SMAX, bool VEC, bool OUT, int PF>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int64_t t1,
+                                            float (&h)[SMAX], const float (&a2)[SMAX], float bias, float dskip,
+                                            float* dsum) {
+  __shared__ __align__(16) float sb[kStage<SMAX> * SMAX];
+  __shared__ __align__(16) float sc[OUT ? kStage<SMAX> * SMAX : 4];
+  float sum = 0.f;
+  const __nv_bfloat16* u = p.u + t0 * p.ld_u + c;
+  const __nv_bfloat16* dt = p.dt + t0 * p.ld_dt + c;
+  const __nv_bfloat16* z = OUT && p.y_gated ? p.z + t0 * p.ld_z + c : nullptr;
+  __nv_bfloat16* y_out = OUT && p.y ? p.y + t0 * p.ld_y + c : nullptr;
+  __nv_bfloat16* g_out = OUT && p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
+  int64_t tl = t0;  // the row u, dt and z point at
+  const auto load_next = [&] {  // row tl's per-channel inputs; the pointers then move on, up to the last row
+    StepIn r;
+    r.u = __bfloat162float(*u);
+    r.dt = __bfloat162float(*dt);
+    r.z = OUT && z ? __bfloat162float(*z) : 0.f;
+    if (tl + 1 < t1) {
+      ++tl, u += p.ld_u, dt += p.ld_dt;
+      if (OUT && z) z += p.ld_z;
+    }
+    return r;
+  };
+  const auto step = [&](const StepIn& cur, const float* bs, const float* cs) {
+    const float delta = softplus(cur.dt + bias);
+    sum += delta;
+    const float du = delta * cur.u;
+    float y = dskip * cur.u;
+#pragma unroll
+    for (int i = 0; i < SMAX / 4; ++i) {
+      const float4 b = reinterpret_cast<const float4*>(bs)[i];
+      h[4 * i] = fmaf(ex2_approx(delta * a2[4 * i]), h[4 * i], b.x * du);
+      h[4 * i + 1] = fmaf(ex2_approx(delta * a2[4 * i + 1]), h[4 * i + 1], b.y * du);
+      h[4 * i + 2] = fmaf(ex2_approx(delta * a2[4 * i + 2]), h[4 * i + 2], b.z * du);
+      h[4 * i + 3] = fmaf(ex2_approx(delta * a2[4 * i + 3]), h[4 * i + 3], b.w * du);
+      if constexpr (OUT) {
+        const float4 cc = reinterpret_cast<const float4*>(cs)[i];
+        y = fmaf(cc.x, h[4 * i], y);
+        y = fmaf(cc.y, h[4 * i + 1], y);
+        y = fmaf(cc.z, h[4 * i + 2], y);
+        y = fmaf(cc.w, h[4 * i + 3], y);
+      }
+    }
+    if constexpr (OUT) {
+      if (y_out) *y_out = __float2bfloat16(y), y_out += p.ld_y;
+      if (g_out) *g_out = __float2bfloat16(y * silu(cur.z)), g_out += p.ld_y;
+    }
+  };
+  StepIn ring[PF];  // rows r .. r + PF - 1 of the round, loaded PF steps ahead
+#pragma unroll
+  for (int j = 0; j < PF; ++j) ring[j] = live ? load_next() : StepIn{};
+  for (int64_t ts = t0; ts < t1; ts += kStage<SMAX>) {
+    const int rows = int(t1 - ts < kStage<SMAX> ? t1 - ts : kStage<SMAX>);
+    __syncthreads();  // every thread is done with the previous rows
+    stage_bc<SMAX, VEC, OUT>(p, ts, rows, sb, sc);
+    __syncthreads();
+    if (!live) continue;
+    int r = 0;
+    for (; r + PF <= rows; r += PF) {
+#pragma unroll
+      for (int j = 0; j < PF; ++j) {
+        const StepIn ahead = load_next();
+        step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+        ring[j] = ahead;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < PF; ++j)  // the last round's remainder (a whole round has kStage rows, a multiple of PF)
+      if (r + j < rows) step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+  }
+  if (dsum) *dsum = sum;
+}
+
+template <int SMAX>
+__device__ __forceinline__ void load_a2(const ScanParams& p, int c, float (&a2)[SMAX]) {
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s) a2[s] = s < p.state ? p.A[int64_t(c) * p.state + s] * LOG2E : 0.f;
+}
+
+// hs: [chunks][channels][state] f32 (pass 1 writes end states, pass 2 turns them into start states); ds: [chunks]
+// [channels] f32, the chunks' delta sums.
+template <int SMAX, bool VEC, int PF>
+__global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p, float* hs, float* ds) {
+  const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  const bool live = c0 < p.channels;
+  const int c = live ? c0 : 0;
+  float h[SMAX] = {}, a2[SMAX];
+  load_a2<SMAX>(p, c, a2);
+  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  float sum;
+  chunk_steps<SMAX, VEC, false, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
+  if (!live) return;
+  float* out = hs + (int64_t(k) * p.channels + c) * p.state;
+  for (int s = 0; s < p.state; ++s) out[s] = h[s];
+  ds[int64_t(k) * p.channels + c] = sum;
+}
+
+// One thread per (channel, state): start(0) = state_in (or 0), start(k + 1) = exp(A sum_k) start(k) + end(k), in
+// place.
+__global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, int chunks, float* hs, const float* ds) {
+  const int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= int64_t(p.channels) * p.state) return;
+  const int c = int(i / p.state);
+  const float a = p.A[i];
+  float start = p.state_in ? p.state_in[i] : 0.f;
+  for (int k = 0; k < chunks; ++k) {
+    float* e = hs + int64_t(k) * p.channels * p.state + i;
+    const float end = *e;
+    *e = start;
+    start = fmaf(__expf(a * ds[int64_t(k) * p.channels + c]), start, end);
+  }
+}
+
+template <int SMAX, bool VEC, int PF>
+__global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
+  const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
+  const bool live = c0 < p.channels;
+  const int c = live ? c0 : 0;
+  float h[SMAX], a2[SMAX];
+  load_a2<SMAX>(p, c, a2);
+  const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s) h[s] = s < p.state ? start[s] : 0.f;
+  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  chunk_steps<SMAX, VEC, true, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
+  // The last chunk ends at the last token. state_in was read by chunk_carry_kernel, which has finished.
+  if (live && p.state_out && t1 == p.n) {
+    float* out = p.state_out + int64_t(c) * p.state;
+#pragma unroll
+    for (int s = 0; s < SMAX; ++s)
+      if (s < p.state) out[s] = h[s];
+  }
+}
+
+template <int SMAX, bool VEC, int PF, int PFO>
+cudaError_t run_scan_pf(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  const int chunks = int((p.n + CHUNK - 1) / CHUNK);
+  const dim3 grid(unsigned((p.channels + THREADS - 1) / THREADS), unsigned(chunks));
+  chunk_state_kernel<SMAX, VEC, PF><<<grid, THREADS, 0, stream>>>(p, hs, ds);
+  const int64_t pairs = int64_t(p.channels) * p.state;
+  chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
+  chunk_output_kernel<SMAX, VEC, PFO><<<grid, THREADS, 0, stream>>>(p, hs);
+  return cudaGetLastError();
+}
+template <int SMAX, bool VEC, int PF>
+cudaError_t run_scan_o(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  static const int pfo = std::getenv("DS_SCAN_PFO") ? std::atoi(std::getenv("DS_SCAN_PFO")) : 1;
+  if (pfo == 2) return run_scan_pf<SMAX, VEC, PF, 2>(p, hs, ds, stream);
+  if (pfo == 4) return run_scan_pf<SMAX, VEC, PF, 4>(p, hs, ds, stream);
+  return run_scan_pf<SMAX, VEC, PF, 1>(p, hs, ds, stream);
+}
+template <int SMAX, bool VEC>
+cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  static const int pf = std::getenv("DS_SCAN_PF") ? std::atoi(std::getenv("DS_SCAN_PF")) : 1;
+  if (pf == 2) return run_scan_o<SMAX, VEC, 2>(p, hs, ds, stream);
+  if (pf == 4) return run_scan_o<SMAX, VEC, 4>(p, hs, ds, stream);
+  if (pf == 8) return run_scan_o<SMAX, VEC, 8>(p, hs, ds, stream);
+  return run_scan_o<SMAX, VEC, 1>(p, hs, ds, stream);
+}
+
+// B and C rows staged with 16-byte loads: the state exactly SMAX wide and every row 16-byte aligned.
+template <int SMAX>
+cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  if (p.state == SMAX && p.ld_bc % 8 == 0 && aligned16(p.B) && aligned16(p.C))
+    return run_scan<SMAX, true>(p, hs, ds, stream);
+  return run_scan<SMAX, false>(p, hs, ds, stream);
+}
+
+#ifdef DS_SCAN_AB
+namespace v0 {
+__device__ __forceinline__ float2 unpack_bf16x2(__nv_bfloat162 v) {
+  return ::ds::kern::unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&v));
+}
 // One thread per channel holds the channel's whole state h[S] in registers; time is cut into chunks of CHUNK steps
 // that run in parallel, since h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t is linear in h:
 //   pass 1 (chunk_state):  each chunk from h = 0: its end state and the sum of its deltas (the chunk's decay is
@@ -306,22 +532,6 @@ __global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p
   ds[int64_t(k) * p.channels + c] = sum;
 }
 
-// One thread per (channel, state): start(0) = state_in (or 0), start(k + 1) = exp(A sum_k) start(k) + end(k), in
-// place.
-__global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, int chunks, float* hs, const float* ds) {
-  const int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= int64_t(p.channels) * p.state) return;
-  const int c = int(i / p.state);
-  const float a = p.A[i];
-  float start = p.state_in ? p.state_in[i] : 0.f;
-  for (int k = 0; k < chunks; ++k) {
-    float* e = hs + int64_t(k) * p.channels * p.state + i;
-    const float end = *e;
-    *e = start;
-    start = fmaf(__expf(a * ds[int64_t(k) * p.channels + c]), start, end);
-  }
-}
-
 template <int SMAX, bool VEC>
 __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
   const int c = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
@@ -360,6 +570,8 @@ cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t
     return run_scan<SMAX, true>(p, hs, ds, stream);
   return run_scan<SMAX, false>(p, hs, ds, stream);
 }
+}  // namespace v0
+#endif
 
 // Short runs (n <= kScanSequentialMaxN, decoding's n = 1): one kernel, sequential over the tokens. A group of G
 // consecutive lanes (a power of two >= state, within a warp) takes one channel, lane s its h[s]; y is the group's
@@ -475,6 +687,10 @@ cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStre
   const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
   float* hs = static_cast<float*>(workspace);
   float* ds = hs + chunks * p.channels * p.state;
+#ifdef DS_SCAN_AB
+  static const bool old = std::getenv("DS_SCAN_OLD") != nullptr;
+  if (old) return p.state <= 16 ? v0::run_scan_any<16>(p, hs, ds, stream) : v0::run_scan_any<32>(p, hs, ds, stream);
+#endif
   return p.state <= 16 ? run_scan_any<16>(p, hs, ds, stream) : run_scan_any<32>(p, hs, ds, stream);
 }
 
