@@ -174,13 +174,13 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
 //                          over the chunks;
 //   pass 3 (chunk_output): each chunk again from its start state, writing y; the last chunk's end state is state_out.
 // A block takes THREADS consecutive channels (u, dt and z loads coalesce) over one chunk. B and C rows are the same
-// for every channel: the block stages them in shared memory as f32 (zeros past p.state), STAGE rows at a time, and
-// every thread reads them as 16-byte broadcasts. The passes are bound by instruction issue, not by the
-// exponentials: staged in f32, a step no longer unpacks bf16 pairs (1 instruction per value) nor moves B and C
-// pointers through the loop (state pass 130 -> 102 instructions per step, output pass 225 -> 191). u, dt and z come
-// from device memory at long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes
-// waiting on them at 32K tokens; the output pass stops at 2, where it holds 96 registers). States past p.state
-// compute zeros (A = 0, B = C = 0, h = 0).
+// for every channel: the block stages them in shared memory as f32 (zeros past p.state), kStage rows at a time, and
+// every thread reads them as 16-byte broadcasts, so a step neither unpacks bf16 pairs nor moves B and C pointers
+// (state pass 130 -> 102 instructions per step, output pass 225 -> 191). The output pass is bound by instruction
+// issue; the state pass, with 17 SFU instructions in its 102, by the SFU. u, dt and z come from device memory at
+// long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes waiting on them at 32K
+// tokens; the output pass stops at 2, where it holds 96 registers). States past p.state compute zeros (A = 0,
+// B = C = 0, h = 0).
 constexpr int CHUNK = 256;
 constexpr int kPrefetchState = 4, kPrefetchOutput = 2;
 
