@@ -85,6 +85,11 @@ kern::AttnOptions attn_options_from_env() {
     else if (!std::strcmp(e, "tile")) o.order = kern::CtaOrder::TileMajor;
     else throw Error(std::string("DS_ATTN_ORDER=") + e + ": CTA order must be head or tile");
   }
+  if (const char* e = std::getenv("DS_ATTN_CLUSTER"); e && *e) {
+    if (std::strcmp(e, "0") && std::strcmp(e, "1"))
+      throw Error(std::string("DS_ATTN_CLUSTER=") + e + ": must be 0 (one CTA per query tile) or 1 (CTA pairs)");
+    o.cluster = std::atoi(e);
+  }
   return o;
 }
 

@@ -174,6 +174,9 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
   // register file next to the 64 x 256 accumulator.
   c.block_n = c.impl == AttnImpl::Sm90 && s.d == 64 ? 128 : 64;
   if (c.impl == AttnImpl::Sm90 && s.d == 64 && (opt.block_n == 64 || opt.block_n == 128)) c.block_n = opt.block_n;
+  // Two CTAs on query tiles 2i and 2i + 1 need the same key tiles when a key tile is two query tiles wide; as a
+  // cluster they load each K/V tile from L2 once (TMA multicast) instead of twice.
+  c.cluster = c.impl == AttnImpl::Sm90 && c.block_n == 128 && opt.cluster != 0;
   // CTA order: tile-major when the whole launch's K and V fit in half of L2, so spreading over heads costs no L2
   // misses and balances short grids (a 1 x 1024 prompt with 12 heads: a third shorter makespan); head-major keeps
   // the running CTAs on few heads, whose K/V then stay in L2 (faster at 2048 x 8).
@@ -187,7 +190,7 @@ cudaError_t launch_attn(const AttnChoice& choice, const AttnParams& p, cudaStrea
   AttnParams q = p;
   q.tile_major = choice.tile_major;
   switch (choice.impl) {
-    case AttnImpl::Sm90: return launch_attn_fwd_sm90(q, choice.block_n, stream);
+    case AttnImpl::Sm90: return launch_attn_fwd_sm90(q, choice.block_n, choice.cluster, stream);
     case AttnImpl::MmaBoth: return launch_attn_mma(q, MMA_BOTH, stream);
     case AttnImpl::MmaVsplit: return launch_attn_mma(q, MMA_VSPLIT, stream);
     case AttnImpl::MmaLockstep: return launch_attn_mma(q, MMA_LOCKSTEP, stream);

@@ -59,12 +59,14 @@ struct AttnOptions {
   AttnImpl impl = AttnImpl::Auto;  // DS_ATTN_KERNEL
   int block_n = 0;                 // DS_ATTN_BN: keys per tile of Sm90 at d = 64 (64 or 128; 0 = the rule's)
   CtaOrder order = CtaOrder::Auto; // DS_ATTN_ORDER
+  int cluster = -1;                // DS_ATTN_CLUSTER: Sm90 CTA pairs sharing K/V by multicast (1 on, 0 off, -1 the rule's)
 };
 
 struct AttnChoice {
   AttnImpl impl = AttnImpl::None;
   int block_n = 64;         // Sm90 at d = 64: 64 or 128 keys per tile; every other kernel 64
   bool tile_major = false;  // CTA order (attn_params.h, CtaTile)
+  bool cluster = false;     // Sm90 with 128-key tiles at d = 64: CTA pairs share K/V tiles (windowed launches run without)
   std::string why;          // the rule that decided, or why nothing can run the shape (impl None)
 };
 

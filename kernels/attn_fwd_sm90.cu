@@ -70,7 +70,13 @@ using namespace sm90;
 // WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
 // existed: with the window's loop bound and masks at run time, ptxas scheduled the loop differently and the
 // differential kernel measured 2-3% slower at window 0 (H100, n = 8192).
-template <int D, int BN, bool DIFF, bool WINDOW>
+// CL: launched in clusters of two CTAs on query tiles 2i and 2i + 1 of the same head (BN = 2 BM, no window: both
+// have the same diagonal key tile, so they read the same key tiles in the same order). Each CTA's producer loads
+// the K and V boxes of one map (rank r: map r) into both CTAs' stages by TMA multicast, so every K/V tile crosses
+// from L2 once per pair instead of once per CTA; a stage is free once the consumer warps of both CTAs released
+// it (one arrival per warp on both CTAs' empty barriers). An odd count of query tiles leaves the last pair's second
+// CTA past n: it loads its partner's Q rows, runs the pipeline with its partner and stores nothing.
+template <int D, int BN, bool DIFF, bool WINDOW, bool CL>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
@@ -91,9 +97,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_full_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + s); };
   auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
 
+  static_assert(!CL || (BN == 2 * BM && !WINDOW), "cluster pairs need one diagonal key tile and no window");
   const int tid = threadIdx.x, wg = tid >> 7;
   const int hv = p.heads / 2;  // CTAs per query tile and sequence: differential heads, or pairs of plain heads
-  const CtaTile ct = cta_tile(int(blockIdx.x), (p.n + BM - 1) / BM, hv * p.batch, p.tile_major);
+  const int n_qt = (p.n + BM - 1) / BM;
+  const uint32_t rank = CL ? cluster_ctarank() : 0u;  // = blockIdx.x % 2 with clusters of two along x
+  CtaTile ct;
+  if constexpr (CL) {
+    ct = cta_tile(int(blockIdx.x) >> 1, (n_qt + 1) / 2, hv * p.batch, p.tile_major);
+    ct.qt = 2 * ct.qt + int(rank);
+  } else {
+    ct = cta_tile(int(blockIdx.x), n_qt, hv * p.batch, p.tile_major);
+  }
   const int qt = ct.qt, j = ct.bh % hv, b = ct.bh / hv;
   // Map m's query head and kv head (K, and V's half m): attn_heads.h's mapping of differential head j, or plain
   // head 2j + m.
@@ -104,24 +119,33 @@ __global__ void __launch_bounds__(THREADS, 1)
     qh[m] = DIFF ? hm.q[m] : hm.q[0];
     kvh[m] = DIFF ? hm.k[m] : hm.k[0];
   }
+  const int kv_mine = rank ? kvh[1] : kvh[0];  // CL: the kv head whose K and V boxes this CTA loads for both
   const int q0 = qt * BM;
+  const bool phantom = CL && q0 >= p.n;  // the second CTA of the last pair when n_qt is odd
   const int kt_top = (q0 + BM - 1) / BN;  // the key tile holding the diagonal
   // from it down to the tile of the first row's first key
   const int n_kt = WINDOW ? kt_top - window_first_key(p.window, q0) / BN + 1 : kt_top + 1;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
+    // empty: every consumer thread arrives, or (CL) one lane per consumer warp of both CTAs
+    const uint32_t releases = CL ? 2 * 8 : 256;
     for (int s = 0; s < KS; ++s) {
       mbar_init(bar_full_k(s), 1);
-      mbar_init(bar_empty_k(s), 256);
+      mbar_init(bar_empty_k(s), releases);
     }
     for (int s = 0; s < VS; ++s) {
       mbar_init(bar_full_v(s), 1);
-      mbar_init(bar_empty_v(s), 256);
+      mbar_init(bar_empty_v(s), releases);
     }
     fence_mbarrier_init();
   }
-  __syncthreads();
+  if constexpr (CL) {  // the partner's barriers exist before its copies and arrivals name them
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   if (wg == 0) {  // producer: one thread issues every copy, the rest of the warpgroup leaves at once
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -136,7 +160,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int sl = 0; sl < SLABS; ++sl)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
-                      int(p.q_off) + qh[m] * D + sl * 64, q0, b, bar_q);
+                      int(p.q_off) + qh[m] * D + sl * 64, phantom ? q0 - BM : q0, b, bar_q);
       for (int it = 0; it < n_kt; ++it) {
         const int k0 = (kt_top - it) * BN;
         const int ks = it % KS, vs = it % VS;
@@ -144,22 +168,42 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(bar_empty_k(ks), uint32_t(((it / KS) & 1) ^ 1));
         mbar_expect_tx(bar_full_k(ks), T::K_STAGE_BYTES);
         const uint32_t dk = sK + uint32_t(ks * T::K_STAGE_BYTES);
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
+        if constexpr (CL) {  // map `rank`'s K into both CTAs
 #pragma unroll
           for (int sl = 0; sl < SLABS; ++sl)
-            tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
+            tma_load_3d_multicast(dk + uint32_t((rank * SLABS + sl) * BN * 128), &tm_kv,
+                                  int(p.k_off) + kv_mine * D + sl * 64, k0, b, bar_full_k(ks), 0x3);
+        } else {
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+              tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
+                          int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
+        }
         mbar_wait(bar_empty_v(vs), uint32_t(((it / VS) & 1) ^ 1));
         mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
         const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
-#pragma unroll
-        for (int m = 0; m < 2; ++m)  // [V of map 1 | V of map 2]: 2 SLABS slabs of 64 columns
+        // [V of map 1 | V of map 2]: 2 SLABS slabs of 64 columns (CL: map `rank`'s into both CTAs)
+        if constexpr (CL) {
 #pragma unroll
           for (int sl = 0; sl < SLABS; ++sl)
-            tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
+            tma_load_3d_multicast(dv + uint32_t((rank * SLABS + sl) * BN * 128), &tm_kv,
+                                  int(p.v_off) + kv_mine * D + sl * 64, k0, b, bar_full_v(vs), 0x3);
+        } else {
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+              tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
+                          int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
+        }
       }
+    }
+    if constexpr (CL) {
+      __syncwarp();
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -194,6 +238,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto softmax = [&](float (&s)[NS], float (&alpha)[2]) { online_softmax<NS, true>(s, m_run, l_run, sl2, alpha); };
   auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
   auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
+  // A stage goes back once this thread's (CL: this warp's) products from it are done; CL: on both CTAs.
+  auto release = [&](uint32_t bar) {
+    if constexpr (CL) {
+      if (lane == 0) {
+        mbar_arrive(bar);
+        mbar_arrive_cluster(bar, rank ^ 1u);
+      }
+    } else {
+      mbar_arrive(bar);
+    }
+  };
 
   // Sliding window: tiles from iteration edge_it on hold keys left of some row's window (first key k0 < q0 + BM -
   // window, the first key of the CTA's last row) and take the window's mask.
@@ -214,7 +269,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty_k(0));
+    release(bar_empty_k(0));
     mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
     softmax(s, alpha_prev);  // O is zero: no rescale
     alpha_prev[0] = alpha_prev[1] = 1.f;
@@ -238,13 +293,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
 #pragma unroll
     for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty_k(ks));
+    release(bar_empty_k(ks));
     if constexpr (WINDOW)
       if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
     softmax(s, alpha_prev);
     wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
     pin_pv_operands(acc, pa);
-    mbar_arrive(bar_empty_v(vs));
+    release(bar_empty_v(vs));
     pack(s);
   }
   {  // the last tile's P V
@@ -257,8 +312,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (map == 0) turn_pass();
     wgmma_wait<0>();
     pin_pv_operands(acc, pa);
-    mbar_arrive(bar_empty_v(vs));
+    release(bar_empty_v(vs));
   }
+  // CL: this thread names the partner's shared memory no more; it waits for the partner before leaving (finish).
+  if constexpr (CL) cluster_arrive();
+  auto finish = [&]() {
+    if constexpr (CL) cluster_wait();
+  };
 
   quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
@@ -277,13 +337,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             : "memory");
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory must outlive the reads
-      if (p.head_ns) atomicAdd(p.head_ns + view_head, global_timer_ns() - t_start);
+      if (p.head_ns && !phantom) atomicAdd(p.head_ns + view_head, global_timer_ns() - t_start);
     }
   };
   if constexpr (!DIFF) {
     // Plain: O/l of head 2j + map, staged in this warpgroup's own Q area (its S products are all done).
-    stage_out_tile(acc, inv_l, q_base, wrow + g4, t4);
-    store_tile(q_base, j * VW + map * D, SLABS, 2 * j + map);
+    if (!phantom) {
+      stage_out_tile(acc, inv_l, q_base, wrow + g4, t4);
+      store_tile(q_base, j * VW + map * D, SLABS, 2 * j + map);
+    }
+    finish();
     return;
   }
   // DIFF. Map 1 finishes first (it issues every tile's products first): it parks O1/l1 in the K stages as soon as
@@ -316,36 +379,69 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     float f[2];
     quad_rms_factors<VW>(ss, p.eps, p.out_scale, f);
-    stage_out_tile(acc, f, sQ, wrow + g4, t4);
-    store_tile(sQ, j * VW, VW / 64, j);
+    if (!phantom) {
+      stage_out_tile(acc, f, sQ, wrow + g4, t4);
+      store_tile(sQ, j * VW, VW / 64, j);
+    }
   }
+  finish();
 #else
   __trap();  // built without sm_90a: never launched (select_attn checks attn_fwd_sm90_code_runs)
 #endif
 }
 
 
+// The cluster-pair kernel (CL) where the caller asks for it, the shape allows it (BN = 2 BM, no window) and the
+// device can co-schedule two of its CTAs; else the one-CTA kernel.
 template <int D, int BN, bool DIFF>
-cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
+cudaError_t launch_t(const AttnParams& p, bool cluster, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
   if (!make_attn_tma_map(tq, p.qkv, p.row_stride, p.batch_stride, p, BM) ||
       !make_attn_tma_map(tkv, kv_base(p), p.row_stride, p.batch_stride, p, BN) ||
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  const auto kernel =
-      p.window > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false>;
+  const unsigned n_qt = unsigned((p.n + BM - 1) / BM), n_bh = unsigned((p.heads / 2) * p.batch);
+  if constexpr (BN == 2 * BM) {
+    if (cluster && p.window == 0) {
+      const auto kernel = attn_fwd_sm90_kernel<D, BN, DIFF, false, true>;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 2;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(2 * ((n_qt + 1) / 2) * n_bh);
+      cfg.blockDim = dim3(THREADS);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = stream;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      static int pairs_fit = -1;  // clusters of this kernel that can run at once (0: none; the one-CTA kernel runs)
+      if (pairs_fit < 0) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+        if (cudaOccupancyMaxActiveClusters(&pairs_fit, kernel, &cfg) != cudaSuccess) {
+          cudaGetLastError();
+          pairs_fit = 0;
+        }
+      }
+      if (pairs_fit > 0) return cudaLaunchKernelEx(&cfg, kernel, tq, tkv, tout, p);
+    }
+  }
+  const auto kernel = p.window > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, true, false>
+                                   : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, p);
+  kernel<<<n_qt * n_bh, THREADS, smem, stream>>>(tq, tkv, tout, p);
   return cudaGetLastError();
 }
 
 template <bool DIFF>
-cudaError_t launch_mode(const AttnParams& p, int block_n, cudaStream_t stream) {
-  if (p.d == 64) return block_n == 128 ? launch_t<64, 128, DIFF>(p, stream) : launch_t<64, 64, DIFF>(p, stream);
-  if (p.d == 128) return launch_t<128, 64, DIFF>(p, stream);
+cudaError_t launch_mode(const AttnParams& p, int block_n, bool cluster, cudaStream_t stream) {
+  if (p.d == 64)
+    return block_n == 128 ? launch_t<64, 128, DIFF>(p, cluster, stream) : launch_t<64, 64, DIFF>(p, cluster, stream);
+  if (p.d == 128) return launch_t<128, 64, DIFF>(p, cluster, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -401,9 +497,9 @@ bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, cudaStream_t stream) {
+cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, bool cluster, cudaStream_t stream) {
   if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
-  return p.diff ? launch_mode<true>(p, block_n, stream) : launch_mode<false>(p, block_n, stream);
+  return p.diff ? launch_mode<true>(p, block_n, cluster, stream) : launch_mode<false>(p, block_n, cluster, stream);
 }
 
 }  // namespace ds::kern

@@ -11,7 +11,9 @@ bool attn_fwd_sm90_code_runs();
 bool attn_tma_encoder_available();
 // d = 64 or 128, H even (differential: Hkv even too); every pointer and stride 16-byte aligned (attn_shape's
 // aligned16). block_n: keys per tile at d = 64 (64 or 128); d = 128 always uses 64 (128 would not fit the register
-// file next to the 64 x 256 accumulator). Returns the launch error.
-cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, cudaStream_t stream);
+// file next to the 64 x 256 accumulator). cluster: pairs of CTAs on adjacent query tiles share each K/V tile by
+// TMA multicast where that applies (block_n 128 at d = 64, no sliding window, the device co-schedules the pair);
+// elsewhere it is ignored. Returns the launch error.
+cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, bool cluster, cudaStream_t stream);
 
 }  // namespace ds::kern

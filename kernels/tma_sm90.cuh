@@ -29,6 +29,49 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
   __trap();
 #endif
 }
+// The same box into the same shared-memory offset of every CTA of the cluster in `mask`; each CTA's mbarrier at
+// offset `bar` completes the bytes that land there.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                      uint32_t bar, uint16_t mask) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+// Thread block clusters: this CTA's rank, an arrival on the mbarrier at the same offset in CTA `rank`, and the
+// cluster-wide barrier split in its two halves (no thread of the cluster may exit between its arrive and the
+// others' waits while they still name its shared memory).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

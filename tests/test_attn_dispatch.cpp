@@ -111,6 +111,22 @@ TEST(AttnDispatch, CtaOrderFollowsWhetherTheLaunchFitsInL2) {
   EXPECT_EQ(select_attn(hopper(), shape(128, true), o).block_n, 64);
 }
 
+TEST(AttnDispatch, CtaPairsOnlyWhereAKeyTileIsTwoQueryTiles) {
+  // 128-key tiles (d = 64 by default) pair the CTAs; 64-key tiles (d = 128, or DS_ATTN_BN=64) cannot.
+  EXPECT_TRUE(select_attn(hopper(), shape(64, true)).cluster);
+  EXPECT_TRUE(select_attn(hopper(), shape(64, false)).cluster);
+  EXPECT_FALSE(select_attn(hopper(), shape(128, true)).cluster);
+  AttnOptions o;
+  o.block_n = 64;
+  EXPECT_FALSE(select_attn(hopper(), shape(64, true), o).cluster);
+  o = {};
+  o.cluster = 0;
+  EXPECT_FALSE(select_attn(hopper(), shape(64, true), o).cluster);
+  o = {};
+  o.impl = AttnImpl::MmaBoth;
+  EXPECT_FALSE(select_attn(hopper(), shape(64, true), o).cluster);
+}
+
 TEST(AttnDispatch, NamesRoundTrip) {
   for (AttnImpl i : {AttnImpl::Auto, AttnImpl::Sm90, AttnImpl::MmaBoth, AttnImpl::MmaVsplit, AttnImpl::MmaLockstep,
                      AttnImpl::Generic}) {

@@ -207,14 +207,14 @@ bool granted(AttnImpl impl, const AttnCase& c, int block_n = 0) {
 
 // The choice for p with `impl` forced (Auto: the default); impl None when the device cannot run it.
 ds::kern::AttnChoice choose(const ds::kern::AttnParams& p, AttnImpl impl, int block_n = 0,
-                            ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
-  return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), {impl, block_n, order});
+                            ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int cluster = -1) {
+  return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), {impl, block_n, order, cluster});
 }
 
 // Runs `impl` (forced) on the problem and compares with the reference; rows below first_row are not compared (they may
 // legitimately read poisoned keys).
 AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
-                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int first_row = 0) {
+                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int first_row = 0, int cluster = -1) {
   DeviceBuffer in = to_device(pr.qkv);
   DeviceBuffer kv = to_device(pr.o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
   const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
@@ -225,7 +225,7 @@ AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
   DS_CUDA_CHECK(cudaMemset(head_ns.get(), 0, head_ns.bytes()));
   ds::kern::AttnParams p = pr.params(in, out, &kv);
   p.head_ns = head_ns.as<unsigned long long>();
-  const ds::kern::AttnChoice choice = choose(p, impl, block_n, order);
+  const ds::kern::AttnChoice choice = choose(p, impl, block_n, order, cluster);
   EXPECT_EQ(choice.impl, impl) << choice.why;
   DS_CUDA_CHECK(ds::kern::launch_attn(choice, p, nullptr));
   DS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -277,15 +277,17 @@ constexpr double kFusedRel = 1e-2, kFusedAbs = 6e-2;
 constexpr double kGenericRel = 4e-3, kGenericAbs = 3e-2;
 
 // The fused implementations, each checked on every case it is granted for on this device. Returns how many ran.
-int check_fused(AttnImpl impl, unsigned seed, int block_n = 0, ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
+// cluster: the Sm90 CTA pairs forced on (1) or off (0), or the rule's (-1).
+int check_fused(AttnImpl impl, unsigned seed, int block_n = 0, ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto,
+                int cluster = -1) {
   std::mt19937 rng(seed);
   int ran = 0;
   for (const AttnCase& c : fused_cases()) {
     if (!granted(impl, c, block_n)) continue;
     AttnProblem pr(c, rng);
-    const AttnCheck r = run_attention(pr, impl, block_n, order);
+    const AttnCheck r = run_attention(pr, impl, block_n, order, 0, cluster);
     const std::string what = std::string(ds::kern::attn_impl_name(impl)) + " " + case_name(c) +
-                             " block_n=" + std::to_string(block_n);
+                             " block_n=" + std::to_string(block_n) + " cluster=" + std::to_string(cluster);
     EXPECT_EQ(r.unwritten, 0u) << what;
     EXPECT_EQ(r.padding_touched, 0u) << what;
     EXPECT_LT(r.rel, kFusedRel) << what;
@@ -327,7 +329,10 @@ TEST_P(FusedAttention, MatchesFloat64) {
     GTEST_SKIP() << ds::kern::select_attn(this_device(), s, {impl}).why;
   }
   int ran = check_fused(impl, 1234 + unsigned(impl));
-  if (impl == AttnImpl::Sm90) ran += check_fused(impl, 999, 128);  // d = 64 with 128-key tiles
+  if (impl == AttnImpl::Sm90) {
+    ran += check_fused(impl, 999, 128);  // d = 64 with 128-key tiles: CTA pairs (the default)
+    ran += check_fused(impl, 998, 128, ds::kern::CtaOrder::Auto, 0);  // ... and one CTA per query tile
+  }
   check_fused_long(impl, 8642 + unsigned(impl));
   EXPECT_GT(ran, 0);
 }

@@ -208,6 +208,12 @@ json bench_attention(CudaBackend& cb, const CudaBenchOptions& o, json& skipped) 
         consider(kern::AttnImpl::Auto);
         for (kern::AttnImpl impl : kFusedImpls) consider(impl);
       }
+      // The default's one-CTA form next to its CTA pairs (the A/B of the multicast K/V loads).
+      if (!runs.empty() && runs.front().first.cluster) {
+        kern::AttnChoice single = runs.front().first;
+        single.cluster = false;
+        runs.insert(runs.begin() + 1, {single, false});
+      }
       for (const auto& [choice, is_default] : runs) {
         const double ms = time_events(s, 3, o.warmup_ms, o.repeat, [&](int i) {
           p.qkv = in[i & 1].as<bf16>();
@@ -216,10 +222,13 @@ json bench_attention(CudaBackend& cb, const CudaBenchOptions& o, json& skipped) 
         const double flops = kern::attn_flops(true, c.diff_heads, c.d, n, B);
         const double tflops = flops / ms / 1e9, toks = double(T) / ms * 1e3;
         const std::string impl = kern::attn_impl_name(choice.impl);
-        const std::string label = impl + (is_default ? " (default)" : "");
+        const std::string label = impl + (is_default ? " (default)" : choice.impl == kern::AttnImpl::Sm90 &&
+                                                                       choice.block_n == 128 && !choice.cluster
+                                                                   ? " single-CTA"
+                                                                   : "");
         rows.push_back({{"name", "diffscope_diff_attn_fwd[" + label + "]"}, {"kernel", label}, {"impl", impl},
                         {"default", is_default}, {"why", choice.why}, {"block_n", choice.block_n},
-                        {"tile_major", choice.tile_major}, {"diff_heads", c.diff_heads}, {"d", c.d}, {"n", n},
+                        {"tile_major", choice.tile_major}, {"cluster", choice.cluster}, {"diff_heads", c.diff_heads}, {"d", c.d}, {"n", n},
                         {"batch", B}, {"ms", ms}, {"tok_s", toks}, {"tflops", tflops}});
         std::printf("%-24s %4d %5d %6d %5d %10.3f %12.0f %8.1f\n", label.c_str(), c.d, c.diff_heads, n, B, ms, toks,
                     tflops);
