@@ -39,6 +39,12 @@ The math, per layer l, x the residual stream [n, hidden] (fp32 in the published 
     lambda_init(l) = 0.8 - 0.6 exp(-0.3 l), l the ABSOLUTE layer index (Mamba layers counted)
 
 Maps returned per differential layer l: attn1 [H/2, n, n] = A1_j, attn2 [H/2, n, n] = A2_j (masked entries 0).
+Implicit attention of a Mamba layer (kinds mamba and memory; "The Hidden Attention of Mamba Models", Ali, Zimerman
+and Wolf 2024, arXiv 2403.01590): unrolling the scan from s_{-1} = 0 gives, per channel c,
+    y[i, c] = sum_{j <= i} M_c[i, j] u[j, c] + D_c u[i, c],
+    M_c[i, j] = sum_s C[i, s] (prod_{k = j+1..i} exp(delta[k, c] A[c, s])) delta[j, c] B[j, s]
+mamba_implicit() forms M_c from those explicit products (not from prefix sums of delta, as diffscope does), and
+forward() checks the identity against the scan's y.
 
 Library:  m = Phi4FlashModel.load(DIR); r = m.forward(ids, lambda_override=None)
           expected_tensors(m, ids, override) -> the dict written as expected.safetensors by
@@ -238,6 +244,27 @@ class Phi4FlashModel:
         if kind == "gmu":  # M:857-861: swiglu(in_proj(h), memory) = silu(in_proj(h)) * memory
             a = self._lin(h, p + "in_proj.weight", p + "in_proj.bias", True)
             return self._lin(silu(a) * memory, p + "out_proj.weight", p + "out_proj.bias"), memory
+        xz, u, delta, A, B, C = self.mamba_inputs(l, h)
+        n, di, S = h.shape[0], c.d_inner, c.d_state
+        z = xz[:, di:]
+        D = self._w(p + "D")
+        s = np.zeros((di, S))
+        y = np.empty((n, di))
+        for t in range(n):
+            s = np.exp(delta[t][:, None] * A) * s + (delta[t] * u[t])[:, None] * B[t][None, :]
+            y[t] = s @ C[t] + D * u[t]
+        self.last_scan = (u, D, y)  # for forward()'s check of the implicit attention
+        y = self._r(y)
+        if kind == "memory":  # M:950-952: memory = y (ungated); out = out_proj(silu(z) * y)
+            memory = y
+        out = self._lin(self._r(y * silu(z)), p + "out_proj.weight", p + "out_proj.bias")
+        return out, memory
+
+    def mamba_inputs(self, l, h):
+        """The scan's inputs of Mamba layer l from its normed input h: xz [n, 2 di], u, delta [n, di], A [di, S],
+        B, C [n, S]."""
+        c, g = self.cfg, self.ckpt.get
+        p = f"model.layers.{l}.attn."
         n, di, S, R, K = h.shape[0], c.d_inner, c.d_state, c.dt_rank, c.d_conv
         xz = self._lin(h, p + "in_proj.weight", p + "in_proj.bias", True)
         x, z = xz[:, :di], xz[:, di:]
@@ -253,17 +280,22 @@ class Phi4FlashModel:
         dt = self._lin(dt_raw, p + "dt_proj.weight", None, True)  # bias NOT added here (M:929, M:981)
         delta = softplus_mamba(dt + self._w(p + "dt_proj.bias"))  # delta_bias inside the scan (M:942-943)
         A = -np.exp(g(p + "A_log"))  # M:882
-        D = self._w(p + "D")
-        s = np.zeros((di, S))
-        y = np.empty((n, di))
-        for t in range(n):
-            s = np.exp(delta[t][:, None] * A) * s + (delta[t] * u[t])[:, None] * B[t][None, :]
-            y[t] = s @ C[t] + D * u[t]
-        y = self._r(y)
-        if kind == "memory":  # M:950-952: memory = y (ungated); out = out_proj(silu(z) * y)
-            memory = y
-        out = self._lin(self._r(y * silu(z)), p + "out_proj.weight", p + "out_proj.bias")
-        return out, memory
+        return xz, u, delta, A, B, C
+
+    def mamba_implicit(self, l, h, channels):
+        """M_c [len(channels), n, n] of Mamba layer l (see the module docstring), from explicit products of the
+        per-step decays; entries above the diagonal 0."""
+        _, _, delta, A, B, C = self.mamba_inputs(l, h)
+        n = h.shape[0]
+        out = np.zeros((len(channels), n, n))
+        for ci, c in enumerate(channels):
+            for j in range(n):
+                P = np.ones(A.shape[1])  # prod_{k = j+1..i} exp(delta[k, c] A[c, :])
+                for i in range(j, n):
+                    if i > j:
+                        P = P * np.exp(delta[i, c] * A[c])
+                    out[ci, i, j] = np.sum(C[i] * P * delta[j, c] * B[j])
+        return out
 
     # --- differential attention (SambaYFlashAttention2 + FlashDiffCustomAttention, M:530-637, M:2007-2098) ---
     def attention(self, l, h, kind, kv, lam):
@@ -315,7 +347,7 @@ class Phi4FlashModel:
         if lambda_override is not None and len(lambda_override) != len(c.diff_layers):
             raise ValueError(f"lambda_override needs {len(c.diff_layers)} values (layers {c.diff_layers})")
         x = self._w("model.embed_tokens.weight")[ids]
-        hidden, attn1, attn2, lams = [], {}, {}, {}
+        hidden, attn1, attn2, lams, implicit = [], {}, {}, {}, {}
         memory, kv = None, None
         for l in range(c.layers):
             hidden.append(x.copy())
@@ -339,13 +371,27 @@ class Phi4FlashModel:
                 if kind == "gmu" and memory is None:
                     raise ValueError(f"layer {l}: GMU before the memory layer")
                 a, memory = self.mamba(l, h, kind, memory)
+                if want_maps and kind in ("mamba", "memory"):
+                    chans = implicit_channels(c.d_inner)
+                    implicit[l] = self.mamba_implicit(l, h, chans)
+                    u, D, y = self.last_scan  # the identity y = M_c u + D u, checked on the stored channels
+                    for ci, ch in enumerate(chans):
+                        got = implicit[l][ci] @ u[:, ch] + D[ch] * u[:, ch]
+                        if not np.allclose(got, y[:, ch], rtol=1e-9, atol=1e-9):
+                            raise AssertionError(f"layer {l} channel {ch}: the implicit attention does not "
+                                                 f"reproduce the scan (max error {np.max(np.abs(got - y[:, ch]))})")
             x = x + a
             x = x + self.mlp(l, self._ln(x, pre + "post_attention_layernorm"))
         hidden.append(x.copy())
         logits = linear(self._ln(x, "model.final_layernorm"), self.lm_head())
         return {"logits": logits, "hidden": hidden, "attn1": attn1, "attn2": attn2, "lambda": lams,
                 "lambda_init": {l: lambda_init_of(l) for l in c.diff_layers}, "kinds": list(c.kinds),
-                "memory": memory}
+                "memory": memory, "implicit": implicit}
+
+
+def implicit_channels(di):
+    """The channels whose implicit attention the fixtures store: the first two, the middle one and the last."""
+    return sorted({0, 1, di // 2, di - 1})
 
 
 def default_override(cfg):
@@ -376,6 +422,10 @@ def expected_tensors(model, ids, override=None, with_bf16=True):
             out[f"{prefix}layers.{l}.attn2"] = f32(r["attn2"][l])
             if prefix == "":
                 out[f"layers.{l}.lambda"] = f32([r["lambda"][l]])
+        for l, m_l in r["implicit"].items():
+            out[f"{prefix}layers.{l}.implicit"] = f32(m_l)
+            if prefix == "":
+                out[f"layers.{l}.implicit_channels"] = np.asarray(implicit_channels(c.d_inner), dtype=np.int64)
         if prefix == "":
             out["override.lambda"] = f32(override)
         out[prefix + "override.logits"] = f32(o["logits"])
