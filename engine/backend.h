@@ -90,6 +90,9 @@ class Backend {
   // Row q of every view head of `layer` split into a key span, the sink and the rest (map_query.h), [view heads];
   // O(heads) back from the device.
   virtual std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) = 0;
+  // The implicit attention of one channel (req.head) of a Mamba layer's scan for the last forward, pooled as a view
+  // (map_query.h, "implicit attention"); recomputed from the layer's cached input, O(view) back to the host.
+  virtual void mamba_view(const ViewRequest& req, MapView& out) = 0;
   virtual Profile profile() const = 0;
   // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
   virtual int64_t max_tokens() const = 0;

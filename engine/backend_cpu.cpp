@@ -248,6 +248,7 @@ class CpuBackend final : public Backend {
     stats_.clear();
     head_times_.clear();
     qk_layer_ = -1;
+    implicit_layer_ = -1;
     if (from == 0) {
       if (s == 0) {
         layer_in_.assign(size_t(L + 1), {});
@@ -316,6 +317,7 @@ class CpuBackend final : public Backend {
       for (auto& x : *c)
         if (!x.empty()) x.resize(kv);
     qk_layer_ = -1;
+    implicit_layer_ = -1;
     return true;
   }
 
@@ -329,6 +331,41 @@ class CpuBackend final : public Backend {
     head_rows(out.layer, out.head, out.q0, out.q1,
               [&](int64_t q, const float* a1, const float* a2, float, float) { view_add_row(out, q, a1, a2); });
     view_finish(out);
+  }
+
+  void mamba_view(const ViewRequest& req, MapView& out) override {
+    require_run();
+    const int64_t n = int64_t(ids_.size()), S = cfg_.d_state, XD = cfg_.dt_rank + 2 * S;
+    prepare_mamba_view(req, cfg_, n, out);
+    const int l = out.layer, c = out.head;
+    if (implicit_layer_ != l) {  // the layer's scan inputs again, from its cached input and a zero conv state
+      implicit_layer_ = -1;
+      mamba_inputs(l, layer_in_[size_t(l)].data(), n, std::vector<float>(size_t((cfg_.d_conv - 1) * cfg_.d_inner), 0.f),
+                   implicit_in_, nullptr);
+      implicit_layer_ = l;
+    }
+    const LayerW& w = layers_[size_t(l)];
+    MambaChannel ch;
+    ch.n = n;
+    ch.S = int(S);
+    ch.delta.resize(size_t(n));
+    ch.cum.resize(size_t(n));
+    double run = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      ch.delta[size_t(t)] = softplus(double(implicit_in_.dt[size_t(t * cfg_.d_inner + c)]) + w.dt_b[size_t(c)]);
+      ch.cum[size_t(t)] = run += ch.delta[size_t(t)];
+    }
+    ch.A.assign(w.a_neg.begin() + c * S, w.a_neg.begin() + (c + 1) * S);
+    ch.B = implicit_in_.xdbl.data() + cfg_.dt_rank;
+    ch.C = ch.B + S;
+    ch.ld = XD;
+    std::vector<float> row(size_t(n), 0.f);
+    for (int64_t q = out.q0; q < out.q1; ++q) {
+      mamba_implicit_row(ch, q, out.k0, out.k1, row.data());
+      view_add_row(out, q, row.data(), nullptr);
+    }
+    view_finish(out);
+    out.a1 = out.diff;
   }
 
   void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override {
@@ -625,6 +662,45 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < m; ++i) softmax_row(P + i * n, n, first_key(l, s + i), s + i);
   }
 
+  // The scan's inputs of Mamba layer l over m positions of its input x: LayerNorm, in_proj ([x | z] per token),
+  // the causal depthwise conv + SiLU continuing from conv_st (the K - 1 conv inputs before these positions; zeros at
+  // the start), x_proj ([dt_raw (R) | B (S) | C (S)]) and dt = dt_raw dt_proj^T (its bias is the scan's).
+  // next_st (optional): the last K - 1 conv inputs, for the next chunk.
+  struct MambaInputs {
+    std::vector<float> xz, u, xdbl, dt;  // [m, 2 di] [m, di] [m, R + 2S] [m, di]
+  };
+  void mamba_inputs(int l, const float* x, int64_t m, const std::vector<float>& conv_st, MambaInputs& in,
+                    std::vector<float>* next_st) {
+    const LayerW& w = layers_[size_t(l)];
+    const int64_t D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, K = cfg_.d_conv,
+                  XD = R + 2 * S;
+    std::vector<float> h(static_cast<size_t>(m * D));
+    in.xz.assign(size_t(m * 2 * di), 0.f);
+    in.u.assign(size_t(m * di), 0.f);
+    in.xdbl.assign(size_t(m * XD), 0.f);
+    in.dt.assign(size_t(m * di), 0.f);
+    norm(x, w.ln1, w.ln1_b, h.data(), m);
+    linear(h.data(), w.in_proj.data(), in.xz.data(), m, 2 * di, D);
+    // the conv input at chunk row r (r < 0: the state's rows)
+    auto conv_in = [&](int64_t r, int64_t c) {
+      return r >= 0 ? in.xz[size_t(r * 2 * di + c)] : conv_st[size_t((K - 1 + r) * di + c)];
+    };
+    for (int64_t tok = 0; tok < m; ++tok)  // causal depthwise conv over x, then silu
+      for (int64_t c = 0; c < di; ++c) {
+        double acc = w.conv_b[size_t(c)];
+        for (int64_t j = 0; j < K; ++j) acc += double(w.conv_w[size_t(c * K + j)]) * conv_in(tok - (K - 1) + j, c);
+        in.u[size_t(tok * di + c)] = silu(float(acc));
+      }
+    if (next_st) {
+      next_st->assign(conv_st.size(), 0.f);
+      for (int64_t r = 0; r < K - 1; ++r)
+        for (int64_t c = 0; c < di; ++c) (*next_st)[size_t(r * di + c)] = conv_in(m - (K - 1) + r, c);
+    }
+    linear(in.u.data(), w.x_proj.data(), in.xdbl.data(), m, XD, di);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(di), int(R), 1.f, in.xdbl.data(), int(XD),
+                w.dt_w.data(), int(R), 0.f, in.dt.data(), int(di));  // dt_raw: xdbl's first R columns
+  }
+
   // Mamba-1 (docs/models/phi4flash.md section 4) over positions [s, n), from the layer's state at s: x += out_proj(y
   // silu(z)); the memory layer keeps y (ungated).
   void mamba_block(int l, float* x, int64_t s, int64_t n) {
@@ -640,27 +716,12 @@ class CpuBackend final : public Backend {
     } else if (conv_st.size() != size_t((K - 1) * di) || ssm_st.size() != size_t(di * S)) {
       throw Error("internal: Mamba layer " + std::to_string(l) + " has no state to continue from");
     }
-    std::vector<float> h(static_cast<size_t>(m * D)), xz(size_t(m * 2 * di)), u(size_t(m * di)),
-        xdbl(size_t(m * XD)), dt(size_t(m * di)), y(size_t(m * di));
-    norm(x, w.ln1, w.ln1_b, h.data(), m);
-    linear(h.data(), w.in_proj.data(), xz.data(), m, 2 * di, D);  // [x | z] per token
-    // the conv input at chunk row r (r < 0: the state's rows)
-    auto conv_in = [&](int64_t r, int64_t c) {
-      return r >= 0 ? xz[size_t(r * 2 * di + c)] : conv_st[size_t((K - 1 + r) * di + c)];
-    };
-    for (int64_t tok = 0; tok < m; ++tok)  // causal depthwise conv over x, then silu
-      for (int64_t c = 0; c < di; ++c) {
-        double acc = w.conv_b[size_t(c)];
-        for (int64_t j = 0; j < K; ++j) acc += double(w.conv_w[size_t(c * K + j)]) * conv_in(tok - (K - 1) + j, c);
-        u[size_t(tok * di + c)] = silu(float(acc));
-      }
-    std::vector<float> next(conv_st.size());  // the last K - 1 inputs, for the next chunk
-    for (int64_t r = 0; r < K - 1; ++r)
-      for (int64_t c = 0; c < di; ++c) next[size_t(r * di + c)] = conv_in(m - (K - 1) + r, c);
+    MambaInputs in;
+    std::vector<float> next;
+    mamba_inputs(l, x, m, conv_st, in, &next);
     conv_st = std::move(next);
-    linear(u.data(), w.x_proj.data(), xdbl.data(), m, XD, di);  // [dt_raw (R) | B (S) | C (S)]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(di), int(R), 1.f, xdbl.data(), int(XD),
-                w.dt_w.data(), int(R), 0.f, dt.data(), int(di));  // dt = dt_raw dt_proj^T (dt_raw: xdbl's first R)
+    const std::vector<float>&xz = in.xz, &u = in.u, &xdbl = in.xdbl, &dt = in.dt;
+    std::vector<float> y(size_t(m * di));
     for (int64_t c = 0; c < di; ++c) {  // the selective scan, one channel at a time, state in double
       double* st = ssm_st.data() + c * S;
       const float* a = w.a_neg.data() + c * S;
@@ -740,6 +801,8 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
   int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
+  int implicit_layer_ = -1;  // Mamba layer whose scan inputs implicit_in_ holds (-1: none; reset by every forward)
+  MambaInputs implicit_in_;
   std::vector<float> qk_q_;
   std::map<std::string, KernelStat> stats_;
   std::vector<HeadTiming> head_times_;

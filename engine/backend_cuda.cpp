@@ -28,6 +28,7 @@
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/layernorm.h"
+#include "kernels/mamba_implicit.h"
 #include "kernels/mamba_scan.h"
 #include "kernels/polynorm.h"
 #include "kernels/rmsnorm.h"
@@ -1210,6 +1211,44 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   } else {
     copy_to_host({{out.a1.data(), g1, cells * 4}, {out.diff.data(), gd, cells * 4}});
   }
+}
+
+// The scan's inputs of the layer again (as mamba_forward makes them, from the layer's cached input and a zero conv
+// state, into the forward's scratch buffers), then the channel's steps and the pooled grid; only the grid comes back.
+void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  prepare_mamba_view(req, cfg_, last_n_, out, /*zero=*/false);
+  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
+  const int l = out.layer, c = out.head;
+  const int64_t n = last_n_, E = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, XD = R + 2 * S;
+  const LayerWeights& w = layers_[size_t(l)];
+  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
+  bf16* xz = act_.scratch32.as<bf16>();  // [n][2 di], then dt [n][di]
+  bf16* dt = xz + n * 2 * di;
+  bf16* u = act_.act.as<bf16>();
+  bf16* xdbl = act_.xdbl.as<bf16>();
+  const size_t cells = size_t(out.rows) * size_t(out.cols), steps_bytes = size_t(n) * (4 + 8);
+  if (implicit_buf_.bytes() < steps_bytes) implicit_buf_ = DeviceBuffer(steps_bytes, "implicit attention steps");
+  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  double* cum = implicit_buf_.as<double>();
+  float* delta = reinterpret_cast<float*>(cum + n);
+  timed("mamba_view", l, [&] {
+    block_norm(h_in, E, w.ln1, w.ln1_b, act_.x.as<bf16>(), n);
+    gemm(nullptr, l, {.out_f = 2 * di, .tokens = n, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
+                      .y = xz});
+    DS_CUDA_CHECK(kern::launch_causal_conv_silu(xz, 2 * di, w.conv_w.as<float>(), w.conv_b.as<float>(),
+                                                int(cfg_.d_conv), u, di, n, int(di), stream()));
+    gemm(nullptr, l, {.out_f = XD, .tokens = n, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
+    gemm(nullptr, l, {.out_f = di, .tokens = n, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt, .ldx = XD});
+    DS_CUDA_CHECK(kern::launch_mamba_channel_steps(dt, di, c, w.dt_b.as<float>(), n, delta, cum, stream()));
+    const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f};
+    DS_CUDA_CHECK(kern::launch_mamba_implicit_view(delta, cum, xdbl + R, xdbl + R + S, XD,
+                                                   w.a_neg.as<float>() + size_t(c) * size_t(S), int(S), va,
+                                                   view_buf_.as<float>(), stream()));
+  });
+  copy_to_host({{out.diff.data(), view_buf_.get(), cells * 4}});
+  out.a1 = out.diff;
 }
 
 // Device -> pageable host memory. cudaMemcpy to pageable memory stages through the driver's buffers at a fraction

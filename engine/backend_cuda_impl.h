@@ -139,6 +139,7 @@ class CudaBackend final : public Backend {
   // --- beyond the interface
   std::vector<HeadStats> head_stats(int layer) override;
   void map_view(const ViewRequest& req, MapView& out) override;
+  void mamba_view(const ViewRequest& req, MapView& out) override;
   void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override;
   std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override;
   void set_profiling(bool on) { profiling_ = on; }
@@ -289,6 +290,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer logits_;       // [rows, vocab] f32
   DeviceBuffer xf_;           // [rows, E] bf16, final-normed rows for the lm_head
   DeviceBuffer map_buf_, map_stats_, view_buf_;
+  DeviceBuffer implicit_buf_;  // mamba_view: one channel's steps [n] f32 and their prefix sums [n] f64
   bool fused_views_ = true;
   PinnedBuffer host_stage_;           // copy_to_host's staging (up to 64 MB)
   std::vector<CudaEvent> stage_ev_;

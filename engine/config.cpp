@@ -33,13 +33,24 @@ std::vector<int64_t> ModelConfig::map_layers() const {
   return v;
 }
 
-int64_t ModelConfig::nearest_map_layer(int64_t l, int dir) const {
+namespace {
+template <class Has>
+int64_t nearest_layer(int64_t l, int dir, int64_t layers, Has has) {
   l = std::clamp<int64_t>(l, 0, std::max<int64_t>(0, layers - 1));
   const int step = dir < 0 ? -1 : 1;
   for (int s : {step, -step})
     for (int64_t x = l; x >= 0 && x < layers; x += s)
-      if (has_maps(x)) return x;
+      if (has(x)) return x;
   return l;
+}
+}  // namespace
+
+int64_t ModelConfig::nearest_map_layer(int64_t l, int dir) const {
+  return nearest_layer(l, dir, layers, [&](int64_t x) { return has_maps(x); });
+}
+
+int64_t ModelConfig::nearest_view_layer(int64_t l, int dir) const {
+  return nearest_layer(l, dir, layers, [&](int64_t x) { return has_maps(x) || has_scan(x); });
 }
 
 std::string ModelConfig::layer_label(int64_t layer) const {

@@ -76,6 +76,12 @@ struct ModelConfig {
     const LayerKind k = kind(layer);
     return k == LayerKind::Attention || k == LayerKind::SlidingAttention || k == LayerKind::CrossAttention;
   }
+  // Whether layer l runs a selective scan (Mamba, memory) and so has an implicit attention map per channel
+  // (Backend::mamba_view).
+  bool has_scan(int64_t layer) const {
+    const LayerKind k = kind(layer);
+    return k == LayerKind::Mamba || k == LayerKind::Memory;
+  }
   // Keys a query of layer l sees at most (0: every earlier key).
   int64_t layer_window(int64_t layer) const { return kind(layer) == LayerKind::SlidingAttention ? window : 0; }
   // The layer whose K and V layer l's attention reads: itself, or kv_source for cross-attention.
@@ -85,6 +91,8 @@ struct ModelConfig {
   // The layer with maps nearest to l, looking first in direction dir (+1 / -1): what a viewer selects when asked
   // for layer l (l itself when it has maps; l clamped to the model first).
   int64_t nearest_map_layer(int64_t l, int dir = 1) const;
+  // The same over layers with maps or a scan: what the head view selects (a GMU layer has neither).
+  int64_t nearest_view_layer(int64_t l, int dir = 1) const;
   // One line for the viewer: "sliding window (512 keys)", "cross (keys and values of layer 17)", "mamba", ...
   std::string layer_label(int64_t layer) const;
   // "layer 4 is a memory layer: it has no attention maps" (what = "attention maps", "lambda", ...)

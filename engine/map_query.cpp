@@ -2,10 +2,37 @@
 #include "map_query.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "config.h"
 #include "error.h"
 
 namespace ds {
+
+void mamba_implicit_row(const MambaChannel& ch, int64_t q, int64_t k0, int64_t k1, float* row) {
+  const float* Cq = ch.C + q * ch.ld;
+  const int64_t end = std::min(k1, q + 1);
+  for (int64_t k = std::max<int64_t>(k0, 0); k < end; ++k) {
+    const double dc = ch.cum[size_t(q)] - ch.cum[size_t(k)];
+    const float* Bk = ch.B + k * ch.ld;
+    double acc = 0;
+    for (int s = 0; s < ch.S; ++s) acc += double(Cq[s]) * std::exp(ch.A[size_t(s)] * dc) * double(Bk[s]);
+    row[k] = float(ch.delta[size_t(k)] * acc);
+  }
+}
+
+void prepare_mamba_view(const ViewRequest& req, const ModelConfig& cfg, int64_t n, MapView& out, bool zero) {
+  if (req.layer >= 0 && req.layer < cfg.layers) {
+    const LayerKind k = cfg.kind(req.layer);
+    if (!cfg.has_scan(req.layer))
+      throw Error("layer " + std::to_string(req.layer) + " is a " + layer_kind_name(k) +
+                  " layer: implicit attention maps are for Mamba layers");
+    if (req.head < 0 || req.head >= cfg.d_inner)
+      throw Error("channel " + std::to_string(req.head) + " does not exist (layer " + std::to_string(req.layer) +
+                  "'s scan has " + std::to_string(cfg.d_inner) + " channels)");
+  }
+  prepare_view(req, int(cfg.layers), int(cfg.d_inner), n, false, 0.f, out, zero);
+}
 
 void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
                   MapView& out, bool zero) {

@@ -15,6 +15,8 @@
 
 namespace ds {
 
+struct ModelConfig;
+
 // ---------------------------------------------------------------------------------------------------------------
 // views
 
@@ -56,6 +58,34 @@ using kern::view_block_start;
 void view_add_row(MapView& v, int64_t q, const float* a1, const float* a2);
 // After every row: mean pooling divides by the cell counts.
 void view_finish(MapView& v);
+
+// ---------------------------------------------------------------------------------------------------------------
+// implicit attention of a Mamba layer (Backend::mamba_view)
+//
+// A Mamba-1 scan unrolled from a zero state ("The Hidden Attention of Mamba Models", Ali, Zimerman and Wolf 2024,
+// arXiv 2403.01590) is, per channel c, a causal linear operator on the channel's input u:
+//   y[q, c] = sum_{k <= q} M_c[q, k] u[k, c] + D_c u[q, c],
+//   M_c[q, k] = delta[k, c] sum_s C[q, s] exp(A[c, s] (cum_c[q] - cum_c[k])) B[k, s],   cum_c[q] = sum_{t <= q} delta[t, c]
+// (delta = softplus(dt + dt_bias), the scan's step; exp(A (cum[q] - cum[k])) = the product of the decays of steps
+// k + 1 .. q). M_c is signed and unnormalised. A view of it (req.head = the channel) pools like D: max keeps the
+// entry of largest magnitude with its sign, mean the block's sum over its cell count; masked cells (k > q) are 0.
+// The MapView has differential = false and a1 = diff = the pooled M_c (a2 empty).
+
+// One channel's inputs (double where the prefix sums lose digits in float at long prompts).
+struct MambaChannel {
+  int64_t n = 0;
+  int S = 0;
+  std::vector<double> delta, cum;  // [n]
+  std::vector<double> A;           // [S]
+  const float* B = nullptr;        // row k's S values at B + k * ld
+  const float* C = nullptr;
+  int64_t ld = 0;
+};
+// Row q of M_c over keys [k0, min(k1, q + 1)) into row[k] (other entries untouched).
+void mamba_implicit_row(const MambaChannel& ch, int64_t q, int64_t k0, int64_t k1, float* row);
+// Checks that `layer` has a selective scan (Mamba or memory kind) and that req.head is one of its d_inner channels,
+// then prepares `out` as prepare_view does. Throws ds::Error with a one-line reason.
+void prepare_mamba_view(const ViewRequest& req, const ModelConfig& cfg, int64_t n, MapView& out, bool zero = true);
 
 // ---------------------------------------------------------------------------------------------------------------
 // rows

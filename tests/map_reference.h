@@ -192,6 +192,56 @@ inline double max_abs_diff(const std::vector<float>& got, const std::vector<doub
   return m;
 }
 
+// Views of the implicit attention of Mamba layer `layer` (Backend::mamba_view) against float64 pooling of a
+// reference's maps of some of its channels: `maps` [channels.size(), n, n]. The whole map at full resolution and
+// pooled (grids that do not divide it), a rectangle cutting the diagonal, with both poolings. Errors are relative to
+// the largest |M| of the channel; returns how many views were compared.
+inline int expect_implicit_views(ds::Backend& be, int layer, const std::vector<float>& channels,
+                                 const std::vector<float>& maps, int64_t n, double rel_tol, const std::string& what) {
+  ds::LayerMaps ref;  // one "head" per stored channel
+  ref.heads = int64_t(channels.size());
+  ref.n = n;
+  ref.a1 = maps;
+  struct Rect {
+    int64_t q0, q1, k0, k1;
+    int rows, cols;
+  };
+  const Rect rects[] = {{0, n, 0, n, int(n), int(n)}, {0, n, 0, n, 7, 5}, {n / 3, n, 1, n - 2, 4, 6}};
+  int compared = 0;
+  for (size_t ci = 0; ci < channels.size(); ++ci) {
+    double scale = 0;
+    for (size_t i = ci * size_t(n * n); i < (ci + 1) * size_t(n * n); ++i) scale = std::max(scale, double(std::fabs(maps[i])));
+    for (const Rect& r : rects)
+      for (bool mean : {false, true}) {
+        ds::ViewRequest q;
+        q.layer = layer;
+        q.head = int(channels[ci]);
+        q.q0 = r.q0, q.q1 = r.q1, q.k0 = r.k0, q.k1 = r.k1, q.rows = r.rows, q.cols = r.cols;
+        q.pool = mean ? ds::Pool::Mean : ds::Pool::Max;
+        ds::MapView v;
+        be.mamba_view(q, v);
+        const RefView want = ref_view(ref, int(ci), r.q0, r.q1, r.k0, r.k1, r.rows, r.cols, mean, 0.0);
+        const std::string at = what + " layer " + std::to_string(layer) + " channel " + std::to_string(q.head) +
+                               " rect " + std::to_string(&r - rects) + (mean ? " mean" : " max");
+        EXPECT_FALSE(v.differential) << at;
+        EXPECT_TRUE(v.a2.empty()) << at;
+        EXPECT_EQ(v.a1, v.diff) << at;
+        // Max pooling keeps the entry of largest magnitude with its sign: where a block holds a near tie of opposite
+        // signs, two computations may keep different entries, so only the magnitude must agree (full resolution,
+        // one entry per cell, checks the signs).
+        std::vector<float> got = v.diff;
+        std::vector<double> ref = want.diff;
+        if (!mean && (r.rows < r.q1 - r.q0 || r.cols < r.k1 - r.k0)) {
+          for (float& x : got) x = std::fabs(x);
+          for (double& x : ref) x = std::fabs(x);
+        }
+        EXPECT_LE(max_abs_diff(got, ref), rel_tol * scale) << at << " (largest |M| " << scale << ")";
+        ++compared;
+      }
+  }
+  return compared;
+}
+
 // Every query of the backend's last forward against the float64 references built from the same backend's full maps
 // (layer_maps): views of several rectangles (the whole map, grids that do not divide it, a rectangle cutting the
 // diagonal, one cell) with both poolings, rows at the ends and the middle, and every head's statistics. `lambda`:

@@ -7,6 +7,7 @@
 
 #include "engine/config.h"
 #include "engine/session.h"
+#include "map_reference.h"
 #include "test_util.h"
 
 namespace {
@@ -104,6 +105,56 @@ TEST(Phi4FlashSession, LayersWithoutAttentionHaveNoMapsOrLambda) {
     EXPECT_NE(std::string(e.what()).find("memory layer"), std::string::npos) << e.what();
   }
   EXPECT_EQ(s->backend().head_stats(7).size(), 2u);
+}
+
+// The implicit attention of the Mamba layers' scans (Backend::mamba_view) against the float64 reference's maps,
+// which it forms from explicit products of the per-step decays and checks against the scan's own output
+// (tools/phi4flash_reference.py); the layers and channels the fixtures store. Bad requests get one-line errors.
+TEST(Phi4FlashSession, MambaImplicitAttentionMatchesReference) {
+  for (const char* name : {"phi4flash_L8_mha_f32", "phi4flash_L8_gqa_bf16", "phi4flash_L12_gqa_sharded_f32"}) {
+    const std::string dir = dstest::fixture(name);
+    dstest::Expected ex(dir);
+    auto s = ds::Session::open(dir, ds::BackendChoice::Cpu, nullptr, 2);
+    s->set_ids(ex.ids());
+    s->run();
+    const ds::ModelConfig& c = s->config();
+    const int64_t n = int64_t(ex.ids().size());
+    int layers = 0, views = 0;
+    for (int l = 0; l < c.layers; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".implicit";
+      const bool mamba = c.kind(l) == LayerKind::Mamba || c.kind(l) == LayerKind::Memory;
+      ASSERT_EQ(ex.has(p), mamba) << name << " layer " << l;
+      if (!mamba) {
+        ds::MapView v;
+        ds::ViewRequest q;
+        q.layer = l;
+        try {
+          s->backend().mamba_view(q, v);
+          ADD_FAILURE() << name << " layer " << l << ": a view of a layer without a scan";
+        } catch (const ds::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("implicit attention maps are for Mamba layers"), std::string::npos)
+              << e.what();
+        }
+        continue;
+      }
+      views += dstest::expect_implicit_views(s->backend(), l, ex.get(p + "_channels"), ex.get(p), n, 1e-4, name);
+      ++layers;
+    }
+    EXPECT_GE(layers, 3) << name;
+    EXPECT_GT(views, 0) << name;
+    ds::MapView v;
+    ds::ViewRequest q;
+    q.layer = 0;
+    q.head = int(c.d_inner);
+    try {
+      s->backend().mamba_view(q, v);
+      ADD_FAILURE() << "channel d_inner accepted";
+    } catch (const ds::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("channel " + std::to_string(c.d_inner) + " does not exist"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // A lambda change in a cross-attention layer (after the memory layer) re-runs from there: the GMU layers after it
