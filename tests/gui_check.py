@@ -382,15 +382,43 @@ def case_prompt_file(r):
     check(p.returncode == 2 and "missing.txt" in p.stdout.decode(), "missing prompt file: rc %d" % p.returncode)
 
 
+def safetensors_tensor(path, name):
+    """One F32 or I64 tensor of a safetensors file, flat, and its shape (the test machine need not have numpy)."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        t = header[name]
+        fmt = {"F32": "f", "I64": "q"}[t["dtype"]]
+        begin, end = t["data_offsets"]
+        f.seek(8 + size + begin)
+        data = f.read(end - begin)
+    return list(struct.unpack("<%d%s" % (len(data) // struct.calcsize(fmt), fmt), data)), t["shape"]
+
+
 def case_hybrid(r):
-    # Phi-4-mini-flash (SambaY): asked for a memory (Mamba) layer, the viewer opens the next layer with maps; the
-    # statistics cover only the attention layers; a sliding-window layer's rows still sum to 1.
+    # Phi-4-mini-flash (SambaY): asked for a memory (Mamba) layer, the head view shows the implicit attention of the
+    # asked channel of its scan (the reference's map of that channel, whole); a GMU layer, which has no map of any
+    # kind, opens the next layer with maps; the statistics cover only the attention layers; a sliding-window
+    # layer's rows still sum to 1.
     fx = os.path.join(r.source, "tests/fixtures/phi4flash_L12_gqa_sharded_f32")
     ids = "20,27,53,72,52,72,31,59,6,65,41,21,4,7,59,21,60,56,11,62,0,29,50,12,69,24"
     rc, st, img = r.run("hybrid", "--model", fx, "--ids", ids, "--head", "6.1")
     check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
     hm = st["head_maps"]
-    check(hm["layer"] == 7 and hm["kind"] == "attention" and hm["window"] == 0, "memory layer 6 -> 7: %s" % hm)
+    check(hm["layer"] == 6 and hm["kind"] == "memory" and hm["implicit"] and not hm["differential"]
+          and hm["head"] == 1, "memory layer 6, channel 1: %s" % hm)
+    ref, shape = safetensors_tensor(os.path.join(fx, "expected.safetensors"), "layers.6.implicit")
+    chans, _ = safetensors_tensor(os.path.join(fx, "expected.safetensors"), "layers.6.implicit_channels")
+    nn = shape[1] * shape[2]
+    m1 = ref[chans.index(1) * nn:(chans.index(1) + 1) * nn]
+    scale = sum(abs(x) for x in m1)
+    check(abs(hm["a1_sum"] - sum(m1)) < 1e-3 * scale and abs(hm["diff_abs_sum"] - scale) < 1e-3 * scale,
+          "implicit attention of channel 1 differs from the reference: %s vs sum %g, |sum| %g" % (hm, sum(m1), scale))
+    px = region(img, st["map_rects"]["a1"])
+    check(len(set(px)) >= 20, "implicit attention map region is nearly uniform (%d colours)" % len(set(px)))
+    rc, st, img = r.run("hybrid_gmu", "--model", fx, "--ids", ids, "--head", "8.0")
+    hm = st["head_maps"]
+    check(rc == 0 and hm["layer"] == 9 and hm["kind"] == "cross", "GMU layer 8 -> 9: %s" % hm)
     check(abs(hm["a1_sum"] - 26) < 1e-2 and abs(hm["a2_sum"] - 26) < 1e-2, "maps are not row-stochastic: %s" % hm)
     layers = sorted({s["layer"] for s in st["statistics"]})
     check(layers == [1, 3, 5, 7, 9, 11], "statistics of layers %s, expected the attention layers" % layers)

@@ -343,6 +343,22 @@ json bench_family_prefill(CudaBackend& b, int repeat, int warm_ms, const std::st
       row["scan_share"] = profiled_ms > 0 ? scan_ms / profiled_ms : 0.0;
       std::printf("%-30s %6d   scan + conv %.3f ms = %.1f%% of the profiled kernels\n", "", n, scan_ms,
                   profiled_ms > 0 ? 100 * scan_ms / profiled_ms : 0.0);
+      // What the head view waits for on a Mamba layer: the memory layer's channel 0, the whole map in the view's
+      // largest grid (1024 x 1024, max pooling), host to host (the layer's scan inputs recomputed each time).
+      ViewRequest vq;
+      vq.layer = int(c.layers / 2);
+      vq.rows = vq.cols = 1024;
+      MapView mv;
+      b.mamba_view(vq, mv);  // first: the GEMM plans of the shapes, if new
+      std::vector<double> t;
+      for (int i = 0; i < 3; ++i) {
+        vq.head = 1 + i;
+        const auto t0 = Clock::now();
+        b.mamba_view(vq, mv);
+        t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      row["implicit_view_ms"] = median(t);
+      std::printf("%-30s %6d   implicit attention view (layer %d, 1024 x 1024): %.2f ms\n", "", n, vq.layer, median(t));
     }
     rows.push_back(row);
   }

@@ -204,8 +204,13 @@ void AppState::set_lambda_scale(double s) {
 }
 
 void AppState::select_head(int l, int h) {
-  if (snap && snap->model)  // layers without attention (hybrids' Mamba / GMU) have no maps: step over them
-    l = int(snap->model->cfg.nearest_map_layer(l, l < layer ? -1 : 1));
+  if (snap && snap->model) {
+    // GMU layers have no map of any kind: step over them; Mamba layers show a channel's implicit attention, so the
+    // head index is a channel there
+    const ModelConfig& c = snap->model->cfg;
+    l = int(c.nearest_view_layer(l, l < layer ? -1 : 1));
+    h = std::clamp(h, 0, int(c.has_scan(l) ? c.d_inner : c.view_heads()) - 1);
+  }
   if (l == layer && h == head)
     return;
   layer = l;
@@ -507,8 +512,8 @@ void AppState::absorb_snapshot() {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();
     }
-    layer = int(m.cfg.nearest_map_layer(layer));
-    head = std::clamp(head, 0, int(m.cfg.view_heads()) - 1);
+    layer = int(m.cfg.nearest_view_layer(layer));
+    head = std::clamp(head, 0, int(m.cfg.has_scan(layer) ? m.cfg.d_inner : m.cfg.view_heads()) - 1);
     req.layer = layer;
     req.head = head;
     if (!first_model)

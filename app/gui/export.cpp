@@ -83,7 +83,7 @@ bool export_head_npy(const AppState& st, const std::string& prefix, std::vector<
   }
   const MapView& v = hm->view;
   const std::pair<const char*, const std::vector<float>*> maps[] = {
-      {hm->differential ? "a1" : "a", &v.a1}, {"a2", &v.a2}, {"diff", &v.diff}};
+      {hm->implicit ? "m" : hm->differential ? "a1" : "a", &v.a1}, {"a2", &v.a2}, {"diff", &v.diff}};
   for (int i = 0; i < (hm->differential ? 3 : 1); ++i) {
     const std::string path = prefix + "_" + maps[i].first + ".npy";
     if (!write_npy(path, maps[i].second->data(), v.rows, v.cols, err))

@@ -82,7 +82,7 @@ void rebuild_textures(AppState& st) {
   if (same_style)
     prev[0] = &T.source->view.a1, prev[1] = &T.source->view.a2, prev[2] = &T.source->view.diff;
   ColorScale sc[3];
-  sc[0] = heatmap_scale(v.a1.data(), g, seq);
+  sc[0] = heatmap_scale(v.a1.data(), g, hm.implicit ? div : seq);  // a Mamba channel's M is signed
   if (hm.differential) {
     sc[1] = heatmap_scale(v.a2.data(), g, seq);
     if (st.settings.link_scales)
@@ -98,7 +98,7 @@ void rebuild_textures(AppState& st) {
     if (prev[i] && *prev[i] == *data[i] && same_scale(T.meta[i].scale, sc[i]) && T.tex[i].valid())
       continue;
     HeatmapImage img;
-    build_heatmap(data[i]->data(), g, i == 2 ? div : seq, sc[i], img);
+    build_heatmap(data[i]->data(), g, i == 2 || hm.implicit ? div : seq, sc[i], img);
     T.tex[i].upload(img.rgba.data(), img.w, img.h, /*mipmaps=*/true);
     img.rgba = {};
     T.meta[i] = std::move(img);
@@ -170,18 +170,27 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::SliderInt("layer", &layer, 0, int(m.cfg.layers) - 1);
   ImGui::SameLine();
   ImGui::SetNextItemWidth(110);
-  ImGui::SliderInt("head", &head, 0, int(m.cfg.view_heads()) - 1);
+  if (m.cfg.has_scan(st.layer)) {  // a Mamba layer: one of its scan's channels
+    ImGui::SliderInt("channel", &head, 0, int(m.cfg.d_inner) - 1);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("Channel of the layer's selective scan (Ctrl+click to type one)");
+  } else {
+    ImGui::SliderInt("head", &head, 0, int(m.cfg.view_heads()) - 1);
+  }
   if (layer != st.layer || head != st.head) {
     const HeadView keep = st.view;  // a new head keeps the zoomed rectangle, so heads compare like for like
     st.select_head(layer, head);
     st.view = keep;
   }
-  ImGui::SameLine();
-  ImGui::SetNextItemWidth(90);
-  const char* cmaps[] = {"viridis", "magma"};
-  ImGui::Combo("##cmap", &st.settings.seq_cmap, cmaps, 2);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
+  const bool implicit = m.cfg.has_scan(st.layer);  // one signed map, always on the diverging colour map
+  if (!implicit) {
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(90);
+    const char* cmaps[] = {"viridis", "magma"};
+    ImGui::Combo("##cmap", &st.settings.seq_cmap, cmaps, 2);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
+  }
   ImGui::SameLine();
   ImGui::SetNextItemWidth(70);
   int pool = st.settings.mean_pool ? 1 : 0;
@@ -201,7 +210,7 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::Checkbox("hide first token", &st.settings.hide_first);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Hide key 0, the attention sink, so the rest of the map gets the colour range (Ctrl+H)");
-  if (m.cfg.is_diff()) {
+  if (m.cfg.is_diff() && !implicit) {
     ImGui::SameLine();
     ImGui::Checkbox("link A1/A2 scale", &st.settings.link_scales);
   }
@@ -254,8 +263,11 @@ void hover_tooltip(const AppState& st, const HeadMaps& hm, int64_t q, int64_t k)
   }
   ImGui::Separator();
   const size_t at = size_t(i) * size_t(v.cols) + size_t(j);
-  const char* agg = single ? "" : (v.pool == Pool::Mean ? "mean " : "max ");
-  if (hm.differential) {
+  const char* agg = single ? "" : (v.pool == Pool::Mean ? "mean " : "max |.| ");
+  if (hm.implicit) {
+    ImGui::Text("%sM = %+.5g", agg, v.a1[at]);
+    ImGui::TextDisabled("y[q] = sum over k of M[q, k] u[k] + D u[q] for this channel's input u");
+  } else if (hm.differential) {
     ImGui::Text("%sA1 = %.5f", agg, v.a1[at]);
     ImGui::Text("%sA2 = %.5f", agg, v.a2[at]);
     ImGui::Text("%sA1 - %s*A2 = %+.5f   (%s = %.3f)", agg, st.lam(), v.diff[at], st.lam(), hm.lambda);
@@ -278,7 +290,10 @@ void draw_head_panel(AppState& st) {
   char title[160];
   const auto& hp = st.snap->head;
   const ModelConfig* mc = st.snap->model ? &st.snap->model->cfg : nullptr;
-  if (hp && mc && mc->spec().schedule != Schedule::Uniform)  // hybrids: say what kind of attention the layer has
+  if (hp && mc && hp->implicit)  // a Mamba layer: one channel of its scan
+    std::snprintf(title, sizeof title, "Head  L%d channel %d  %s, implicit attention###Head", hp->layer, hp->head,
+                  mc->layer_label(hp->layer).c_str());
+  else if (hp && mc && mc->spec().schedule != Schedule::Uniform)  // hybrids: say what kind of attention the layer has
     std::snprintf(title, sizeof title, "Head  L%d.H%d  %s###Head", hp->layer, hp->head,
                   mc->layer_label(hp->layer).c_str());
   else if (hp)
@@ -368,7 +383,9 @@ void draw_head_panel(AppState& st) {
     std::snprintf(a2_title, sizeof a2_title, "A2: noise head of group %lld, shared by heads %lld-%lld", (long long)g,
                   (long long)(g * gr), (long long)(g * gr + gr - 1));
   }
-  const char* titles[3] = {hm.differential ? "A1" : "A (softmax)", a2_title, diff_title};
+  char m_title[96];
+  std::snprintf(m_title, sizeof m_title, "M: implicit attention of channel %d (signed, unnormalised)", hm.head);
+  const char* titles[3] = {hm.implicit ? m_title : hm.differential ? "A1" : "A (softmax)", a2_title, diff_title};
   bool view_changed = false;
   for (int i = 0; i < maps; ++i) {
     const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
@@ -406,7 +423,8 @@ void draw_head_panel(AppState& st) {
     st.map_rects[i] =
         PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
     draw_colorbar(dl, ImVec2(p0.x + S + 6, p0.y), ImVec2(p0.x + S + 20, img1.y),
-                  i == 2 ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap), T.meta[i].scale, text_col);
+                  i == 2 || hm.implicit ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap), T.meta[i].scale,
+                  text_col);
 
     // Interaction: wheel zooms around the cursor, drag pans, click locks the cursor, double-click resets.
     ImGui::SetCursorScreenPos(p0);
@@ -534,7 +552,10 @@ void draw_head_panel(AppState& st) {
     const int i = hm.row_of(cq), j = hm.col_of(ck);
     const size_t at = size_t(i) * size_t(mv.cols) + size_t(j);
     const char* tag = st.view.locked && hover_q < 0 ? "[locked] " : "";
-    if (hm.differential)
+    if (hm.implicit)
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   M %+.4g%s", tag, (long long)cq, label_at(cq).c_str(), (long long)ck,
+                  label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
+    else if (hm.differential)
       ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A1 %.4f   A2 %.4f   A1 - %s*A2 %+.4f%s", tag, (long long)cq,
                   label_at(cq).c_str(), (long long)ck, label_at(ck).c_str(), mv.a1[at], mv.a2[at], st.lam(),
                   mv.diff[at], hm.exact() ? "" : "   (pooled cell)");

@@ -17,6 +17,11 @@ static void sweep_plot(AppState& st, const Snapshot& s) {
   ImGui::Checkbox("sweep the selected layer", &st.settings.sweep);  // frame.cpp forwards it to the worker
   if (!st.settings.sweep)
     return;
+  if (s.model && !s.model->cfg.has_maps(st.layer)) {  // the head view is on a Mamba layer: nothing to sweep
+    ImGui::TextDisabled("Layer %d is a %s layer: it has no lambda. Select an attention layer to sweep.", st.layer,
+                        layer_kind_name(s.model->cfg.kind(st.layer)));
+    return;
+  }
   if (!s.sweep || s.sweep->points.empty()) {
     ImGui::TextDisabled(s.running ? "sweeping..." : "Run a prompt to sweep lambda.");
     return;

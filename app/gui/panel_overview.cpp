@@ -192,9 +192,18 @@ void draw_overview_panel(AppState& st) {
     if (!cfg.has_maps(l)) {  // hybrids: one band naming the layer's kind instead of its (absent) heads
       const ImVec2 p0(o.x + left + gap, o.y + top + l * cell + gap), p1(o.x + left + H * cell - gap, o.y + top + (l + 1) * cell - gap);
       dl->AddRectFilled(p0, p1, tc.masked);
-      const std::string what = cfg.layer_label(l) + ": no attention maps";
+      // A Mamba layer's band opens its implicit attention (channel 0) in the head view.
+      const std::string what =
+          cfg.layer_label(l) + (cfg.has_scan(l) ? ": implicit attention per channel (click)" : ": no attention maps");
       if (cell >= lh + 2)
         dl->AddText(ImVec2(p0.x + 6, (p0.y + p1.y - lh) * 0.5f), ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
+      if (cfg.has_scan(l)) {
+        ImGui::SetCursorScreenPos(p0);
+        ImGui::PushID(l);
+        if (ImGui::InvisibleButton("scan", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f))))
+          st.select_head(l, st.snap->head && st.snap->head->implicit ? st.head : 0);
+        ImGui::PopID();
+      }
       continue;
     }
     for (int h = 0; h < H; ++h) {

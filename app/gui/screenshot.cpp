@@ -251,6 +251,7 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
                         {"n", hm.n},
                         {"lambda", hm.lambda},
                         {"differential", hm.differential},
+                        {"implicit", hm.implicit},
                         {"window", hm.window},
                         {"kind", st.snap->model ? layer_kind_name(st.snap->model->cfg.kind(hm.layer)) : ""},
                         {"a1_sum", sum(v.a1)},

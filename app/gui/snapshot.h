@@ -51,6 +51,8 @@ struct HeadMaps {
   int64_t n = 0;
   double lambda = 0;
   bool differential = true;  // false for Llama: a1 is the only map and diff == a1
+  // A Mamba layer's scan: `head` is a channel and a1 = diff = its implicit attention M (signed; Backend::mamba_view)
+  bool implicit = false;
   int64_t window = 0;        // sliding-window layers: keys a query sees (0: all earlier keys)
   MapView view;              // a1, a2, diff [rows, cols], row = query block, column = key block
   bool exact() const { return view.rows == view.q1 - view.q0 && view.cols == view.k1 - view.k0; }

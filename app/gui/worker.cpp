@@ -547,8 +547,11 @@ bool same_view(const ViewRequest& a, const ViewRequest& b) {
 void Worker::refresh_head(const Request& r) {
   if (!session_->has_result())
     return;
-  const int H = int(session_->config().view_heads());
-  const int layer = int(session_->config().nearest_map_layer(r.layer)), head = std::clamp(r.head, 0, H - 1);
+  const ModelConfig& cfg = session_->config();
+  // Attention layers show their maps, Mamba layers the implicit attention of one channel (head = the channel).
+  const int layer = int(cfg.nearest_view_layer(r.layer));
+  const bool implicit = cfg.has_scan(layer);
+  const int H = int(implicit ? cfg.d_inner : cfg.view_heads()), head = std::clamp(r.head, 0, H - 1);
   if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
     return;
   auto hm = std::make_shared<HeadMaps>();
@@ -557,15 +560,19 @@ void Worker::refresh_head(const Request& r) {
   hm->head = head;
   hm->n = int64_t(session_->ids().size());
   hm->lambda = session_->effective_lambda(layer);
-  hm->differential = session_->config().is_diff();
-  hm->window = session_->config().layer_window(layer);
+  hm->differential = !implicit && cfg.is_diff();
+  hm->implicit = implicit;
+  hm->window = cfg.layer_window(layer);
   ViewRequest vr = r.view;
   vr.layer = layer;
   vr.head = head;
   // A rectangle from an older prompt may lie outside this one: clamp it (prepare_view refuses empty ones).
   if (vr.q0 >= hm->n || vr.k0 >= hm->n)
     vr.q0 = vr.k0 = 0, vr.q1 = vr.k1 = -1;
-  session_->backend().map_view(vr, hm->view);
+  if (implicit)
+    session_->backend().mamba_view(vr, hm->view);
+  else
+    session_->backend().map_view(vr, hm->view);
   head_layer_ = layer;
   head_head_ = head;
   head_result_ = result_seq_;
@@ -598,6 +605,8 @@ void Worker::refresh_row(const Request& r) {
 // [SECTION] lambda sweep of the selected layer
 void Worker::run_sweep(const Request& r) {
   const int layer = head_layer_, head = head_head_;
+  if (layer < 0 || !session_->config().has_maps(layer))  // a Mamba layer in the head view: no lambda to sweep
+    return;
   {
     auto cur = snapshot()->sweep;
     if (cur && cur->complete && cur->result_seq == result_seq_ && cur->layer == layer && cur->head == head)
