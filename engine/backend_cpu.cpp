@@ -342,6 +342,8 @@ class CpuBackend final : public Backend {
       implicit_layer_ = -1;
       mamba_inputs(l, layer_in_[size_t(l)].data(), n, std::vector<float>(size_t((cfg_.d_conv - 1) * cfg_.d_inner), 0.f),
                    implicit_in_, nullptr);
+      std::vector<float>().swap(implicit_in_.xz);  // only dt, B and C are read below
+      std::vector<float>().swap(implicit_in_.u);
       implicit_layer_ = l;
     }
     const LayerW& w = layers_[size_t(l)];
