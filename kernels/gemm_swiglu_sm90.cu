@@ -35,18 +35,27 @@ constexpr int EPI_OFF = STAGES * STAGE_BYTES, EPI_BYTES = 2 * 64 * BN * 2;
 constexpr int BAR_OFF = EPI_OFF + EPI_BYTES, SMEM_BYTES = BAR_OFF + 2 * STAGES * 8 + 1024;
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 
+constexpr int GROUP_M = 16;  // row tiles per group of the tile order (default)
 #if defined(DS_SM90A_GEMM)
-constexpr int GROUP_M = 16;  // row tiles per group of the tile order
 
 // Work items: CLUSTER consecutive row tiles x one column tile (the CTAs of a cluster take one row tile each and share
 // the weight rows), ordered in groups of GROUP_M row tiles.
 template <int CLUSTER>
 struct TileGrid {
   int items_m, tiles_n;
+  int group = GROUP_M / CLUSTER;  // rows (n_major false) or columns (true) of tiles per group
+  bool n_major = false;           // groups of column tiles, the row tiles of a group's column fastest
   __device__ void at(int t, int& m_item, int& n_tile) const {
-    constexpr int GM = GROUP_M / CLUSTER;
-    const int per_group = GM * tiles_n, group = t / per_group, first = group * GM;
-    const int gm = items_m - first < GM ? items_m - first : GM, r = t - group * per_group;
+    if (n_major) {
+      const int per_group = group * items_m, g = t / per_group, first = g * group;
+      const int gn = tiles_n - first < group ? tiles_n - first : group, r = t - g * per_group;
+      n_tile = first + r % gn;
+      m_item = r / gn;
+      return;
+    }
+    const int GM = group;
+    const int per_group = GM * tiles_n, g = t / per_group, first = g * GM;
+    const int gm = items_m - first < GM ? items_m - first : GM, r = t - g * per_group;
     m_item = first + r % gm;
     n_tile = r / gm;
   }
@@ -94,7 +103,7 @@ template <int CLUSTER, int EPI>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_swiglu_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                             const __grid_constant__ CUtensorMap tm_out, __nv_bfloat16* __restrict__ out, int64_t M,
-                            int K, int I) {
+                            int K, int I, int group, int n_major) {
 #if defined(DS_SM90A_GEMM)
   using namespace sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_full = [&](int s) { return bars + 8u * uint32_t(s); };
   auto bar_empty = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
   const int tiles_m = int((M + BM - 1) / BM);
-  const TileGrid<CLUSTER> grid{(tiles_m + CLUSTER - 1) / CLUSTER, I / BN};
+  const TileGrid<CLUSTER> grid{(tiles_m + CLUSTER - 1) / CLUSTER, I / BN, group, n_major != 0};
   const int items = grid.items_m * grid.tiles_n, ksteps = (K + BK - 1) / BK;
   const int tid = threadIdx.x, wg = tid >> 7;
   const int rank = CLUSTER > 1 ? int(cluster_rank()) : 0;
@@ -426,7 +435,9 @@ cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const _
   const int cl = int(attr[0].val.clusterDim.x);
   const int64_t items = ((M + BM - 1) / BM + cl - 1) / cl * (I / BN) * cl;
   cfg.gridDim = dim3(unsigned(items < cmax ? items : cmax));
-  return cudaLaunchKernelEx(&cfg, kernel, tx, tw, tout, out, M, K, I);
+  static const int group = std::getenv("DS_GEMM_GROUP") ? std::atoi(std::getenv("DS_GEMM_GROUP")) : GROUP_M / cl;
+  static const int n_major = std::getenv("DS_GEMM_NMAJOR") ? std::atoi(std::getenv("DS_GEMM_NMAJOR")) : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, tx, tw, tout, out, M, K, I, group, n_major);
 }
 
 }  // namespace ds::kern
