@@ -416,6 +416,11 @@ def case_hybrid(r):
           "implicit attention of channel 1 differs from the reference: %s vs sum %g, |sum| %g" % (hm, sum(m1), scale))
     px = region(img, st["map_rects"]["a1"])
     check(len(set(px)) >= 20, "implicit attention map region is nearly uniform (%d colours)" % len(set(px)))
+    # The row view follows: the last query's row of the same channel's map, exactly.
+    rv, n = st["row_view"], shape[1]
+    want = sum(m1[(n - 1) * n:n * n])
+    check(rv["implicit"] and rv["layer"] == 6 and rv["channel"] == 1 and rv["q"] == n - 1
+          and abs(rv["a1_sum"] - want) < 1e-3 * scale, "row view of the implicit map: %s, expected sum %g" % (rv, want))
     rc, st, img = r.run("hybrid_gmu", "--model", fx, "--ids", ids, "--head", "8.0")
     hm = st["head_maps"]
     check(rc == 0 and hm["layer"] == 9 and hm["kind"] == "cross", "GMU layer 8 -> 9: %s" % hm)

@@ -18,8 +18,10 @@ static void sweep_plot(AppState& st, const Snapshot& s) {
   if (!st.settings.sweep)
     return;
   if (s.model && !s.model->cfg.has_maps(st.layer)) {  // the head view is on a Mamba layer: nothing to sweep
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("Layer %d is a %s layer: it has no lambda. Select an attention layer to sweep.", st.layer,
                         layer_kind_name(s.model->cfg.kind(st.layer)));
+    ImGui::PopTextWrapPos();
     return;
   }
   if (!s.sweep || s.sweep->points.empty()) {

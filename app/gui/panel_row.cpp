@@ -48,7 +48,10 @@ void draw_row_panel(AppState& st) {
   char title[96];
   const auto& rp = st.snap->row;
   const int64_t P = st.snap->result && st.snap->result->prompt_len > 0 ? st.snap->result->prompt_len : INT64_MAX;
-  if (rp && st.snap->result)
+  if (rp && st.snap->result && rp->implicit)
+    std::snprintf(title, sizeof title, "Row  query %lld%s, L%d channel %d (implicit attention)###Row", (long long)rp->q,
+                  rp->q >= P ? " (generated)" : "", rp->layer, rp->channel);
+  else if (rp && st.snap->result)
     std::snprintf(title, sizeof title, "Row  query %lld%s, L%d.H%d###Row", (long long)rp->q,
                   rp->q >= P ? " (generated)" : "", rp->layer, st.head);
   else
@@ -88,11 +91,11 @@ void draw_row_panel(AppState& st) {
   std::snprintf(diff_name, sizeof diff_name, "A1 - %s*A2", st.lam());
   names[0] = diff_name;
   if (!rm.differential)
-    st.row_color = 1, names[1] = "A";
+    st.row_color = 1, names[1] = rm.implicit ? "M" : "A";
   ImGui::SetNextItemWidth(130);
   ImGui::Combo("##rowcol", &st.row_color, names, rm.differential ? 3 : 2);
   // A prompt opened from a corpus scan: this head's answer mass in this row, as the scan measures it.
-  const AppState::AnswerMark* ans = st.answer_span();
+  const AppState::AnswerMark* ans = rm.implicit ? nullptr : st.answer_span();
   if (ans && ans->begin <= q) {
     const Fractions12 f = row_fractions(rm, head, ans->begin, ans->end);
     char buf[160];
@@ -113,7 +116,7 @@ void draw_row_panel(AppState& st) {
                         ans->line, head, st.lam());
   }
   const float* colour_src = st.row_color == 0 ? d.data() : (st.row_color == 1 || !a2) ? a1 : a2;
-  const bool diverging = st.row_color == 0 && rm.differential;
+  const bool diverging = (st.row_color == 0 && rm.differential) || rm.implicit;  // M is signed
 
   const ThemeColors& tc = theme_colors();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
@@ -164,7 +167,7 @@ void draw_row_panel(AppState& st) {
         dl->AddText(ImVec2(lx + 18, b.y + 2), text, name);
         lx += 18 + ImGui::CalcTextSize(name).x + 12;
       };
-      legend(rm.differential ? "A1" : "A", tc.plot_a);
+      legend(rm.differential ? "A1" : rm.implicit ? "M" : "A", tc.plot_a);
       if (a2) {
         legend("A2", tc.plot_b);
         legend(diff_name, tc.selection);
@@ -179,7 +182,7 @@ void draw_row_panel(AppState& st) {
         if (a2)
           ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[k], a2[k], st.lam(), d[size_t(k)]);
         else
-          ImGui::Text("A %.5f", a1[k]);
+          ImGui::Text(rm.implicit ? "M %+.5g" : "A %.5f", a1[k]);
         ImGui::EndTooltip();
       }
     }
@@ -229,7 +232,7 @@ void draw_row_panel(AppState& st) {
     if (a2)
       ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[hovered], a2[hovered], st.lam(), d[size_t(hovered)]);
     else
-      ImGui::Text("A %.5f", a1[hovered]);
+      ImGui::Text(rm.implicit ? "M %+.5g" : "A %.5f", a1[hovered]);
     ImGui::TextDisabled("click: make it the query");
     ImGui::EndTooltip();
     if (ImGui::IsMouseClicked(0))

@@ -283,7 +283,7 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
       const int64_t P = st.snap->result && st.snap->result->prompt_len > 0 ? st.snap->result->prompt_len : rm.rows.n;
       j["row_view"] = {{"layer", rm.layer}, {"q", rm.q},         {"head", h},
                        {"n", rm.rows.n},    {"a1_sum", row_sum(rm.rows.a1)}, {"a2_sum", row_sum(rm.rows.a2)},
-                       {"generated", rm.q >= P}};
+                       {"generated", rm.q >= P}, {"implicit", rm.implicit}, {"channel", rm.channel}};
       // The selected row when it is a generated position: its place in the continuation (0 = first generated).
       j["selected_generated_row"] = rm.q >= P ? nlohmann::json{{"q", rm.q}, {"index", rm.q - P}} : nlohmann::json(nullptr);
       // A prompt opened from a corpus scan: the answer span and this head's fractions of the row, as the scan

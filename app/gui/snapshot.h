@@ -72,6 +72,9 @@ struct RowMaps {
   int64_t q = -1;    // the query position
   double lambda = 0;  // the layer's lambda (D = A1 - lambda*A2; 0 for Llama, where D = A1)
   bool differential = true;
+  // A Mamba layer: the row of one channel's implicit attention M (rows.heads = 1, a1 = M's row, signed)
+  bool implicit = false;
+  int channel = -1;
   MapRows rows;  // a1 / a2 [heads, 1, n]
 };
 

@@ -584,21 +584,48 @@ void Worker::refresh_head(const Request& r) {
 void Worker::refresh_row(const Request& r) {
   if (!session_->has_result())
     return;
-  const int layer = int(session_->config().nearest_map_layer(r.layer));
+  const ModelConfig& cfg = session_->config();
+  // As the head view: a Mamba layer gives the row of the selected channel's implicit attention, a GMU layer the
+  // nearest attention layer's rows.
+  const int sel = int(cfg.nearest_view_layer(r.layer));
+  const bool implicit = cfg.has_scan(sel);
+  const int layer = implicit ? sel : int(cfg.nearest_map_layer(r.layer));
+  const int channel = implicit ? std::clamp(r.head, 0, int(cfg.d_inner) - 1) : -1;
   const int64_t n = int64_t(session_->ids().size());
   const int64_t q = std::clamp<int64_t>(r.row < 0 ? n + r.row : r.row, 0, n - 1);
   {
     auto cur = snapshot()->row;
-    if (cur && cur->result_seq == result_seq_ && cur->layer == layer && cur->q == q)
+    if (cur && cur->result_seq == result_seq_ && cur->layer == layer && cur->q == q && cur->channel == channel)
       return;
   }
   auto rm = std::make_shared<RowMaps>();
   rm->result_seq = result_seq_;
   rm->layer = layer;
   rm->q = q;
-  rm->lambda = session_->effective_lambda(layer);
-  rm->differential = session_->config().is_diff();
-  session_->backend().map_rows(layer, {q}, rm->rows);
+  rm->implicit = implicit;
+  rm->channel = channel;
+  if (implicit) {  // the exact row as 1-row views of the causal keys 0..q, at most 8192 columns each
+    rm->differential = false;
+    rm->rows.layer = layer;
+    rm->rows.heads = 1;
+    rm->rows.n = n;
+    rm->rows.positions = {q};
+    rm->rows.a1.assign(size_t(n), 0.f);
+    for (int64_t k0 = 0; k0 <= q; k0 += 8192) {
+      ViewRequest vr;
+      vr.layer = layer;
+      vr.head = channel;
+      vr.q0 = q, vr.q1 = q + 1, vr.k0 = k0, vr.k1 = std::min(q + 1, k0 + 8192);
+      vr.rows = 1, vr.cols = int(vr.k1 - k0);
+      MapView v;
+      session_->backend().mamba_view(vr, v);
+      std::copy(v.a1.begin(), v.a1.end(), rm->rows.a1.begin() + k0);
+    }
+  } else {
+    rm->lambda = session_->effective_lambda(layer);
+    rm->differential = cfg.is_diff();
+    session_->backend().map_rows(layer, {q}, rm->rows);
+  }
   publish([&](Snapshot& s) { s.row = rm; });
 }
 
