@@ -20,7 +20,7 @@ const char* cli_usage() {
          "  --prompt TEXT          prompt text (needs the model's tokenizer.json)\n"
          "  --prompt-file FILE     prompt text from a file (long prompts; one trailing newline is dropped)\n"
          "  --ids 1,2,3            prompt as token ids (models without a tokenizer)\n"
-         "  --head L.H             open head H of layer L in the head view\n"
+         "  --head L.H             open head H of layer L in the head view (a Mamba layer: channel H of its scan)\n"
          "  --view Q0:Q1,K0:K1     head view zoomed to queries Q0..Q1-1 and keys K0..K1-1 (a square around them)\n"
          "  --row Q                row view of query Q (negative counts from the end; default -1, the last token)\n"
          "  --pool max|mean        how the head view pools tokens into a cell when they outnumber the pixels\n"
