@@ -166,6 +166,54 @@ TEST(Generate, GeneratedPositionsHaveRowsAndStats) {
   EXPECT_EQ(m.n, n);
 }
 
+// The implicit attention of a Mamba layer (Backend::mamba_view) while generating: views asked for between steps
+// leave the generation unchanged (on the GPU they recompute the layer's scan inputs in the forward's scratch
+// buffers), and each view covers every position so far, equal to a fresh full forward's view of the same ids.
+std::vector<float> implicit_view(ds::Backend& b, int layer, int channel) {
+  ds::ViewRequest q;
+  q.layer = layer;
+  q.head = channel;
+  ds::MapView v;
+  b.mamba_view(q, v);
+  EXPECT_EQ(v.rows, v.q1 - v.q0);
+  return v.a1;
+}
+
+void check_implicit_views_while_generating(const std::string& dir, ds::BackendChoice bc, double tol) {
+  auto s = ds::Session::open(dir, bc);
+  s->set_ids(dstest::Expected(dir).ids());
+  const int mem = int(s->config().layers / 2);  // the memory layer (SambaY)
+  ds::GenerateOptions o;
+  o.max_new = 4;
+  o.stop_at_eos = false;
+  std::vector<std::vector<float>> logits[2];
+  std::vector<int32_t> ids[2];
+  for (int with_views = 0; with_views < 2; ++with_views) {
+    s->generate(o, [&](int32_t) {
+      logits[with_views].push_back(last_logits(*s));
+      if (with_views) {
+        const std::vector<float> a = implicit_view(s->backend(), 0, 3), m = implicit_view(s->backend(), mem, 1);
+        EXPECT_EQ(a.size(), s->ids().size() * s->ids().size()) << dir;
+        auto full = ds::Session::open(dir, bc);
+        full->set_ids(s->ids());
+        full->run();
+        const std::vector<float> fa = implicit_view(full->backend(), 0, 3), fm = implicit_view(full->backend(), mem, 1);
+        EXPECT_LE(dstest::max_abs_err(a.data(), fa.data(), fa.size()), tol * (1 + max_abs(fa))) << dir;
+        EXPECT_LE(dstest::max_abs_err(m.data(), fm.data(), fm.size()), tol * (1 + max_abs(fm))) << dir;
+      }
+      return true;
+    });
+    ids[with_views] = s->generated();
+  }
+  EXPECT_EQ(ids[0], ids[1]) << dir;
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << dir << " step " << i;
+}
+
+TEST(Generate, ImplicitViewsWhileGeneratingCpu) {
+  check_implicit_views_while_generating(fixture("phi4flash_L8_mha_f32"), ds::BackendChoice::Cpu, 1e-5);
+}
+
 // A copy of a fixture with config.json keys changed.
 std::string fixture_with(const dstest::TempDir& t, const std::string& name, const nlohmann::json& patch) {
   const std::filesystem::path src = fixture(name), dst = t.path / name;
@@ -302,6 +350,12 @@ TEST(GenerateCuda, CachedStepsEqualFullForward) {
   for (const char* f : kFamilies) check_cached_equals_full(fixture(f), ds::BackendChoice::Cuda, 6, 2e-2);
   check_lambda_change_midway(fixture("diff_gqa4_d32_sharded_v5"), 1, ds::BackendChoice::Cuda, 2e-2);
   check_lambda_change_midway(fixture("phi4flash_L8_mha_f32"), 5, ds::BackendChoice::Cuda, 2e-2);
+}
+
+TEST(GenerateCuda, ImplicitViewsWhileGenerating) {
+  SKIP_WITHOUT_DEVICE();
+  // the full forward's view against the cached steps' inputs: bf16 GEMMs over different row counts
+  check_implicit_views_while_generating(fixture("phi4flash_L8_gqa_bf16"), ds::BackendChoice::Cuda, 2e-2);
 }
 
 // One backend (so that both runs use the same GEMM algorithms): eager steps, then the same generation again with
