@@ -348,7 +348,6 @@ class CpuBackend final : public Backend {
     }
     const LayerW& w = layers_[size_t(l)];
     MambaChannel ch;
-    ch.n = n;
     ch.S = int(S);
     ch.delta.resize(size_t(n));
     ch.cum.resize(size_t(n));

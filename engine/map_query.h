@@ -73,7 +73,6 @@ void view_finish(MapView& v);
 
 // One channel's inputs (double where the prefix sums lose digits in float at long prompts).
 struct MambaChannel {
-  int64_t n = 0;
   int S = 0;
   std::vector<double> delta, cum;  // [n]
   std::vector<double> A;           // [S]

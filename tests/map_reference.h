@@ -230,12 +230,12 @@ inline int expect_implicit_views(ds::Backend& be, int layer, const std::vector<f
         // signs, two computations may keep different entries, so only the magnitude must agree (full resolution,
         // one entry per cell, checks the signs).
         std::vector<float> got = v.diff;
-        std::vector<double> ref = want.diff;
+        std::vector<double> expect = want.diff;
         if (!mean && (r.rows < r.q1 - r.q0 || r.cols < r.k1 - r.k0)) {
           for (float& x : got) x = std::fabs(x);
-          for (double& x : ref) x = std::fabs(x);
+          for (double& x : expect) x = std::fabs(x);
         }
-        EXPECT_LE(max_abs_diff(got, ref), rel_tol * scale) << at << " (largest |M| " << scale << ")";
+        EXPECT_LE(max_abs_diff(got, expect), rel_tol * scale) << at << " (largest |M| " << scale << ")";
         ++compared;
       }
   }

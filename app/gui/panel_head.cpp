@@ -166,11 +166,12 @@ int64_t nice_step(double x) {
 
 void toolbar(AppState& st, const ModelInfo& m) {
   int layer = st.layer, head = st.head;
+  const bool implicit = m.cfg.has_scan(st.layer);  // a Mamba layer: one signed map, always on the diverging colours
   ImGui::SetNextItemWidth(110);
   ImGui::SliderInt("layer", &layer, 0, int(m.cfg.layers) - 1);
   ImGui::SameLine();
   ImGui::SetNextItemWidth(110);
-  if (m.cfg.has_scan(st.layer)) {  // a Mamba layer: one of its scan's channels
+  if (implicit) {  // one of its scan's channels
     ImGui::SliderInt("channel", &head, 0, int(m.cfg.d_inner) - 1);
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip("Channel of the layer's selective scan (Ctrl+click to type one)");
@@ -182,7 +183,6 @@ void toolbar(AppState& st, const ModelInfo& m) {
     st.select_head(layer, head);
     st.view = keep;
   }
-  const bool implicit = m.cfg.has_scan(st.layer);  // one signed map, always on the diverging colour map
   if (!implicit) {
     ImGui::SameLine();
     ImGui::SetNextItemWidth(90);
