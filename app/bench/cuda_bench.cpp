@@ -658,6 +658,58 @@ json bench_table7(CudaBackend& b, const CudaBenchOptions& o, int repeat) {
           {"rows", rows}};
 }
 
+// EXPERIMENT: two independent forwards of n tokens on two backends (two streams), one after the other vs enqueued
+// together: how much the GPU gains from running heterogeneous kernels side by side.
+json bench_overlap(CudaBackend& b, int warm_ms) {
+  auto backend2 = make_cuda_backend();
+  CudaBackend& b2 = cuda::as_cuda(*backend2);
+  b2.load_random(b.config(), 2);
+  const ModelConfig& c = b.config();
+  const std::vector<float> lam = default_lambda(c);
+  json rows = json::array();
+  for (int n : {8192, 16384}) {
+    std::mt19937 rng(6);
+    std::uniform_int_distribution<int32_t> tok(3, int32_t(c.vocab - 1));
+    std::vector<int32_t> ids(static_cast<size_t>(n)), ids2(static_cast<size_t>(n));
+    for (auto& x : ids) x = tok(rng);
+    for (auto& x : ids2) x = tok(rng);
+    b.set_profiling(false);
+    b2.set_profiling(false);
+    for (int i = 0; i < 3; ++i) {
+      b.run(ids.data(), 1, n, lam, 0, true, true);
+      b2.run(ids2.data(), 1, n, lam, 0, true, true);
+      b.sync();
+      b2.sync();
+    }
+    const auto t0w = Clock::now();
+    while (Clock::now() - t0w < std::chrono::milliseconds(warm_ms)) {
+      b.run(ids.data(), 1, n, lam, 0, true, true);
+      b2.run(ids2.data(), 1, n, lam, 0, true, true);
+      b.sync();
+      b2.sync();
+    }
+    std::vector<double> seq, con, one;
+    for (int r = 0; r < 8; ++r) {
+      auto t0 = Clock::now();
+      b.run(ids.data(), 1, n, lam, 0, true, true);
+      b.sync();
+      b2.run(ids2.data(), 1, n, lam, 0, true, true);
+      b2.sync();
+      seq.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      t0 = Clock::now();
+      b.run(ids.data(), 1, n, lam, 0, true, true);
+      b2.run(ids2.data(), 1, n, lam, 0, true, true);
+      b.sync();
+      b2.sync();
+      con.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::printf("overlap n=%d: sequential %.2f ms, concurrent %.2f ms, gain %.1f%%\n", n, median(seq), median(con),
+                100.0 * (1.0 - median(con) / median(seq)));
+    rows.push_back({{"n", n}, {"sequential_ms", median(seq)}, {"concurrent_ms", median(con)}});
+  }
+  return rows;
+}
+
 }  // namespace
 
 void check_cuda_bench_options(const CudaBenchOptions& o) {
@@ -730,6 +782,10 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     r["phi4flash_shape"] = "microsoft/Phi-4-mini-flash-reasoning (random bf16 weights on the GPU)";
     r["phi4flash"] =
         bench_family_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[phi4flash]", {4096, 32768});
+  }
+  if (o.only.count("overlap")) {
+    b.load_random(phi4flash_shape(), 1);
+    r["overlap"] = bench_overlap(b, o.warmup_ms);
   }
   if (o.only.count("views")) {  // minutes at 128K tokens: only when asked for
     b.load_random(kajuma_shape(), 1);
