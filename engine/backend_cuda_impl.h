@@ -188,6 +188,7 @@ class CudaBackend final : public Backend {
   // The attention kernel layer_forward runs for p (select_attn with this device and the options parsed at
   // construction); throws ds::Error when none can run it.
   kern::AttnChoice attn_choice(const kern::AttnParams& p) const;
+  kern::AttnParams layer_attn_pub(int layer, int64_t n, int batch, float lambda) const { return layer_attn(layer, n, batch, lambda); }
   // Overrides for tests and benchmarks (the environment's DS_ATTN_* are read once, at construction).
   void set_attn_options(const kern::AttnOptions& o) { attn_opt_ = o; }
   const kern::AttnDevice& attn_device() const { return attn_dev_; }

@@ -18,6 +18,10 @@
 #include <map>
 #include <sys/resource.h>
 #include <random>
+#include <thread>
+#include "kernels/swiglu.h"
+#include "kernels/layernorm.h"
+#include <ctime>
 #include <stdexcept>
 
 #include "engine/backend_cuda_impl.h"
@@ -658,6 +662,114 @@ json bench_table7(CudaBackend& b, const CudaBenchOptions& o, int repeat) {
           {"rows", rows}};
 }
 
+// EXPERIMENT: each kernel class of the Phi-4-mini-flash prefill at 32K alone in a loop for ~2.5 s, with wall-clock
+// phase marks to match against nvidia-smi's power samples (energy per op = mean power x time per op).
+std::string wall_stamp() {
+  const auto now = std::chrono::system_clock::now();
+  const auto t = std::chrono::system_clock::to_time_t(now);
+  const int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y/%m/%d %H:%M:%S", std::gmtime(&t));
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03d", buf, ms);
+  return out;
+}
+
+json bench_energy(CudaBackend& b) {
+  const ModelConfig& c = b.config();
+  const std::vector<float> lam = default_lambda(c);
+  const int n = 32768;
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<int32_t> tok(3, int32_t(c.vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& x : ids) x = tok(rng);
+  b.set_profiling(false);
+  b.run(ids.data(), 1, n, lam, 0, true, true);
+  b.sync();
+  json rows = json::array();
+  auto phase = [&](const char* name, double per_iter_units, auto&& f) {
+    cudaStream_t s = b.stream();
+    const std::string t0 = wall_stamp();
+    const auto c0 = Clock::now();
+    int it = 0;
+    CudaEvent e0, e1;
+    bool marked = false;
+    while (Clock::now() - c0 < std::chrono::milliseconds(2500)) {
+      if (!marked && Clock::now() - c0 > std::chrono::milliseconds(500)) {
+        DS_CUDA_CHECK(cudaStreamSynchronize(s));
+        DS_CUDA_CHECK(cudaEventRecord(e0.get(), s));
+        it = 0;
+        marked = true;
+      }
+      f();
+      ++it;
+      if (it % 4 == 0) DS_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+    DS_CUDA_CHECK(cudaEventRecord(e1.get(), s));
+    DS_CUDA_CHECK(cudaEventSynchronize(e1.get()));
+    float ms = 0;
+    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+    const std::string t1 = wall_stamp();
+    std::printf("phase %-12s %s -> %s  %d iters, %.3f ms each (%g units)\n", name, t0.c_str(), t1.c_str(), it,
+                ms / it, per_iter_units);
+    rows.push_back({{"phase", name}, {"start", t0}, {"end", t1}, {"ms_per_iter", ms / it}, {"iters", it},
+                    {"units", per_iter_units}});
+  };
+  phase("forward", 1, [&] { b.run(ids.data(), 1, n, lam, 0, true, true); });
+  phase("gemms", 1, [&] { b.run_gemms_only(1, n, true); });
+  b.run(ids.data(), 1, n, lam, 0, true, true);
+  b.sync();
+  // one full (cross) layer's attention, layer 19, and one window layer's, layer 1
+  for (int l : {19, 1}) {
+    kern::AttnParams p = b.layer_attn_pub(l, n, 1, lam[size_t(l)]);
+    p.out_scale = 0.5f;
+    p.eps = 1e-5f;
+    DeviceBuffer out(size_t(n) * c.heads * c.head_dim * 2, "bench");
+    p.out = out.as<bf16>();
+    p.out_row_stride = c.heads * c.head_dim;
+    p.out_batch_stride = int64_t(n) * c.heads * c.head_dim;
+    const kern::AttnChoice ch = b.attn_choice(p);
+    phase(l == 19 ? "attn_full" : "attn_window", 1, [&] { DS_CUDA_CHECK(kern::launch_attn(ch, p, b.stream())); });
+  }
+  {
+    const int64_t I = c.intermediate;
+    DeviceBuffer gu(size_t(n) * 2 * I * 2, "bench"), act(size_t(n) * I * 2, "bench");
+    DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(gu.as<bf16>(), int64_t(n) * 2 * I, 5, 1.f, b.stream()));
+    phase("swiglu", 1, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu.as<bf16>(), act.as<bf16>(), n, int(I), b.stream())); });
+  }
+  {
+    const int64_t E = c.hidden;
+    DeviceBuffer x(size_t(n) * E * 4, "bench"), y(size_t(n) * E * 2, "bench"), w(size_t(E) * 4, "bench"),
+        bb(size_t(E) * 4, "bench");
+    DS_CUDA_CHECK(kern::launch_fill_f32(x.as<float>(), int64_t(n) * E, 0.5f, b.stream()));
+    DS_CUDA_CHECK(kern::launch_fill_f32(w.as<float>(), E, 1.f, b.stream()));
+    DS_CUDA_CHECK(kern::launch_fill_f32(bb.as<float>(), E, 0.f, b.stream()));
+    phase("layernorm", 1, [&] {
+      DS_CUDA_CHECK(kern::launch_layernorm(x.as<float>(), E, w.as<float>(), bb.as<float>(), y.as<bf16>(), E, n, int(E),
+                                           1e-5f, b.stream()));
+    });
+  }
+  {
+    const int ch = 5120, S = 16;
+    DeviceBuffer u(size_t(n) * ch * 2, "bench"), dt(size_t(n) * ch * 2, "bench"), bc(size_t(n) * 2 * S * 2, "bench"),
+        z(size_t(n) * ch * 2, "bench"), y(size_t(n) * ch * 2, "bench"), yg(size_t(n) * ch * 2, "bench"),
+        f(size_t(ch) * (S + 3) * 4, "bench");
+    uint64_t seed = 77;
+    for (DeviceBuffer* d : {&u, &dt, &bc, &z})
+      DS_CUDA_CHECK(kern::launch_fill_uniform_bf16(d->as<bf16>(), int64_t(d->bytes() / 2), seed++, 1.f, b.stream()));
+    DS_CUDA_CHECK(kern::launch_fill_f32(f.as<float>(), int64_t(ch) * (S + 3), -0.5f, b.stream()));
+    kern::ScanParams p;
+    p.n = n, p.channels = ch, p.state = S, p.u = u.as<bf16>(), p.ld_u = ch, p.dt = dt.as<bf16>(), p.ld_dt = ch;
+    p.A = f.as<float>(), p.dt_bias = f.as<float>() + ch * S, p.D = f.as<float>() + ch * (S + 1);
+    p.B = bc.as<bf16>(), p.C = bc.as<bf16>() + S, p.ld_bc = 2 * S, p.z = z.as<bf16>(), p.ld_z = ch;
+    p.y = y.as<bf16>(), p.y_gated = yg.as<bf16>(), p.ld_y = ch;
+    DeviceBuffer ws(kern::selective_scan_workspace(p), "bench");
+    phase("scan", 1, [&] { DS_CUDA_CHECK(kern::launch_selective_scan(p, ws.get(), b.stream())); });
+  }
+  phase("idle", 0, [&] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  return rows;
+}
+
 }  // namespace
 
 void check_cuda_bench_options(const CudaBenchOptions& o) {
@@ -730,6 +842,10 @@ json run_cuda_benchmarks(const CudaBenchOptions& o) {
     r["phi4flash_shape"] = "microsoft/Phi-4-mini-flash-reasoning (random bf16 weights on the GPU)";
     r["phi4flash"] =
         bench_family_prefill(b, model_repeat, o.warmup_ms, "diffscope_cuda_prefill[phi4flash]", {4096, 32768});
+  }
+  if (o.only.count("energy")) {
+    b.load_random(phi4flash_shape(), 1);
+    r["energy"] = bench_energy(b);
   }
   if (o.only.count("views")) {  // minutes at 128K tokens: only when asked for
     b.load_random(kajuma_shape(), 1);

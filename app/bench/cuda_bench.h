@@ -40,7 +40,7 @@ struct CudaBenchOptions {
 // The names --only takes.
 inline const std::set<std::string>& cuda_bench_sections() {
   static const std::set<std::string> s = {"attention", "model",     "lambda", "table7",     "motif",
-                                          "mamba",     "phi4flash", "views",  "decode_attn", "decode",
+                                          "mamba",     "phi4flash", "energy", "views",  "decode_attn", "decode",
                                           "scan"};
   return s;
 }
