@@ -1,10 +1,13 @@
 // SwiGLU: silu(g) * u with silu(g) = g / (1 + exp(-g)) in f32, as torch computes its bf16 silu (then rounds; here
-// the product is formed in f32 too and rounded once). Gate and up arrive in bf16, as in transformers, where
+// the product is formed in f32 too and rounded once), the exponential and the reciprocal on the SFU
+// (fast_math.cuh): the kernel moves its bytes at the copy rate either way, but at the power limit of a long prefill
+// IEEE division's extra instructions cost time too. Gate and up arrive in bf16, as in transformers, where
 // gate_proj and up_proj outputs are bf16 tensors: the same rounding, and half the bytes an f32 gate/up would cost.
 // Element-wise, memory-bound: 6 bytes per element, so the loads and stores are 16 bytes wide and there is no
 // 64-bit index arithmetic per element.
 #include "swiglu.h"
 #include "align.h"
+#include "fast_math.cuh"
 
 namespace ds::kern {
 namespace {
@@ -13,7 +16,7 @@ constexpr int THREADS = 256;
 constexpr int VEC = 8;     // bf16 per 16-byte access
 constexpr int UNROLL = 2;  // 16-byte vectors per thread and operand, all loads issued before any use
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
+__device__ __forceinline__ float silu_mul(float g, float u) { return silu(g) * u; }
 
 // Rows are taken by blockIdx.y (strided past 65535); a block covers THREADS * UNROLL * VEC columns of its row.
 __global__ void __launch_bounds__(THREADS) swiglu_vec_kernel(const __nv_bfloat16* gu, __nv_bfloat16* out,

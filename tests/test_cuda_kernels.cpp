@@ -41,6 +41,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/polynorm.h"
+#include "kernels/elementwise.h"
 #include "kernels/swiglu.h"
 
 namespace {
@@ -1033,23 +1034,39 @@ TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(21);
   // bf16 gate/up as the GEMM leaves them; 8200 covers a partial block, 36 (not a multiple of 8) the scalar kernel.
+  // SwiGLU (the MLP) and silu_mul (the GMU's gate, on the same halves as two operands) take the SFU's exponential
+  // and reciprocal: each element must still be its float64 value rounded to bf16, within one bf16 step, also where
+  // e^-g overflows f32 (g below -88) or is tiny (g far above 0).
+  const float extremes[] = {-1000.f, -200.f, -89.f, -87.f, -30.f, -0.f, 0.f, 30.f, 89.f, 200.f};
   for (auto [rows, inter] : {std::pair{19, 136}, std::pair{3, 8200}, std::pair{5, 36}}) {
-    const std::vector<uint16_t> gu = random_bf16(size_t(rows) * 2 * inter, rng, 6.f);
-    DeviceBuffer dgu = to_device(gu), dout(size_t(rows) * inter * 2, "test");
-    std::vector<uint16_t> poison(size_t(rows) * inter, kBf16NaN);
-    DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
-    DS_CUDA_CHECK(ds::kern::launch_swiglu(dgu.as<bf16>(), dout.as<bf16>(), rows, inter, nullptr));
-    const auto o = to_host<uint16_t>(dout, size_t(rows) * inter);
-    double num = 0, den = 0;
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < inter; ++c) {
-        const double g = bf(gu[size_t(r) * 2 * inter + c]), u = bf(gu[size_t(r) * 2 * inter + inter + c]);
-        const double ref = g / (1 + std::exp(-g)) * u, v = bf(o[size_t(r) * inter + c]);
-        ASSERT_TRUE(std::isfinite(v)) << rows << "x" << inter << " at " << r << "," << c;
-        num += (v - ref) * (v - ref);
-        den += ref * ref;
-      }
-    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << rows << "x" << inter;
+    std::vector<uint16_t> gu = random_bf16(size_t(rows) * 2 * inter, rng, 6.f);
+    for (size_t e = 0; e < std::size(extremes); ++e)
+      gu[(e % size_t(rows)) * 2 * inter + (e * 7) % size_t(inter)] = ds::f32_to_bf16(extremes[e]);
+    DeviceBuffer dgu = to_device(gu);
+    for (const bool gmu : {false, true}) {
+      DeviceBuffer dout(size_t(rows) * inter * 2, "test");
+      std::vector<uint16_t> poison(size_t(rows) * inter, kBf16NaN);
+      DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
+      if (gmu)
+        DS_CUDA_CHECK(ds::kern::launch_silu_mul(dgu.as<bf16>(), 2 * inter, dgu.as<bf16>() + inter, 2 * inter,
+                                                dout.as<bf16>(), inter, rows, inter, nullptr));
+      else
+        DS_CUDA_CHECK(ds::kern::launch_swiglu(dgu.as<bf16>(), dout.as<bf16>(), rows, inter, nullptr));
+      const auto o = to_host<uint16_t>(dout, size_t(rows) * inter);
+      double num = 0, den = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < inter; ++c) {
+          const double g = bf(gu[size_t(r) * 2 * inter + c]), u = bf(gu[size_t(r) * 2 * inter + inter + c]);
+          const double ref = g / (1 + std::exp(-g)) * u, v = bf(o[size_t(r) * inter + c]);
+          ASSERT_TRUE(std::isfinite(v)) << (gmu ? "silu_mul " : "swiglu ") << rows << "x" << inter << " at " << r
+                                        << "," << c;
+          ASSERT_LE(std::abs(v - ref), std::abs(ref) / 128 + 1e-30)
+              << (gmu ? "silu_mul " : "swiglu ") << "g = " << g << ", u = " << u << " at " << r << "," << c;
+          num += (v - ref) * (v - ref);
+          den += ref * ref;
+        }
+      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << (gmu ? "silu_mul " : "swiglu ") << rows << "x" << inter;
+    }
   }
 
   // PolyNorm * up (Motif's MLP activation) against float64 rows: the three mean squares over the whole row, then
