@@ -175,12 +175,15 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
 //   pass 3 (chunk_output): each chunk again from its start state, writing y; the last chunk's end state is state_out.
 // A block takes THREADS consecutive channels (u, dt and z loads coalesce) over one chunk. B and C rows are the same
 // for every channel: the block stages them in shared memory as f32 (zeros past p.state), kStage rows at a time, and
-// every thread reads them as 16-byte broadcasts, so a step neither unpacks bf16 pairs nor moves B and C pointers
-// (state pass 130 -> 102 instructions per step, output pass 225 -> 191). The output pass is bound by instruction
-// issue; the state pass, with 17 SFU instructions in its 102, by the SFU. u, dt and z come from device memory at
-// long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes waiting on them at 32K
-// tokens; the output pass stops at 2, where it holds 96 registers). States past p.state compute zeros (A = 0,
-// B = C = 0, h = 0).
+// every thread reads them as 16-byte broadcasts, so a step neither unpacks bf16 pairs nor moves B and C pointers.
+// The per-channel rows are addressed from the chunk's first row with 32-bit byte strides, and the output pass is
+// built per set of outputs: at d_state 16 a step is 94 instructions in the state pass (18 on the SFU) and 131 in the
+// gated output pass (20 on the SFU), down from 108 and 199 with 64-bit pointer walks and run-time output checks
+// (2.86 -> 2.58 ms per layer at 32K tokens on an H100). A step's SFU work (8 cycles per warp instruction: 144 and
+// 160) now exceeds its issue slots, yet moving some exponentials to a polynomial on the FMA pipe made both passes
+// slower (bench/EXPERIMENTS.md). u, dt and z come
+// from device memory at long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes
+// waiting on them at 32K tokens). States past p.state compute zeros (A = 0, B = C = 0, h = 0).
 constexpr int CHUNK = 256;
 constexpr int kPrefetchState = 4, kPrefetchOutput = 2;
 
@@ -217,36 +220,49 @@ __device__ __forceinline__ void stage_bc(const ScanParams& p, int64_t t, int row
 }
 
 struct StepIn {
-  float u, dt, z;  // z only where OUT
+  float u, dt, z;  // z only where the output is gated
 };
 
-// The chunk's steps [t0, t1) for channel c (live: c < p.channels; the others only help stage). Every thread of the
-// block calls this with the same t0, t1 (the staging synchronises the block).
-template <int SMAX, bool VEC, bool OUT, int PF>
-__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int64_t t1,
+// Outputs of the output pass (OUT): y, y silu(z), or both; 0 is the state pass.
+constexpr int kOutY = 1, kOutGated = 2;
+
+// The chunk's rows [t0, t0 + rows) for channel c (live: c < p.channels; the others only help stage). Every thread of
+// the block calls this with the same t0 and rows (the staging synchronises the block). Row r's inputs are read at
+// base + r * ld with 32-bit r and ld (one wide multiply-add per pointer, no 64-bit pointer walks), loaded PF steps
+// ahead; past the chunk's last row the loads repeat it.
+template <int SMAX, bool VEC, int OUT, int PF>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int rows,
                                             float (&h)[SMAX], const float (&a2)[SMAX], float bias, float dskip,
                                             float* dsum) {
   __shared__ __align__(16) float sb[kStage<SMAX> * SMAX];
   __shared__ __align__(16) float sc[OUT ? kStage<SMAX> * SMAX : 4];
+  constexpr bool GATED = (OUT & kOutGated) != 0;
   float sum = 0.f;
   const __nv_bfloat16* u = p.u + t0 * p.ld_u + c;
   const __nv_bfloat16* dt = p.dt + t0 * p.ld_dt + c;
-  const __nv_bfloat16* z = OUT && p.y_gated ? p.z + t0 * p.ld_z + c : nullptr;
-  __nv_bfloat16* y_out = OUT && p.y ? p.y + t0 * p.ld_y + c : nullptr;
-  __nv_bfloat16* g_out = OUT && p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
-  int64_t tl = t0;  // the row u, dt and z point at
-  const auto load_next = [&] {  // row tl's per-channel inputs; the pointers then move on, up to the last row
-    StepIn r;
-    r.u = __bfloat162float(*u);
-    r.dt = __bfloat162float(*dt);
-    r.z = OUT && z ? __bfloat162float(*z) : 0.f;
-    if (tl + 1 < t1) {
-      ++tl, u += p.ld_u, dt += p.ld_dt;
-      if (OUT && z) z += p.ld_z;
-    }
-    return r;
+  const __nv_bfloat16* z = GATED ? p.z + t0 * p.ld_z + c : nullptr;
+  __nv_bfloat16* y_out = (OUT & kOutY) ? p.y + t0 * p.ld_y + c : nullptr;
+  __nv_bfloat16* g_out = GATED ? p.y_gated + t0 * p.ld_y + c : nullptr;
+  // strides in bytes: an address is one wide multiply-add, base + r * stride
+  const uint32_t su = uint32_t(2 * p.ld_u), sdt = uint32_t(2 * p.ld_dt), sz = uint32_t(2 * p.ld_z),
+                 sy = uint32_t(2 * p.ld_y);
+  const int last = rows - 1;
+  const auto at = [](const __nv_bfloat16* b, int r, uint32_t stride) {
+    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const char*>(b) +
+                                                                     uint64_t(uint32_t(r)) * stride));
   };
-  const auto step = [&](const StepIn& cur, const float* bs, const float* cs) {
+  const auto put = [](__nv_bfloat16* b, int r, uint32_t stride, float v) {
+    *reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(b) + uint64_t(uint32_t(r)) * stride) = __float2bfloat16(v);
+  };
+  const auto load = [&](int r) {  // row r's per-channel inputs (the last row past the end)
+    r = min(r, last);
+    StepIn s;
+    s.u = at(u, r, su);
+    s.dt = at(dt, r, sdt);
+    s.z = GATED ? at(z, r, sz) : 0.f;
+    return s;
+  };
+  const auto step = [&](int r, const StepIn& cur, const float* bs, const float* cs) {
     const float delta = softplus(cur.dt + bias);
     sum += delta;
     const float du = delta * cur.u;
@@ -254,44 +270,43 @@ __device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool liv
 #pragma unroll
     for (int i = 0; i < SMAX / 4; ++i) {
       const float4 b = reinterpret_cast<const float4*>(bs)[i];
-      h[4 * i] = fmaf(ex2_approx(delta * a2[4 * i]), h[4 * i], b.x * du);
-      h[4 * i + 1] = fmaf(ex2_approx(delta * a2[4 * i + 1]), h[4 * i + 1], b.y * du);
-      h[4 * i + 2] = fmaf(ex2_approx(delta * a2[4 * i + 2]), h[4 * i + 2], b.z * du);
-      h[4 * i + 3] = fmaf(ex2_approx(delta * a2[4 * i + 3]), h[4 * i + 3], b.w * du);
-      if constexpr (OUT) {
-        const float4 cc = reinterpret_cast<const float4*>(cs)[i];
-        y = fmaf(cc.x, h[4 * i], y);
-        y = fmaf(cc.y, h[4 * i + 1], y);
-        y = fmaf(cc.z, h[4 * i + 2], y);
-        y = fmaf(cc.w, h[4 * i + 3], y);
+      const float bb[4] = {b.x, b.y, b.z, b.w};
+      float cc[4] = {};
+      if constexpr (OUT != 0) {
+        const float4 c4 = reinterpret_cast<const float4*>(cs)[i];
+        cc[0] = c4.x, cc[1] = c4.y, cc[2] = c4.z, cc[3] = c4.w;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int s = 4 * i + e;
+        h[s] = fmaf(ex2_approx(delta * a2[s]), h[s], bb[e] * du);
+        if constexpr (OUT != 0) y = fmaf(cc[e], h[s], y);
       }
     }
-    if constexpr (OUT) {
-      if (y_out) *y_out = __float2bfloat16(y), y_out += p.ld_y;
-      if (g_out) *g_out = __float2bfloat16(y * silu(cur.z)), g_out += p.ld_y;
-    }
+    if constexpr ((OUT & kOutY) != 0) put(y_out, r, sy, y);
+    if constexpr (GATED) put(g_out, r, sy, y * silu(cur.z));
   };
-  StepIn ring[PF];  // rows r .. r + PF - 1 of the round, loaded PF steps ahead
+  StepIn ring[PF];  // rows r .. r + PF - 1, loaded PF steps ahead
 #pragma unroll
-  for (int j = 0; j < PF; ++j) ring[j] = live ? load_next() : StepIn{};
-  for (int64_t ts = t0; ts < t1; ts += kStage<SMAX>) {
-    const int rows = int(t1 - ts < kStage<SMAX> ? t1 - ts : kStage<SMAX>);
+  for (int j = 0; j < PF; ++j) ring[j] = live ? load(j) : StepIn{};
+  for (int r0 = 0; r0 < rows; r0 += kStage<SMAX>) {
+    const int n_r = rows - r0 < kStage<SMAX> ? rows - r0 : kStage<SMAX>;
     __syncthreads();  // every thread is done with the previous rows
-    stage_bc<SMAX, VEC, OUT>(p, ts, rows, sb, sc);
+    stage_bc<SMAX, VEC, OUT != 0>(p, t0 + r0, n_r, sb, sc);
     __syncthreads();
     if (!live) continue;
     int r = 0;
-    for (; r + PF <= rows; r += PF) {
+    for (; r + PF <= n_r; r += PF) {
 #pragma unroll
       for (int j = 0; j < PF; ++j) {
-        const StepIn ahead = load_next();
-        step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+        const StepIn ahead = load(r0 + r + j + PF);
+        step(r0 + r + j, ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
         ring[j] = ahead;
       }
     }
 #pragma unroll
     for (int j = 0; j < PF; ++j)  // the last round's remainder (a whole round has kStage rows, a multiple of PF)
-      if (r + j < rows) step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+      if (r + j < n_r) step(r0 + r + j, ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
   }
   if (dsum) *dsum = sum;
 }
@@ -311,9 +326,10 @@ __global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p
   const int c = live ? c0 : 0;
   float h[SMAX] = {}, a2[SMAX];
   load_a2<SMAX>(p, c, a2);
-  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  const int64_t t0 = int64_t(k) * CHUNK;
+  const int rows = int(p.n - t0 < CHUNK ? p.n - t0 : CHUNK);
   float sum;
-  chunk_steps<SMAX, VEC, false, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
+  chunk_steps<SMAX, VEC, 0, PF>(p, c, live, t0, rows, h, a2, p.dt_bias[c], p.D[c], &sum);
   if (!live) return;
   float* out = hs + (int64_t(k) * p.channels + c) * p.state;
   for (int s = 0; s < p.state; ++s) out[s] = h[s];
@@ -336,7 +352,7 @@ __global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, in
   }
 }
 
-template <int SMAX, bool VEC, int PF>
+template <int SMAX, bool VEC, int OUT, int PF>
 __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
   const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
   const bool live = c0 < p.channels;
@@ -346,10 +362,11 @@ __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams 
   const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
 #pragma unroll
   for (int s = 0; s < SMAX; ++s) h[s] = s < p.state ? start[s] : 0.f;
-  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
-  chunk_steps<SMAX, VEC, true, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
+  const int64_t t0 = int64_t(k) * CHUNK;
+  const int rows = int(p.n - t0 < CHUNK ? p.n - t0 : CHUNK);
+  chunk_steps<SMAX, VEC, OUT, PF>(p, c, live, t0, rows, h, a2, p.dt_bias[c], p.D[c], nullptr);
   // The last chunk ends at the last token. state_in was read by chunk_carry_kernel, which has finished.
-  if (live && p.state_out && t1 == p.n) {
+  if (live && p.state_out && t0 + rows == p.n) {
     float* out = p.state_out + int64_t(c) * p.state;
 #pragma unroll
     for (int s = 0; s < SMAX; ++s)
@@ -364,7 +381,12 @@ cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t str
   chunk_state_kernel<SMAX, VEC, kPrefetchState><<<grid, THREADS, 0, stream>>>(p, hs, ds);
   const int64_t pairs = int64_t(p.channels) * p.state;
   chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
-  chunk_output_kernel<SMAX, VEC, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
+  if (p.y && p.y_gated)
+    chunk_output_kernel<SMAX, VEC, kOutY | kOutGated, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
+  else if (p.y_gated)
+    chunk_output_kernel<SMAX, VEC, kOutGated, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
+  else
+    chunk_output_kernel<SMAX, VEC, kOutY, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
   return cudaGetLastError();
 }
 
@@ -487,6 +509,9 @@ cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStre
     return p.state <= 8 ? run_scan_sequential<8>(p, stream)
                         : p.state <= 16 ? run_scan_sequential<16>(p, stream) : run_scan_sequential<32>(p, stream);
   if (!workspace) return cudaErrorInvalidValue;
+  // the chunked passes address rows with 32-bit byte strides
+  for (int64_t ld : {p.ld_u, p.ld_dt, p.ld_z, p.ld_y})
+    if (ld < 0 || 2 * ld > int64_t(UINT32_MAX)) return cudaErrorInvalidValue;
   const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
   float* hs = static_cast<float*>(workspace);
   float* ds = hs + chunks * p.channels * p.state;

@@ -58,8 +58,8 @@ struct ScanParams {
 };
 // n <= kScanSequentialMaxN runs one kernel sequential over the tokens, a group of threads per channel (decoding's
 // n = 1 costs one launch); longer runs use time-parallel chunks of 256 tokens in three passes. On an H100 at
-// Phi-4-mini-flash's shape the sequential kernel takes about 0.67 us per token, the chunked passes 0.36 ms at 4096
-// tokens and 2.87 ms at 32768 (bench/results/RESULTS.md).
+// Phi-4-mini-flash's shape the sequential kernel takes about 0.67 us per token, the chunked passes 0.33 ms at 4096
+// tokens and 2.58 ms at 32768 (bench/results/RESULTS.md).
 constexpr int64_t kScanSequentialMaxN = 512;
 // workspace: device memory of selective_scan_workspace(p) bytes (the chunks' states; 2.7 MB per 4K tokens at
 // Phi-4-mini-flash's shape). 0 for n <= kScanSequentialMaxN, where workspace may be null.
