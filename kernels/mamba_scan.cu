@@ -4,6 +4,8 @@
 #include "mamba_scan.h"
 #include "align.h"
 
+#include <cstdlib>
+
 namespace ds::kern {
 namespace {
 
@@ -217,36 +219,68 @@ __device__ __forceinline__ void stage_bc(const ScanParams& p, int64_t t, int row
 }
 
 struct StepIn {
-  float u, dt, z;  // z only where OUT
+  float u, dt, z;  // z only where the output is gated
 };
 
-// The chunk's steps [t0, t1) for channel c (live: c < p.channels; the others only help stage). Every thread of the
-// block calls this with the same t0, t1 (the staging synchronises the block).
-template <int SMAX, bool VEC, bool OUT, int PF>
-__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int64_t t1,
+// Outputs of the output pass (OUT): y, y silu(z), or both; 0 is the state pass.
+constexpr int kOutY = 1, kOutGated = 2;
+
+// 2^x on the FMA pipe, for x <= 0 (x = delta A log2(e)): x = j + f with j an integer, f in [-1/2, 1/2], 2^f by a
+// degree-5 polynomial (coefficients fitted for relative error, tools/fit_exp2_poly.py; with f32 arithmetic within
+// 2.2e-7 of 2^f, ex2.approx's accuracy), 2^j added to the exponent. Below x = -126 (values under 2^-126, which
+// ex2.approx.ftz flushes to 0) the result is a tiny non-negative number. Ten FMA-pipe instructions instead of one
+// SFU instruction: a pass bound by the SFU moves some of its exponentials here.
+__device__ __forceinline__ float ex2_fma(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = x + 12582912.f;  // 1.5 * 2^23: t's low mantissa bits hold round(x)
+  const float f = x - (t - 12582912.f);
+  float q = fmaf(0.001327647129073739f, f, 0.009675540961325169f);
+  q = fmaf(q, f, 0.05550713092088699f);
+  q = fmaf(q, f, 0.24022120237350464f);
+  q = fmaf(q, f, 0.6931469440460205f);
+  q = fmaf(q, f, 1.0000001192092896f);
+  // t's bits are 0x4B400000 + round(x); shifted by 23 the constant's bits leave, round(x) lands in the exponent
+  return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
+}
+
+// The chunk's rows [t0, t0 + rows) for channel c (live: c < p.channels; the others only help stage). Every thread of
+// the block calls this with the same t0 and rows (the staging synchronises the block). Row r's inputs are read at
+// base + r * ld with 32-bit r and ld (one wide multiply-add per pointer, no 64-bit pointer walks), loaded PF steps
+// ahead; past the chunk's last row the loads repeat it. The last NPOLY states take their exponential on the FMA pipe
+// (ex2_fma), the others on the SFU.
+template <int SMAX, bool VEC, int OUT, int PF, int NPOLY>
+__device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool live, int64_t t0, int rows,
                                             float (&h)[SMAX], const float (&a2)[SMAX], float bias, float dskip,
                                             float* dsum) {
   __shared__ __align__(16) float sb[kStage<SMAX> * SMAX];
   __shared__ __align__(16) float sc[OUT ? kStage<SMAX> * SMAX : 4];
+  constexpr bool GATED = (OUT & kOutGated) != 0;
   float sum = 0.f;
   const __nv_bfloat16* u = p.u + t0 * p.ld_u + c;
   const __nv_bfloat16* dt = p.dt + t0 * p.ld_dt + c;
-  const __nv_bfloat16* z = OUT && p.y_gated ? p.z + t0 * p.ld_z + c : nullptr;
-  __nv_bfloat16* y_out = OUT && p.y ? p.y + t0 * p.ld_y + c : nullptr;
-  __nv_bfloat16* g_out = OUT && p.y_gated ? p.y_gated + t0 * p.ld_y + c : nullptr;
-  int64_t tl = t0;  // the row u, dt and z point at
-  const auto load_next = [&] {  // row tl's per-channel inputs; the pointers then move on, up to the last row
-    StepIn r;
-    r.u = __bfloat162float(*u);
-    r.dt = __bfloat162float(*dt);
-    r.z = OUT && z ? __bfloat162float(*z) : 0.f;
-    if (tl + 1 < t1) {
-      ++tl, u += p.ld_u, dt += p.ld_dt;
-      if (OUT && z) z += p.ld_z;
-    }
-    return r;
+  const __nv_bfloat16* z = GATED ? p.z + t0 * p.ld_z + c : nullptr;
+  __nv_bfloat16* y_out = (OUT & kOutY) ? p.y + t0 * p.ld_y + c : nullptr;
+  __nv_bfloat16* g_out = GATED ? p.y_gated + t0 * p.ld_y + c : nullptr;
+  // strides in bytes: an address is one wide multiply-add, base + r * stride
+  const uint32_t su = uint32_t(2 * p.ld_u), sdt = uint32_t(2 * p.ld_dt), sz = uint32_t(2 * p.ld_z),
+                 sy = uint32_t(2 * p.ld_y);
+  const int last = rows - 1;
+  const auto at = [](const __nv_bfloat16* b, int r, uint32_t stride) {
+    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const char*>(b) +
+                                                                     uint64_t(uint32_t(r)) * stride));
   };
-  const auto step = [&](const StepIn& cur, const float* bs, const float* cs) {
+  const auto put = [](__nv_bfloat16* b, int r, uint32_t stride, float v) {
+    *reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(b) + uint64_t(uint32_t(r)) * stride) = __float2bfloat16(v);
+  };
+  const auto load = [&](int r) {  // row r's per-channel inputs (the last row past the end)
+    r = min(r, last);
+    StepIn s;
+    s.u = at(u, r, su);
+    s.dt = at(dt, r, sdt);
+    s.z = GATED ? at(z, r, sz) : 0.f;
+    return s;
+  };
+  const auto step = [&](int r, const StepIn& cur, const float* bs, const float* cs) {
     const float delta = softplus(cur.dt + bias);
     sum += delta;
     const float du = delta * cur.u;
@@ -254,44 +288,45 @@ __device__ __forceinline__ void chunk_steps(const ScanParams& p, int c, bool liv
 #pragma unroll
     for (int i = 0; i < SMAX / 4; ++i) {
       const float4 b = reinterpret_cast<const float4*>(bs)[i];
-      h[4 * i] = fmaf(ex2_approx(delta * a2[4 * i]), h[4 * i], b.x * du);
-      h[4 * i + 1] = fmaf(ex2_approx(delta * a2[4 * i + 1]), h[4 * i + 1], b.y * du);
-      h[4 * i + 2] = fmaf(ex2_approx(delta * a2[4 * i + 2]), h[4 * i + 2], b.z * du);
-      h[4 * i + 3] = fmaf(ex2_approx(delta * a2[4 * i + 3]), h[4 * i + 3], b.w * du);
-      if constexpr (OUT) {
-        const float4 cc = reinterpret_cast<const float4*>(cs)[i];
-        y = fmaf(cc.x, h[4 * i], y);
-        y = fmaf(cc.y, h[4 * i + 1], y);
-        y = fmaf(cc.z, h[4 * i + 2], y);
-        y = fmaf(cc.w, h[4 * i + 3], y);
+      const float bb[4] = {b.x, b.y, b.z, b.w};
+      float cc[4] = {};
+      if constexpr (OUT != 0) {
+        const float4 c4 = reinterpret_cast<const float4*>(cs)[i];
+        cc[0] = c4.x, cc[1] = c4.y, cc[2] = c4.z, cc[3] = c4.w;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int s = 4 * i + e;
+        const float x = delta * a2[s];
+        const float da = s >= SMAX - NPOLY ? ex2_fma(x) : ex2_approx(x);
+        h[s] = fmaf(da, h[s], bb[e] * du);
+        if constexpr (OUT != 0) y = fmaf(cc[e], h[s], y);
       }
     }
-    if constexpr (OUT) {
-      if (y_out) *y_out = __float2bfloat16(y), y_out += p.ld_y;
-      if (g_out) *g_out = __float2bfloat16(y * silu(cur.z)), g_out += p.ld_y;
-    }
+    if constexpr ((OUT & kOutY) != 0) put(y_out, r, sy, y);
+    if constexpr (GATED) put(g_out, r, sy, y * silu(cur.z));
   };
-  StepIn ring[PF];  // rows r .. r + PF - 1 of the round, loaded PF steps ahead
+  StepIn ring[PF];  // rows r .. r + PF - 1, loaded PF steps ahead
 #pragma unroll
-  for (int j = 0; j < PF; ++j) ring[j] = live ? load_next() : StepIn{};
-  for (int64_t ts = t0; ts < t1; ts += kStage<SMAX>) {
-    const int rows = int(t1 - ts < kStage<SMAX> ? t1 - ts : kStage<SMAX>);
+  for (int j = 0; j < PF; ++j) ring[j] = live ? load(j) : StepIn{};
+  for (int r0 = 0; r0 < rows; r0 += kStage<SMAX>) {
+    const int n_r = rows - r0 < kStage<SMAX> ? rows - r0 : kStage<SMAX>;
     __syncthreads();  // every thread is done with the previous rows
-    stage_bc<SMAX, VEC, OUT>(p, ts, rows, sb, sc);
+    stage_bc<SMAX, VEC, OUT != 0>(p, t0 + r0, n_r, sb, sc);
     __syncthreads();
     if (!live) continue;
     int r = 0;
-    for (; r + PF <= rows; r += PF) {
+    for (; r + PF <= n_r; r += PF) {
 #pragma unroll
       for (int j = 0; j < PF; ++j) {
-        const StepIn ahead = load_next();
-        step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+        const StepIn ahead = load(r0 + r + j + PF);
+        step(r0 + r + j, ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
         ring[j] = ahead;
       }
     }
 #pragma unroll
     for (int j = 0; j < PF; ++j)  // the last round's remainder (a whole round has kStage rows, a multiple of PF)
-      if (r + j < rows) step(ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
+      if (r + j < n_r) step(r0 + r + j, ring[j], sb + (r + j) * SMAX, sc + (OUT ? (r + j) * SMAX : 0));
   }
   if (dsum) *dsum = sum;
 }
@@ -304,16 +339,17 @@ __device__ __forceinline__ void load_a2(const ScanParams& p, int c, float (&a2)[
 
 // hs: [chunks][channels][state] f32 (pass 1 writes end states, pass 2 turns them into start states); ds: [chunks]
 // [channels] f32, the chunks' delta sums.
-template <int SMAX, bool VEC, int PF>
+template <int SMAX, bool VEC, int PF, int NPOLY>
 __global__ void __launch_bounds__(THREADS) chunk_state_kernel(const ScanParams p, float* hs, float* ds) {
   const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
   const bool live = c0 < p.channels;
   const int c = live ? c0 : 0;
   float h[SMAX] = {}, a2[SMAX];
   load_a2<SMAX>(p, c, a2);
-  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
+  const int64_t t0 = int64_t(k) * CHUNK;
+  const int rows = int(p.n - t0 < CHUNK ? p.n - t0 : CHUNK);
   float sum;
-  chunk_steps<SMAX, VEC, false, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], &sum);
+  chunk_steps<SMAX, VEC, 0, PF, NPOLY>(p, c, live, t0, rows, h, a2, p.dt_bias[c], p.D[c], &sum);
   if (!live) return;
   float* out = hs + (int64_t(k) * p.channels + c) * p.state;
   for (int s = 0; s < p.state; ++s) out[s] = h[s];
@@ -336,7 +372,7 @@ __global__ void __launch_bounds__(256) chunk_carry_kernel(const ScanParams p, in
   }
 }
 
-template <int SMAX, bool VEC, int PF>
+template <int SMAX, bool VEC, int OUT, int PF, int NPOLY>
 __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams p, const float* hs) {
   const int c0 = int(blockIdx.x) * THREADS + int(threadIdx.x), k = int(blockIdx.y);
   const bool live = c0 < p.channels;
@@ -346,10 +382,11 @@ __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams 
   const float* start = hs + (int64_t(k) * p.channels + c) * p.state;
 #pragma unroll
   for (int s = 0; s < SMAX; ++s) h[s] = s < p.state ? start[s] : 0.f;
-  const int64_t t0 = int64_t(k) * CHUNK, t1 = t0 + CHUNK < p.n ? t0 + CHUNK : p.n;
-  chunk_steps<SMAX, VEC, true, PF>(p, c, live, t0, t1, h, a2, p.dt_bias[c], p.D[c], nullptr);
+  const int64_t t0 = int64_t(k) * CHUNK;
+  const int rows = int(p.n - t0 < CHUNK ? p.n - t0 : CHUNK);
+  chunk_steps<SMAX, VEC, OUT, PF, NPOLY>(p, c, live, t0, rows, h, a2, p.dt_bias[c], p.D[c], nullptr);
   // The last chunk ends at the last token. state_in was read by chunk_carry_kernel, which has finished.
-  if (live && p.state_out && t1 == p.n) {
+  if (live && p.state_out && t0 + rows == p.n) {
     float* out = p.state_out + int64_t(c) * p.state;
 #pragma unroll
     for (int s = 0; s < SMAX; ++s)
@@ -357,14 +394,37 @@ __global__ void __launch_bounds__(THREADS) chunk_output_kernel(const ScanParams 
   }
 }
 
-template <int SMAX, bool VEC>
-cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : dflt;
+}
+
+template <int SMAX, bool VEC, int NPS, int NPO>
+void launch_passes(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
   const int chunks = int((p.n + CHUNK - 1) / CHUNK);
   const dim3 grid(unsigned((p.channels + THREADS - 1) / THREADS), unsigned(chunks));
-  chunk_state_kernel<SMAX, VEC, kPrefetchState><<<grid, THREADS, 0, stream>>>(p, hs, ds);
+  chunk_state_kernel<SMAX, VEC, kPrefetchState, NPS><<<grid, THREADS, 0, stream>>>(p, hs, ds);
   const int64_t pairs = int64_t(p.channels) * p.state;
   chunk_carry_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(p, chunks, hs, ds);
-  chunk_output_kernel<SMAX, VEC, kPrefetchOutput><<<grid, THREADS, 0, stream>>>(p, hs);
+  if (p.y && p.y_gated)
+    chunk_output_kernel<SMAX, VEC, kOutY | kOutGated, kPrefetchOutput, NPO><<<grid, THREADS, 0, stream>>>(p, hs);
+  else if (p.y_gated)
+    chunk_output_kernel<SMAX, VEC, kOutGated, kPrefetchOutput, NPO><<<grid, THREADS, 0, stream>>>(p, hs);
+  else
+    chunk_output_kernel<SMAX, VEC, kOutY, kPrefetchOutput, NPO><<<grid, THREADS, 0, stream>>>(p, hs);
+}
+
+template <int SMAX, bool VEC>
+cudaError_t run_scan(const ScanParams& p, float* hs, float* ds, cudaStream_t stream) {
+  static const int poly = env_int("DS_SCAN_POLY", 0);  // (experiment) states per pass on the FMA pipe
+  if constexpr (SMAX == 16 && VEC) {
+    if (poly == 21) return launch_passes<SMAX, VEC, 2, 1>(p, hs, ds, stream), cudaGetLastError();
+    if (poly == 20) return launch_passes<SMAX, VEC, 2, 0>(p, hs, ds, stream), cudaGetLastError();
+    if (poly == 31) return launch_passes<SMAX, VEC, 3, 1>(p, hs, ds, stream), cudaGetLastError();
+    if (poly == 11) return launch_passes<SMAX, VEC, 1, 1>(p, hs, ds, stream), cudaGetLastError();
+    if (poly == 22) return launch_passes<SMAX, VEC, 2, 2>(p, hs, ds, stream), cudaGetLastError();
+  }
+  launch_passes<SMAX, VEC, 0, 0>(p, hs, ds, stream);
   return cudaGetLastError();
 }
 
@@ -487,6 +547,9 @@ cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStre
     return p.state <= 8 ? run_scan_sequential<8>(p, stream)
                         : p.state <= 16 ? run_scan_sequential<16>(p, stream) : run_scan_sequential<32>(p, stream);
   if (!workspace) return cudaErrorInvalidValue;
+  // the chunked passes address rows with 32-bit byte strides
+  for (int64_t ld : {p.ld_u, p.ld_dt, p.ld_z, p.ld_y})
+    if (ld < 0 || 2 * ld > int64_t(UINT32_MAX)) return cudaErrorInvalidValue;
   const int64_t chunks = (p.n + CHUNK - 1) / CHUNK;
   float* hs = static_cast<float*>(workspace);
   float* ds = hs + chunks * p.channels * p.state;

@@ -1208,6 +1208,27 @@ TEST(CudaKernels, MambaConvAndScanMatchFloat64) {
                                                     dev.bias.as<float>(), in.K, du.as<bf16>(), in.ldu, n, ch, nullptr));
     const ds::kern::ScanParams p = dev.scan(0, n, du, dy, dyg);
     DeviceBuffer ws(std::max<size_t>(ds::kern::selective_scan_workspace(p), 16), "test");
+    // The chunked output pass is built per set of outputs: y alone and y silu(z) alone first, each into poisoned
+    // buffers (the other output must stay untouched), then both, the run the checks below read.
+    if (n > ds::kern::kScanSequentialMaxN) {
+      for (const bool gated_only : {false, true}) {
+        DeviceBuffer oy(dy.bytes(), "test"), og(dyg.bytes(), "test");
+        poison_bf16(oy), poison_bf16(og);
+        ds::kern::ScanParams q = dev.scan(0, n, du, oy, og);
+        (gated_only ? q.y : q.y_gated) = nullptr;
+        DS_CUDA_CHECK(ds::kern::launch_selective_scan(q, ws.get(), nullptr));
+        DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, ws.get(), nullptr));
+        DS_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = to_host<uint16_t>(gated_only ? og : oy, size_t(n) * ch),
+                   unused = to_host<uint16_t>(gated_only ? oy : og, size_t(n) * ch),
+                   both = to_host<uint16_t>(gated_only ? dyg : dy, size_t(n) * ch);
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i], both[i]) << (gated_only ? "y silu(z) alone" : "y alone") << " at " << i;
+          ASSERT_EQ(unused[i], kBf16NaN) << "the output not asked for was written at " << i;
+        }
+      }
+      for (DeviceBuffer* b : {&dy, &dyg}) poison_bf16(*b);
+    }
     DS_CUDA_CHECK(ds::kern::launch_selective_scan(p, ws.get(), nullptr));
     DS_CUDA_CHECK(cudaDeviceSynchronize());
     const auto u = to_host<uint16_t>(du, size_t(n) * in.ldu), y = to_host<uint16_t>(dy, size_t(n) * ch),
