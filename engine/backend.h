@@ -93,6 +93,9 @@ class Backend {
   // The implicit attention of one channel (req.head) of a Mamba layer's scan for the last forward, pooled as a view
   // (map_query.h, "implicit attention"); recomputed from the layer's cached input, O(view) back to the host.
   virtual void mamba_view(const ViewRequest& req, MapView& out) = 0;
+  // Row q of the same map, exact (keys 0..q, no pooling), into row [q + 1]; the layer's scan inputs are recomputed
+  // once for the whole row, O(n) back to the host. The GUI's row view of a Mamba channel.
+  virtual void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) = 0;
   virtual Profile profile() const = 0;
   // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
   virtual int64_t max_tokens() const = 0;

@@ -333,12 +333,11 @@ class CpuBackend final : public Backend {
     view_finish(out);
   }
 
-  void mamba_view(const ViewRequest& req, MapView& out) override {
-    require_run();
+  // Channel c of Mamba layer l for the last forward (mamba_view, mamba_row): the layer's scan inputs again from its
+  // cached input and a zero conv state (kept for the next query of the same layer), then the channel's steps.
+  MambaChannel implicit_channel(int l, int c) {
     const int64_t n = int64_t(ids_.size()), S = cfg_.d_state, XD = cfg_.dt_rank + 2 * S;
-    prepare_mamba_view(req, cfg_, n, out);
-    const int l = out.layer, c = out.head;
-    if (implicit_layer_ != l) {  // the layer's scan inputs again, from its cached input and a zero conv state
+    if (implicit_layer_ != l) {
       implicit_layer_ = -1;
       mamba_inputs(l, layer_in_[size_t(l)].data(), n, std::vector<float>(size_t((cfg_.d_conv - 1) * cfg_.d_inner), 0.f),
                    implicit_in_, nullptr);
@@ -360,6 +359,14 @@ class CpuBackend final : public Backend {
     ch.B = implicit_in_.xdbl.data() + cfg_.dt_rank;
     ch.C = ch.B + S;
     ch.ld = XD;
+    return ch;
+  }
+
+  void mamba_view(const ViewRequest& req, MapView& out) override {
+    require_run();
+    const int64_t n = int64_t(ids_.size());
+    prepare_mamba_view(req, cfg_, n, out);
+    const MambaChannel ch = implicit_channel(out.layer, out.head);
     std::vector<float> row(size_t(n), 0.f);
     for (int64_t q = out.q0; q < out.q1; ++q) {
       mamba_implicit_row(ch, q, out.k0, out.k1, row.data());
@@ -367,6 +374,14 @@ class CpuBackend final : public Backend {
     }
     view_finish(out);
     out.a1 = out.diff;
+  }
+
+  void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override {
+    require_run();
+    check_mamba_row(layer, channel, q, cfg_, int64_t(ids_.size()));
+    const MambaChannel ch = implicit_channel(layer, channel);
+    row.assign(size_t(q + 1), 0.f);
+    mamba_implicit_row(ch, q, 0, q + 1, row.data());
   }
 
   void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override {

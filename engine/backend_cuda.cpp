@@ -1213,14 +1213,10 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   }
 }
 
-// The scan's inputs of the layer again (as mamba_forward makes them, from the layer's cached input and a zero conv
-// state, into the forward's scratch buffers), then the channel's steps and the pooled grid; only the grid comes back.
-void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
-  const DeviceGuard on(device_);
-  if (!has_run_) throw Error("no maps: run a prompt first");
-  prepare_mamba_view(req, cfg_, last_n_, out, /*zero=*/false);
-  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
-  const int l = out.layer, c = out.head;
+// Channel c of Mamba layer l: the scan's inputs of the layer again (as mamba_forward makes them, from the layer's
+// cached input and a zero conv state, into the forward's scratch buffers), then the channel's steps and their prefix
+// sums. The returned pointers stay valid until the next forward or implicit-attention query.
+CudaBackend::ImplicitInputs CudaBackend::implicit_inputs(int l, int c) {
   const int64_t n = last_n_, E = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, XD = R + 2 * S;
   const LayerWeights& w = layers_[size_t(l)];
   const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
@@ -1228,27 +1224,56 @@ void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
   bf16* dt = xz + n * 2 * di;
   bf16* u = act_.act.as<bf16>();
   bf16* xdbl = act_.xdbl.as<bf16>();
-  const size_t cells = size_t(out.rows) * size_t(out.cols), steps_bytes = size_t(n) * (4 + 8);
+  const size_t steps_bytes = size_t(n) * (4 + 8);
   if (implicit_buf_.bytes() < steps_bytes) implicit_buf_ = DeviceBuffer(steps_bytes, "implicit attention steps");
-  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
   double* cum = implicit_buf_.as<double>();
   float* delta = reinterpret_cast<float*>(cum + n);
-  timed("mamba_view", l, [&] {
-    block_norm(h_in, E, w.ln1, w.ln1_b, act_.x.as<bf16>(), n);
-    gemm(nullptr, l, {.out_f = 2 * di, .tokens = n, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
-                      .y = xz});
-    DS_CUDA_CHECK(kern::launch_causal_conv_silu(xz, 2 * di, w.conv_w.as<float>(), w.conv_b.as<float>(),
-                                                int(cfg_.d_conv), u, di, n, int(di), stream()));
-    gemm(nullptr, l, {.out_f = XD, .tokens = n, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
-    gemm(nullptr, l, {.out_f = di, .tokens = n, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt, .ldx = XD});
-    DS_CUDA_CHECK(kern::launch_mamba_channel_steps(dt, di, c, w.dt_b.as<float>(), n, delta, cum, stream()));
-    const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f};
-    DS_CUDA_CHECK(kern::launch_mamba_implicit_view(delta, cum, xdbl + R, xdbl + R + S, XD,
-                                                   w.a_neg.as<float>() + size_t(c) * size_t(S), int(S), va,
-                                                   view_buf_.as<float>(), stream()));
+  block_norm(h_in, E, w.ln1, w.ln1_b, act_.x.as<bf16>(), n);
+  gemm(nullptr, l, {.out_f = 2 * di, .tokens = n, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
+                    .y = xz});
+  DS_CUDA_CHECK(kern::launch_causal_conv_silu(xz, 2 * di, w.conv_w.as<float>(), w.conv_b.as<float>(),
+                                              int(cfg_.d_conv), u, di, n, int(di), stream()));
+  gemm(nullptr, l, {.out_f = XD, .tokens = n, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
+  gemm(nullptr, l, {.out_f = di, .tokens = n, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt, .ldx = XD});
+  DS_CUDA_CHECK(kern::launch_mamba_channel_steps(dt, di, c, w.dt_b.as<float>(), n, delta, cum, stream()));
+  return {delta, cum, xdbl + R, xdbl + R + S, XD, w.a_neg.as<float>() + size_t(c) * size_t(S), int(S)};
+}
+
+void CudaBackend::implicit_grid(const ImplicitInputs& in, const kern::ViewPoolArgs& va, float* grid) {
+  DS_CUDA_CHECK(kern::launch_mamba_implicit_view(in.delta, in.cum, in.B, in.C, in.ld_bc, in.A, in.S, va, grid, stream()));
+}
+
+// Only the pooled grid comes back.
+void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  prepare_mamba_view(req, cfg_, last_n_, out, /*zero=*/false);
+  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
+  const size_t cells = size_t(out.rows) * size_t(out.cols);
+  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  timed("mamba_view", out.layer, [&] {
+    const ImplicitInputs in = implicit_inputs(out.layer, out.head);
+    implicit_grid(in, {out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f},
+                  view_buf_.as<float>());
   });
   copy_to_host({{out.diff.data(), view_buf_.get(), cells * 4}});
   out.a1 = out.diff;
+}
+
+// The row as one 1 x (q + 1) grid: one cell per key.
+void CudaBackend::mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  check_mamba_row(layer, channel, q, cfg_, last_n_);
+  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
+  const size_t cells = size_t(q + 1);
+  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  timed("mamba_view", layer, [&] {
+    implicit_grid(implicit_inputs(layer, channel), {q, q + 1, 0, q + 1, 1, int(q + 1), false, 0.f},
+                  view_buf_.as<float>());
+  });
+  row.resize(cells);
+  copy_to_host({{row.data(), view_buf_.get(), cells * 4}});
 }
 
 // Device -> pageable host memory. cudaMemcpy to pageable memory stages through the driver's buffers at a fraction

@@ -33,6 +33,7 @@
 #include "backend_cuda_memory.h"
 #include "config.h"
 #include "kernels/attn_dispatch.h"
+#include "kernels/attn_maps.h"
 #include "model.h"
 
 namespace ds::cuda {
@@ -140,6 +141,7 @@ class CudaBackend final : public Backend {
   std::vector<HeadStats> head_stats(int layer) override;
   void map_view(const ViewRequest& req, MapView& out) override;
   void mamba_view(const ViewRequest& req, MapView& out) override;
+  void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override;
   void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override;
   std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override;
   void set_profiling(bool on) { profiling_ = on; }
@@ -251,6 +253,18 @@ class CudaBackend final : public Backend {
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
   bool fused_map_queries(const kern::AttnParams& p) const;
+  // A Mamba channel's implicit attention (mamba_view, mamba_row): its layer's scan inputs recomputed, the channel's
+  // steps, and the operands of kern::launch_mamba_implicit_view.
+  struct ImplicitInputs {
+    const float* delta;
+    const double* cum;
+    const bf16 *B, *C;
+    int64_t ld_bc;
+    const float* A;
+    int S;
+  };
+  ImplicitInputs implicit_inputs(int layer, int channel);
+  void implicit_grid(const ImplicitInputs& in, const kern::ViewPoolArgs& va, float* grid);
   struct HostCopy {
     void* dst;  // pageable host memory
     const void* src;
@@ -290,7 +304,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer logits_;       // [rows, vocab] f32
   DeviceBuffer xf_;           // [rows, E] bf16, final-normed rows for the lm_head
   DeviceBuffer map_buf_, map_stats_, view_buf_;
-  DeviceBuffer implicit_buf_;  // mamba_view: one channel's steps [n] f32 and their prefix sums [n] f64
+  DeviceBuffer implicit_buf_;  // mamba_view, mamba_row: one channel's steps [n] f32 and their prefix sums [n] f64
   bool fused_views_ = true;
   PinnedBuffer host_stage_;           // copy_to_host's staging (up to 64 MB)
   std::vector<CudaEvent> stage_ev_;

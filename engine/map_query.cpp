@@ -34,6 +34,16 @@ void prepare_mamba_view(const ViewRequest& req, const ModelConfig& cfg, int64_t 
   prepare_view(req, int(cfg.layers), int(cfg.d_inner), n, false, 0.f, out, zero);
 }
 
+void check_mamba_row(int layer, int channel, int64_t q, const ModelConfig& cfg, int64_t n) {
+  if (n <= 0) throw Error("no maps: run a prompt first");
+  ViewRequest req;
+  req.layer = layer, req.head = channel, req.rows = req.cols = 1;
+  MapView probe;
+  prepare_mamba_view(req, cfg, n, probe, false);  // the layer and the channel
+  if (q < 0 || q >= n)
+    throw Error("position " + std::to_string(q) + " is outside the prompt (" + std::to_string(n) + " tokens)");
+}
+
 void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
                   MapView& out, bool zero) {
   if (n <= 0) throw Error("no maps: run a prompt first");

@@ -85,6 +85,8 @@ void mamba_implicit_row(const MambaChannel& ch, int64_t q, int64_t k0, int64_t k
 // Checks that `layer` has a selective scan (Mamba or memory kind) and that req.head is one of its d_inner channels,
 // then prepares `out` as prepare_view does. Throws ds::Error with a one-line reason.
 void prepare_mamba_view(const ViewRequest& req, const ModelConfig& cfg, int64_t n, MapView& out, bool zero = true);
+// The checks of Backend::mamba_row (the layer has a scan, the channel exists, 0 <= q < n), as one-line ds::Errors.
+void check_mamba_row(int layer, int channel, int64_t q, const ModelConfig& cfg, int64_t n);
 
 // ---------------------------------------------------------------------------------------------------------------
 // rows

@@ -238,6 +238,20 @@ inline int expect_implicit_views(ds::Backend& be, int layer, const std::vector<f
         EXPECT_LE(max_abs_diff(got, expect), rel_tol * scale) << at << " (largest |M| " << scale << ")";
         ++compared;
       }
+    // The exact rows (Backend::mamba_row): keys 0..q, nothing after.
+    for (const int64_t q : {int64_t(0), n / 2, n - 1}) {
+      std::vector<float> row;
+      be.mamba_row(layer, int(channels[ci]), q, row);
+      const std::string at = what + " layer " + std::to_string(layer) + " channel " +
+                             std::to_string(int(channels[ci])) + " row " + std::to_string(q);
+      EXPECT_EQ(row.size(), size_t(q + 1)) << at;
+      if (row.size() != size_t(q + 1)) continue;
+      double err = 0;
+      for (int64_t k = 0; k <= q; ++k)
+        err = std::max(err, std::fabs(double(row[size_t(k)]) - double(maps[ci * size_t(n * n) + size_t(q * n + k)])));
+      EXPECT_LE(err, rel_tol * scale) << at << " (largest |M| " << scale << ")";
+      ++compared;
+    }
   }
   return compared;
 }

@@ -135,6 +135,8 @@ TEST(Phi4FlashSession, MambaImplicitAttentionMatchesReference) {
           EXPECT_NE(std::string(e.what()).find("implicit attention maps are for Mamba layers"), std::string::npos)
               << e.what();
         }
+        std::vector<float> row;
+        EXPECT_THROW(s->backend().mamba_row(l, 0, 0, row), ds::Error) << name << " layer " << l;
         continue;
       }
       views += dstest::expect_implicit_views(s->backend(), l, ex.get(p + "_channels"), ex.get(p), n, 1e-4, name);
@@ -154,6 +156,18 @@ TEST(Phi4FlashSession, MambaImplicitAttentionMatchesReference) {
                 std::string::npos)
           << e.what();
     }
+    std::vector<float> row;
+    for (const int64_t bad : {int64_t(-1), n}) {
+      try {
+        s->backend().mamba_row(0, 0, bad, row);
+        ADD_FAILURE() << "row " << bad << " accepted";
+      } catch (const ds::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("position " + std::to_string(bad) + " is outside the prompt"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    EXPECT_THROW(s->backend().mamba_row(0, int(c.d_inner), 0, row), ds::Error) << "channel d_inner accepted";
   }
 }
 

@@ -604,23 +604,16 @@ void Worker::refresh_row(const Request& r) {
   rm->q = q;
   rm->implicit = implicit;
   rm->channel = channel;
-  if (implicit) {  // the exact row as 1-row views of the causal keys 0..q, at most 8192 columns each
+  if (implicit) {  // the exact row (keys 0..q), the layer's scan inputs recomputed once
     rm->differential = false;
     rm->rows.layer = layer;
     rm->rows.heads = 1;
     rm->rows.n = n;
     rm->rows.positions = {q};
-    rm->rows.a1.assign(size_t(n), 0.f);
-    for (int64_t k0 = 0; k0 <= q; k0 += 8192) {
-      ViewRequest vr;
-      vr.layer = layer;
-      vr.head = channel;
-      vr.q0 = q, vr.q1 = q + 1, vr.k0 = k0, vr.k1 = std::min(q + 1, k0 + 8192);
-      vr.rows = 1, vr.cols = int(vr.k1 - k0);
-      MapView v;
-      session_->backend().mamba_view(vr, v);
-      std::copy(v.a1.begin(), v.a1.end(), rm->rows.a1.begin() + k0);
-    }
+    std::vector<float> row;
+    session_->backend().mamba_row(layer, channel, q, row);
+    row.resize(size_t(n), 0.f);  // masked keys after q
+    rm->rows.a1 = std::move(row);
   } else {
     rm->lambda = session_->effective_lambda(layer);
     rm->differential = cfg.is_diff();
