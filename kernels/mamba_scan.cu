@@ -181,9 +181,9 @@ __global__ void __launch_bounds__(256) conv_silu_head_kernel(const __nv_bfloat16
 // gated output pass (20 on the SFU), down from 108 and 199 with 64-bit pointer walks and run-time output checks
 // (2.86 -> 2.58 ms per layer at 32K tokens on an H100). A step's SFU work (8 cycles per warp instruction: 144 and
 // 160) now exceeds its issue slots, yet moving some exponentials to a polynomial on the FMA pipe made both passes
-// slower (bench/EXPERIMENTS.md). u, dt and z come
-// from device memory at long prompts: they are loaded kPrefetch* steps ahead (one step ahead left both passes
-// waiting on them at 32K tokens). States past p.state compute zeros (A = 0, B = C = 0, h = 0).
+// slower (bench/EXPERIMENTS.md). u, dt and z come from device memory at long prompts: they are loaded kPrefetch*
+// steps ahead (one step ahead left both passes waiting on them at 32K tokens). States past p.state compute zeros
+// (A = 0, B = C = 0, h = 0).
 constexpr int CHUNK = 256;
 constexpr int kPrefetchState = 4, kPrefetchOutput = 2;
 
