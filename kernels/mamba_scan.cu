@@ -2,7 +2,11 @@
 // convolution is element-wise over (token, channel), K taps read from the previous rows (8 channels by 16 rows per
 // thread where the layout allows).
 #include "mamba_scan.h"
+
+#include <cstdlib>
+
 #include "align.h"
+#include "mma_sm80.cuh"
 
 namespace ds::kern {
 namespace {
@@ -398,6 +402,303 @@ cudaError_t run_scan_any(const ScanParams& p, float* hs, float* ds, cudaStream_t
   return run_scan<SMAX, false>(p, hs, ds, stream);
 }
 
+// Long runs, sequential over the tokens: every (channel, state) recurrence is independent, and d_inner x d_state of
+// them (81,920 at Phi-4-mini-flash's shape) keep the GPU busy without cutting time into chunks, so each
+// exponential is taken once instead of the chunked passes' twice. G = 4 lanes take one channel, lane g its SPL
+// states g SPL .. g SPL + SPL - 1; a block takes cpb consecutive channels, sized so that the blocks fill the SMs
+// once. The inputs arrive a tile of kTileT tokens at a time, two tiles ahead (16-byte cp.async where the layout
+// allows), and between two tiles the block turns the next tile into what a step reads: {delta, delta u} per
+// (token, channel), B and C as f32 rows, {D u, silu(z)} for the outputs. A step is then the states' recurrences
+// and one store of the lane's share of y; the shares are summed, D u added and the gate applied for the whole tile
+// at the next boundary, where the outputs leave for device memory in 16-byte rows. Two barriers per tile.
+constexpr int kTileT = 64;
+static int tile_g() {
+  static const int g = std::getenv("DS_SCAN_G") ? std::atoi(std::getenv("DS_SCAN_G")) : 8;
+  return g == 16 ? 16 : g == 8 ? 8 : 4;
+}
+
+// Shared memory of the tiled kernel, offsets in bytes.
+struct TileSmem {
+  int cpb, smax;
+  __host__ __device__ uint32_t step_in() const { return 0; }  // [T][cpb] float2 {delta, delta u}
+  __host__ __device__ uint32_t out_in(int i) const {           // [2][T][cpb] float2 {D u, silu(z)}, by tile parity
+    return uint32_t(kTileT * cpb * 8 * (1 + i));
+  }
+  int G = 4;
+  __host__ __device__ uint32_t bc() const { return uint32_t(kTileT * cpb * 24); }  // [T][2][smax] f32: B, C
+  __host__ __device__ uint32_t part() const { return bc() + uint32_t(kTileT * 2 * smax * 4); }  // [T][cpb][G] f32
+  __host__ __device__ uint32_t raw_bytes() const { return uint32_t(kTileT * (3 * cpb + 2 * smax) * 2); }
+  __host__ __device__ uint32_t raw(int i) const {  // [2]: u, dt, z [T][cpb], B, C [T][smax] (bf16)
+    return part() + uint32_t(kTileT * cpb * G * 4) + uint32_t(i) * raw_bytes();
+  }
+  __host__ __device__ uint32_t par() const { return raw(2); }  // dt_bias [cpb], D [cpb]
+  __host__ __device__ uint32_t bytes() const { return par() + uint32_t(cpb * 8); }
+};
+
+// Items [rows][ncol] of a tile spread over the block: this thread's column tid % ncol, its rows from tid / ncol in
+// steps of blockDim / ncol (ncol divides the block's threads, 4 cpb, in every use: cpb, cpb / 8, smax, smax / 8).
+template <class F>
+__device__ __forceinline__ void tile_items(int rows, int ncol, F&& f) {
+  const int col = int(threadIdx.x) % ncol, step = int(blockDim.x) / ncol;
+  for (int r = int(threadIdx.x) / ncol; r < rows; r += step) f(r, col);
+}
+
+// Tile k's rows (those before n) of the block's channels into raw buffer `buf`; rows of z only where gated. VEC:
+// 16-byte cp.async (channels, strides and the state multiples of 8, every base 16-byte aligned); else element by
+// element through registers.
+template <bool VEC, bool GATED>
+__device__ __forceinline__ void tile_load(const ScanParams& p, const TileSmem& L, unsigned char* sm, int buf,
+                                          int c0, int64_t k) {
+  const int64_t t0 = k * kTileT;
+  const int rows = int(p.n - t0 < kTileT ? p.n - t0 : kTileT);
+  if (rows <= 0) return;
+  __nv_bfloat16* ru = reinterpret_cast<__nv_bfloat16*>(sm + L.raw(buf));
+  __nv_bfloat16* rdt = ru + kTileT * L.cpb;
+  __nv_bfloat16* rz = rdt + kTileT * L.cpb;
+  __nv_bfloat16* rb = rz + kTileT * L.cpb;
+  __nv_bfloat16* rc = rb + kTileT * L.smax;
+  const int live = p.channels - c0 < L.cpb ? p.channels - c0 : L.cpb;  // the block's channels that exist
+  const __nv_bfloat16* u = p.u + t0 * p.ld_u + c0;
+  const __nv_bfloat16* dt = p.dt + t0 * p.ld_dt + c0;
+  const __nv_bfloat16* z = GATED ? p.z + t0 * p.ld_z + c0 : nullptr;
+  const __nv_bfloat16* B = p.B + t0 * p.ld_bc;
+  const __nv_bfloat16* C = p.C + t0 * p.ld_bc;
+  if constexpr (VEC) {
+    tile_items(rows, L.cpb / 8, [&](int r, int j) {
+      if (8 * j >= live) return;
+      const int o = r * L.cpb + 8 * j;
+      cp_async_16(smem_addr(ru + o), u + r * p.ld_u + 8 * j, 16);
+      cp_async_16(smem_addr(rdt + o), dt + r * p.ld_dt + 8 * j, 16);
+      if constexpr (GATED) cp_async_16(smem_addr(rz + o), z + r * p.ld_z + 8 * j, 16);
+    });
+    tile_items(rows, L.smax / 8, [&](int r, int j) {
+      if (8 * j >= p.state) return;
+      cp_async_16(smem_addr(rb + r * L.smax + 8 * j), B + r * p.ld_bc + 8 * j, 16);
+      cp_async_16(smem_addr(rc + r * L.smax + 8 * j), C + r * p.ld_bc + 8 * j, 16);
+    });
+  } else {
+    tile_items(rows, L.cpb, [&](int r, int j) {
+      if (j >= live) return;
+      const int o = r * L.cpb + j;
+      ru[o] = u[r * p.ld_u + j];
+      rdt[o] = dt[r * p.ld_dt + j];
+      if constexpr (GATED) rz[o] = z[r * p.ld_z + j];
+    });
+    tile_items(rows, L.smax, [&](int r, int j) {
+      if (j >= p.state) return;
+      rb[r * L.smax + j] = B[r * p.ld_bc + j];
+      rc[r * L.smax + j] = C[r * p.ld_bc + j];
+    });
+  }
+}
+
+template <int G, int SPL, bool VEC, int OUT>
+__global__ void __launch_bounds__(1024) scan_tiled_kernel(const ScanParams p, int cpb) {
+  constexpr int SMAX = G * SPL;
+  constexpr bool GATED = (OUT & kOutGated) != 0;
+  extern __shared__ __align__(16) unsigned char sm[];
+  const TileSmem L{cpb, SMAX, G};
+  float2* step_in = reinterpret_cast<float2*>(sm + L.step_in());
+  float* bcf = reinterpret_cast<float*>(sm + L.bc());
+  float* part = reinterpret_cast<float*>(sm + L.part());
+  float* pbias = reinterpret_cast<float*>(sm + L.par());
+  float* pD = pbias + cpb;
+  const int c0 = int(blockIdx.x) * cpb, tid = int(threadIdx.x);
+  const int cl = tid / G, g = tid % G, c = c0 + cl;
+  const bool live = c < p.channels;
+  const int nlive = p.channels - c0 < cpb ? p.channels - c0 : cpb;
+  for (int i = tid; i < cpb; i += blockDim.x) {
+    pbias[i] = i < nlive ? p.dt_bias[c0 + i] : 0.f;
+    pD[i] = i < nlive ? p.D[c0 + i] : 0.f;
+  }
+  float h[SPL], a2[SPL];
+#pragma unroll
+  for (int j = 0; j < SPL; ++j) {
+    const int s = g * SPL + j;
+    const bool on = live && s < p.state;
+    a2[j] = on ? p.A[int64_t(c) * p.state + s] * LOG2E : 0.f;
+    h[j] = on && p.state_in ? p.state_in[int64_t(c) * p.state + s] : 0.f;
+  }
+  const int64_t tiles = (p.n + kTileT - 1) / kTileT;
+  // Raw tile k (from buffer k % 2) into what the steps read; rows past n become steps that change nothing
+  // (delta = 0: exp(0) h + 0 = h exactly) and whose outputs are not stored.
+  const auto convert = [&](int64_t k) {
+    const unsigned char* base = sm + L.raw(int(k & 1));
+    const __nv_bfloat16* ru = reinterpret_cast<const __nv_bfloat16*>(base);
+    const __nv_bfloat16* rdt = ru + kTileT * cpb;
+    const __nv_bfloat16* rz = rdt + kTileT * cpb;
+    const __nv_bfloat16* rb = rz + kTileT * cpb;
+    const __nv_bfloat16* rc = rb + kTileT * SMAX;
+    float2* oin = reinterpret_cast<float2*>(sm + L.out_in(int(k & 1)));
+    const int rows = int(p.n - k * kTileT < kTileT ? p.n - k * kTileT : kTileT);
+    tile_items(kTileT, cpb / 2, [&](int r, int j) {  // channels 2j and 2j + 1
+      const int i = r * cpb + 2 * j;
+      float4 s{0.f, 0.f, 0.f, 0.f}, o{0.f, 0.f, 0.f, 0.f};
+      if (r < rows && 2 * j < nlive) {
+        const float2 uu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(ru + i));
+        const float2 dd = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(rdt + i));
+        const float2 bias = *reinterpret_cast<const float2*>(pbias + 2 * j), dsk = *reinterpret_cast<const float2*>(pD + 2 * j);
+        const float d0 = softplus(dd.x + bias.x), d1 = softplus(dd.y + bias.y);
+        s = make_float4(d0, d0 * uu.x, d1, d1 * uu.y);
+        o.x = dsk.x * uu.x, o.z = dsk.y * uu.y;
+        if constexpr (GATED) {
+          const float2 zz = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(rz + i));
+          o.y = silu(zz.x), o.w = silu(zz.y);
+        }
+        if (2 * j + 1 >= nlive) s.z = s.w = o.z = o.w = 0.f;  // an odd last channel: its pair is not live
+      }
+      *reinterpret_cast<float4*>(step_in + i) = s;
+      *reinterpret_cast<float4*>(oin + i) = o;
+    });
+    tile_items(kTileT, SMAX, [&](int r, int s) {
+      const bool on = r < rows && s < p.state;
+      bcf[r * 2 * SMAX + s] = on ? __bfloat162float(rb[r * SMAX + s]) : 0.f;
+      bcf[r * 2 * SMAX + SMAX + s] = on ? __bfloat162float(rc[r * SMAX + s]) : 0.f;
+    });
+  };
+  // Tile k's outputs: the lanes' shares of y summed, D u added, gated; stored for the rows before n. One channel per
+  // thread, so that consecutive lanes read consecutive shares (16-byte loads without bank conflicts).
+  const auto emit = [&](int64_t k) {
+    const float2* oin = reinterpret_cast<const float2*>(sm + L.out_in(int(k & 1)));
+    const int64_t t0 = k * kTileT;
+    const int rows = int(p.n - t0 < kTileT ? p.n - t0 : kTileT);
+    tile_items(rows, cpb, [&](int r, int cc) {
+      if (cc >= nlive) return;
+      const float4* q = reinterpret_cast<const float4*>(part + (r * cpb + cc) * G);
+      float sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < G / 4; ++v) {
+        const float4 x = q[v];
+        sum += (x.x + x.y) + (x.z + x.w);
+      }
+      const float2 o = oin[r * cpb + cc];
+      const float y = sum + o.x;
+      if constexpr ((OUT & kOutY) != 0) p.y[(t0 + r) * p.ld_y + c0 + cc] = __float2bfloat16(y);
+      if constexpr (GATED) p.y_gated[(t0 + r) * p.ld_y + c0 + cc] = __float2bfloat16(y * o.y);
+    });
+  };
+  tile_load<VEC, GATED>(p, L, sm, 0, c0, 0);
+  cp_async_commit();
+  tile_load<VEC, GATED>(p, L, sm, 1, c0, 1);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  convert(0);
+  __syncthreads();
+  for (int64_t k = 0; k < tiles; ++k) {
+    // Tile k + 2 into the raw buffer tile k was converted from (before the last barrier).
+    tile_load<VEC, GATED>(p, L, sm, int(k & 1), c0, k + 2);
+    cp_async_commit();
+    float* my_part = part + cl * G + g;
+    // Step r + 1's inputs and exponentials are formed before step r's recurrences (the shared loads could not move
+    // above the previous step's store of its share otherwise).
+    struct StepVals {
+      float e[SPL], bu[SPL], c[SPL];
+    };
+    const auto fetch = [&](int r) {
+      const float2 si = step_in[r * cpb + cl];
+      const float* brow = bcf + r * 2 * SMAX + g * SPL;
+      float bb[SPL];
+      StepVals v;
+      if constexpr (SPL % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < SPL / 4; ++i) {
+          const float4 b4 = reinterpret_cast<const float4*>(brow)[i], c4 = reinterpret_cast<const float4*>(brow + SMAX)[i];
+          bb[4 * i] = b4.x, bb[4 * i + 1] = b4.y, bb[4 * i + 2] = b4.z, bb[4 * i + 3] = b4.w;
+          v.c[4 * i] = c4.x, v.c[4 * i + 1] = c4.y, v.c[4 * i + 2] = c4.z, v.c[4 * i + 3] = c4.w;
+        }
+      } else if constexpr (SPL == 2) {
+        const float2 b2 = *reinterpret_cast<const float2*>(brow), c2 = *reinterpret_cast<const float2*>(brow + SMAX);
+        bb[0] = b2.x, bb[1] = b2.y, v.c[0] = c2.x, v.c[1] = c2.y;
+      } else {
+        static_assert(SPL == 1, "states per lane: 1, 2, 4 or 8");
+        bb[0] = brow[0], v.c[0] = brow[SMAX];
+      }
+#pragma unroll
+      for (int j = 0; j < SPL; ++j) {
+        v.e[j] = ex2_approx(si.x * a2[j]);
+        v.bu[j] = bb[j] * si.y;
+      }
+      return v;
+    };
+    StepVals cur = fetch(0);
+#pragma unroll 4
+    for (int r = 0; r < kTileT; ++r) {
+      const StepVals next = fetch(r + 1 < kTileT ? r + 1 : r);
+      float y = 0.f;
+#pragma unroll
+      for (int j = 0; j < SPL; ++j) {
+        h[j] = fmaf(cur.e[j], h[j], cur.bu[j]);
+        y = fmaf(cur.c[j], h[j], y);
+      }
+      my_part[r * cpb * G] = y;
+      cur = next;
+    }
+    cp_async_wait<1>();  // this thread's copies of tile k + 1
+    __syncthreads();     // every thread's copies landed, and the steps of tile k are done
+    emit(k);
+    if (k + 1 < tiles) convert(k + 1);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  if (live && p.state_out) {
+#pragma unroll
+    for (int j = 0; j < SPL; ++j)
+      if (g * SPL + j < p.state) p.state_out[int64_t(c) * p.state + g * SPL + j] = h[j];
+  }
+}
+
+template <int G, int SPL, bool VEC, int OUT>
+cudaError_t launch_tiled(const ScanParams& p, int cpb, cudaStream_t stream) {
+  const TileSmem L{cpb, G * SPL, G};
+  const auto kern = scan_tiled_kernel<G, SPL, VEC, OUT>;
+  static uint32_t opted = 0;  // the shared memory this instantiation may use so far
+  if (L.bytes() > opted) {
+    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L.bytes()));
+    if (e != cudaSuccess) return e;
+    opted = L.bytes();
+  }
+  kern<<<unsigned((p.channels + cpb - 1) / cpb), unsigned(cpb * G), L.bytes(), stream>>>(p, cpb);
+  return cudaGetLastError();
+}
+
+template <int G, int SPL, bool VEC>
+cudaError_t run_tiled_outputs(const ScanParams& p, int cpb, cudaStream_t stream) {
+  if (p.y && p.y_gated) return launch_tiled<G, SPL, VEC, kOutY | kOutGated>(p, cpb, stream);
+  if (p.y_gated) return launch_tiled<G, SPL, VEC, kOutGated>(p, cpb, stream);
+  return launch_tiled<G, SPL, VEC, kOutY>(p, cpb, stream);
+}
+
+template <int G, int SPL>
+cudaError_t run_tiled_vec(const ScanParams& p, int cpb, bool vec, cudaStream_t stream) {
+  return vec ? run_tiled_outputs<G, SPL, true>(p, cpb, stream) : run_tiled_outputs<G, SPL, false>(p, cpb, stream);
+}
+
+// The block's channels: a multiple of 8, enough for one block per SM, at most 256 / G and what shared memory holds.
+cudaError_t run_tiled(const ScanParams& p, cudaStream_t stream) {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+  }
+  const int G = tile_g(), smax = p.state <= 16 ? 16 : 32;
+  int cpb = ((p.channels + sms - 1) / sms + 7) / 8 * 8;
+  const int cmax = 1024 / G;
+  cpb = cpb < 8 ? 8 : cpb > cmax ? cmax : cpb;
+  while (cpb > 8 && TileSmem{cpb, smax, G}.bytes() > 200u * 1024u) cpb -= 8;
+  bool vec = p.channels % 8 == 0 && p.state % 8 == 0 && p.ld_bc % 8 == 0 && p.ld_u % 8 == 0 && p.ld_dt % 8 == 0 &&
+             p.ld_y % 8 == 0 && aligned16(p.u) && aligned16(p.dt) && aligned16(p.B) && aligned16(p.C) &&
+             (!p.y || aligned16(p.y)) && (!p.y_gated || (aligned16(p.y_gated) && aligned16(p.z) && p.ld_z % 8 == 0));
+  if (std::getenv("DS_SCAN_NOVEC")) vec = false;
+  if (G == 16)
+    return smax == 16 ? run_tiled_vec<16, 1>(p, cpb, vec, stream) : run_tiled_vec<16, 2>(p, cpb, vec, stream);
+  if (G == 8)
+    return smax == 16 ? run_tiled_vec<8, 2>(p, cpb, vec, stream) : run_tiled_vec<8, 4>(p, cpb, vec, stream);
+  return smax == 16 ? run_tiled_vec<4, 4>(p, cpb, vec, stream) : run_tiled_vec<4, 8>(p, cpb, vec, stream);
+}
+
 // Short runs (n <= kScanSequentialMaxN, decoding's n = 1): one kernel, sequential over the tokens. A group of G
 // consecutive lanes (a power of two >= state, within a warp) takes one channel, lane s its h[s]; y is the group's
 // shuffle sum of C[t, s] h[s]. Every lane of a warp runs the same steps (lanes past the channels or the state only
@@ -508,6 +809,8 @@ cudaError_t launch_selective_scan(const ScanParams& p, void* workspace, cudaStre
   if (p.n <= kScanSequentialMaxN)
     return p.state <= 8 ? run_scan_sequential<8>(p, stream)
                         : p.state <= 16 ? run_scan_sequential<16>(p, stream) : run_scan_sequential<32>(p, stream);
+  static const bool chunked = std::getenv("DS_SCAN_CHUNKED") && std::getenv("DS_SCAN_CHUNKED")[0] == '1';
+  if (!chunked) return run_tiled(p, stream);
   if (!workspace) return cudaErrorInvalidValue;
   // the chunked passes address rows with 32-bit byte strides
   for (int64_t ld : {p.ld_u, p.ld_dt, p.ld_z, p.ld_y})
