@@ -34,6 +34,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "kernels/gemm_swiglu_sm90.h"
 #include "rope.h"
 
 namespace ds {
@@ -795,6 +796,14 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
   // SwiGLU then reads half the bytes it would read in f32.
   bf16* gu = act_.scratch32.as<bf16>();
+  static const bool fused_env = std::getenv("DS_SWIGLU_FUSED") && std::getenv("DS_SWIGLU_FUSED")[0] == '1';
+  if (!gemms_only && fused_env && cfg_.spec().mlp != MlpAct::PolyNorm &&
+      kern::gemm_swiglu_sm90_supported(x, E, w.gate_up.as<bf16>(), R, int(E), int(I))) {
+    timed("gemm_gate_up_swiglu", l, [&] {
+      DS_CUDA_CHECK(kern::launch_gemm_swiglu_sm90(x, E, w.gate_up.as<bf16>(), act_.act.as<bf16>(), R, int(E), int(I),
+                                                  stream()));
+    });
+  } else {
   gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
   if (cfg_.spec().mlp == MlpAct::PolyNorm) {
     step("polynorm", [&] {
@@ -803,6 +812,7 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
     });
   } else {
     step("swiglu", [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
+  }
   }
   // scratch32 is dead once SwiGLU has read it: the spare that timing this in-place accumulation writes into.
   gemm("gemm_down", l, {.out_f = E, .tokens = R, .in_f = I, .w = w.down.as<bf16>(), .x = act_.act.as<bf16>(),

@@ -401,6 +401,17 @@ bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+bool make_tma_map_2d(CUtensorMap& m, const bf16* base, int64_t cols, int64_t rows, int64_t row_stride, int box_rows) {
+  auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, estride[2] = {1, 1};
+  return fn(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box, estride,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, cudaStream_t stream) {
   if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
   return p.diff ? launch_mode<true>(p, block_n, stream) : launch_mode<false>(p, block_n, stream);

@@ -17,6 +17,17 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   __trap();
 #endif
 }
+// Box (c0 column, c1 row) of a 2-D `map` into shared memory at dst; completes its bytes on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
 // Box (c0 column, c1 token, c2 sequence) of `map` into shared memory at dst; completes `bytes` on mbarrier bar.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
                                             uint32_t bar) {
@@ -47,5 +58,9 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 // past n read zeros, stores there are dropped. False when the driver's encoder is not reachable or refuses.
 bool make_attn_tma_map(CUtensorMap& m, const bf16* base, int64_t row_stride, int64_t batch_stride, const AttnParams& p,
                        int rows);
+// A row-major [rows][row_stride] bf16 matrix (columns [0, cols)) as a 2-D map with boxes of 64 columns x box_rows
+// rows, 128-byte swizzle as above; reads past cols or rows fill zeros. Base and row_stride * 2 must be multiples of
+// 16 bytes.
+bool make_tma_map_2d(CUtensorMap& m, const bf16* base, int64_t cols, int64_t rows, int64_t row_stride, int box_rows);
 
 }  // namespace ds::kern

@@ -36,6 +36,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/embedding.h"
+#include "kernels/gemm_swiglu_sm90.h"
 #include "kernels/layernorm.h"
 #include "kernels/mamba_scan.h"
 #include "kernels/rmsnorm.h"
@@ -1028,6 +1029,66 @@ TEST(CudaKernels, RopeMatchesFloat64) {
       EXPECT_LT(std::sqrt(num / den), kBf16Rel) << what;
       EXPECT_EQ(v_changed, 0u) << what;
     }
+}
+
+// The gate/up GEMM with SwiGLU in its epilogue (Hopper) against float64: g and u summed in float64 and rounded to
+// bf16 (as the unfused path's bf16 gate_up output), silu(g) * u. Shapes: a partial last row tile and K not a
+// multiple of the 64-wide K step (the copy engine's zero fill), strided x rows; one tile; 170 tiles (more than an
+// H100's 132 CTAs, so the persistent tile loop wraps; a partial group of row tiles) with more K steps than stages.
+TEST(CudaKernels, GemmSwigluMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::kern::gemm_swiglu_sm90_supported(reinterpret_cast<const bf16*>(256), 64, reinterpret_cast<const bf16*>(256),
+                                            128, 64, 128))
+    GTEST_SKIP() << "the fused gate/up + SwiGLU GEMM needs an sm_90 device, this build's sm_90a code and the driver's "
+                    "TMA encoder";
+  std::mt19937 rng(31);
+  struct Case {
+    int64_t M;
+    int K, I, ldx;
+  };
+  // The last shape has 512 tiles, several per CTA, so each staging area is handed back and forth. Each shape runs
+  // with CTAs alone and in pairs (the weights multicast).
+  for (const Case cs : {Case{300, 200, 256, 208}, Case{128, 64, 128, 64}, Case{2100, 320, 1280, 328},
+                        Case{4096, 192, 2048, 192}}) {
+    const std::vector<uint16_t> x = random_bf16(size_t(cs.M) * cs.ldx, rng, 1.f);
+    const std::vector<uint16_t> w = random_bf16(size_t(2 * cs.I) * cs.K, rng, 0.2f);
+    DeviceBuffer dx = to_device(x), dw = to_device(w), dout(size_t(cs.M) * cs.I * 2, "test");
+    std::vector<double> xd(x.size()), wd(w.size());
+    for (size_t i = 0; i < x.size(); ++i) xd[i] = bf(x[i]);
+    for (size_t i = 0; i < w.size(); ++i) wd[i] = bf(w[i]);
+    const auto round_bf = [](double v) { return double(__bfloat162float(__float2bfloat16(float(v)))); };
+    std::vector<double> ref(size_t(cs.M) * cs.I);
+    for (int64_t r = 0; r < cs.M; ++r)
+      for (int c = 0; c < cs.I; ++c) {
+        double g = 0, u = 0;
+        const double* xr = &xd[size_t(r) * cs.ldx];
+        const double *wg = &wd[size_t(c) * cs.K], *wu = &wd[size_t(cs.I + c) * cs.K];
+        for (int k = 0; k < cs.K; ++k) g += xr[k] * wg[k], u += xr[k] * wu[k];
+        g = round_bf(g), u = round_bf(u);
+        ref[size_t(r) * cs.I + c] = g / (1 + std::exp(-g)) * u;
+      }
+    for (int cluster : {1, 2}) {
+      std::vector<uint16_t> poison(size_t(cs.M) * cs.I, kBf16NaN);
+      DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
+      const cudaError_t e = ds::kern::launch_gemm_swiglu_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dout.as<bf16>(),
+                                                              cs.M, cs.K, cs.I, nullptr, cluster);
+      if (e == cudaErrorNotSupported && cluster == 2) {  // a device that cannot place CTA pairs
+        std::printf("[   NOTE   ] CTA pairs cannot be placed on this device: cluster 2 not tested\n");
+        continue;
+      }
+      DS_CUDA_CHECK(e);
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o = to_host<uint16_t>(dout, size_t(cs.M) * cs.I);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double v = bf(o[i]);
+        ASSERT_TRUE(std::isfinite(v)) << cs.M << "x" << cs.K << "x" << cs.I << " cluster " << cluster << " at " << i;
+        num += (v - ref[i]) * (v - ref[i]);
+        den += ref[i] * ref[i];
+      }
+      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << cs.M << "x" << cs.K << "x" << cs.I << " cluster " << cluster;
+    }
+  }
 }
 
 TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {
