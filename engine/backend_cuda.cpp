@@ -27,6 +27,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
+#include "kernels/gemm_swiglu_sm90.h"
 #include "kernels/layernorm.h"
 #include "kernels/mamba_implicit.h"
 #include "kernels/mamba_scan.h"
@@ -34,7 +35,6 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
-#include "kernels/gemm_swiglu_sm90.h"
 #include "rope.h"
 
 namespace ds {
@@ -796,23 +796,30 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
   // SwiGLU then reads half the bytes it would read in f32.
   bf16* gu = act_.scratch32.as<bf16>();
-  static const bool fused_env = std::getenv("DS_SWIGLU_FUSED") && std::getenv("DS_SWIGLU_FUSED")[0] == '1';
-  if (!gemms_only && fused_env && cfg_.spec().mlp != MlpAct::PolyNorm &&
+  // On Hopper (sm_90a) a long prompt's gate/up GEMM forms SwiGLU in its own epilogue (kernels/gemm_swiglu_sm90.h):
+  // the [R][2I] gate/up tensor never reaches device memory. Same rounding as the two kernels below (g and u to
+  // bf16, then silu(g) * u); only the products' summation order differs. Below kFusedSwigluRows rows cuBLASLt's
+  // small-M kernels are as fast; DS_SWIGLU_FUSED=0 keeps the two kernels (A/B measurements). The GEMM floor
+  // (gemms_only) times cuBLASLt's gate/up GEMM alone.
+  constexpr int64_t kFusedSwigluRows = 1024;
+  const char* fused_env = std::getenv("DS_SWIGLU_FUSED");
+  if (!gemms_only && R >= kFusedSwigluRows && !(fused_env && fused_env[0] == '0') &&
+      cfg_.spec().mlp != MlpAct::PolyNorm &&
       kern::gemm_swiglu_sm90_supported(x, E, w.gate_up.as<bf16>(), R, int(E), int(I))) {
     timed("gemm_gate_up_swiglu", l, [&] {
       DS_CUDA_CHECK(kern::launch_gemm_swiglu_sm90(x, E, w.gate_up.as<bf16>(), act_.act.as<bf16>(), R, int(E), int(I),
                                                   stream()));
     });
   } else {
-  gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-  if (cfg_.spec().mlp == MlpAct::PolyNorm) {
-    step("polynorm", [&] {
-      DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), act_.act.as<bf16>(),
-                                              R, int(I), stream()));
-    });
-  } else {
-    step("swiglu", [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
-  }
+    gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
+    if (cfg_.spec().mlp == MlpAct::PolyNorm) {
+      step("polynorm", [&] {
+        DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps),
+                                                act_.act.as<bf16>(), R, int(I), stream()));
+      });
+    } else {
+      step("swiglu", [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
+    }
   }
   // scratch32 is dead once SwiGLU has read it: the spare that timing this in-place accumulation writes into.
   gemm("gemm_down", l, {.out_f = E, .tokens = R, .in_f = I, .w = w.down.as<bf16>(), .x = act_.act.as<bf16>(),

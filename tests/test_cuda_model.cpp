@@ -20,12 +20,15 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 
 #include <cmath>
 #include <cstdlib>
+#include <random>
 
+#include "app/bench/synthetic_model.h"
 #include "engine/backend.h"
 #include "engine/backend_cuda.h"
 #include "engine/backend_cuda_impl.h"
 #include "engine/error.h"
 #include "engine/model.h"
+#include "kernels/gemm_swiglu_sm90.h"
 #include "map_reference.h"
 #include "engine/session.h"
 #include "test_util.h"
@@ -266,6 +269,51 @@ TEST(CudaModel, EveryGrantedAttentionKernelMatchesTransformers) {
     }
   }
   EXPECT_GT(fused_runs, 0) << "no fused kernel ran on this device";
+}
+
+// A prompt long enough for the fused gate/up + SwiGLU GEMM (Hopper only) through a random DiffLlama whose MLP has a
+// multiple of 128 outputs: the fused path must have run and must match the two-kernel path (DS_SWIGLU_FUSED=0)
+// in every layer's hidden states and the logits, up to the GEMMs' summation order.
+TEST(CudaModel, FusedSwigluMatchesTheTwoKernelPath) {
+  SKIP_WITHOUT_DEVICE();
+  const auto* aligned = reinterpret_cast<const __nv_bfloat16*>(256);
+  if (!ds::kern::gemm_swiglu_sm90_supported(aligned, 64, aligned, 128, 64, 128))
+    GTEST_SKIP() << "the fused gate/up + SwiGLU GEMM needs an sm_90 device, this build's sm_90a code and the driver's "
+                    "TMA encoder";
+  const dstest::TempDir tmp;
+  const std::string dir = tmp.str();
+  ds::SyntheticShape shape;
+  shape.layers = 3, shape.intermediate = 768, shape.vocab = 1024;
+  ds::write_synthetic_model(dir, shape, 7);
+  std::unique_ptr<ds::Model> model = ds::load_model(dir);
+  auto be = ds::make_cuda_backend();
+  be->load(*model, nullptr);
+  ds::cuda_set_profiling(*be, true);
+  ds::ForwardRequest req;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 1500; ++i) req.ids.push_back(int32_t(rng() % uint32_t(shape.vocab)));
+  for (int l = 0; l < int(shape.layers); ++l) req.lambda.push_back(float(model->model_lambda[size_t(l)]));
+  req.keep_hidden = true;
+  const auto run = [&](const char* fused, ds::ForwardResult& r) {
+    setenv("DS_SWIGLU_FUSED", fused, 1);
+    be->forward(req, r);
+    unsetenv("DS_SWIGLU_FUSED");
+    bool ran = false;
+    for (const ds::KernelTiming& k : be->profile().kernels) ran |= k.name == "gemm_gate_up_swiglu" && k.count > 0;
+    return ran;
+  };
+  ds::ForwardResult two, fused;
+  EXPECT_FALSE(run("0", two)) << "DS_SWIGLU_FUSED=0 must keep the two kernels";
+  EXPECT_TRUE(run("1", fused)) << "the fused GEMM did not run";
+  ASSERT_EQ(two.hidden.size(), size_t(shape.layers + 1));
+  ASSERT_EQ(fused.hidden.size(), two.hidden.size());
+  for (size_t l = 1; l < two.hidden.size(); ++l) {  // hidden[l]: the output of layer l - 1
+    ASSERT_EQ(fused.hidden[l].size(), two.hidden[l].size());
+    EXPECT_LT(dstest::rel_err(fused.hidden[l].data(), two.hidden[l].data(), two.hidden[l].size()), 1e-2)
+        << "layer " << l - 1;
+  }
+  ASSERT_EQ(two.logits.size(), fused.logits.size());
+  EXPECT_LT(dstest::rel_err(fused.logits.data(), two.logits.data(), two.logits.size()), kLogitsRel);
 }
 
 // Map queries on the GPU (views pooled on the device, rows, statistics) against float64 references from the same
