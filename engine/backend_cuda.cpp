@@ -114,6 +114,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   lt_ws_ = DeviceBuffer(kLtWorkspace, "cuBLASLt workspace");
   if (const char* at = std::getenv("DS_GEMM_AUTOTUNE")) autotune_ = std::strcmp(at, "0") != 0;
   if (const char* g = std::getenv("DS_DECODE_GEMV")) decode_gemv_ = std::strcmp(g, "0") != 0;
+  if (const char* f = std::getenv("DS_SWIGLU_FUSED")) fused_swiglu_ = std::strcmp(f, "0") != 0;
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
 }
@@ -802,9 +803,7 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   // small-M kernels are as fast; DS_SWIGLU_FUSED=0 keeps the two kernels (A/B measurements). The GEMM floor
   // (gemms_only) times cuBLASLt's gate/up GEMM alone.
   constexpr int64_t kFusedSwigluRows = 1024;
-  const char* fused_env = std::getenv("DS_SWIGLU_FUSED");
-  if (!gemms_only && R >= kFusedSwigluRows && !(fused_env && fused_env[0] == '0') &&
-      cfg_.spec().mlp != MlpAct::PolyNorm &&
+  if (!gemms_only && fused_swiglu_ && R >= kFusedSwigluRows && cfg_.spec().mlp != MlpAct::PolyNorm &&
       kern::gemm_swiglu_sm90_supported(x, E, w.gate_up.as<bf16>(), R, int(E), int(I))) {
     timed("gemm_gate_up_swiglu", l, [&] {
       DS_CUDA_CHECK(kern::launch_gemm_swiglu_sm90(x, E, w.gate_up.as<bf16>(), act_.act.as<bf16>(), R, int(E), int(I),

@@ -286,18 +286,22 @@ TEST(CudaModel, FusedSwigluMatchesTheTwoKernelPath) {
   shape.layers = 3, shape.intermediate = 768, shape.vocab = 1024;
   ds::write_synthetic_model(dir, shape, 7);
   std::unique_ptr<ds::Model> model = ds::load_model(dir);
-  auto be = ds::make_cuda_backend();
-  be->load(*model, nullptr);
-  ds::cuda_set_profiling(*be, true);
   ds::ForwardRequest req;
   std::mt19937 rng(5);
   for (int i = 0; i < 1500; ++i) req.ids.push_back(int32_t(rng() % uint32_t(shape.vocab)));
   for (int l = 0; l < int(shape.layers); ++l) req.lambda.push_back(float(model->model_lambda[size_t(l)]));
   req.keep_hidden = true;
+  // The backend reads DS_SWIGLU_FUSED when it starts: one backend per setting.
+  const char* outer = std::getenv("DS_SWIGLU_FUSED");
+  const std::string saved = outer ? outer : "";
   const auto run = [&](const char* fused, ds::ForwardResult& r) {
     setenv("DS_SWIGLU_FUSED", fused, 1);
+    auto be = ds::make_cuda_backend();
+    if (outer) setenv("DS_SWIGLU_FUSED", saved.c_str(), 1);
+    else unsetenv("DS_SWIGLU_FUSED");
+    be->load(*model, nullptr);
+    ds::cuda_set_profiling(*be, true);
     be->forward(req, r);
-    unsetenv("DS_SWIGLU_FUSED");
     bool ran = false;
     for (const ds::KernelTiming& k : be->profile().kernels) ran |= k.name == "gemm_gate_up_swiglu" && k.count > 0;
     return ran;
