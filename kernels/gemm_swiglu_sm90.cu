@@ -80,9 +80,10 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
 constexpr int kEpiThreads = 96;  // warps 1-3 of the producer warpgroup
 constexpr int kBarEpi = 1;       // named barrier of the epilogue warps
 // Named barrier where both consumer warpgroups, having staged a tile's g and u, meet the epilogue warps (waiting
-// there, their last tile long done): a bar.sync, whose ordering of the staged stores every tool understands.
+// there, their last tile long done). A full barrier, not bar.arrive: racecheck follows its ordering of the staged
+// stores. It is barrier.sync without .aligned (bar.sync's form), as the consumer warps come to it from a per-thread
+// wait loop.
 constexpr int kBarFull = 2, kFullThreads = 256 + kEpiThreads;
-// barrier.sync without .aligned (bar.sync's form): the consumer warps come to it from a per-thread wait loop.
 __device__ __forceinline__ void barrier_sync(int id, int count) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -293,7 +294,7 @@ bool gemm_swiglu_sm90_supported(const __nv_bfloat16* x, int64_t ldx, const __nv_
 
 cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
                                     __nv_bfloat16* out, int64_t M, int K, int I, cudaStream_t stream, int cluster) {
-  if (!gemm_swiglu_sm90_supported(x, ldx, w, M, K, I) || !out || cluster < 0 || cluster > 2)
+  if (!gemm_swiglu_sm90_supported(x, ldx, w, M, K, I) || !out || !aligned16(out) || cluster < 0 || cluster > 2)
     return cudaErrorInvalidValue;
   CUtensorMap tx, tw, tout;
   if (!make_tma_map_2d(tx, x, K, M, ldx, BM) || !make_tma_map_2d(tw, w, K, 2 * int64_t(I), K, BN) ||

@@ -16,8 +16,8 @@ namespace ds::kern {
 // driver's TMA encoder, I a multiple of 128, K and ldx multiples of 8, x and w 16-byte aligned.
 bool gemm_swiglu_sm90_supported(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t M, int K,
                                 int I);
-// cluster: 2 runs CTAs in pairs that share each weight tile (TMA multicast), 1 single CTAs, 0 picks 2 where the
-// device can place such pairs.
+// out must be 16-byte aligned too. cluster: 2 runs CTAs in pairs that share each weight tile (TMA multicast), 1
+// single CTAs, 0 picks 2 where the device can place such pairs.
 cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
                                     __nv_bfloat16* out, int64_t M, int K, int I, cudaStream_t stream,
                                     int cluster = 0);
