@@ -21,6 +21,7 @@
 #include "align.h"
 #include "attn_fwd_sm90.h"
 #include "mma_sm80.cuh"
+#include "silu.cuh"
 #include "tma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -51,8 +52,6 @@ struct TileGrid {
     n_tile = r / gm;
   }
 };
-
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;

@@ -18,6 +18,7 @@
 #include "gemv.h"
 #include "align.h"
 
+#include "silu.cuh"
 #include "warp_reduce.cuh"
 
 namespace ds::kern {
@@ -49,9 +50,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   }
   return acc;
 }
-
-// As kernels/swiglu.cu: silu(g) = g / (1 + exp(-g)) in f32, times u, rounded once.
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
 // R rows per warp: 1, or 2 for swiglu (gate and up). The minimum of 4 blocks per SM lets ptxas spend the registers
 // (94 / 116 on sm_90) to keep all UNROLL * R loads of a round in flight; without it, it interleaves them with the FMAs

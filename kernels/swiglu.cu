@@ -5,6 +5,7 @@
 // 64-bit index arithmetic per element.
 #include "swiglu.h"
 #include "align.h"
+#include "silu.cuh"
 
 namespace ds::kern {
 namespace {
@@ -12,8 +13,6 @@ namespace {
 constexpr int THREADS = 256;
 constexpr int VEC = 8;     // bf16 per 16-byte access
 constexpr int UNROLL = 2;  // 16-byte vectors per thread and operand, all loads issued before any use
-
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
 // Rows are taken by blockIdx.y (strided past 65535); a block covers THREADS * UNROLL * VEC columns of its row.
 __global__ void __launch_bounds__(THREADS) swiglu_vec_kernel(const __nv_bfloat16* gu, __nv_bfloat16* out,
