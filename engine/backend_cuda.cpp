@@ -718,6 +718,10 @@ kern::AttnParams attn_params(const ModelConfig& c, const bf16* qkv, int64_t n, i
   return p;
 }
 
+// Rows from which the fused sm_90a GEMMs (kernels/gemm_swiglu_sm90.h) take over from cuBLASLt and a separate
+// element-wise kernel: below, cuBLASLt's small-M kernels are as fast.
+constexpr int64_t kFusedSwigluRows = 1024;
+
 }  // namespace
 
 kern::AttnParams CudaBackend::layer_attn(int layer, int64_t n, int batch, float lambda) const {
@@ -802,7 +806,6 @@ void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool 
   // bf16, then silu(g) * u); only the products' summation order differs. Below kFusedSwigluRows rows cuBLASLt's
   // small-M kernels are as fast; DS_SWIGLU_FUSED=0 keeps the two kernels (A/B measurements). The GEMM floor
   // (gemms_only) times cuBLASLt's gate/up GEMM alone.
-  constexpr int64_t kFusedSwigluRows = 1024;
   if (!gemms_only && fused_swiglu_ && R >= kFusedSwigluRows && cfg_.spec().mlp != MlpAct::PolyNorm &&
       kern::gemm_swiglu_sm90_supported(x, E, w.gate_up.as<bf16>(), R, int(E), int(I))) {
     timed("gemm_gate_up_swiglu", l, [&] {
@@ -886,12 +889,23 @@ void CudaBackend::gmu_forward(int l, int64_t T, bool gemms_only) {
   const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
   float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
   bf16* g = act_.ssm.as<bf16>();
-  gemm("gemm_in_proj", l, {.out_f = di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
-                           .y = g});
-  if (!gemms_only)
-    timed("gmu_gate", l, [&] {
-      DS_CUDA_CHECK(kern::launch_silu_mul(g, di, act_.memory.as<bf16>(), di, g, di, T, int(di), stream()));
+  // On sm_90a a long prompt's in_proj forms the gate in its own epilogue (the MLP's fused GEMM with the memory as
+  // its second operand, kernels/gemm_swiglu_sm90.h): same rounding, the [T][di] product never reaches device
+  // memory. DS_SWIGLU_FUSED=0 keeps the two kernels here too; the GEMM floor times cuBLASLt's in_proj alone.
+  if (!gemms_only && fused_swiglu_ && T >= kFusedSwigluRows && di % 256 == 0 &&
+      kern::gemm_swiglu_sm90_supported(act_.x.as<bf16>(), E, w.in_proj.as<bf16>(), T, int(E), int(di / 2))) {
+    timed("gemm_in_proj_gate", l, [&] {
+      DS_CUDA_CHECK(kern::launch_gemm_silu_mul_sm90(act_.x.as<bf16>(), E, w.in_proj.as<bf16>(),
+                                                    act_.memory.as<bf16>(), di, g, T, int(E), int(di), stream()));
     });
+  } else {
+    gemm("gemm_in_proj", l, {.out_f = di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(),
+                             .x = act_.x.as<bf16>(), .y = g});
+    if (!gemms_only)
+      timed("gmu_gate", l, [&] {
+        DS_CUDA_CHECK(kern::launch_silu_mul(g, di, act_.memory.as<bf16>(), di, g, di, T, int(di), stream()));
+      });
+  }
   gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = g, .y = h_out,
                             .y_f32 = true, .beta = 1.f, .c = h_in});
 }

@@ -290,7 +290,8 @@ class CudaBackend final : public Backend {
   CublasLtPtr lt_;
   DeviceBuffer lt_ws_;              // cuBLASLt workspace (split-K partials and the like)
   bool autotune_ = true;            // DS_GEMM_AUTOTUNE=0 turns it off
-  bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU as two kernels on sm_90a too
+  bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU (and the GMU's in_proj and
+                                    // gate) as two kernels on sm_90a too
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
   bool loaded_ = false;
   kern::AttnDevice attn_dev_;  // what select_attn reads of this device, queried once

@@ -30,7 +30,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 #include "mma_sm80.cuh"
 #include "tma_sm90.cuh"
@@ -53,8 +55,9 @@ struct TileWs {
   static constexpr int K_STAGE_BYTES = 2 * BN * D * 2;  // K1 and K2
   static constexpr int V_STAGE_BYTES = BN * VW * 2;
   static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, BAR_OFF = V_OFF + VS * V_STAGE_BYTES;
-  static constexpr int N_BARS = 1 + 2 * KS + 2 * VS;
-  static constexpr int SMEM_BYTES = BAR_OFF + N_BARS * 8 + 1024;  // + alignment slack
+  static constexpr int N_BARS = 2 + 2 * KS + 2 * VS;  // Q, K full/empty, V full/empty, the fixed-maximum verdict
+  static constexpr int FLAG_OFF = BAR_OFF + N_BARS * 8;  // the verdict: 1 when the CTA runs its tiles again
+  static constexpr int SMEM_BYTES = FLAG_OFF + 8 + 1024;  // + alignment slack
   static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O1/l1 (DIFF) must fit in the K stages");
   static_assert(BM * VW * 2 <= Q_BYTES, "the bf16 output tile must fit in Q's space");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -70,7 +73,7 @@ using namespace sm90;
 // WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
 // existed: with the window's loop bound and masks at run time, ptxas scheduled the loop differently and the
 // differential kernel measured 2-3% slower at window 0 (H100, n = 8192).
-template <int D, int BN, bool DIFF, bool WINDOW>
+template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
@@ -90,6 +93,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_empty_k = [&](int s) { return bar_q + 8u * uint32_t(1 + KS + s); };
   auto bar_full_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + s); };
   auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
+  const uint32_t bar_verdict = bar_q + 8u * uint32_t(1 + 2 * KS + 2 * VS);
+  volatile uint32_t* const redo_flag = reinterpret_cast<volatile uint32_t*>(smem + T::FLAG_OFF);
 
   const int tid = threadIdx.x, wg = tid >> 7;
   const int hv = p.heads / 2;  // CTAs per query tile and sequence: differential heads, or pairs of plain heads
@@ -119,6 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(bar_full_v(s), 1);
       mbar_init(bar_empty_v(s), 256);
     }
+    mbar_init(bar_verdict, 1);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -137,28 +143,36 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int sl = 0; sl < SLABS; ++sl)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
                       int(p.q_off) + qh[m] * D + sl * 64, q0, b, bar_q);
-      for (int it = 0; it < n_kt; ++it) {
-        const int k0 = (kt_top - it) * BN;
-        const int ks = it % KS, vs = it % VS;
-        // stage use u waits for the consumers' release of use u - 1 (phase u - 1); use 0 passes at once
-        mbar_wait(bar_empty_k(ks), uint32_t(((it / KS) & 1) ^ 1));
-        mbar_expect_tx(bar_full_k(ks), T::K_STAGE_BYTES);
-        const uint32_t dk = sK + uint32_t(ks * T::K_STAGE_BYTES);
+      // One pass over the key tiles; a pass's loads continue the stages' use count u (and so their phases).
+      auto produce = [&](const int u0) {
+        for (int it = 0; it < n_kt; ++it) {
+          const int k0 = (kt_top - it) * BN, u = u0 + it;
+          const int ks = u % KS, vs = u % VS;
+          // stage use u waits for the consumers' release of use u - 1 (phase u - 1); use 0 passes at once
+          mbar_wait(bar_empty_k(ks), uint32_t(((u / KS) & 1) ^ 1));
+          mbar_expect_tx(bar_full_k(ks), T::K_STAGE_BYTES);
+          const uint32_t dk = sK + uint32_t(ks * T::K_STAGE_BYTES);
 #pragma unroll
-        for (int m = 0; m < 2; ++m)
+          for (int m = 0; m < 2; ++m)
 #pragma unroll
-          for (int sl = 0; sl < SLABS; ++sl)
-            tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
-        mbar_wait(bar_empty_v(vs), uint32_t(((it / VS) & 1) ^ 1));
-        mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
-        const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
+            for (int sl = 0; sl < SLABS; ++sl)
+              tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
+                          int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
+          mbar_wait(bar_empty_v(vs), uint32_t(((u / VS) & 1) ^ 1));
+          mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
+          const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
 #pragma unroll
-        for (int m = 0; m < 2; ++m)  // [V of map 1 | V of map 2]: 2 SLABS slabs of 64 columns
+          for (int m = 0; m < 2; ++m)  // [V of map 1 | V of map 2]: 2 SLABS slabs of 64 columns
 #pragma unroll
-          for (int sl = 0; sl < SLABS; ++sl)
-            tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
-                        int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
+            for (int sl = 0; sl < SLABS; ++sl)
+              tma_load_3d(dv + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
+                          int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
+        }
+      };
+      produce(0);
+      if constexpr (FIXMAX) {  // the consumers' verdict on the fixed maxima: the same tiles again, or done
+        mbar_wait(bar_verdict, 0);
+        if (*redo_flag) produce(n_kt);
       }
     }
     return;
@@ -172,20 +186,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (p.head_ns && ctid == 0 && (map == 1 || !DIFF)) t_start = global_timer_ns();
 
   float acc[NACC];
-#pragma unroll
-  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float m_run[2], l_run[2];
   const float sl2 = p.scale * 1.4426950408889634f;
   const uint32_t q_base = sQ + uint32_t(map * BM * D * 2);
   uint32_t pa[BN / 16][4];  // P of the previous tile, bf16: the A operand of the P V product in flight
 
   // Turn-taking: this warpgroup waits for its turn (barrier BAR_SCHED0 + map: its own 128 threads plus the
   // other warpgroup's 128 arrivals) before issuing a tile's products and hands the turn over after issuing.
-  // Map 2 gives map 1 the first turn; both take n_kt + 1 turns, and map 2 skips its last hand-over so that
-  // every barrier phase is complete when the CTA ends.
+  // Map 2 gives map 1 the first turn; both take n_kt + 1 turns per pass, and map 2 skips its last hand-over so
+  // that every barrier phase is complete when a pass ends.
   auto turn_wait = [&]() { named_sync(BAR_SCHED0 + map, 256); };
   auto turn_pass = [&]() { named_arrive(BAR_SCHED0 + (map ^ 1), 256); };
-  if (map == 1) named_arrive(BAR_SCHED0, 256);
 
   auto issue_s = [&](float (&s)[NS], int ks) { issue_qk<D, BN>(s, q_base, sK + uint32_t(ks * T::K_STAGE_BYTES + map * BN * D * 2)); };
   // DIFF: both maps against the whole 2d-wide V stage; plain: this head's d-wide half of it.
@@ -202,65 +213,106 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int row0 = q0 + wrow + g4;
 
   mbar_wait(bar_q, 0);
-  float alpha_prev[2] = {1.f, 1.f};
-  {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
-    float s[NS];
-    zero_pinned(s);
-    mbar_wait(bar_full_k(0), 0);
-    turn_wait();
-    wgmma_fence();
-    issue_s(s, 0);
-    turn_pass();
-    wgmma_wait<0>();
+  // One pass over the CTA's key tiles, the diagonal one first. Stage use u = u0 + it sets the stage and phase (a
+  // second pass continues the first's count). FIXED: the row maxima stay at the diagonal tile's (no maximum, no
+  // shuffles and no O rescale on later tiles); the exponentials of later scores above them exceed 1, and if they
+  // overflow, the verdict after the pass sends the CTA through the exact pass. Else the running maximum of
+  // online_softmax.
+  auto run_pass = [&](auto fixed_tag, const int u0) {
+    constexpr bool FIXED = decltype(fixed_tag)::value;
 #pragma unroll
-    for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty_k(0));
-    mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
-    softmax(s, alpha_prev);  // O is zero: no rescale
-    alpha_prev[0] = alpha_prev[1] = 1.f;
-    pack(s);
-  }
-  // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1) V(it-1)
-  // | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
-  for (int it = 1; it < n_kt; ++it) {
-    const int ks = it % KS, vs = (it - 1) % VS;
-    float s[NS];
-    zero_pinned(s);
-    mbar_wait(bar_full_k(ks), uint32_t((it / KS) & 1));
-    turn_wait();
-    wgmma_fence();
-    issue_s(s, ks);
-    rescale(alpha_prev);
-    mbar_wait(bar_full_v(vs), uint32_t(((it - 1) / VS) & 1));
-    wgmma_fence();
-    issue_pv(vs);
-    turn_pass();
-    wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+    if (map == 1) named_arrive(BAR_SCHED0, 256);
+    float alpha_prev[2] = {1.f, 1.f};
+    {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
+      const int ks = u0 % KS;
+      float s[NS];
+      zero_pinned(s);
+      mbar_wait(bar_full_k(ks), uint32_t((u0 / KS) & 1));
+      turn_wait();
+      wgmma_fence();
+      issue_s(s, ks);
+      turn_pass();
+      wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty_k(ks));
-    if constexpr (WINDOW)
-      if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
-    softmax(s, alpha_prev);
-    wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
-    pin_pv_operands(acc, pa);
-    mbar_arrive(bar_empty_v(vs));
-    pack(s);
-  }
-  {  // the last tile's P V
-    const int vs = (n_kt - 1) % VS;
-    mbar_wait(bar_full_v(vs), uint32_t(((n_kt - 1) / VS) & 1));
-    turn_wait();
-    rescale(alpha_prev);
-    wgmma_fence();
-    issue_pv(vs);
-    if (map == 0) turn_pass();
-    wgmma_wait<0>();
-    pin_pv_operands(acc, pa);
-    mbar_arrive(bar_empty_v(vs));
+      for (int i = 0; i < NS; ++i) pin(s[i]);
+      mbar_arrive(bar_empty_k(ks));
+      mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
+      softmax(s, alpha_prev);  // O is zero: no rescale
+      alpha_prev[0] = alpha_prev[1] = 1.f;
+      pack(s);
+    }
+    // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1)
+    // V(it-1) | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
+    for (int it = 1; it < n_kt; ++it) {
+      const int u = u0 + it, ks = u % KS, vs = (u - 1) % VS;
+      float s[NS];
+      zero_pinned(s);
+      mbar_wait(bar_full_k(ks), uint32_t((u / KS) & 1));
+      turn_wait();
+      wgmma_fence();
+      issue_s(s, ks);
+      if constexpr (!FIXED) rescale(alpha_prev);
+      mbar_wait(bar_full_v(vs), uint32_t(((u - 1) / VS) & 1));
+      wgmma_fence();
+      issue_pv(vs);
+      turn_pass();
+      wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+#pragma unroll
+      for (int i = 0; i < NS; ++i) pin(s[i]);
+      mbar_arrive(bar_empty_k(ks));
+      if constexpr (WINDOW)
+        if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
+      if constexpr (FIXED) softmax_fixed_max<NS>(s, m_run, l_run, sl2);
+      else softmax(s, alpha_prev);
+      wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
+      pin_pv_operands(acc, pa);
+      mbar_arrive(bar_empty_v(vs));
+      pack(s);
+    }
+    {  // the last tile's P V
+      const int u = u0 + n_kt - 1, vs = u % VS;
+      mbar_wait(bar_full_v(vs), uint32_t((u / VS) & 1));
+      turn_wait();
+      if constexpr (!FIXED) rescale(alpha_prev);
+      wgmma_fence();
+      issue_pv(vs);
+      if (map == 0) turn_pass();
+      wgmma_wait<0>();
+      pin_pv_operands(acc, pa);
+      mbar_arrive(bar_empty_v(vs));
+    }
+    quad_sum(l_run);
+  };
+  int u_end = n_kt;  // stage uses so far
+  if constexpr (FIXMAX) {
+    run_pass(std::true_type{}, 0);
+    // The verdict: every l and O element of both warpgroups finite, or the exact pass. One bar.red over the 256
+    // consumer threads; one thread tells the producer (its flag, then the verdict barrier's release).
+    bool bad = !(isfinite(l_run[0]) && isfinite(l_run[1]));
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) bad |= !isfinite(acc[i]);
+    uint32_t any;
+    asm volatile(
+        "{\n .reg .pred pb, pa;\n setp.ne.u32 pb, %1, 0;\n bar.red.or.pred pa, %2, 256, pb;\n"
+        " selp.u32 %0, 1, 0, pa;\n}\n"
+        : "=r"(any)
+        : "r"(uint32_t(bad)), "n"(BAR_CONSUMERS)
+        : "memory");
+    if (map == 0 && ctid == 0) {
+      *redo_flag = any;
+      mbar_arrive(bar_verdict);
+    }
+    if (any) {
+      run_pass(std::false_type{}, n_kt);
+      u_end = 2 * n_kt;
+    }
+  } else {
+    run_pass(std::false_type{}, 0);
   }
 
-  quad_sum(l_run);
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
   // The output tile goes out with TMA by one thread: whole 128-byte lines instead of 16-byte pieces of 8 rows per
   // store instruction; rows past n are clipped by the copy engine. `slabs` 64-column slabs staged at `src` go to
@@ -294,7 +346,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // [4 warps][NACC / 4][32 lanes] float4: thread (warp, lane) of both maps holds the same elements of O.
   float4* x = reinterpret_cast<float4*>(smem + T::K_OFF) + warp * (NACC / 4) * 32 + lane;
   if (map == 0) {
-    mbar_wait(bar_empty_k((n_kt - 1) % KS), uint32_t(((n_kt - 1) / KS) & 1));
+    mbar_wait(bar_empty_k((u_end - 1) % KS), uint32_t(((u_end - 1) / KS) & 1));
 #pragma unroll
     for (int q = 0; q < NACC / 4; ++q)
       x[q * 32] = make_float4(acc[4 * q] * inv_l[0], acc[4 * q + 1] * inv_l[0], acc[4 * q + 2] * inv_l[1],
@@ -325,6 +377,15 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 
+// DS_ATTN_FIXMAX=0 (read once) keeps the running row maximum on every tile: the exact pass alone (A/B measurements).
+bool fixmax_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DS_ATTN_FIXMAX");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
@@ -333,8 +394,10 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
+  const bool fixmax = fixmax_enabled();
   const auto kernel =
-      p.window > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false>;
+      p.window > 0 ? (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, true, true> : attn_fwd_sm90_kernel<D, BN, DIFF, true, false>)
+                   : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);

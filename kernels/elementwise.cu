@@ -1,6 +1,7 @@
 // Element-wise kernels (elementwise.h): a 2-D grid, x over columns, y over rows (capped; rows loop).
 #include "elementwise.h"
 #include "align.h"
+#include "silu.cuh"
 
 #include <algorithm>
 
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(THREADS) silu_mul_kernel(const __nv_bfloat16* 
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float g = __bfloat162float(a[r * lda + c]);
-    out[r * ldo + c] = __float2bfloat16(g / (1.f + __expf(-g)) * __bfloat162float(b[r * ldb + c]));
+    out[r * ldo + c] = __float2bfloat16(silu_mul(g, __bfloat162float(b[r * ldb + c])));
   }
 }
 
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(THREADS) silu_mul_vec8_kernel(const uint4* a, 
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 g = __bfloat1622float2(pa[k]), m = __bfloat1622float2(pb[k]);
-      po[k] = __floats2bfloat162_rn(g.x / (1.f + __expf(-g.x)) * m.x, g.y / (1.f + __expf(-g.y)) * m.y);
+      po[k] = __floats2bfloat162_rn(silu_mul(g.x, m.x), silu_mul(g.y, m.y));
     }
     out[r * ldo8 + c] = vo;
   }

@@ -104,10 +104,13 @@ static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 // CLUSTER = 2: the two CTAs of a cluster take adjacent row tiles of the same columns; each loads its own x rows and
 // one half of the weight rows (rank 0 the gate rows, rank 1 the up rows) into both CTAs' stages (TMA multicast), so
 // the weight rows cross L2 once per pair. A stage is free when both CTAs' consumers are done with it.
-template <int CLUSTER>
+// GATED (launch_gemm_silu_mul_sm90): the 256 weight rows of a tile are outputs c and I + c of a GEMM with 2I
+// outputs, and the epilogue forms silu(y) * gate for both halves, gate [M][2I] read from device memory (ldg).
+template <int CLUSTER, bool GATED>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_swiglu_sm90_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                            const __grid_constant__ CUtensorMap tm_out, int64_t M, int K, int I) {
+                            const __grid_constant__ CUtensorMap tm_out, int64_t M, int K, int I,
+                            const __nv_bfloat16* gate, int64_t ld_gate) {
 #if defined(DS_SM90A_GEMM)
   using namespace sm90;
   constexpr int ST = STAGES;
@@ -126,13 +129,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int tid = threadIdx.x, wg = tid >> 7;
   const int rank = CLUSTER > 1 ? int(cluster_rank()) : 0;
   const int item0 = int(blockIdx.x) / CLUSTER, item_step = int(gridDim.x) / CLUSTER;
-  // The TMA store of one half's 64 x 128 outputs from its staging area (two 64-column slabs).
-  const auto store_half = [&](uint32_t area, int mt, int nt, int half) {
+  // The TMA store of one half's 64 x 128 outputs from a staging area (two 64-column slabs) to columns col0...
+  const auto store_half = [&](uint32_t area, int mt, int col0, int half) {
 #pragma unroll
     for (int sl = 0; sl < 2; ++sl)
       asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
                        reinterpret_cast<uint64_t>(&tm_out)),
-                   "r"(nt * BN + sl * 64), "r"(mt * BM + half * 64), "r"(area + uint32_t(sl * 64 * 128))
+                   "r"(col0 + sl * 64), "r"(mt * BM + half * 64), "r"(area + uint32_t(sl * 64 * 128))
                    : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   };
@@ -186,25 +189,53 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll 1
         for (int half = 0; half < 2; ++half) {
           const uint32_t ga = base + uint32_t(EPI_OFF + half * HALF_BYTES), ua = ga + 64 * BN * 2;
+          if constexpr (GATED) {
+            // Both areas in place: y of outputs nt * BN + c (ga) and I + nt * BN + c (ua), times the gate's same
+            // elements. Chunk c of an area: slab c / 512, row (c / 8) % 64, 16-byte column c % 8 under the XOR. The
+            // gate's next chunk is loaded while this one is formed.
+            constexpr int kChunks = 2 * 64 * BN * 2 / 16;
+            const auto gate_chunk = [&](int c) {
+              const int area = c >> 10, ci = c & 1023, row = (ci >> 3) & 63;
+              const int col = area * I + nt * BN + (ci >> 9) * 64 + (((ci & 7) ^ (row & 7)) << 3);
+              const int64_t grow = int64_t(mt) * BM + half * 64 + row;
+              return grow < M ? __ldg(reinterpret_cast<const uint4*>(gate + grow * ld_gate + col)) : make_uint4(0, 0, 0, 0);
+            };
+            uint4 m_next = gate_chunk(etid);
+#pragma unroll 1
+            for (int c = etid; c < kChunks; c += kEpiThreads) {
+              const uint4 m = m_next;
+              if (c + kEpiThreads < kChunks) m_next = gate_chunk(c + kEpiThreads);
+              const uint32_t at = ((c >> 10) ? ua : ga) + uint32_t(16 * (c & 1023));
+              uint32_t y0, y1, y2, y3;
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                           : "=r"(y0), "=r"(y1), "=r"(y2), "=r"(y3)
+                           : "r"(at));
+              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(swiglu_bf16x2(y0, m.x)),
+                           "r"(swiglu_bf16x2(y1, m.y)), "r"(swiglu_bf16x2(y2, m.z)), "r"(swiglu_bf16x2(y3, m.w))
+                           : "memory");
+            }
+          } else {
 #pragma unroll 2
-          for (int c = etid; c < 64 * BN * 2 / 16; c += kEpiThreads) {
-            uint32_t g0, g1, g2, g3, u0, u1, u2, u3;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(g0), "=r"(g1), "=r"(g2), "=r"(g3)
-                         : "r"(ga + uint32_t(16 * c)));
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(u0), "=r"(u1), "=r"(u2), "=r"(u3)
-                         : "r"(ua + uint32_t(16 * c)));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ga + uint32_t(16 * c)),
-                         "r"(swiglu_bf16x2(g0, u0)), "r"(swiglu_bf16x2(g1, u1)), "r"(swiglu_bf16x2(g2, u2)),
-                         "r"(swiglu_bf16x2(g3, u3))
-                         : "memory");
+            for (int c = etid; c < 64 * BN * 2 / 16; c += kEpiThreads) {
+              uint32_t g0, g1, g2, g3, u0, u1, u2, u3;
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                           : "=r"(g0), "=r"(g1), "=r"(g2), "=r"(g3)
+                           : "r"(ga + uint32_t(16 * c)));
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                           : "=r"(u0), "=r"(u1), "=r"(u2), "=r"(u3)
+                           : "r"(ua + uint32_t(16 * c)));
+              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ga + uint32_t(16 * c)),
+                           "r"(swiglu_bf16x2(g0, u0)), "r"(swiglu_bf16x2(g1, u1)), "r"(swiglu_bf16x2(g2, u2)),
+                           "r"(swiglu_bf16x2(g3, u3))
+                           : "memory");
+            }
           }
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           __syncwarp();
           named_sync(kBarEpi, kEpiThreads);
           if (etid == 0) {
-            store_half(ga, mt, nt, half);
+            store_half(ga, mt, nt * BN, half);
+            if constexpr (GATED) store_half(ua, mt, I + nt * BN, half);
             asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
           }
           __syncwarp();
@@ -291,20 +322,23 @@ bool gemm_swiglu_sm90_supported(const __nv_bfloat16* x, int64_t ldx, const __nv_
          aligned16(w);
 }
 
-cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
-                                    __nv_bfloat16* out, int64_t M, int K, int I, cudaStream_t stream, int cluster) {
-  if (!gemm_swiglu_sm90_supported(x, ldx, w, M, K, I) || !out || !aligned16(out) || cluster < 0 || cluster > 2)
-    return cudaErrorInvalidValue;
+namespace {
+
+// Both entry points: out has `out_cols` columns (I, or 2I when GATED).
+template <bool GATED>
+cudaError_t launch_impl(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, __nv_bfloat16* out,
+                        int64_t out_cols, int64_t M, int K, int I, const __nv_bfloat16* gate, int64_t ld_gate,
+                        cudaStream_t stream, int cluster) {
   CUtensorMap tx, tw, tout;
   if (!make_tma_map_2d(tx, x, K, M, ldx, BM) || !make_tma_map_2d(tw, w, K, 2 * int64_t(I), K, BN) ||
-      !make_tma_map_2d(tout, out, I, M, I, 64))
+      !make_tma_map_2d(tout, out, out_cols, M, out_cols, 64))
     return cudaErrorNotSupported;
   // CTAs that run at once (the persistent grid) for clusters of one and of two; 0 where the device cannot place
   // clusters of two (a partitioned GPU, say): the automatic choice then takes single CTAs.
   static int ctas[3] = {-1, -1, -1};
   for (int c = 1; c <= 2; ++c) {
     if (ctas[c] >= 0) continue;
-    const auto kernel = c == 2 ? gemm_swiglu_sm90_kernel<2> : gemm_swiglu_sm90_kernel<1>;
+    const auto kernel = c == 2 ? gemm_swiglu_sm90_kernel<2, GATED> : gemm_swiglu_sm90_kernel<1, GATED>;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     int dev = 0, sms = 0, clusters = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
@@ -339,8 +373,26 @@ cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const _
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cluster == 2 ? cudaLaunchKernelEx(&cfg, gemm_swiglu_sm90_kernel<2>, tx, tw, tout, M, K, I)
-                      : cudaLaunchKernelEx(&cfg, gemm_swiglu_sm90_kernel<1>, tx, tw, tout, M, K, I);
+  return cluster == 2 ? cudaLaunchKernelEx(&cfg, gemm_swiglu_sm90_kernel<2, GATED>, tx, tw, tout, M, K, I, gate, ld_gate)
+                      : cudaLaunchKernelEx(&cfg, gemm_swiglu_sm90_kernel<1, GATED>, tx, tw, tout, M, K, I, gate, ld_gate);
+}
+
+}  // namespace
+
+cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
+                                    __nv_bfloat16* out, int64_t M, int K, int I, cudaStream_t stream, int cluster) {
+  if (!gemm_swiglu_sm90_supported(x, ldx, w, M, K, I) || !out || !aligned16(out) || cluster < 0 || cluster > 2)
+    return cudaErrorInvalidValue;
+  return launch_impl<false>(x, ldx, w, out, I, M, K, I, nullptr, 0, stream, cluster);
+}
+
+cudaError_t launch_gemm_silu_mul_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
+                                      const __nv_bfloat16* gate, int64_t ld_gate, __nv_bfloat16* out, int64_t M,
+                                      int K, int N, cudaStream_t stream, int cluster) {
+  if (N % 2 || !gemm_swiglu_sm90_supported(x, ldx, w, M, K, N / 2) || !out || !aligned16(out) || !gate ||
+      !aligned16(gate) || ld_gate % 8 || ld_gate < N || cluster < 0 || cluster > 2)
+    return cudaErrorInvalidValue;
+  return launch_impl<true>(x, ldx, w, out, N, M, K, N / 2, gate, ld_gate, stream, cluster);
 }
 
 }  // namespace ds::kern

@@ -22,4 +22,14 @@ cudaError_t launch_gemm_swiglu_sm90(const __nv_bfloat16* x, int64_t ldx, const _
                                     __nv_bfloat16* out, int64_t M, int K, int I, cudaStream_t stream,
                                     int cluster = 0);
 
+// The same kernel with a gate from memory (the gated memory unit's in_proj of Phi-4-mini-flash):
+//   out[t, i] = silu(y) * gate[t, i],  y = bf16(x[t] . w[i]),  i < N
+// w [N][K], gate [M][ld_gate] and out [M][N] bf16; silu_mul rounds as kernels/elementwise.cu's launch_silu_mul does
+// after a bf16 GEMM, so the result is the unfused path's up to the products' summation order. Supported where
+// gemm_swiglu_sm90_supported(x, ldx, w, M, K, N / 2) holds (N a multiple of 256), gate and out 16-byte aligned,
+// ld_gate >= N a multiple of 8.
+cudaError_t launch_gemm_silu_mul_sm90(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
+                                      const __nv_bfloat16* gate, int64_t ld_gate, __nv_bfloat16* out, int64_t M,
+                                      int K, int N, cudaStream_t stream, int cluster = 0);
+
 }  // namespace ds::kern

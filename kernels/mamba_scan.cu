@@ -3,34 +3,13 @@
 // thread where the layout allows).
 #include "mamba_scan.h"
 #include "align.h"
+#include "fast_math.cuh"
 
 namespace ds::kern {
 namespace {
 
 constexpr int THREADS = 128;
 
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
-
-// The SFU's approximations with denormals flushed: one instruction each (__expf and __logf add a range fix-up of
-// three or four more for denormal results or arguments, which none of the uses below can make use of).
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// x / (1 + e^-x): for x below about -88, e^-x is inf and the result -0 (x times rcp(inf) = 0).
-__device__ __forceinline__ float silu(float x) { return x * rcp_approx(1.f + ex2_approx(-x * LOG2E)); }
 // log(1 + e^x) = max(x, 0) + log1p(e^-|x|) on the SFU: log1p(e) as log(1 + e), or as e itself below 1e-4 (where
 // 1 + e loses e's digits; the error is under e^2 / 2). Above x = 20 this is x, as the published threshold makes it.
 // e flushes to 0 past |x| = 87, where the result is max(x, 0) in f32 anyway.

@@ -99,6 +99,20 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m_run)[2],
   l_run[1] = l_run[1] * alpha[1] + rs[1];
 }
 
+// A tile's softmax with the row maxima held where an earlier tile left them (attn_fwd_sm90.cu's first pass over
+// the key tiles): P = 2^(s * sl2 - m), l_run += its row sums; no maximum, no shuffles, nothing to rescale. P may
+// exceed 1 or overflow; the caller checks l and O afterwards.
+template <int N>
+__device__ __forceinline__ void softmax_fixed_max(float (&s)[N], const float (&m_run)[2], float (&l_run)[2],
+                                                  float sl2) {
+  float rs[2];
+#pragma unroll
+  for (int i = 0; i < N; ++i) s[i] = ex2_ftz(fmaf(s[i], sl2, -m_run[(i >> 1) & 1]));
+  rows_tree(s, rs, add_op);
+  l_run[0] += rs[0];
+  l_run[1] += rs[1];
+}
+
 // Per-row output factor of a differential head, (1 - lambda_init) / RMS over its WIDTH = 2d columns, for the
 // thread's two rows of an mma/wgmma accumulator: `ss` holds this thread's partial sums of squares, and the quad of
 // lanes sharing the rows adds its four.

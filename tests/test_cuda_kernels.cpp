@@ -366,6 +366,39 @@ TEST_P(FusedAttention, IsDeterministic) {
   if (ran == 0) GTEST_SKIP() << ds::kern::attn_impl_name(impl) << " runs no case here";
 }
 
+// Keys far below the diagonal whose scores stand far above every score of the diagonal tile: the wgmma kernel's
+// first pass keeps each row's maximum from the diagonal tile, so their exponentials exceed 1 by 2^80 (a moderate
+// spike: the first pass's result stands) or overflow (2^280: the CTA must take the exact pass). Q's first element
+// is 8 in every head, and the spike keys' first element b: a score of about 8 b / sqrt(d) against O(10) elsewhere.
+TEST_P(FusedAttention, LargeScoresFarFromTheDiagonal) {
+  SKIP_WITHOUT_DEVICE();
+  const AttnImpl impl = GetParam();
+  std::mt19937 rng(4242 + unsigned(impl));
+  int ran = 0;
+  for (bool diff : {true, false})
+    for (auto [d, bn] : {std::pair{64, 128}, std::pair{64, 64}, std::pair{128, 64}})
+      for (float b : {60.f, 200.f}) {
+        const AttnCase c{small_run() ? 300 : 700, 1, 4, 2, d, diff};
+        if (!granted(impl, c, bn) || (impl != AttnImpl::Sm90 && bn != 64)) continue;
+        AttnProblem pr(c, rng);
+        const int64_t k_off = int64_t(c.heads) * c.d;
+        const float spike = b * float(std::sqrt(double(d) / 64.0));  // the same score at both head widths
+        for (int t = 0; t < c.n; ++t)
+          for (int h = 0; h < c.heads; ++h) pr.qkv[size_t(t) * pr.row_stride + size_t(h) * d] = ds::f32_to_bf16(8.f);
+        for (int j : {3, 150})
+          for (int g = 0; g < c.kv_heads; ++g) pr.qkv[size_t(j) * pr.row_stride + k_off + size_t(g) * d] = ds::f32_to_bf16(spike);
+        pr.reference();
+        const AttnCheck r = run_attention(pr, impl, bn);
+        const std::string what = std::string(ds::kern::attn_impl_name(impl)) + " " + case_name(c) +
+                                 " block_n=" + std::to_string(bn) + " spike " + std::to_string(int(b));
+        EXPECT_EQ(r.unwritten, 0u) << what;
+        EXPECT_LT(r.rel, kFusedRel) << what;
+        EXPECT_LT(r.max_abs, kFusedAbs) << what;
+        ++ran;
+      }
+  if (ran == 0) GTEST_SKIP() << ds::kern::attn_impl_name(impl) << " runs no case here";
+}
+
 INSTANTIATE_TEST_SUITE_P(Impl, FusedAttention,
                          ::testing::Values(AttnImpl::Sm90, AttnImpl::MmaBoth, AttnImpl::MmaVsplit,
                                            AttnImpl::MmaLockstep),
@@ -1089,6 +1122,66 @@ TEST(CudaKernels, GemmSwigluMatchesFloat64) {
       EXPECT_LT(std::sqrt(num / den), kBf16Rel) << cs.M << "x" << cs.K << "x" << cs.I << " cluster " << cluster;
     }
   }
+}
+
+// The same kernel with the gate read from memory (the GMU's in_proj): out[t, i] = silu(bf16(x[t] . w[i])) * gate[t, i]
+// for all N = 2I outputs, against float64 (the GEMM rounded to bf16 first, as in the unfused path), with a gate row
+// stride above N, partial row tiles, and CTAs alone and in pairs.
+TEST(CudaKernels, GemmSiluMulMatchesFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::kern::gemm_swiglu_sm90_supported(reinterpret_cast<const bf16*>(256), 64, reinterpret_cast<const bf16*>(256),
+                                            128, 64, 128))
+    GTEST_SKIP() << "the fused GEMM needs an sm_90 device, this build's sm_90a code and the driver's TMA encoder";
+  std::mt19937 rng(37);
+  struct Case {
+    int64_t M;
+    int K, N, ldx, ldg;
+  };
+  for (const Case cs : {Case{300, 200, 512, 208, 520}, Case{128, 64, 256, 64, 256}, Case{2100, 320, 2560, 328, 2560}}) {
+    const std::vector<uint16_t> x = random_bf16(size_t(cs.M) * cs.ldx, rng, 1.f);
+    const std::vector<uint16_t> w = random_bf16(size_t(cs.N) * cs.K, rng, 0.2f);
+    const std::vector<uint16_t> gate = random_bf16(size_t(cs.M) * cs.ldg, rng, 2.f);
+    DeviceBuffer dx = to_device(x), dw = to_device(w), dg = to_device(gate), dout(size_t(cs.M) * cs.N * 2, "test");
+    const auto round_bf = [](double v) { return double(__bfloat162float(__float2bfloat16(float(v)))); };
+    std::vector<double> ref(size_t(cs.M) * cs.N);
+    for (int64_t r = 0; r < cs.M; ++r)
+      for (int c = 0; c < cs.N; ++c) {
+        double y = 0;
+        for (int k = 0; k < cs.K; ++k) y += double(bf(x[size_t(r) * cs.ldx + k])) * bf(w[size_t(c) * cs.K + k]);
+        y = round_bf(y);
+        ref[size_t(r) * cs.N + c] = y / (1 + std::exp(-y)) * bf(gate[size_t(r) * cs.ldg + c]);
+      }
+    for (int cluster : {1, 2}) {
+      std::vector<uint16_t> poison(size_t(cs.M) * cs.N, kBf16NaN);
+      DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
+      const cudaError_t e = ds::kern::launch_gemm_silu_mul_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dg.as<bf16>(),
+                                                                cs.ldg, dout.as<bf16>(), cs.M, cs.K, cs.N, nullptr,
+                                                                cluster);
+      if (e == cudaErrorNotSupported && cluster == 2) {
+        std::printf("[   NOTE   ] CTA pairs cannot be placed on this device: cluster 2 not tested\n");
+        continue;
+      }
+      DS_CUDA_CHECK(e);
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o = to_host<uint16_t>(dout, size_t(cs.M) * cs.N);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double v = bf(o[i]);
+        ASSERT_TRUE(std::isfinite(v)) << cs.M << "x" << cs.K << "x" << cs.N << " cluster " << cluster << " at " << i;
+        num += (v - ref[i]) * (v - ref[i]);
+        den += ref[i] * ref[i];
+      }
+      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << cs.M << "x" << cs.K << "x" << cs.N << " cluster " << cluster;
+    }
+  }
+  // Operands it does not take: N not a multiple of 256, a gate row stride below N.
+  DeviceBuffer d(size_t(1) << 20, "test");
+  EXPECT_EQ(ds::kern::launch_gemm_silu_mul_sm90(d.as<bf16>(), 64, d.as<bf16>(), d.as<bf16>(), 384, d.as<bf16>(), 128,
+                                                64, 384, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(ds::kern::launch_gemm_silu_mul_sm90(d.as<bf16>(), 64, d.as<bf16>(), d.as<bf16>(), 248, d.as<bf16>(), 128,
+                                                64, 256, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaKernels, SwigluPolyNormAndEmbeddingMatchFloat64) {

@@ -320,6 +320,52 @@ TEST(CudaModel, FusedSwigluMatchesTheTwoKernelPath) {
   EXPECT_LT(dstest::rel_err(fused.logits.data(), two.logits.data(), two.logits.size()), kLogitsRel);
 }
 
+// The same on a Phi-4-mini-flash-shaped model (random weights, 1100 tokens): there the fused GEMMs also form the
+// GMU layers' gate in in_proj's epilogue. Every layer's output of both paths, and the logits.
+TEST(CudaModel, FusedGmuGateAndSwigluMatchTheTwoKernelPathOnSambaY) {
+  SKIP_WITHOUT_DEVICE();
+  const auto* aligned = reinterpret_cast<const __nv_bfloat16*>(256);
+  if (!ds::kern::gemm_swiglu_sm90_supported(aligned, 64, aligned, 128, 64, 128))
+    GTEST_SKIP() << "the fused GEMMs need an sm_90 device, this build's sm_90a code and the driver's TMA encoder";
+  const ds::ModelConfig cfg = ds::parse_config_json(R"({"architectures": ["Phi4FlashForCausalLM"],
+    "model_type": "phi4flash", "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 512,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 4096, "mb_per_layer": 2, "num_attention_heads": 8,
+    "num_hidden_layers": 8, "num_key_value_heads": 4, "sliding_window": 128, "tie_word_embeddings": true,
+    "vocab_size": 512, "torch_dtype": "bfloat16"})", "test config");
+  ds::ForwardRequest req;
+  std::mt19937 rng(9);
+  for (int i = 0; i < 1100; ++i) req.ids.push_back(int32_t(rng() % 512u));
+  for (int l = 0; l < int(cfg.layers); ++l) req.lambda.push_back(float(cfg.lambda_init(l) + 0.05));
+  req.keep_hidden = true;
+  const char* outer = std::getenv("DS_SWIGLU_FUSED");
+  const std::string saved = outer ? outer : "";
+  const auto run = [&](const char* fused, ds::ForwardResult& r) {
+    setenv("DS_SWIGLU_FUSED", fused, 1);
+    ds::cuda::CudaBackend be;
+    if (outer) setenv("DS_SWIGLU_FUSED", saved.c_str(), 1);
+    else unsetenv("DS_SWIGLU_FUSED");
+    be.load_random(cfg, 3);
+    ds::cuda_set_profiling(be, true);
+    be.forward(req, r);
+    int fused_gemms = 0;
+    for (const ds::KernelTiming& k : be.profile().kernels)
+      fused_gemms += (k.name == "gemm_gate_up_swiglu" || k.name == "gemm_in_proj_gate") && k.count > 0;
+    return fused_gemms;
+  };
+  ds::ForwardResult two, fused;
+  EXPECT_EQ(run("0", two), 0) << "DS_SWIGLU_FUSED=0 must keep the two kernels";
+  EXPECT_EQ(run("1", fused), 2) << "the fused MLP and GMU GEMMs did not both run";
+  ASSERT_EQ(two.hidden.size(), size_t(cfg.layers + 1));
+  ASSERT_EQ(fused.hidden.size(), two.hidden.size());
+  for (size_t l = 1; l < two.hidden.size(); ++l) {
+    ASSERT_EQ(fused.hidden[l].size(), two.hidden[l].size());
+    EXPECT_LT(dstest::rel_err(fused.hidden[l].data(), two.hidden[l].data(), two.hidden[l].size()), 1e-2)
+        << "layer " << l - 1 << " (" << ds::layer_kind_name(cfg.kind(int64_t(l - 1))) << ")";
+  }
+  ASSERT_EQ(two.logits.size(), fused.logits.size());
+  EXPECT_LT(dstest::rel_err(fused.logits.data(), two.logits.data(), two.logits.size()), kLogitsRel);
+}
+
 // Map queries on the GPU (views pooled on the device, rows, statistics) against float64 references from the same
 // backend's full maps (f32 arithmetic on both sides: 1e-5, as on the CPU), and against the CPU backend's queries
 // on the same prompt (bf16 weights and Q/K here: the maps' tolerance).
