@@ -191,8 +191,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const uint32_t ga = base + uint32_t(EPI_OFF + half * HALF_BYTES), ua = ga + 64 * BN * 2;
           if constexpr (GATED) {
             // Both areas in place: y of outputs nt * BN + c (ga) and I + nt * BN + c (ua), times the gate's same
-            // elements. Chunk c of an area: slab c / 512, row (c / 8) % 64, 16-byte column c % 8 under the XOR. The
-            // gate's next chunk is loaded while this one is formed.
+            // elements. Chunk c of an area: slab c / 512, row (c / 8) % 64, 16-byte column c % 8 under the XOR.
             constexpr int kChunks = 2 * 64 * BN * 2 / 16;
             const auto gate_chunk = [&](int c) {
               const int area = c >> 10, ci = c & 1023, row = (ci >> 3) & 63;
@@ -200,19 +199,28 @@ __global__ void __launch_bounds__(THREADS, 1)
               const int64_t grow = int64_t(mt) * BM + half * 64 + row;
               return grow < M ? __ldg(reinterpret_cast<const uint4*>(gate + grow * ld_gate + col)) : make_uint4(0, 0, 0, 0);
             };
-            uint4 m_next = gate_chunk(etid);
+            // Four chunks per thread at a time: their gate loads in flight together, then formed one by one.
+            constexpr int kAhead = 4;
 #pragma unroll 1
-            for (int c = etid; c < kChunks; c += kEpiThreads) {
-              const uint4 m = m_next;
-              if (c + kEpiThreads < kChunks) m_next = gate_chunk(c + kEpiThreads);
-              const uint32_t at = ((c >> 10) ? ua : ga) + uint32_t(16 * (c & 1023));
-              uint32_t y0, y1, y2, y3;
-              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                           : "=r"(y0), "=r"(y1), "=r"(y2), "=r"(y3)
-                           : "r"(at));
-              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(swiglu_bf16x2(y0, m.x)),
-                           "r"(swiglu_bf16x2(y1, m.y)), "r"(swiglu_bf16x2(y2, m.z)), "r"(swiglu_bf16x2(y3, m.w))
-                           : "memory");
+            for (int c0 = etid; c0 < kChunks; c0 += kAhead * kEpiThreads) {
+              uint4 m[kAhead];
+#pragma unroll
+              for (int j = 0; j < kAhead; ++j)
+                m[j] = c0 + j * kEpiThreads < kChunks ? gate_chunk(c0 + j * kEpiThreads) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+              for (int j = 0; j < kAhead; ++j) {
+                const int c = c0 + j * kEpiThreads;
+                if (c >= kChunks) break;
+                const uint32_t at = ((c >> 10) ? ua : ga) + uint32_t(16 * (c & 1023));
+                uint32_t y0, y1, y2, y3;
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(y0), "=r"(y1), "=r"(y2), "=r"(y3)
+                             : "r"(at));
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(swiglu_bf16x2(y0, m[j].x)),
+                             "r"(swiglu_bf16x2(y1, m[j].y)), "r"(swiglu_bf16x2(y2, m[j].z)),
+                             "r"(swiglu_bf16x2(y3, m[j].w))
+                             : "memory");
+              }
             }
           } else {
 #pragma unroll 2

@@ -323,11 +323,11 @@ if has sanitize; then
   export DS_CUDA_TEST_SMALL=1
   timeout 200 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied:Fixtures/FixtureCuda.MatchesTransformers/llama_gqa_d32_f32" >"$OUT/sanitize.log" 2>&1
   log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Mamba*:CudaKernels.GemmSwiglu*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Mamba*:CudaKernels.GemmSwiglu*:CudaKernels.GemmSiluMul*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -4 | tee -a "$SUMMARY"
   DS_CUDA_INITCHECK_MARK_GEMM=1 timeout 200 "$CS" --tool initcheck --error-exitcode 9 "$T" --gtest_filter="CudaKernels.*:Impl/FusedAttention.*:Fixtures/FixtureCuda.MatchesTransformers/diff_gqa_d64_llama3_bf16_tied" >>"$OUT/sanitize.log" 2>&1
   log "initcheck (GEMM outputs pre-zeroed: cuBLAS's stores are invisible to it) exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
-  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Mamba*:CudaKernels.GemmSwiglu*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
+  timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Mamba*:CudaKernels.GemmSwiglu*:CudaKernels.GemmSiluMul*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "synccheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
   unset DS_CUDA_TEST_SMALL
 fi
