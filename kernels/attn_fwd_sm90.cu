@@ -16,6 +16,13 @@
 // Why: with every thread issuing cp.async and both warpgroups meeting at __syncthreads once per tile the tensor pipe
 // was busy 39% of the time; a ping-pong with a private K/V copy per warpgroup gained the ordering (+8-12%) but lost
 // more to the second V copy, so V is loaded once (bench/cuda_notes.md; bench/EXPERIMENTS.md lists what was tried).
+// Row maxima (FIXMAX, the default): the first pass keeps each row's maximum where the diagonal tile (always the
+// first, and holding the row's own key) leaves it, so the later tiles take no maximum, no shuffles and no O
+// rescale: their exponentials may exceed 1, which f32 and bf16 carry with the same relative precision up to 2^128.
+// After the pass both warpgroups check l and O; if any element is not finite (a score more than ~128 in log2 units
+// above the diagonal tile's maximum, or inf/NaN in the inputs) the CTA runs the exact pass of online_softmax (the
+// producer reloads the tiles after the verdict barrier). Measured at 32K tokens (Phi-4-mini-flash's full layers,
+// H100): 611-619 against 540-541 TFLOP/s (bench/results/RESULTS.md, session 27). DS_ATTN_FIXMAX=0: the exact pass alone.
 // Sliding window (AttnParams::window): the producer's and the consumers' descent over the key tiles ends at the tile
 // of the CTA's first row's first key; the diagonal tile's mask also takes the window's lower edge, and the (at most
 // two) tiles below it that cross that edge take it alone; every other tile runs as without a window. K and V: TMA
@@ -72,7 +79,7 @@ using namespace sm90;
 
 // WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
 // existed: with the window's loop bound and masks at run time, ptxas scheduled the loop differently and the
-// differential kernel measured 2-3% slower at window 0 (H100, n = 8192).
+// differential kernel measured 2-3% slower at window 0 (H100, n = 8192). FIXMAX: the fixed-maximum first pass (above).
 template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
