@@ -1,5 +1,5 @@
-// SwiGLU: silu(g) * u with silu(g) = g / (1 + exp(-g)) in f32, as torch computes its bf16 silu (then rounds; here
-// the product is formed in f32 too and rounded once). Gate and up arrive in bf16, as in transformers, where
+// SwiGLU: silu(g) * u with silu(g) = g / (1 + exp(-g)) in f32 (kernels/silu.cuh), as torch computes its bf16 silu
+// (then rounds; here the product is formed in f32 too and rounded once). Gate and up arrive in bf16, as in transformers, where
 // gate_proj and up_proj outputs are bf16 tensors: the same rounding, and half the bytes an f32 gate/up would cost.
 // Element-wise, memory-bound: 6 bytes per element, so the loads and stores are 16 bytes wide and there is no
 // 64-bit index arithmetic per element.
