@@ -10,6 +10,8 @@
 //     next tile;
 //   - the epilogue runs beside the next tile's products: warps 1-3 of the first warpgroup form silu(g) * u in the
 //     staging area, as kernels/swiglu.cu forms it, and store it by TMA. The tensor cores never wait on SwiGLU.
+// The GATED instance (launch_gemm_silu_mul_sm90, the gated memory unit's in_proj) runs the same pipeline over a
+// plain GEMM's outputs c and N/2 + c and multiplies silu of both by a gate tensor read from device memory.
 #include "gemm_swiglu_sm90.h"
 
 #include <cuda.h>
