@@ -87,6 +87,11 @@ kern::AttnOptions attn_options_from_env() {
     else if (!std::strcmp(e, "tile")) o.order = kern::CtaOrder::TileMajor;
     else throw Error(std::string("DS_ATTN_ORDER=") + e + ": CTA order must be head or tile");
   }
+  if (const char* e = std::getenv("DS_ATTN_FIXMAX"); e && *e) {
+    if (std::strcmp(e, "0") && std::strcmp(e, "1"))
+      throw Error(std::string("DS_ATTN_FIXMAX=") + e + ": must be 0 (the exact pass alone) or 1 (the default)");
+    o.fixed_max = e[0] == '1';
+  }
   return o;
 }
 

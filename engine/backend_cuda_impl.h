@@ -120,6 +120,10 @@ struct GemmPlan {
   GemmPlan& operator=(const GemmPlan&) = delete;
 };
 
+// The attention overrides of the environment (README, "Choosing the attention kernel"); throws ds::Error naming
+// a variable whose value it does not know.
+kern::AttnOptions attn_options_from_env();
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device = 0);  // throws ds::Error
@@ -295,7 +299,7 @@ class CudaBackend final : public Backend {
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
   bool loaded_ = false;
   kern::AttnDevice attn_dev_;  // what select_attn reads of this device, queried once
-  kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER, parsed once
+  kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER / DS_ATTN_FIXMAX, parsed once
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
   std::vector<int> qkv_slot_;  // [L]: index of the layer's slice of qkv_cache; -1 for layers without attention

@@ -180,12 +180,14 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
   const double kv_bytes = double(s.batch) * s.n * s.kv_heads * s.d * 2 /* K and V */ * 2 /* bf16 */;
   c.tile_major = opt.order == CtaOrder::TileMajor ||
                  (opt.order == CtaOrder::Auto && dev.l2_bytes > 0 && kv_bytes <= 0.5 * dev.l2_bytes);
+  c.fixed_max = opt.fixed_max;
   return c;
 }
 
 cudaError_t launch_attn(const AttnChoice& choice, const AttnParams& p, cudaStream_t stream) {
   AttnParams q = p;
   q.tile_major = choice.tile_major;
+  q.fixed_max = choice.fixed_max;
   switch (choice.impl) {
     case AttnImpl::Sm90: return launch_attn_fwd_sm90(q, choice.block_n, stream);
     case AttnImpl::MmaBoth: return launch_attn_mma(q, MMA_BOTH, stream);

@@ -22,7 +22,8 @@
 // After the pass both warpgroups check l and O; if any element is not finite (a score more than ~128 in log2 units
 // above the diagonal tile's maximum, or inf/NaN in the inputs) the CTA runs the exact pass of online_softmax (the
 // producer reloads the tiles after the verdict barrier). Measured at 32K tokens (Phi-4-mini-flash's full layers,
-// H100): 611-619 against 540-541 TFLOP/s (bench/results/RESULTS.md, session 27). DS_ATTN_FIXMAX=0: the exact pass alone.
+// H100): 611-627 against 540-543 TFLOP/s (bench/results/RESULTS.md, session 27). AttnParams::fixed_max = false
+// (DS_ATTN_FIXMAX=0): the exact pass alone.
 // Sliding window (AttnParams::window): the producer's and the consumers' descent over the key tiles ends at the tile
 // of the CTA's first row's first key; the diagonal tile's mask also takes the window's lower edge, and the (at most
 // two) tiles below it that cross that edge take it alone; every other tile runs as without a window. K and V: TMA
@@ -37,7 +38,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -384,15 +384,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 
-// DS_ATTN_FIXMAX=0 (read once) keeps the running row maximum on every tile: the exact pass alone (A/B measurements).
-bool fixmax_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("DS_ATTN_FIXMAX");
-    return !(e && e[0] == '0');
-  }();
-  return on;
-}
-
 template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
@@ -401,7 +392,7 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
-  const bool fixmax = fixmax_enabled();
+  const bool fixmax = p.fixed_max;
   const auto kernel =
       p.window > 0 ? (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, true, true> : attn_fwd_sm90_kernel<D, BN, DIFF, true, false>)
                    : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);

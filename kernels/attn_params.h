@@ -37,6 +37,7 @@ struct AttnParams {
   int64_t out_row_stride = 0, out_batch_stride = 0;
   unsigned long long* head_ns = nullptr;  // optional [view heads]: block time (%globaltimer ns) summed per head
   bool tile_major = false;                // CTA order of the fused kernels (launch_attn sets it from the choice)
+  bool fixed_max = true;                  // the Hopper kernel's fixed-maximum first pass (launch_attn: the choice's)
   int window = 0;                         // sliding window in keys (row i sees max(0, i - window + 1) .. i); 0: none
   const bf16* kv = nullptr;               // K and V from here when set (same layout and offsets), else from qkv
 };

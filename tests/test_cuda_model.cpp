@@ -463,17 +463,19 @@ TEST(CudaModel, MambaImplicitAttentionMatchesReference) {
 
 TEST(CudaModel, UnknownAttentionOverrideIsAnError) {
   SKIP_WITHOUT_DEVICE();
-  const char* old = std::getenv("DS_ATTN_KERNEL");
-  const std::string saved = old ? old : "";
-  setenv("DS_ATTN_KERNEL", "fastest", 1);
-  try {
-    ds::make_cuda_backend();
-    ADD_FAILURE() << "an unknown DS_ATTN_KERNEL was accepted";
-  } catch (const ds::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("DS_ATTN_KERNEL=fastest"), std::string::npos) << e.what();
+  for (auto [var, value] : {std::pair{"DS_ATTN_KERNEL", "fastest"}, std::pair{"DS_ATTN_FIXMAX", "2"}}) {
+    const char* old = std::getenv(var);
+    const std::string saved = old ? old : "";
+    setenv(var, value, 1);
+    try {
+      ds::make_cuda_backend();
+      ADD_FAILURE() << "an unknown " << var << " was accepted";
+    } catch (const ds::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(var) + "=" + value), std::string::npos) << e.what();
+    }
+    if (old) setenv(var, saved.c_str(), 1);
+    else unsetenv(var);
   }
-  if (old) setenv("DS_ATTN_KERNEL", saved.c_str(), 1);
-  else unsetenv("DS_ATTN_KERNEL");
 }
 
 TEST(CudaModel, UserErrorsAreErrors) {

@@ -190,6 +190,7 @@ json bench_attention(CudaBackend& cb, const CudaBenchOptions& o, json& skipped) 
       auto consider = [&](kern::AttnImpl impl) {
         kern::AttnOptions opt;
         opt.impl = impl;
+        opt.fixed_max = cuda::attn_options_from_env().fixed_max;  // DS_ATTN_FIXMAX=0: A/B of the row maxima
         const kern::AttnChoice ch = kern::select_attn(dev, shape, opt);
         if (ch.impl == kern::AttnImpl::None) {
           skipped.push_back({{"impl", kern::attn_impl_name(impl)}, {"d", c.d}, {"diff_heads", c.diff_heads},
