@@ -17,6 +17,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1068,6 +1069,32 @@ TEST(CudaKernels, RopeMatchesFloat64) {
 // bf16 (as the unfused path's bf16 gate_up output), silu(g) * u. Shapes: a partial last row tile and K not a
 // multiple of the 64-wide K step (the copy engine's zero fill), strided x rows; one tile; 170 tiles (more than an
 // H100's 132 CTAs, so the persistent tile loop wraps; a partial group of row tiles) with more K steps than stages.
+// The fused sm_90a GEMMs' check: `launch` (CTAs alone, then in pairs) into a poisoned `dout`, every element finite
+// and the whole within bf16 rounding of the float64 `ref`. A device that cannot place CTA pairs skips them, saying so.
+void check_fused_gemm(const DeviceBuffer& dout, const std::vector<double>& ref, const std::string& what,
+                      const std::function<cudaError_t(int)>& launch) {
+  for (int cluster : {1, 2}) {
+    std::vector<uint16_t> poison(ref.size(), kBf16NaN);
+    DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), poison.size() * 2, cudaMemcpyHostToDevice));
+    const cudaError_t e = launch(cluster);
+    if (e == cudaErrorNotSupported && cluster == 2) {
+      std::printf("[   NOTE   ] CTA pairs cannot be placed on this device: cluster 2 not tested\n");
+      continue;
+    }
+    DS_CUDA_CHECK(e);
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o = to_host<uint16_t>(dout, ref.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double v = bf(o[i]);
+      ASSERT_TRUE(std::isfinite(v)) << what << " cluster " << cluster << " at " << i;
+      num += (v - ref[i]) * (v - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), kBf16Rel) << what << " cluster " << cluster;
+  }
+}
+
 TEST(CudaKernels, GemmSwigluMatchesFloat64) {
   SKIP_WITHOUT_DEVICE();
   if (!ds::kern::gemm_swiglu_sm90_supported(reinterpret_cast<const bf16*>(256), 64, reinterpret_cast<const bf16*>(256),
@@ -1100,27 +1127,11 @@ TEST(CudaKernels, GemmSwigluMatchesFloat64) {
         g = round_bf(g), u = round_bf(u);
         ref[size_t(r) * cs.I + c] = g / (1 + std::exp(-g)) * u;
       }
-    for (int cluster : {1, 2}) {
-      std::vector<uint16_t> poison(size_t(cs.M) * cs.I, kBf16NaN);
-      DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
-      const cudaError_t e = ds::kern::launch_gemm_swiglu_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dout.as<bf16>(),
-                                                              cs.M, cs.K, cs.I, nullptr, cluster);
-      if (e == cudaErrorNotSupported && cluster == 2) {  // a device that cannot place CTA pairs
-        std::printf("[   NOTE   ] CTA pairs cannot be placed on this device: cluster 2 not tested\n");
-        continue;
-      }
-      DS_CUDA_CHECK(e);
-      DS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o = to_host<uint16_t>(dout, size_t(cs.M) * cs.I);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double v = bf(o[i]);
-        ASSERT_TRUE(std::isfinite(v)) << cs.M << "x" << cs.K << "x" << cs.I << " cluster " << cluster << " at " << i;
-        num += (v - ref[i]) * (v - ref[i]);
-        den += ref[i] * ref[i];
-      }
-      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << cs.M << "x" << cs.K << "x" << cs.I << " cluster " << cluster;
-    }
+    check_fused_gemm(dout, ref, std::to_string(cs.M) + "x" + std::to_string(cs.K) + "x" + std::to_string(cs.I),
+                     [&](int cluster) {
+                       return ds::kern::launch_gemm_swiglu_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dout.as<bf16>(),
+                                                                cs.M, cs.K, cs.I, nullptr, cluster);
+                     });
   }
 }
 
@@ -1151,28 +1162,12 @@ TEST(CudaKernels, GemmSiluMulMatchesFloat64) {
         y = round_bf(y);
         ref[size_t(r) * cs.N + c] = y / (1 + std::exp(-y)) * bf(gate[size_t(r) * cs.ldg + c]);
       }
-    for (int cluster : {1, 2}) {
-      std::vector<uint16_t> poison(size_t(cs.M) * cs.N, kBf16NaN);
-      DS_CUDA_CHECK(cudaMemcpy(dout.get(), poison.data(), dout.bytes(), cudaMemcpyHostToDevice));
-      const cudaError_t e = ds::kern::launch_gemm_silu_mul_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dg.as<bf16>(),
-                                                                cs.ldg, dout.as<bf16>(), cs.M, cs.K, cs.N, nullptr,
-                                                                cluster);
-      if (e == cudaErrorNotSupported && cluster == 2) {
-        std::printf("[   NOTE   ] CTA pairs cannot be placed on this device: cluster 2 not tested\n");
-        continue;
-      }
-      DS_CUDA_CHECK(e);
-      DS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o = to_host<uint16_t>(dout, size_t(cs.M) * cs.N);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double v = bf(o[i]);
-        ASSERT_TRUE(std::isfinite(v)) << cs.M << "x" << cs.K << "x" << cs.N << " cluster " << cluster << " at " << i;
-        num += (v - ref[i]) * (v - ref[i]);
-        den += ref[i] * ref[i];
-      }
-      EXPECT_LT(std::sqrt(num / den), kBf16Rel) << cs.M << "x" << cs.K << "x" << cs.N << " cluster " << cluster;
-    }
+    check_fused_gemm(dout, ref, std::to_string(cs.M) + "x" + std::to_string(cs.K) + "x" + std::to_string(cs.N),
+                     [&](int cluster) {
+                       return ds::kern::launch_gemm_silu_mul_sm90(dx.as<bf16>(), cs.ldx, dw.as<bf16>(), dg.as<bf16>(),
+                                                                  cs.ldg, dout.as<bf16>(), cs.M, cs.K, cs.N, nullptr,
+                                                                  cluster);
+                     });
   }
   // Operands it does not take: N not a multiple of 256, a gate row stride below N.
   DeviceBuffer d(size_t(1) << 20, "test");
