@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "backend_cpu.h"
+#include "backend_cpu_attention.h"
 #include "error.h"
 #include "kernels/attn_heads.h"
 #include "rope.h"
@@ -147,11 +148,13 @@ struct KernelStat {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
-    threads_ = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  explicit CpuBackend(int threads)
+      : threads_(threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()))), pool_(threads_) {
     openblas_set_num_threads(threads_);
   }
-  std::string name() const override { return "CPU (OpenBLAS, " + std::to_string(threads_) + " threads)"; }
+  std::string name() const override {
+    return "CPU (OpenBLAS, " + std::to_string(threads_) + " threads, attention " + cpu_attn::isa() + ")";
+  }
   std::string kind() const override { return "cpu"; }
 
   void load(const Model& m, const ProgressFn& progress) override {
@@ -219,15 +222,14 @@ class CpuBackend final : public Backend {
   }
 
   int64_t max_tokens() const override {
-    // Bytes per token held by a forward: L+1 layer inputs, q/k/v/attn/mlp scratch; plus two n x n score
-    // matrices for the head being computed. Keep it within half the physical memory.
+    // Bytes per token held by a forward: L+1 layer inputs, q/k/v/attn/mlp scratch and the KV cache. Attention is
+    // tiled (no n x n buffer) and map queries work in chunks of rows, so memory grows linearly with n. Keep it
+    // within 80% of the available memory.
     const double mem = available_memory() * 0.8;
     const double per_tok = 4.0 * (double(cfg_.layers + 1) * cfg_.hidden + 4.0 * cfg_.heads * cfg_.head_dim +
                                   3.0 * cfg_.intermediate + 4.0 * cfg_.hidden + 6.0 * cfg_.d_inner +
                                   2.0 * double(cfg_.map_layers().size() * cfg_.kv_heads * cfg_.head_dim));
-    // solve 8 n^2 + per_tok n <= mem
-    const double n = (-per_tok + std::sqrt(per_tok * per_tok + 32.0 * mem)) / 16.0;
-    return int64_t(n);
+    return int64_t(mem / per_tok);
   }
 
   void forward(const ForwardRequest& req, ForwardResult& out) override {
@@ -303,7 +305,7 @@ class CpuBackend final : public Backend {
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
     check_layer(layer);
-    attention_block(layer, layer_lambda_[size_t(layer)], nullptr, 0, int64_t(ids_.size()), &out, /*maps_only=*/true);
+    full_maps(layer, out);
   }
 
   bool truncate(int64_t n) override {
@@ -536,24 +538,23 @@ class CpuBackend final : public Backend {
     const bool diff = cfg_.is_diff();
     const kern::ViewHeadMap hm = kern::view_head_map(diff, head, int(H), int(Hkv));
     const float scale = float(1.0 / std::sqrt(double(d)));
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(q1 - q0, (int64_t(1) << 22) / n));
+    // Chunks of rows small enough that skipping the keys right of a chunk's last row skips most of the upper
+    // triangle; the scores of one chunk are [rows, n] (columns outside the chunk's keys are left unset and zeroed by
+    // the softmax).
+    const int64_t chunk = std::max<int64_t>(16, std::min<int64_t>(q1 - q0, (int64_t(1) << 20) / n));
     std::vector<float> s[2];
     for (int64_t r0 = q0; r0 < q1; r0 += chunk) {
-      const int64_t rows = std::min(chunk, q1 - r0);
+      const int64_t rows = std::min(chunk, q1 - r0), klo = first_key(layer, r0), khi = r0 + rows;
       std::vector<float> mls[2];
       for (int m = 0; m < (diff ? 2 : 1); ++m) {
         s[m].resize(size_t(rows * n));
         mls[m].assign(size_t(rows), 0.f);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(n), int(d), scale,
-                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), keys + hm.k[m] * d, int(Hkv * d), 0.f,
-                    s[m].data(), int(n));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(khi - klo), int(d), scale,
+                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), keys + (klo * Hkv + hm.k[m]) * d, int(Hkv * d),
+                    0.f, s[m].data() + klo, int(n));
         for (int64_t i = 0; i < rows; ++i) {
-          float* r = s[m].data() + i * n;
-          const int64_t q = r0 + i, lo = first_key(layer, q);
-          float mabs = 0.f;
-          for (int64_t j = lo; j <= q; ++j) mabs = std::max(mabs, std::fabs(r[j]));
-          softmax_row(r, n, lo, q);
-          mls[m][size_t(i)] = mabs;
+          const int64_t q = r0 + i;
+          mls[m][size_t(i)] = cpu_attn::softmax_row(s[m].data() + i * n, n, first_key(layer, q), q);
         }
       }
       for (int64_t i = 0; i < rows; ++i)
@@ -568,114 +569,102 @@ class CpuBackend final : public Backend {
       case LayerKind::Mamba:
       case LayerKind::Memory: mamba_block(l, x, s, n); break;
       case LayerKind::Gmu: gmu_block(l, x, s, n); break;
-      default: attention_block(l, lam, x, s, n, maps, false);
+      default: attention_block(l, lam, x, s, n, maps);
     }
     mlp_block(l, x, n - s);
   }
 
-  // Softmax in place of r[lo..hi] (sums in double); every other entry of the row of n becomes 0.
-  static void softmax_row(float* r, int64_t n, int64_t lo, int64_t hi) {
-    float mx = -INFINITY;
-    for (int64_t j = lo; j <= hi; ++j) mx = std::max(mx, r[j]);
-    double sum = 0;
-    for (int64_t j = lo; j <= hi; ++j) {
-      r[j] = std::exp(r[j] - mx);
-      sum += r[j];
-    }
-    const float inv = float(1.0 / sum);
-    for (int64_t j = 0; j < lo; ++j) r[j] = 0.f;
-    for (int64_t j = lo; j <= hi; ++j) r[j] *= inv;
-    for (int64_t j = hi + 1; j < n; ++j) r[j] = 0.f;
-  }
-
-  // Query rows [s, n) against keys [0, n). maps (s = 0 only): every row's A1/A2. maps_only: just the maps, from the
-  // cached keys (x unused).
-  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, bool maps_only) {
+  // Query rows [s, n) against keys [0, n) (cpu_attn: tiled, the (head, query block) items on the pool, the rows
+  // nearest the end first since they see the most keys). maps (s = 0 only): every row's A1/A2, from the map queries.
+  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps) {
     const LayerW& w = layers_[size_t(l)];
     const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     auto t = Clock::now();
     std::vector<float> q;
     project_q(l, s, n, q);
-    if (!maps_only && cfg_.kv_layer(l) == l) project_kv(l, s, n);
+    if (cfg_.kv_layer(l) == l) project_kv(l, s, n);
     const float* k = keys_of(l).data();
     const float* v = values_of(l).data();
-    if (!maps_only) stats_["qkv_proj"].add(ms_since(t));
+    stats_["qkv_proj"].add(ms_since(t));
 
     const int64_t Hv = cfg_.view_heads();
     const bool diff = cfg_.is_diff();
     const int64_t vw = diff ? 2 * d : d;  // value width per view head
-    if (maps) {
-      maps->heads = Hv;
-      maps->n = n;
-      maps->a1.assign(size_t(Hv * n * n), 0.f);
-      maps->a2.assign(diff ? size_t(Hv * n * n) : 0, 0.f);
-    }
     std::vector<float> attn(static_cast<size_t>(m * Hv * vw));  // [m, Hv, vw]
-    std::vector<float> P1(static_cast<size_t>(m * n)), P2(diff ? size_t(m * n) : 0), Vh(size_t(n * vw)),
-        O1(size_t(m * vw)), O2(diff ? size_t(m * vw) : 0);
-    const float scale = float(1.0 / std::sqrt(double(d)));
-    const double lam_init = cfg_.lambda_init(l);
+    const int64_t blocks = (m + cpu_attn::kBlockQ - 1) / cpu_attn::kBlockQ;
+    const int T = pool_.threads();
+    scratch_.resize(size_t(T));
+    for (auto& sc : scratch_) sc.resize(size_t(cpu_attn::scratch_floats(d, vw)));
+    std::vector<double> head_ms(size_t(T * Hv), 0.0);  // thread time of each head's items, per thread
     auto ta = Clock::now();
-    for (int64_t j = 0; j < Hv; ++j) {
-      auto th = Clock::now();
+    pool_.run(blocks * Hv, [&](int64_t item, int thread) {
+      const auto t0 = Clock::now();
+      const int64_t j = item % Hv, bi = blocks - 1 - item / Hv;
       const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
-      scores(l, q.data(), k, hm.q[0], hm.k[0], s, n, scale, P1.data());
-      if (diff) scores(l, q.data(), k, hm.q[1], hm.k[1], s, n, scale, P2.data());
-      if (maps) {
-        std::copy(P1.begin(), P1.end(), maps->a1.begin() + j * n * n);
-        if (diff) std::copy(P2.begin(), P2.end(), maps->a2.begin() + j * n * n);
+      cpu_attn::Block b;
+      b.p0 = s + bi * cpu_attn::kBlockQ;
+      b.p1 = std::min(n, b.p0 + cpu_attn::kBlockQ);
+      b.s = s;
+      b.window = cfg_.layer_window(l);
+      b.d = d;
+      b.vw = vw;
+      b.scale = float(1.0 / std::sqrt(double(d)));
+      b.maps = diff ? 2 : 1;
+      b.lambda = lam;
+      for (int i = 0; i < b.maps; ++i) {
+        b.q[i] = q.data() + hm.q[i] * d;
+        b.k[i] = k + hm.k[i] * d;
       }
-      if (maps_only) continue;
-      // V of the head: differential [V of hm.v[0] ; V of hm.v[1]] (2d wide), plain V of hm.v[0].
-      for (int64_t p = 0; p < n; ++p) {
-        std::copy_n(v + (p * Hkv + hm.v[0]) * d, d, Vh.data() + p * vw);
-        if (diff) std::copy_n(v + (p * Hkv + hm.v[1]) * d, d, Vh.data() + p * vw + d);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(vw), int(n), 1.f, P1.data(), int(n), Vh.data(),
-                  int(vw), 0.f, O1.data(), int(vw));
-      if (diff)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(vw), int(n), 1.f, P2.data(), int(n),
-                    Vh.data(), int(vw), 0.f, O2.data(), int(vw));
-      for (int64_t p = 0; p < m; ++p) {
-        float* dst = attn.data() + (p * Hv + j) * vw;
-        const float* o1 = O1.data() + p * vw;
-        if (!diff) {
-          std::copy_n(o1, vw, dst);
-          continue;
-        }
-        const float* o2 = O2.data() + p * vw;
+      b.ldq = H * d;
+      b.ldk = Hkv * d;
+      b.v[0] = v + hm.v[0] * d;
+      b.v[1] = diff ? v + hm.v[1] * d : nullptr;
+      b.ldv = Hkv * d;
+      b.out = attn.data() + j * vw;
+      b.ldo = Hv * vw;
+      cpu_attn::run_block(b, scratch_[size_t(thread)].data());
+      head_ms[size_t(thread * Hv + j)] += ms_since(t0);
+    });
+    if (diff) {  // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
+      const float f = float(1.0 - cfg_.lambda_init(l));
+      for (int64_t r = 0; r < m * Hv; ++r) {
+        float* dst = attn.data() + r * vw;
         double ss = 0;
-        for (int64_t i = 0; i < vw; ++i) {
-          dst[i] = o1[i] - lam * o2[i];
-          ss += double(dst[i]) * dst[i];
-        }
-        // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
-        const float r = float(1.0 / std::sqrt(ss / double(vw) + cfg_.subln_eps));
-        const float f = float(1.0 - lam_init);
-        for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * r);
+        for (int64_t i = 0; i < vw; ++i) ss += double(dst[i]) * dst[i];
+        const float rn = float(1.0 / std::sqrt(ss / double(vw) + cfg_.subln_eps));
+        for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * rn);
       }
-      const double ms = ms_since(th);
-      const int64_t win = cfg_.layer_window(l);  // the rows [s, n): the triangle to n less the one to s
-      const double flops = kern::attn_flops(diff, 1, d, n, 1, win) - kern::attn_flops(diff, 1, d, s, 1, win);
+    }
+    stats_["attention"].add(ms_since(ta));
+    const int64_t win = cfg_.layer_window(l);  // the rows [s, n): the triangle to n less the one to s
+    const double flops = kern::attn_flops(diff, 1, d, n, 1, win) - kern::attn_flops(diff, 1, d, s, 1, win);
+    for (int64_t j = 0; j < Hv; ++j) {  // each head's time: the thread time of its items
+      double ms = 0;
+      for (int th = 0; th < T; ++th) ms += head_ms[size_t(th * Hv + j)];
       head_times_.push_back({l, int(j), ms, flops});
     }
-    if (maps_only) return;
-    stats_["attention"].add(ms_since(ta));
     t = Clock::now();
     std::vector<float> o(static_cast<size_t>(m * D));
     linear(attn.data(), w.wo.data(), o.data(), m, D, H * d);
     add_bias(o.data(), w.bo, m);
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["o_proj+residual"].add(ms_since(t));
+    if (maps) full_maps(l, *maps);
   }
 
-  // P[m, n] = causal (and, for sliding windows, banded) softmax(q_h k_g^T * scale) of layer l for query positions
-  // [s, n), m = n - s; q [m, H, d], k [n, Hkv, d].
-  void scores(int l, const float* q, const float* k, int64_t h, int64_t g, int64_t s, int64_t n, float scale, float* P) {
-    const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim, m = n - s;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(d), scale, q + h * d, int(H * d), k + g * d,
-                int(Hkv * d), 0.f, P, int(n));
-    for (int64_t i = 0; i < m; ++i) softmax_row(P + i * n, n, first_key(l, s + i), s + i);
+  // Every row of every view head of layer l (the last forward's), as [Hv, n, n]: O(n^2), for small prompts only.
+  void full_maps(int l, LayerMaps& out) {
+    const int64_t n = int64_t(ids_.size()), Hv = cfg_.view_heads();
+    const bool diff = cfg_.is_diff();
+    out.heads = Hv;
+    out.n = n;
+    out.a1.assign(size_t(Hv * n * n), 0.f);
+    out.a2.assign(diff ? size_t(Hv * n * n) : 0, 0.f);
+    for (int64_t j = 0; j < Hv; ++j)
+      head_rows(l, int(j), 0, n, [&](int64_t q, const float* a1, const float* a2, float, float) {
+        std::copy_n(a1, n, out.a1.begin() + (j * n + q) * n);
+        if (a2) std::copy_n(a2, n, out.a2.begin() + (j * n + q) * n);
+      });
   }
 
   // The scan's inputs of Mamba layer l over m positions of its input x: LayerNorm, in_proj ([x | z] per token),
@@ -805,6 +794,8 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
+  cpu_attn::Pool pool_;
+  std::vector<std::vector<float>> scratch_;  // [threads]: each pool thread's attention work space
   ModelConfig cfg_;
   std::vector<float> embed_, final_norm_, final_norm_b_, lm_head_;
   std::vector<float> memory_;  // SambaY: the memory layer's ungated scan output [n, di]
