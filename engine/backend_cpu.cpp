@@ -635,14 +635,19 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * rn);
       }
     }
-    stats_["attention"].add(ms_since(ta));
+    const double wall = ms_since(ta);
+    stats_["attention"].add(wall);
     const int64_t win = cfg_.layer_window(l);  // the rows [s, n): the triangle to n less the one to s
     const double flops = kern::attn_flops(diff, 1, d, n, 1, win) - kern::attn_flops(diff, 1, d, s, 1, win);
-    for (int64_t j = 0; j < Hv; ++j) {  // each head's time: the thread time of its items
-      double ms = 0;
-      for (int th = 0; th < T; ++th) ms += head_ms[size_t(th * Hv + j)];
-      head_times_.push_back({l, int(j), ms, flops});
-    }
+    // Heads run side by side: each head's share of the layer's wall time is its share of the thread time, so the
+    // heads add up to the layer's attention time and their TFLOP/s are those of the whole machine.
+    std::vector<double> per_head(size_t(Hv), 0.0);
+    double busy = 0;
+    for (int th = 0; th < T; ++th)
+      for (int64_t j = 0; j < Hv; ++j) per_head[size_t(j)] += head_ms[size_t(th * Hv + j)];
+    for (double x : per_head) busy += x;
+    for (int64_t j = 0; j < Hv; ++j)
+      head_times_.push_back({l, int(j), busy > 0 ? wall * per_head[size_t(j)] / busy : wall / double(Hv), flops});
     t = Clock::now();
     std::vector<float> o(static_cast<size_t>(m * D));
     linear(attn.data(), w.wo.data(), o.data(), m, D, H * d);

@@ -22,6 +22,6 @@ if(DS_BUILD_GUI AND TARGET diffscope)
              COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/gui_check.py --exe $<TARGET_FILE:diffscope>
                      --run-exe $<TARGET_FILE:diffscope-run> ${DS_GUI_SCAN_EXE}
                      --xvfb "${XVFB_RUN}" --source ${PROJECT_SOURCE_DIR} --work ${PROJECT_BINARY_DIR}/gui_tests ${case})
-    set_tests_properties(gui_${case} PROPERTIES TIMEOUT 600 LABELS gui)
+    set_tests_properties(gui_${case} PROPERTIES TIMEOUT 3000 LABELS gui)
   endforeach()
 endif()
