@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 echo "== main build"
-cmake -S . -B build -G Ninja
+cmake -S . -B build -G Ninja -DDS_ENABLE_CUDA=ON  # everything: CUDA too when nvcc is here
 cmake --build build
 ctest --test-dir build --output-on-failure -j"$jobs"
 

@@ -128,7 +128,7 @@ PY
 pack_gui() {
   set -e
   local B=${BUILD_DIR:-build}
-  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DDS_ENABLE_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
   ninja -C "$B" diffscope
   rm -rf /tmp/ds_gui_pack && mkdir -p /tmp/ds_gui_pack/bin /tmp/ds_gui_pack/lib
   strip -o /tmp/ds_gui_pack/bin/diffscope "$B/diffscope"

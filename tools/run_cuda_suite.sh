@@ -29,7 +29,7 @@ SUMMARY=$OUT/summary.md
 if [ "${1:-}" = pack ]; then
   set -e
   B=${BUILD_DIR:-build-cuda}  # BUILD_DIR=build reuses the main build
-  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >/dev/null
+  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DDS_ENABLE_CUDA=ON -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >/dev/null
   ninja -C "$B" diffscope_tests diffscope-bench diffscope-run diffscope-scan
   rm -rf /tmp/ds_pack && mkdir -p /tmp/ds_pack/bin /tmp/ds_pack/lib /tmp/ds_pack/obj
   cp "$B"/diffscope_tests "$B"/diffscope-bench "$B"/diffscope-run "$B"/diffscope-scan /tmp/ds_pack/bin/
@@ -76,7 +76,7 @@ if [ -f "$PACK" ]; then
   fi
 else
   log "no $PACK: building here"
-  cmake -S . -B /tmp/ds_build -G Ninja -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >"$OUT/build.log" 2>&1 &&
+  cmake -S . -B /tmp/ds_build -G Ninja -DDS_ENABLE_CUDA=ON -DDS_BUILD_GUI=OFF -DCMAKE_CUDA_STANDARD=17 >"$OUT/build.log" 2>&1 &&
     ninja -C /tmp/ds_build diffscope_tests diffscope-bench >>"$OUT/build.log" 2>&1 || { log "build failed"; tail -30 "$OUT/build.log"; }
   mkdir -p "$DS/bin" "$DS/obj" && cp /tmp/ds_build/diffscope_tests /tmp/ds_build/diffscope-bench "$DS/bin/" 2>/dev/null
   find /tmp/ds_build \( -name 'diff_attn_fwd.cu.o' -o -name 'attn_fwd_sm90.cu.o' \) -exec cp {} "$DS/obj/" \;
