@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,17 @@ class Backend {
   // Queries on the last forward's maps (map_query.h), O(n) or O(view) in host memory and transfers.
   virtual void map_view(const ViewRequest& req, MapView& out) = 0;
   virtual void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) = 0;  // resolved positions
-  virtual std::vector<HeadStats> head_stats(int layer) = 0;                                 // [view heads]
+  // [view heads]. lambda: the lambda the difference's statistics use (default: the layer's in the last forward); a
+  // layer's maps do not depend on its own lambda, so another value needs no new forward (the GUI's lambda sweep).
+  virtual std::vector<HeadStats> head_stats(int layer, std::optional<float> lambda = std::nullopt) = 0;
+  // HeadStats::entropy_diff of view head `head` under each of `lambdas` (the GUI's lambda sweep), from the last
+  // forward's maps: no new forward, since a layer's maps do not depend on its own lambda. This default asks
+  // head_stats once per value; a backend may answer in one pass over the head's rows.
+  virtual std::vector<double> entropy_sweep(int layer, int head, const std::vector<float>& lambdas) {
+    std::vector<double> out;
+    for (float lam : lambdas) out.push_back(double(head_stats(layer, lam).at(size_t(head)).entropy_diff));
+    return out;
+  }
   // Row q of every view head of `layer` split into a key span, the sink and the rest (map_query.h), [view heads];
   // O(heads) back from the device.
   virtual std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) = 0;

@@ -282,7 +282,11 @@ class CpuBackend final : public Backend {
       std::vector<float>& x = layer_in_[size_t(l + 1)];
       x.resize(size_t(n * D));
       std::copy(in.begin() + s * D, in.begin() + n * D, x.begin() + s * D);
-      run_layer(int(l), lam, x.data() + s * D, s, n, want ? &out.maps[size_t(l)] : nullptr);
+      // The last layer of a forward that keeps only the last position's logits needs the others' keys and values
+      // (the cache) but not their queries, attention or MLP: its output rows before n - 1 are then not computed
+      // (layer_in_[L] holds the last row only; nothing reads the others).
+      const bool last_only = l == L - 1 && !req.all_logits && !req.keep_hidden && !want && cfg_.has_maps(l);
+      run_layer(int(l), lam, x.data() + s * D, s, n, want ? &out.maps[size_t(l)] : nullptr, last_only ? n - 1 : s);
     }
     // final norm + lm_head
     auto th = Clock::now();
@@ -415,11 +419,11 @@ class CpuBackend final : public Backend {
     return out;
   }
 
-  std::vector<HeadStats> head_stats(int layer) override {
+  std::vector<HeadStats> head_stats(int layer, std::optional<float> lambda = std::nullopt) override {
     require_run();
     check_layer(layer);
     const int64_t n = int64_t(ids_.size());
-    const float lam = lambda_of(layer);
+    const float lam = cfg_.is_diff() && lambda ? *lambda : lambda_of(layer);
     std::vector<HeadStats> out;
     for (int64_t h = 0; h < cfg_.view_heads(); ++h) {
       StatsAccumulator acc;
@@ -429,6 +433,21 @@ class CpuBackend final : public Backend {
       out.push_back(acc.finish(cfg_.is_diff()));
     }
     return out;
+  }
+
+  std::vector<double> entropy_sweep(int layer, int head, const std::vector<float>& lambdas) override {
+    require_run();
+    check_layer(layer);
+    if (head < 0 || head >= cfg_.view_heads())
+      throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg_.view_heads()) +
+                  " view heads)");
+    const int64_t n = int64_t(ids_.size());
+    std::vector<double> sum(lambdas.size(), 0.0);
+    head_rows(layer, head, 0, n, [&](int64_t q, const float* a1, const float* a2, float, float) {
+      for (size_t i = 0; i < lambdas.size(); ++i) sum[i] += row_entropy_diff(a1, cfg_.is_diff() ? a2 : nullptr, q, lambdas[i]);
+    });
+    for (double& s : sum) s = double(float(s / double(n)));  // as HeadStats (a float mean of the rows)
+    return sum;
   }
 
   Profile profile() const override {
@@ -563,26 +582,29 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // x: rows [s, n) of the layer: its input on entry, its output on exit.
-  void run_layer(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps) {
+  // x: rows [s, n) of the layer: its input on entry, its output on exit (rows [q0, n) only, where an attention layer
+  // is asked for fewer rows than it caches keys for: q0 > s).
+  void run_layer(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, int64_t q0) {
     switch (cfg_.kind(l)) {
       case LayerKind::Mamba:
       case LayerKind::Memory: mamba_block(l, x, s, n); break;
       case LayerKind::Gmu: gmu_block(l, x, s, n); break;
-      default: attention_block(l, lam, x, s, n, maps);
+      default: attention_block(l, lam, x + (q0 - s) * cfg_.hidden, s, n, maps, q0); mlp_block(l, x + (q0 - s) * cfg_.hidden, n - q0); return;
     }
     mlp_block(l, x, n - s);
   }
 
-  // Query rows [s, n) against keys [0, n) (cpu_attn: tiled, the (head, query block) items on the pool, the rows
-  // nearest the end first since they see the most keys). maps (s = 0 only): every row's A1/A2, from the map queries.
-  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps) {
+  // Keys and values of positions [s, n) into the cache, then query rows [q0, n) (q0 >= s) against keys [0, n)
+  // (cpu_attn: tiled, the (head, query block) items on the pool, the rows nearest the end first since they see the
+  // most keys); x: rows [q0, n). maps (s = 0 only): every row's A1/A2, from the map queries.
+  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, int64_t q0) {
     const LayerW& w = layers_[size_t(l)];
-    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     auto t = Clock::now();
+    if (cfg_.kv_layer(l) == l) project_kv(l, s, n);
+    s = q0;
+    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     std::vector<float> q;
     project_q(l, s, n, q);
-    if (cfg_.kv_layer(l) == l) project_kv(l, s, n);
     const float* k = keys_of(l).data();
     const float* v = values_of(l).data();
     stats_["qkv_proj"].add(ms_since(t));

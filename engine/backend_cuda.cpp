@@ -1087,7 +1087,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
 // ---------------------------------------------------------------------------------------------------------------
 // maps and statistics
 
-void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats) {
+void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats, std::optional<float> lambda) {
   if (!has_run_) throw Error("CUDA backend: no forward has run yet, so there are no maps to show");
   const int L = int(cfg_.layers);
   if (layer < 0 || layer >= L)
@@ -1095,7 +1095,8 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
   const int64_t n = last_n_;
   const int Hv = view_heads();
   const int nmaps = cfg_.is_diff() ? 2 : 1;
-  const kern::AttnParams p = layer_params(layer);
+  kern::AttnParams p = layer_params(layer);
+  if (lambda && p.diff) p.lambda = *lambda;
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
   const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
   if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
@@ -1152,13 +1153,14 @@ void CudaBackend::layer_maps(int layer, LayerMaps& out) {
 
 // Statistics without maps: the fused two-pass kernel (tensor cores) where it runs, else the map kernels in chunks.
 // Either way the per-row terms, [view heads][n][MAP_NSTAT], come to the host and StatsAccumulator reduces them.
-std::vector<HeadStats> CudaBackend::head_stats(int layer) {
+std::vector<HeadStats> CudaBackend::head_stats(int layer, std::optional<float> lambda) {
   const DeviceGuard on(device_);
-  const kern::AttnParams p = layer_params(layer);
+  kern::AttnParams p = layer_params(layer);
+  if (lambda && p.diff) p.lambda = *lambda;
   const int Hv = view_heads();
   std::vector<HeadStats> out;
   if (!fused_map_queries(p)) {
-    compute_maps(layer, nullptr, &out);
+    compute_maps(layer, nullptr, &out, lambda);
     return out;
   }
   const int64_t n = last_n_;
@@ -1208,7 +1210,8 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   const int L = int(cfg_.layers), Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
   const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
   prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out, /*zero=*/false);
-  const kern::AttnParams p = layer_params(out.layer);
+  kern::AttnParams p = layer_params(out.layer);
+  if (p.diff) p.lambda = out.lambda;  // req.lambda, where given
   const size_t cells = size_t(out.rows) * size_t(out.cols);
   if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
   float* g1 = view_buf_.as<float>();

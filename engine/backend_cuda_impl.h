@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
   int64_t device_memory_used() const override;
 
   // --- beyond the interface
-  std::vector<HeadStats> head_stats(int layer) override;
+  std::vector<HeadStats> head_stats(int layer, std::optional<float> lambda = std::nullopt) override;
   void map_view(const ViewRequest& req, MapView& out) override;
   void mamba_view(const ViewRequest& req, MapView& out) override;
   void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override;
@@ -254,7 +254,8 @@ class CudaBackend final : public Backend {
   bf16* qkv_slot(int layer) const;  // layer's [cap][W] slice of qkv_cache (layers with attention only)
   void assign_qkv_slots();          // qkv_slot_ from cfg_
   void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
-  void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats);
+  void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats,
+                    std::optional<float> lambda = std::nullopt);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
   bool fused_map_queries(const kern::AttnParams& p) const;
   // A Mamba channel's implicit attention (mamba_view, mamba_row): its layer's scan inputs recomputed, the channel's

@@ -47,6 +47,7 @@ void check_mamba_row(int layer, int channel, int64_t q, const ModelConfig& cfg, 
 void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool differential, float lambda,
                   MapView& out, bool zero) {
   if (n <= 0) throw Error("no maps: run a prompt first");
+  if (req.lambda && differential) lambda = *req.lambda;
   if (req.layer < 0 || req.layer >= layers)
     throw Error("layer " + std::to_string(req.layer) + " does not exist (the model has " + std::to_string(layers) +
                 " layers)");
@@ -159,6 +160,16 @@ RowMass row_mass_of(const float* a1, const float* a2, int64_t q, float lambda, i
     for (int i = 0; i < MASS_NMAPS; ++i) part[i] += v[i];
   }
   return m;
+}
+
+double row_entropy_diff(const float* a1, const float* a2, int64_t q, float lambda) {
+  double absd = 0, dlogd = 0;
+  for (int64_t k = 0; k <= q; ++k) {
+    const double d = double(a1[k]) - double(lambda) * (a2 ? double(a2[k]) : 0.0), ad = std::fabs(d);
+    absd += ad;
+    if (ad > 0) dlogd += ad * std::log(ad);
+  }
+  return absd > 0 ? std::log(absd) - dlogd / absd : 0.0;
 }
 
 void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, float lambda, float ml1, float ml2) {

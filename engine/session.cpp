@@ -103,21 +103,22 @@ std::vector<float> Session::run_lambda() const {
   return lam;
 }
 
+int Session::stale_from() const {
+  if (ids_dirty_ || !has_result_) return 0;
+  const int L = int(cfg_.layers);
+  const std::vector<float> lam = run_lambda();
+  for (int l = 0; l < L; ++l)
+    if (!(lam[size_t(l)] == ran_lambda_[size_t(l)])) return l;
+  return L;
+}
+
 int Session::run(bool all_logits) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
-  int from = 0;
   const bool want_all = all_logits && (!has_result_ || res_.logit_rows != int64_t(ids_.size()));
-  if (!ids_dirty_ && has_result_ && !want_all) {
-    from = L;
-    for (int l = 0; l < L; ++l)
-      if (!(lam[size_t(l)] == ran_lambda_[size_t(l)])) {
-        from = l;
-        break;
-      }
-    if (from == L && !logits_stale_) return L;
-  }
+  const int from = want_all ? 0 : stale_from();
+  if (from == L && !logits_stale_) return L;
   ForwardRequest req;
   req.ids = ids_;
   req.lambda = lam;

@@ -67,6 +67,9 @@ class Session {
   // Run what is stale: everything after a prompt change, or from the first layer whose lambda changed.
   // Returns the first layer that was recomputed (L when nothing had to run).
   int run(bool all_logits = false);
+  // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
+  // up to it are those of the next run already: a lambda change shows in them before the run.
+  int stale_from() const;
   const ForwardResult& result() const {  // logits included (fetched now if a greedy step left them on the device)
     ensure_logits();
     return res_;

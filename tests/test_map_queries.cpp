@@ -40,4 +40,59 @@ TEST(MapQueriesCpu, NoRunNoMaps) {
   EXPECT_THROW(s->backend().head_stats(0), ds::Error);
 }
 
+// A layer's maps do not depend on its own lambda: a view under a new lambda and the sweep's entropies, asked before
+// the run, equal what the run with that lambda gives (the GUI shows them before its run ends).
+TEST(MapQueriesCpu, ALayersOwnLambdaNeedsNoRun) {
+  auto s = ds::Session::open(dstest::fixture("diff_mha_d32_f32"), ds::BackendChoice::Cpu, nullptr, 2);
+  dstest::Expected ex(dstest::fixture("diff_mha_d32_f32"));
+  s->set_ids(ex.ids());
+  s->run();
+  const int layer = int(s->config().layers) - 1, head = 1;
+  const std::vector<float> lams{1.3f, -0.2f};
+  ds::ViewRequest vr;
+  vr.layer = layer;
+  vr.head = head;
+  vr.rows = vr.cols = 8;
+  vr.pool = ds::Pool::Max;
+  vr.lambda = lams[0];
+  ds::MapView before, after;
+  s->set_lambda_override(layer, double(lams[0]));
+  ASSERT_EQ(s->stale_from(), layer);
+  s->backend().map_view(vr, before);
+  EXPECT_FLOAT_EQ(before.lambda, lams[0]);
+  const std::vector<double> ent = s->backend().entropy_sweep(layer, head, lams);
+  ASSERT_EQ(ent.size(), 2u);
+  for (size_t i = 0; i < lams.size(); ++i) {
+    s->set_lambda_override(layer, double(lams[i]));
+    EXPECT_EQ(s->run(), layer);
+    EXPECT_NEAR(ent[i], s->backend().head_stats(layer).at(size_t(head)).entropy_diff, 1e-6) << lams[i];
+    if (i == 0) {
+      vr.lambda.reset();
+      s->backend().map_view(vr, after);
+      ASSERT_EQ(before.diff.size(), after.diff.size());
+      for (size_t k = 0; k < after.diff.size(); ++k) {
+        EXPECT_NEAR(before.a1[k], after.a1[k], 1e-7);
+        EXPECT_NEAR(before.diff[k], after.diff[k], 1e-6);
+      }
+    }
+  }
+}
+
+// A forward that keeps only the last position's logits skips the last layer's other rows: the same logits.
+TEST(MapQueriesCpu, LastRowOnlyForwardKeepsTheLastLogits) {
+  auto s = ds::Session::open(dstest::fixture("diff_gqa4_d32_sharded_v5"), ds::BackendChoice::Cpu, nullptr, 2);
+  dstest::Expected ex(dstest::fixture("diff_gqa4_d32_sharded_v5"));
+  s->set_ids(ex.ids());
+  ds::ForwardRequest req;
+  req.ids = ex.ids();
+  for (int l = 0; l < s->config().layers; ++l) req.lambda.push_back(float(s->effective_lambda(l)));
+  ds::ForwardResult last, all;
+  s->backend().forward(req, last);
+  req.all_logits = true;
+  s->backend().forward(req, all);
+  const int64_t V = s->config().vocab, n = int64_t(req.ids.size());
+  ASSERT_EQ(last.logits.size(), size_t(V));
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(last.logits[size_t(v)], all.logits[size_t((n - 1) * V + v)], 1e-5);
+}
+
 }  // namespace

@@ -32,18 +32,22 @@ static void sweep_plot(AppState& st, const Snapshot& s) {
   const std::string tok = token_label(sw.token_text, 16);
   ImGui::TextWrapped("layer %d, head %d%s: log p(\"%s\") and entropy of |A1 - %s*A2|", sw.layer, sw.head,
                      sw.complete ? "" : " (running)", tok.c_str(), st.lam());
-  std::vector<float> x, lp, ent;
+  // The entropy curve comes whole at once (no re-run); log p fills in point by point as the re-runs finish.
+  std::vector<float> x, lp, ent, xlp;
   for (const auto& p : sw.points) {
     x.push_back(float(p.lambda));
-    lp.push_back(float(p.logprob));
     ent.push_back(float(p.entropy));
+    if (std::isfinite(p.logprob)) {
+      xlp.push_back(float(p.lambda));
+      lp.push_back(float(p.logprob));
+    }
   }
   const ThemeColors& tc = theme_colors();
   const ImVec2 p0 = ImGui::GetCursorScreenPos();
   const float h = std::max(90.0f, ImGui::GetContentRegionAvail().y - ImGui::GetTextLineHeightWithSpacing() - 4);
   const ImVec2 p1(p0.x + ImGui::GetContentRegionAvail().x, p0.y + h);
   const std::string xname = std::string(st.lam()) + " of layer " + std::to_string(sw.layer);
-  draw_dual_plot(ImGui::GetWindowDrawList(), p0, p1, Series{&x, &lp, tc.plot_a, "log p"},
+  draw_dual_plot(ImGui::GetWindowDrawList(), p0, p1, Series{&xlp, &lp, tc.plot_a, "log p"},
                  Series{&x, &ent, tc.plot_b, "entropy"}, float(sw.current_lambda), xname.c_str());
   ImGui::Dummy(ImVec2(p1.x - p0.x, h));
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.plot_a), "%s",

@@ -106,14 +106,20 @@ void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const
   const ImVec2 q0(p0.x + left, p0.y + 4), q1(p1.x - right, p1.y - lh - 4);
   dl->AddRectFilled(q0, q1, ImGui::GetColorU32(ImGuiCol_FrameBg));
   dl->AddRect(q0, q1, tc.grid);
-  if (a.x->empty() || q1.x - q0.x < 10 || q1.y - q0.y < 10)
+  if ((a.x->empty() && b.x->empty()) || q1.x - q0.x < 10 || q1.y - q0.y < 10)
     return;
-  const float x0 = *std::min_element(a.x->begin(), a.x->end()), x1 = *std::max_element(a.x->begin(), a.x->end());
+  // The x range of both series (one may still be filling in: the sweep's log p comes point by point).
+  float x0 = INFINITY, x1 = -INFINITY;
+  for (const Series* s : {&a, &b})
+    for (float x : *s->x)
+      x0 = std::min(x0, x), x1 = std::max(x1, x);
   auto range = [](const std::vector<float>& v) {
     float lo = INFINITY, hi = -INFINITY;
     for (float f : v)
       if (std::isfinite(f))
         lo = std::min(lo, f), hi = std::max(hi, f);
+    if (!std::isfinite(lo))
+      return std::pair(0.f, 1.f);
     if (!(hi > lo))
       lo -= 0.5f, hi += 0.5f;
     const float pad = (hi - lo) * 0.08f;

@@ -111,7 +111,7 @@ struct RunResult {
 
 struct SweepPoint {
   double lambda = 0;
-  double logprob = 0;  // log p(token) at the last position
+  double logprob = 0;  // log p(token) at the last position (NaN until this point's re-run has finished)
   double entropy = 0;  // entropy of |A1 - lambda*A2| of the selected head (nats)
 };
 

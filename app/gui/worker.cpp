@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <exception>
+#include <limits>
 
 #include "engine/error.h"
 
@@ -56,6 +60,24 @@ bool Worker::idle() const {
 void Worker::set_streaming(bool on) {
   std::lock_guard lk(mu_);
   streaming_ = on;
+}
+
+// DS_GUI_TRACE=1: each stage of the worker's step on stderr with its wall time (how the first screen and a lambda
+// change spend their time; the replay logs of the README were read with it).
+template <class F>
+void Worker::traced(const char* stage, F&& f) {
+  static const bool on = [] {
+    const char* e = std::getenv("DS_GUI_TRACE");
+    return e && *e && std::string(e) != "0";
+  }();
+  if (!on) {
+    f();
+    return;
+  }
+  const auto t0 = Clock::now();
+  f();
+  std::fprintf(stderr, "diffscope: worker %-12s %8.1f ms\n", stage,
+               std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 bool Worker::superseded() const {
@@ -194,8 +216,10 @@ void Worker::step(const Request& r) {
       ids_changed = true;  // a failed step leaves the session to run again
     }
   }
+  if (lambda_changed && !prompt_ok && !ids_changed && !streaming_)
+    traced("preview_head", [&] { preview_head(r); });
   if (prompt_ok || lambda_changed || ids_changed || !session_->has_result())
-    run_and_publish(prompt_ok || ids_changed);
+    traced("run", [&] { run_and_publish(prompt_ok || ids_changed); });
   else if (gen_changed) {
     auto g = generation_state();
     publish([&](Snapshot& s) { s.gen = g; });
@@ -228,13 +252,13 @@ void Worker::step(const Request& r) {
   // a newer request is waiting and picks up where it was on the next step.
   if (superseded())
     return;
-  refresh_head(r);
+  traced("head", [&] { refresh_head(r); });
   if (!superseded())
-    refresh_row(r);
+    traced("row", [&] { refresh_row(r); });
   if (r.overview && !superseded())
-    summarize(r);
+    traced("overview", [&] { summarize(r); });
   if (r.sweep && session_->config().is_diff() && !superseded())
-    run_sweep(r);
+    traced("sweep", [&] { run_sweep(r); });
 }
 
 void Worker::open(const std::string& dir) {
@@ -548,24 +572,48 @@ void Worker::refresh_head(const Request& r) {
   if (!session_->has_result())
     return;
   const ModelConfig& cfg = session_->config();
-  // Attention layers show their maps, Mamba layers the implicit attention of one channel (head = the channel).
+  const int layer = int(cfg.nearest_view_layer(r.layer));
+  const int H = int(cfg.has_scan(layer) ? cfg.d_inner : cfg.view_heads()), head = std::clamp(r.head, 0, H - 1);
+  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
+    return;
+  publish_head(r, std::nullopt);
+  head_layer_ = layer;
+  head_head_ = head;
+  head_result_ = result_seq_;
+  head_view_ = r.view;
+}
+
+// A lambda change that leaves the layers below the head view's as they were leaves its maps as they were too (a
+// layer's maps do not depend on its own lambda): the view under the new lambda is published before the run, so the
+// difference map answers at once and the next-token table follows when the run ends.
+void Worker::preview_head(const Request& r) {
+  const ModelConfig& cfg = session_->config();
+  const int layer = int(cfg.nearest_view_layer(r.layer));
+  if (!session_->has_result() || !cfg.is_diff() || cfg.has_scan(layer) || session_->stale_from() < layer)
+    return;
+  publish_head(r, float(session_->effective_lambda(layer)));
+}
+
+// The head view of the request: attention layers show their maps, Mamba layers the implicit attention of one
+// channel (head = the channel). lambda: the difference's lambda when not the last run's (preview_head).
+void Worker::publish_head(const Request& r, std::optional<float> lambda) {
+  const ModelConfig& cfg = session_->config();
   const int layer = int(cfg.nearest_view_layer(r.layer));
   const bool implicit = cfg.has_scan(layer);
   const int H = int(implicit ? cfg.d_inner : cfg.view_heads()), head = std::clamp(r.head, 0, H - 1);
-  if (layer == head_layer_ && head == head_head_ && head_result_ == result_seq_ && same_view(r.view, head_view_))
-    return;
   auto hm = std::make_shared<HeadMaps>();
   hm->result_seq = result_seq_;
   hm->layer = layer;
   hm->head = head;
   hm->n = int64_t(session_->ids().size());
-  hm->lambda = session_->effective_lambda(layer);
+  hm->lambda = lambda ? double(*lambda) : session_->effective_lambda(layer);
   hm->differential = !implicit && cfg.is_diff();
   hm->implicit = implicit;
   hm->window = cfg.layer_window(layer);
   ViewRequest vr = r.view;
   vr.layer = layer;
   vr.head = head;
+  vr.lambda = lambda;
   // A rectangle from an older prompt may lie outside this one: clamp it (prepare_view refuses empty ones).
   if (vr.q0 >= hm->n || vr.k0 >= hm->n)
     vr.q0 = vr.k0 = 0, vr.q1 = vr.k1 = -1;
@@ -573,10 +621,6 @@ void Worker::refresh_head(const Request& r) {
     session_->backend().mamba_view(vr, hm->view);
   else
     session_->backend().map_view(vr, hm->view);
-  head_layer_ = layer;
-  head_head_ = head;
-  head_result_ = result_seq_;
-  head_view_ = r.view;
   publish([&](Snapshot& s) { s.head = hm; });
 }
 
@@ -643,32 +687,51 @@ void Worker::run_sweep(const Request& r) {
   sw->token = top[0].id;
   sw->token_text = top[0].text;
 
-  // Each point runs from `layer` with its lambda overridden: the log-probability of the next token, and the
-  // engine's statistics of the layer under that lambda (the maps of `layer` do not depend on its own lambda, the
-  // difference does), so the entropy of |A1 - lambda*A2| costs one head_stats per point and no maps.
+  // The entropy of |A1 - lambda*A2| needs no re-run: the maps of `layer` do not depend on its own lambda, so every
+  // point's statistics come from the current maps (Backend::head_stats with that lambda) and the curve is published
+  // whole. The log-probability of the next token does need a run from `layer` per point: those fill in afterwards,
+  // coarse to fine (ends, middle, quarters, ...), each published as it comes, and a newer request stops them.
   const double lo = std::min(-0.5, sw->current_lambda - 0.25), hi = std::max(1.5, sw->current_lambda + 0.25);
   const int points = std::max(3, r.sweep_points);
+  std::vector<float> lams;
+  for (int i = 0; i < points; ++i)
+    lams.push_back(float(lo + (hi - lo) * i / (points - 1)));
+  const std::vector<double> ent = session_->backend().entropy_sweep(layer, head, lams);
+  for (int i = 0; i < points; ++i)
+    sw->points.push_back({double(lams[size_t(i)]), std::numeric_limits<double>::quiet_NaN(), ent.at(size_t(i))});
+  if (superseded())
+    return;  // picked up again on the next step
+  {
+    auto partial = std::make_shared<Sweep>(*sw);
+    publish([&](Snapshot& s) { s.sweep = partial; });
+  }
+  std::vector<int> order{0, points - 1};  // coarse to fine: each pass halves the gaps
+  std::vector<char> queued(size_t(points), 0);
+  queued[0] = queued[size_t(points - 1)] = 1;
+  for (int step = points - 1; step > 1; step = (step + 1) / 2)
+    for (int i = 0; i < points; i += std::max(1, step / 2))
+      if (!queued[size_t(i)])
+        queued[size_t(i)] = 1, order.push_back(i);
+  for (int i = 0; i < points; ++i)
+    if (!queued[size_t(i)])
+      order.push_back(i);
   const std::optional<double> saved = layer < int(session_->lambda_control().override_.size())
                                           ? session_->lambda_control().override_[layer]
                                           : std::nullopt;
   publish([](Snapshot& s) { s.running = true; });
   bool aborted = false;
   try {
-    for (int i = 0; i < points; ++i) {
+    for (int i : order) {
       if (superseded()) {
         aborted = true;
         break;
       }
-      const double lam = lo + (hi - lo) * i / (points - 1);
-      session_->set_lambda_override(layer, lam);
+      SweepPoint& pt = sw->points[size_t(i)];
+      session_->set_lambda_override(layer, pt.lambda);
       session_->run();
-      const auto lp = session_->next_token_logprobs();
-      const std::vector<HeadStats> hs = session_->backend().head_stats(layer);
-      sw->points.push_back({lam, double(lp[sw->token]), double(hs.at(size_t(head)).entropy_diff)});
-      if (i % 4 == 3) {
-        auto partial = std::make_shared<Sweep>(*sw);
-        publish([&](Snapshot& s) { s.sweep = partial; });
-      }
+      pt.logprob = double(session_->next_token_logprobs()[size_t(sw->token)]);
+      auto partial = std::make_shared<Sweep>(*sw);
+      publish([&](Snapshot& s) { s.sweep = partial; });
     }
   } catch (...) {
     session_->set_lambda_override(layer, saved);  // never leave the sweep's lambda behind

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,12 +85,16 @@ class Worker {
   void set_streaming(bool on);
   void summarize(const Request& r);
   void refresh_head(const Request& r);
+  void preview_head(const Request& r);
+  void publish_head(const Request& r, std::optional<float> lambda);
   void refresh_row(const Request& r);
   void run_sweep(const Request& r);
   void run_scan(const Request& r);  // worker_scan.cpp
   void publish_scan(std::shared_ptr<const ScanState> scan);
   bool scan_stop_requested(uint64_t stop_seq_at_start) const;
   bool superseded() const;
+  template <class F>
+  void traced(const char* stage, F&& f);
   void report_error(const std::string& what);
   template <class F>
   void publish(F&& edit);
