@@ -352,6 +352,10 @@ def case_replay(r):
     check(abs(float(rows[-1]["lambda_shown"]) - 1.2) < 1e-9, "last shown %s" % rows[-1])
     lat = [float(x["latency_ms"]) for x in rows if x["latency_ms"]]
     check(lat and all(x > 0 for x in lat), "latencies %s" % lat)
+    # The dragged layer is the head view's: its difference map follows the values too (before each run ends).
+    dl = [float(x["diff_latency_ms"]) for x in rows if x["diff_latency_ms"]]
+    check(dl and all(x > 0 for x in dl), "difference map latencies %s" % dl)
+    check(abs(float(rows[-1]["diff_lambda_shown"]) - 1.2) < 1e-6, "difference map's last lambda %s" % rows[-1])
     check(abs(st["lambda"]["override"][1] - 1.2) < 1e-9 if "lambda" in st and "override" in st["lambda"] else True,
           "state lambda %s" % st.get("lambda"))
 

@@ -164,6 +164,19 @@ void ScreenshotDriver::replay_frame(AppState& st) {
         break;
       }
   }
+  // The difference map of the head view (the layer being dragged is the one on screen): it may show a value before
+  // the run under it ends (Worker::preview_head).
+  double diff_shown = NAN, diff_latency = NAN;
+  if (st.snap && st.snap->head && st.snap->head->layer == r.layer && st.head_tex.source == st.snap->head) {
+    diff_shown = st.snap->head->lambda;
+    const bool changed = replay_log_.empty() || !(replay_log_.back().diff_lambda == diff_shown);
+    for (size_t i = diff_shown_; changed && i < replay_set_.size(); ++i)
+      if (std::fabs(replay_set_[i].first - diff_shown) < 1e-6) {
+        diff_latency = now - replay_set_[i].second;
+        diff_shown_ = i + 1;
+        break;
+      }
+  }
   const size_t k = replay_set_.size();
   double set = NAN;
   if (k < size_t(r.steps)) {
@@ -177,7 +190,7 @@ void ScreenshotDriver::replay_frame(AppState& st) {
     phase_ = Phase::Settle;
     settle_frames_ = 0;
   }
-  replay_log_.push_back({now, frame, set, shown, latency});
+  replay_log_.push_back({now, frame, set, shown, latency, diff_shown, diff_latency});
 }
 
 void ScreenshotDriver::write_replay_log() const {
@@ -188,12 +201,12 @@ void ScreenshotDriver::write_replay_log() const {
     std::fprintf(stderr, "diffscope: --replay-log: cannot write %s\n", opt_.replay_log.c_str());
     return;
   }
-  f << "frame,t_ms,frame_ms,lambda_set,lambda_shown,latency_ms\n";
+  f << "frame,t_ms,frame_ms,lambda_set,lambda_shown,latency_ms,diff_lambda_shown,diff_latency_ms\n";
   auto num = [](double x) { return std::isnan(x) ? std::string() : std::to_string(x); };
   for (size_t i = 0; i < replay_log_.size(); ++i) {
     const ReplayFrame& r = replay_log_[i];
     f << i << ',' << num(r.t_ms) << ',' << num(r.frame_ms) << ',' << num(r.lambda_set) << ',' << num(r.lambda_shown)
-      << ',' << num(r.latency_ms) << '\n';
+      << ',' << num(r.latency_ms) << ',' << num(r.diff_lambda) << ',' << num(r.diff_latency_ms) << '\n';
   }
 }
 

@@ -35,11 +35,13 @@ class ScreenshotDriver {
   // --replay-lambda: the values set so far with their times, one log line per frame.
   struct ReplayFrame {
     double t_ms, frame_ms, lambda_set, lambda_shown, latency_ms;
+    double diff_lambda, diff_latency_ms;  // the lambda of the difference map on screen (the head view), its latency
   };
   std::vector<std::pair<double, double>> replay_set_;  // (lambda, time set in ms)
   std::vector<ReplayFrame> replay_log_;
   double last_frame_ms_ = 0;
   size_t replay_shown_ = 0;  // index into replay_set_ of the newest value the engine has shown
+  size_t diff_shown_ = 0;    // the same for the head view's difference map
 };
 
 }  // namespace ds::gui
