@@ -334,8 +334,13 @@ class CpuBackend final : public Backend {
     if (layer_ok) check_layer(req.layer);  // a layer without maps
     prepare_view(req, int(cfg_.layers), int(cfg_.view_heads()), n, cfg_.is_diff(), layer_ok ? lambda_of(req.layer) : 0.f,
                  out);
-    head_rows(out.layer, out.head, out.q0, out.q1,
-              [&](int64_t q, const float* a1, const float* a2, float, float) { view_add_row(out, q, a1, a2); });
+    // Parts of whole grid rows: every cell is written by one part only.
+    const int64_t E_r = out.q1 - out.q0, R = out.rows, P = std::max<int64_t>(1, std::min<int64_t>(R, 4 * pool_.threads()));
+    std::vector<int64_t> parts;
+    for (int64_t i = 0; i <= P; ++i) parts.push_back(out.q0 + view_block_start(int(R * i / P), E_r, int(R)));
+    head_rows(
+        out.layer, out.head, out.q0, out.q1,
+        [&](int, int64_t q, const float* a1, const float* a2, float, float) { view_add_row(out, q, a1, a2); }, parts);
     view_finish(out);
   }
 
@@ -399,7 +404,7 @@ class CpuBackend final : public Backend {
     for (int64_t h = 0; h < Hv; ++h)
       for (size_t i = 0; i < P; ++i) {
         const int64_t q = out.positions[i];
-        head_rows(layer, int(h), q, q + 1, [&](int64_t, const float* a1, const float* a2, float, float) {
+        head_rows(layer, int(h), q, q + 1, [&](int, int64_t, const float* a1, const float* a2, float, float) {
           std::copy_n(a1, n, out.a1.begin() + (size_t(h) * P + i) * size_t(n));
           if (a2) std::copy_n(a2, n, out.a2.begin() + (size_t(h) * P + i) * size_t(n));
         });
@@ -413,7 +418,7 @@ class CpuBackend final : public Backend {
     const float lam = lambda_of(layer);
     std::vector<RowMass> out(size_t(cfg_.view_heads()));
     for (int64_t h = 0; h < cfg_.view_heads(); ++h)
-      head_rows(layer, int(h), q, q + 1, [&](int64_t, const float* r1, const float* r2, float, float) {
+      head_rows(layer, int(h), q, q + 1, [&](int, int64_t, const float* r1, const float* r2, float, float) {
         out[size_t(h)] = row_mass_of(r1, r2, q, lam, a0, a1);
       });
     return out;
@@ -426,11 +431,19 @@ class CpuBackend final : public Backend {
     const float lam = cfg_.is_diff() && lambda ? *lambda : lambda_of(layer);
     std::vector<HeadStats> out;
     for (int64_t h = 0; h < cfg_.view_heads(); ++h) {
-      StatsAccumulator acc;
-      head_rows(layer, int(h), 0, n, [&](int64_t q, const float* a1, const float* a2, float ml1, float ml2) {
-        acc.add_row(q, a1, a2, lam, ml1, ml2);
-      });
-      out.push_back(acc.finish(cfg_.is_diff()));
+      std::vector<StatsAccumulator> acc(size_t(pool_.threads()));  // one a thread, then added up
+      head_rows(
+          layer, int(h), 0, n,
+          [&](int th, int64_t q, const float* a1, const float* a2, float ml1, float ml2) {
+            add_row_terms(acc[size_t(th)], q, a1, a2, lam, ml1, ml2);
+          },
+          even_parts(0, n));
+      for (size_t t = 1; t < acc.size(); ++t) {
+        const StatsAccumulator& a = acc[t];
+        acc[0].add_sums(a.entropy1, a.entropy2, a.entropy_diff, a.first1, a.first2, a.first_diff, a.neg_mass, a.diff_min,
+                        a.diff_max, a.max_logit1, a.max_logit2, a.rows);
+      }
+      out.push_back(acc[0].finish(cfg_.is_diff()));
     }
     return out;
   }
@@ -442,10 +455,20 @@ class CpuBackend final : public Backend {
       throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg_.view_heads()) +
                   " view heads)");
     const int64_t n = int64_t(ids_.size());
+    std::vector<std::vector<double>> part(size_t(pool_.threads()), std::vector<double>(lambdas.size(), 0.0));
+    head_rows(
+        layer, head, 0, n,
+        [&](int th, int64_t q, const float* a1, const float* a2, float, float) {
+          for (size_t i = 0; i < lambdas.size(); ++i) {
+            cpu_attn::RowTerms t;
+            cpu_attn::row_terms(a1, a2, q + 1, lambdas[i], t);
+            part[size_t(th)][i] += t.absd > 0 ? std::log(t.absd) - t.dlogd / t.absd : 0.0;
+          }
+        },
+        even_parts(0, n));
     std::vector<double> sum(lambdas.size(), 0.0);
-    head_rows(layer, head, 0, n, [&](int64_t q, const float* a1, const float* a2, float, float) {
-      for (size_t i = 0; i < lambdas.size(); ++i) sum[i] += row_entropy_diff(a1, cfg_.is_diff() ? a2 : nullptr, q, lambdas[i]);
-    });
+    for (const auto& p : part)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
     for (double& s : sum) s = double(float(s / double(n)));  // as HeadStats (a float mean of the rows)
     return sum;
   }
@@ -532,6 +555,16 @@ class CpuBackend final : public Backend {
     return x;
   }
 
+  // StatsAccumulator::add_row's terms of row q, with the vectorised logarithms (cpu_attn::row_terms).
+  static void add_row_terms(StatsAccumulator& acc, int64_t q, const float* a1, const float* a2, float lam, float ml1,
+                            float ml2) {
+    cpu_attn::RowTerms t;
+    cpu_attn::row_terms(a1, a2, q + 1, lam, t);
+    const double f2 = a2 ? a2[0] : 0.0;
+    acc.add_terms(t.e1, t.e2, t.absd > 0 ? std::log(t.absd) - t.dlogd / t.absd : 0.0, a1[0], f2,
+                  a1[0] - double(lam) * f2, t.neg, t.dmin, t.dmax, ml1, ml2);
+  }
+
   // The first key query q of layer l sees (sliding windows; 0 otherwise).
   int64_t first_key(int l, int64_t q) const {
     const int64_t w = cfg_.layer_window(l);
@@ -547,40 +580,54 @@ class CpuBackend final : public Backend {
     qk_layer_ = layer;
   }
 
-  // Calls f(q, a1, a2, max|logit1|, max|logit2|) for query rows [q0, q1) of view head `head` (a2 nullptr for plain
-  // heads; each row holds n values, 0 right of the diagonal), computed in chunks of rows: O(chunk x n) memory.
+  // Calls f(thread, q, a1, a2, max|logit1|, max|logit2|) for query rows [q0, q1) of view head `head` (a2 nullptr for
+  // plain heads; each row holds n values, 0 outside the keys the row sees). The rows are cut into parts (sorted
+  // boundaries from q0 to q1; empty: one part) that run side by side on the pool, the last (longest) rows first: f
+  // may touch only state of its thread or of its own part. Within a part the rows come in order, computed in chunks
+  // (cpu_attn::score_rows from the first key the chunk sees to its last row, then the vector softmax): O(chunk x n)
+  // memory per thread.
   template <class F>
-  void head_rows(int layer, int head, int64_t q0, int64_t q1, F&& f) {
+  void head_rows(int layer, int head, int64_t q0, int64_t q1, F&& f, std::vector<int64_t> parts = {}) {
     layer_q(layer);
     const float* keys = keys_of(layer).data();
     const int64_t n = int64_t(ids_.size()), H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
     const bool diff = cfg_.is_diff();
     const kern::ViewHeadMap hm = kern::view_head_map(diff, head, int(H), int(Hkv));
     const float scale = float(1.0 / std::sqrt(double(d)));
-    // Chunks of rows small enough that skipping the keys right of a chunk's last row skips most of the upper
-    // triangle; the scores of one chunk are [rows, n] (columns outside the chunk's keys are left unset and zeroed by
-    // the softmax).
+    if (parts.empty()) parts = {q0, q1};
     const int64_t chunk = std::max<int64_t>(16, std::min<int64_t>(q1 - q0, (int64_t(1) << 20) / n));
-    std::vector<float> s[2];
-    for (int64_t r0 = q0; r0 < q1; r0 += chunk) {
-      const int64_t rows = std::min(chunk, q1 - r0), klo = first_key(layer, r0), khi = r0 + rows;
-      std::vector<float> mls[2];
-      for (int m = 0; m < (diff ? 2 : 1); ++m) {
-        s[m].resize(size_t(rows * n));
-        mls[m].assign(size_t(rows), 0.f);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(khi - klo), int(d), scale,
-                    qk_q_.data() + (r0 * H + hm.q[m]) * d, int(H * d), keys + (klo * Hkv + hm.k[m]) * d, int(Hkv * d),
-                    0.f, s[m].data() + klo, int(n));
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t q = r0 + i;
-          mls[m][size_t(i)] = cpu_attn::softmax_row(s[m].data() + i * n, n, first_key(layer, q), q);
+    row_bufs_.resize(size_t(pool_.threads()));
+    const int64_t P = int64_t(parts.size()) - 1;
+    pool_.run(P, [&](int64_t item, int th) {
+      RowBuffers& b = row_bufs_[size_t(th)];
+      b.ws.resize(size_t(cpu_attn::scratch_floats(d, d)));
+      const int64_t p = P - 1 - item;
+      for (int64_t r0 = parts[size_t(p)]; r0 < parts[size_t(p) + 1]; r0 += chunk) {
+        const int64_t rows = std::min(chunk, parts[size_t(p) + 1] - r0), klo = first_key(layer, r0), khi = r0 + rows;
+        for (int m = 0; m < (diff ? 2 : 1); ++m) {
+          b.s[m].resize(size_t(rows * n));
+          b.ml[m].resize(size_t(rows));
+          cpu_attn::score_rows(qk_q_.data() + (r0 * H + hm.q[m]) * d, H * d, keys + hm.k[m] * d, Hkv * d, d, scale,
+                               rows, klo, khi, b.s[m].data(), n, b.ws.data());
+          for (int64_t i = 0; i < rows; ++i)
+            b.ml[m][size_t(i)] = cpu_attn::softmax_row(b.s[m].data() + i * n, n, first_key(layer, r0 + i), r0 + i);
         }
+        for (int64_t i = 0; i < rows; ++i)
+          f(th, r0 + i, b.s[0].data() + i * n, diff ? b.s[1].data() + i * n : nullptr, b.ml[0][size_t(i)],
+            diff ? b.ml[1][size_t(i)] : 0.f);
       }
-      for (int64_t i = 0; i < rows; ++i)
-        f(r0 + i, s[0].data() + i * n, diff ? s[1].data() + i * n : nullptr, mls[0][size_t(i)],
-          diff ? mls[1][size_t(i)] : 0.f);
-    }
+    });
   }
+  // Boundaries of about four parts a thread over rows [q0, q1) (head_rows).
+  std::vector<int64_t> even_parts(int64_t q0, int64_t q1) const {
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(q1 - q0, 4 * pool_.threads()));
+    std::vector<int64_t> b;
+    for (int64_t i = 0; i <= P; ++i) b.push_back(q0 + (q1 - q0) * i / P);
+    return b;
+  }
+  struct RowBuffers {
+    std::vector<float> s[2], ml[2], ws;
+  };
 
   // x: rows [s, n) of the layer: its input on entry, its output on exit (rows [q0, n) only, where an attention layer
   // is asked for fewer rows than it caches keys for: q0 > s).
@@ -688,10 +735,13 @@ class CpuBackend final : public Backend {
     out.a1.assign(size_t(Hv * n * n), 0.f);
     out.a2.assign(diff ? size_t(Hv * n * n) : 0, 0.f);
     for (int64_t j = 0; j < Hv; ++j)
-      head_rows(l, int(j), 0, n, [&](int64_t q, const float* a1, const float* a2, float, float) {
-        std::copy_n(a1, n, out.a1.begin() + (j * n + q) * n);
-        if (a2) std::copy_n(a2, n, out.a2.begin() + (j * n + q) * n);
-      });
+      head_rows(
+          l, int(j), 0, n,
+          [&](int, int64_t q, const float* a1, const float* a2, float, float) {
+            std::copy_n(a1, n, out.a1.begin() + (j * n + q) * n);
+            if (a2) std::copy_n(a2, n, out.a2.begin() + (j * n + q) * n);
+          },
+          even_parts(0, n));
   }
 
   // The scan's inputs of Mamba layer l over m positions of its input x: LayerNorm, in_proj ([x | z] per token),
@@ -823,6 +873,7 @@ class CpuBackend final : public Backend {
   int threads_;
   cpu_attn::Pool pool_;
   std::vector<std::vector<float>> scratch_;  // [threads]: each pool thread's attention work space
+  std::vector<RowBuffers> row_bufs_;         // [threads]: each pool thread's rows in head_rows
   ModelConfig cfg_;
   std::vector<float> embed_, final_norm_, final_norm_b_, lm_head_;
   std::vector<float> memory_;  // SambaY: the memory layer's ungated scan output [n, di]

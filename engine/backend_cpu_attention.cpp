@@ -22,6 +22,9 @@ namespace ds::cpu_attn {
 namespace avx2 {
 void run_block(const Block& b, float* ws);
 float softmax_row(float* r, int64_t n, int64_t lo, int64_t hi);
+void row_terms(const float* a1, const float* a2, int64_t count, float lambda, RowTerms& t);
+void score_rows(const float* q, int64_t ldq, const float* k, int64_t ldk, int64_t d, float scale, int64_t rows,
+                int64_t klo, int64_t khi, float* out, int64_t ldo, float* ws);
 }  // namespace avx2
 #define DS_HAVE_AVX2_INSTANCE 1
 #endif
@@ -30,15 +33,18 @@ namespace {
 struct Kernels {
   void (*block)(const Block&, float*);
   float (*softmax)(float*, int64_t, int64_t, int64_t);
+  void (*terms)(const float*, const float*, int64_t, float, RowTerms&);
+  void (*scores)(const float*, int64_t, const float*, int64_t, int64_t, float, int64_t, int64_t, int64_t, float*,
+                 int64_t, float*);
   const char* isa;
 };
 Kernels pick() {
 #ifdef DS_HAVE_AVX2_INSTANCE
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {avx2::run_block, avx2::softmax_row, "avx2+fma"};
+    return {avx2::run_block, avx2::softmax_row, avx2::row_terms, avx2::score_rows, "avx2+fma"};
 #endif
-  return {generic::run_block, generic::softmax_row, "generic"};
+  return {generic::run_block, generic::softmax_row, generic::row_terms, generic::score_rows, "generic"};
 }
 Kernels& kernels() {
   static Kernels k = pick();
@@ -54,7 +60,7 @@ const char* isa() { return kernels().isa; }
 bool use_isa(const char* name) {
   const std::string want = name;
   if (want == "generic") {
-    kernels() = {generic::run_block, generic::softmax_row, "generic"};
+    kernels() = {generic::run_block, generic::softmax_row, generic::row_terms, generic::score_rows, "generic"};
     return true;
   }
   const Kernels best = pick();
@@ -64,6 +70,13 @@ bool use_isa(const char* name) {
 }
 void run_block(const Block& b, float* scratch) { kernels().block(b, scratch); }
 float softmax_row(float* r, int64_t n, int64_t lo, int64_t hi) { return kernels().softmax(r, n, lo, hi); }
+void row_terms(const float* a1, const float* a2, int64_t count, float lambda, RowTerms& t) {
+  kernels().terms(a1, a2, count, lambda, t);
+}
+void score_rows(const float* q, int64_t ldq, const float* k, int64_t ldk, int64_t d, float scale, int64_t rows,
+                int64_t klo, int64_t khi, float* out, int64_t ldo, float* ws) {
+  kernels().scores(q, ldq, k, ldk, d, scale, rows, klo, khi, out, ldo, ws);
+}
 
 // --- the pool -------------------------------------------------------------------------------------------------
 struct Pool::Impl {

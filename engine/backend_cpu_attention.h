@@ -62,6 +62,20 @@ class Pool {
 // One block into out (rows [p0 - s, p1 - s)); scratch: scratch_floats(d, vw) floats of this thread.
 void run_block(const Block& b, float* scratch);
 
+// out[r, klo .. khi) = scale * q[r] . k[j] for rows r < rows (q row r at q + r ldq, key j at k + j ldk, out row r at
+// out + r ldo; other columns untouched): the map queries' scores, tiled like the attention. ws: scratch_floats(d, d).
+void score_rows(const float* q, int64_t ldq, const float* k, int64_t ldk, int64_t d, float scale, int64_t rows,
+                int64_t klo, int64_t khi, float* out, int64_t ldo, float* ws);
+
+// Sums over one attention row (count entries: keys 0..q) of A1, A2 and D = A1 - lambda A2, for the map statistics
+// (map_query.h's StatsAccumulator terms): e1 = -sum a1 log a1, e2 likewise (0 without a2), absd = sum |D|, dlogd =
+// sum |D| log |D|, neg = -sum of the negative D, and D's extremes. Vectorised logarithms (within 2 ulp of logf).
+struct RowTerms {
+  double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0;
+  float dmin = 0, dmax = 0;
+};
+void row_terms(const float* a1, const float* a2, int64_t count, float lambda, RowTerms& t);
+
 // Softmax in place of r[lo..hi] (inclusive); every other entry of the row of n becomes 0. Returns max |r[lo..hi]|
 // before the softmax (the statistics' max |logit|).
 float softmax_row(float* r, int64_t n, int64_t lo, int64_t hi);

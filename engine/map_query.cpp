@@ -162,16 +162,6 @@ RowMass row_mass_of(const float* a1, const float* a2, int64_t q, float lambda, i
   return m;
 }
 
-double row_entropy_diff(const float* a1, const float* a2, int64_t q, float lambda) {
-  double absd = 0, dlogd = 0;
-  for (int64_t k = 0; k <= q; ++k) {
-    const double d = double(a1[k]) - double(lambda) * (a2 ? double(a2[k]) : 0.0), ad = std::fabs(d);
-    absd += ad;
-    if (ad > 0) dlogd += ad * std::log(ad);
-  }
-  return absd > 0 ? std::log(absd) - dlogd / absd : 0.0;
-}
-
 void StatsAccumulator::add_row(int64_t q, const float* a1, const float* a2, float lambda, float ml1, float ml2) {
   double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0;
   for (int64_t k = 0; k <= q; ++k) {

@@ -135,9 +135,6 @@ void check_row_mass(int64_t q, int64_t n, int64_t a0, int64_t a1);
 //   max_logit1/2  the largest |q.k| / sqrt(d) before the softmax over all causal cells (the "max attention logit"
 //                 of https://github.com/microsoft/unilm/issues/1666, in magnitude; not a mean)
 // For plain heads the map-2 fields are NaN (there is no A2) and D = A1.
-// The entropy_diff term of one row q (keys 0..q) under lambda: what StatsAccumulator adds per row.
-double row_entropy_diff(const float* a1, const float* a2, int64_t q, float lambda);
-
 struct HeadStats {
   float entropy1 = 0, entropy2 = 0, entropy_diff = 0;
   float first1 = 0, first2 = 0, first_diff = 0;

@@ -138,6 +138,48 @@ TEST(CpuAttention, SoftmaxRowMatchesFloat64) {
   }
 }
 
+// The statistics' row sums (vectorised logarithms) against float64, zeros and a row long enough for several chunks.
+TEST(CpuAttention, RowTermsMatchFloat64) {
+  const std::string best = ds::cpu_attn::isa();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (const char* isa : instances()) {
+    ASSERT_TRUE(ds::cpu_attn::use_isa(isa));
+    for (int64_t count : {1, 7, 8, 33, 600, 3000}) {
+      std::vector<float> a1(static_cast<size_t>(count)), a2(static_cast<size_t>(count));
+      for (int64_t k = 0; k < count; ++k) {
+        a1[size_t(k)] = k % 5 == 0 ? 0.f : u(rng) * u(rng);  // some exact zeros (masked or underflowed entries)
+        a2[size_t(k)] = k % 7 == 0 ? 0.f : u(rng);
+      }
+      for (const float lam : {0.f, 0.6f, -0.3f}) {
+        for (const bool two : {true, false}) {
+          double e1 = 0, e2 = 0, absd = 0, dlogd = 0, neg = 0, mn = INFINITY, mx = -INFINITY;
+          for (int64_t k = 0; k < count; ++k) {
+            const double x1 = a1[size_t(k)], x2 = two ? a2[size_t(k)] : 0.0, d = x1 - double(lam) * x2;
+            if (x1 > 0) e1 -= x1 * std::log(x1);
+            if (x2 > 0) e2 -= x2 * std::log(x2);
+            absd += std::fabs(d);
+            if (d != 0) dlogd += std::fabs(d) * std::log(std::fabs(d));
+            if (d < 0) neg -= d;
+            mn = std::min(mn, d), mx = std::max(mx, d);
+          }
+          ds::cpu_attn::RowTerms t;
+          ds::cpu_attn::row_terms(a1.data(), two ? a2.data() : nullptr, count, lam, t);
+          const double tol = 2e-6 * double(count);
+          EXPECT_NEAR(t.e1, e1, tol) << isa << " " << count;
+          EXPECT_NEAR(t.e2, e2, tol) << isa << " " << count;
+          EXPECT_NEAR(t.absd, absd, tol) << isa << " " << count;
+          EXPECT_NEAR(t.dlogd, dlogd, tol) << isa << " " << count;
+          EXPECT_NEAR(t.neg, neg, tol) << isa << " " << count;
+          EXPECT_NEAR(t.dmin, mn, 1e-6);
+          EXPECT_NEAR(t.dmax, mx, 1e-6);
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(ds::cpu_attn::use_isa(best.c_str()));
+}
+
 // Scores far apart (a row whose later keys score hundreds of units above the first tile's) must rescale exactly.
 TEST(CpuAttention, LargeScoreJumpsBetweenTiles) {
   Shape sh{260, 0, 16, 0, true, 2};
