@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "error.h"
+#include "input_limits.h"
 
 using nlohmann::json;
 
@@ -234,7 +236,7 @@ void parse_sambay(const json& j, ModelConfig& c, const std::string& file) {
 ModelConfig parse_config_json(const std::string& text, const std::string& file) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json(text, file);
   } catch (const json::exception& e) {
     fail_file(file, std::string("not valid JSON (") + e.what() + ")");
   }
@@ -343,22 +345,21 @@ std::vector<int32_t> eos_ids_of(const nlohmann::json& v) {
 }
 
 std::vector<int32_t> generation_eos_ids(const std::string& model_dir, const std::vector<int32_t>& fallback) {
-  std::ifstream in(model_dir + "/generation_config.json", std::ios::binary);
-  if (!in) return fallback;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  // Optional: anything unreadable, malformed, too large or too deep is as if it were absent.
+  nlohmann::json j;
+  try {
+    j = parse_json(read_text_file(model_dir + "/generation_config.json", 1 << 20, "generation config"), "");
+  } catch (const std::exception&) {
+    return fallback;
+  }
   if (!j.is_object() || !j.contains("eos_token_id")) return fallback;
   std::vector<int32_t> ids = eos_ids_of(j["eos_token_id"]);
   return ids.empty() ? fallback : ids;
 }
 
 ModelConfig load_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_file(path, "cannot open (is this a Hugging Face model folder?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (text.size() > (16u << 20)) fail_file(path, "larger than 16 MB; not a model config");
-  return parse_config_json(text, path);
+  if (!std::filesystem::exists(path)) fail_file(path, "cannot open (is this a Hugging Face model folder?)");
+  return parse_config_json(read_text_file(path, 16u << 20, "model config"), path);
 }
 
 }  // namespace ds

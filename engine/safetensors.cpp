@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "input_limits.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -133,7 +134,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
 
   json j;
   try {
-    j = json::parse(header);
+    j = parse_json(header, path + ": header");
   } catch (const json::exception& e) {
     fail_file(path, std::string("header is not valid JSON (") + e.what() + ")");
   }
@@ -230,10 +231,9 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
     const fs::path index = p / "model.safetensors.index.json";
     const fs::path single = p / "model.safetensors";
     if (fs::exists(index)) {
-      std::ifstream in(index);
       json j;
       try {
-        j = json::parse(in);
+        j = parse_json(read_text_file(index.string(), 64u << 20, "shard index"), index.string());
       } catch (const json::exception& e) {
         fail_file(index.string(), std::string("not valid JSON (") + e.what() + ")");
       }

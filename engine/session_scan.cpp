@@ -15,6 +15,7 @@
 
 #include "arch.h"
 #include "error.h"
+#include "input_limits.h"
 
 namespace ds::scan {
 
@@ -175,7 +176,7 @@ void write_file_atomic(const std::string& path, const std::string& content, cons
 Prompt parse_line(const std::string& line, int line_no) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = parse_json(line, "");
   } catch (const nlohmann::json::exception&) {
     throw Error("not valid JSON");
   }

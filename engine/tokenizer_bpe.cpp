@@ -34,6 +34,7 @@
 
 #include "engine/error.h"
 #include "engine/tokenizer.h"
+#include "input_limits.h"
 
 namespace ds {
 
@@ -1255,13 +1256,10 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail_file(path, "cannot open the tokenizer file (does it exist and is it readable?)");
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(path, 512u << 20, "tokenizer file");
   json j;
   try {
-    j = json::parse(ss.str());
+    j = parse_json(text, path);
   } catch (const json::exception& e) {
     fail_file(path, std::string("not valid JSON: ") + e.what());
   }

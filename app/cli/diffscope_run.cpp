@@ -16,6 +16,7 @@
 #include "engine/error.h"
 #include "app/cli/run_args.h"
 #include "engine/session.h"
+#include "engine/input_limits.h"
 
 namespace {
 
@@ -41,7 +42,7 @@ int tokenize_jsonl(const Args& a) {
     if (line.empty()) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = ds::parse_json(line, a.tokenize_jsonl + ": line " + std::to_string(lineno));
     } catch (const nlohmann::json::exception&) {
       ds::fail_file(a.tokenize_jsonl, "line " + std::to_string(lineno) + " is not valid JSON");
     }

@@ -1,11 +1,15 @@
 // Settings persistence (JSON). See settings.h.
 #include "settings.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/input_limits.h"
 
 namespace ds::gui {
 
@@ -34,32 +38,62 @@ std::string config_dir() {
   return (base / "diffscope").string();
 }
 
-Settings load_settings() {
+// Every key is checked on its own: a value of the wrong type or out of range keeps that key's default (and the others
+// their values), so a damaged or hand-edited file can neither abort the program (an ImGui assertion on a font size
+// of 0, an out-of-range colour map index) nor cost the user the rest of their settings.
+Settings parse_settings(const std::string& text) {
   Settings s;
+  nlohmann::json j;
+  try {
+    j = ds::parse_json(text, "settings.json");
+  } catch (const std::exception&) {
+    return s;  // not worth an error dialog: start from defaults
+  }
+  if (!j.is_object())
+    return s;
+  auto get_bool = [&](const char* k, bool& v) {
+    if (j.contains(k) && j[k].is_boolean())
+      v = j[k].get<bool>();
+  };
+  auto get_int = [&](const char* k, int& v, int lo, int hi) {
+    if (j.contains(k) && j[k].is_number_integer()) {
+      const int64_t x = j[k].get<int64_t>();
+      if (x >= lo && x <= hi)
+        v = int(x);
+    }
+  };
+  get_bool("dark", s.dark);
+  get_int("seq_cmap", s.seq_cmap, 0, 1);  // Viridis, Magma
+  get_bool("log_scale", s.log_scale);
+  get_bool("hide_first", s.hide_first);
+  get_bool("link_scales", s.link_scales);
+  get_bool("robust_range", s.robust_range);
+  get_bool("mean_pool", s.mean_pool);
+  get_int("overview_mode", s.overview_mode, 0, 63);  // clamped to the modes there are where it is used
+  get_bool("sweep", s.sweep);
+  if (j.contains("font_size") && j["font_size"].is_number()) {
+    const double f = j["font_size"].get<double>();
+    if (std::isfinite(f) && f >= kMinFontSize && f <= kMaxFontSize)
+      s.font_size = float(f);
+  }
+  if (j.contains("export_dir") && j["export_dir"].is_string() && j["export_dir"].get<std::string>().size() < 4096)
+    s.export_dir = j["export_dir"].get<std::string>();
+  if (j.contains("recent") && j["recent"].is_array())
+    for (const auto& r : j["recent"])
+      if (r.is_string() && !r.get<std::string>().empty() && r.get<std::string>().size() < 4096 && s.recent.size() < 10)
+        s.recent.push_back(r.get<std::string>());
+  return s;
+}
+
+Settings load_settings() {
   const std::string dir = config_dir();
   if (dir.empty())
-    return s;
-  std::ifstream f(fs::path(dir) / "settings.json");
-  if (!f)
-    return s;
+    return Settings{};
   try {
-    const auto j = nlohmann::json::parse(f);
-    s.recent = j.value("recent", s.recent);
-    s.dark = j.value("dark", s.dark);
-    s.seq_cmap = j.value("seq_cmap", s.seq_cmap);
-    s.log_scale = j.value("log_scale", s.log_scale);
-    s.hide_first = j.value("hide_first", s.hide_first);
-    s.link_scales = j.value("link_scales", s.link_scales);
-    s.robust_range = j.value("robust_range", s.robust_range);
-    s.mean_pool = j.value("mean_pool", s.mean_pool);
-    s.overview_mode = j.value("overview_mode", s.overview_mode);
-    s.sweep = j.value("sweep", s.sweep);
-    s.font_size = j.value("font_size", s.font_size);
-    s.export_dir = j.value("export_dir", s.export_dir);
+    return parse_settings(ds::read_text_file((fs::path(dir) / "settings.json").string(), 1 << 20, "settings file"));
   } catch (const std::exception&) {
-    return Settings{};  // a damaged settings file is not worth an error dialog: start from defaults
+    return Settings{};  // missing, not a file, or too large: defaults
   }
-  return s;
 }
 
 void save_settings(const Settings& s) {

@@ -24,8 +24,11 @@ struct Settings {
   void add_recent(const std::string& dir);
 };
 
+constexpr float kMinFontSize = 8.0f, kMaxFontSize = 48.0f;
+
 std::string config_dir();  // created on demand; empty if no home can be found
 Settings load_settings();  // defaults when missing or unreadable
+Settings parse_settings(const std::string& text);  // the file's text: each bad or missing key keeps its default
 void save_settings(const Settings& s);
 
 }  // namespace ds::gui

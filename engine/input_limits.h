@@ -1,0 +1,32 @@
+// What the tools read from files, bounded before it is used: every JSON (config.json, generation_config.json,
+// tokenizer.json, a shard index, a safetensors header, corpus lines, the GUI's settings) is parsed with its nesting
+// limited, so that no input drives a copy or destruction thousands of levels deep; every text file a user points at
+// is checked to be a regular file and read only up to a size limit, so that a directory, a FIFO, /dev/zero or a
+// multi-gigabyte file is refused at once with its name instead of hanging or exhausting memory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace ds {
+
+constexpr int kJsonMaxDepth = 64;  // Hugging Face configs and tokenizers nest fewer than 10 levels
+
+// Parses text. Malformed text throws nlohmann::json::parse_error (callers turn it into their one-line message);
+// nesting deeper than max_depth throws ds::Error "WHAT: JSON nested deeper than N levels" (or without "WHAT: ").
+nlohmann::json parse_json(std::string_view text, const std::string& what, int max_depth = kJsonMaxDepth);
+
+// The whole of a regular file of at most max_bytes. Throws ds::Error naming the file: missing or unreadable, a
+// directory, not a regular file (FIFO, device, socket), or larger than the limit (`what` says what the file was
+// for, e.g. "prompt file"). Reads at most max_bytes + 1 bytes whatever the file claims or becomes.
+std::string read_text_file(const std::string& path, uint64_t max_bytes, const std::string& what);
+
+// Checks that path names a regular file that can be opened (the same messages), without reading it.
+void check_regular_file(const std::string& path, const std::string& what);
+
+// "12.5 MB" style sizes for the messages.
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace ds

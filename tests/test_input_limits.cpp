@@ -1,0 +1,87 @@
+// Hardening round 2 (engine/input_limits.h): nesting limits on every JSON, files read only when regular and within
+// a size limit, and the GUI's settings validated key by key. Each refusal is one line naming the file, and comes at
+// once whatever the input's size (a 50 MB nest of arrays is refused at its 65th level).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine/error.h"
+#include "engine/input_limits.h"
+#include "engine/session.h"
+#include "engine/session_scan.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string nest(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ds::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(InputLimits, DeepJsonIsRefusedAtOnce) {
+  EXPECT_NO_THROW(ds::parse_json(nest(64), "x"));
+  const std::string deep = nest(25'000'000);  // 50 MB
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of([&] { ds::parse_json(deep, "deep.json"); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("deep.json: JSON nested deeper than 64 levels"), std::string::npos) << msg;
+  // Not a speed goal: the parser must stop at the limit rather than build the nest (minutes and gigabytes).
+  EXPECT_LT(s, 60.0);
+  EXPECT_THROW(ds::parse_json("{\"a\": [1, 2", "x"), nlohmann::json::parse_error);
+}
+
+TEST(InputLimits, DeepConfigAndHeaderAreOneLineErrors) {
+  dstest::TempDir t;
+  const fs::path src = dstest::fixture("diff_n1");
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, t.path / f);
+  nlohmann::json c = nlohmann::json::parse(dstest::read_file(t.str() + "/config.json"));
+  std::string text = c.dump();
+  text.insert(text.size() - 1, ", \"extra\": " + nest(100000));
+  dstest::write_file(t.str() + "/config.json", text);
+  const std::string msg = error_of([&] { ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1); });
+  EXPECT_NE(msg.find("config.json: JSON nested deeper than"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+}
+
+TEST(InputLimits, NonRegularFilesAreRefusedByName) {
+  dstest::TempDir t;
+  const std::string dir = t.str() + "/a_directory";
+  fs::create_directory(dir);
+  std::string msg = error_of([&] { ds::read_text_file(dir, 1000, "prompt file"); });
+  EXPECT_NE(msg.find(dir + ": is a directory, not a prompt file"), std::string::npos) << msg;
+  const std::string fifo = t.str() + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  msg = error_of([&] { ds::read_text_file(fifo, 1000, "prompt file"); });  // must not block on the FIFO
+  EXPECT_NE(msg.find(fifo + ": is not a regular file"), std::string::npos) << msg;
+  msg = error_of([&] { ds::read_text_file("/dev/zero", 1000, "prompt file"); });
+  EXPECT_NE(msg.find("/dev/zero: is not a regular file"), std::string::npos) << msg;
+  msg = error_of([&] { ds::read_text_file(t.str() + "/missing", 1000, "prompt file"); });
+  EXPECT_NE(msg.find("missing: cannot read the prompt file"), std::string::npos) << msg;
+  const std::string big = t.str() + "/big.txt";
+  dstest::write_file(big, std::string(5000, 'x'));
+  msg = error_of([&] { ds::read_text_file(big, 1000, "prompt file"); });
+  EXPECT_NE(msg.find("big.txt: the prompt file is 4.9 KB, more than the 1000 bytes"), std::string::npos) << msg;
+  EXPECT_EQ(ds::read_text_file(big, 5000, "prompt file").size(), 5000u);
+}
+
+TEST(InputLimits, DeepCorpusLineIsSkippedWithItsReason) {
+  EXPECT_THROW(ds::scan::parse_line("{\"text\": \"a\", \"answer\": [0, 1], \"tag\": " + nest(100000) + "}", 1), ds::Error);
+  try {
+    ds::scan::parse_line("{\"text\": \"a\", \"answer\": [0, 1], \"tag\": " + nest(100000) + "}", 1);
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
