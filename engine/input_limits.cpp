@@ -35,7 +35,7 @@ namespace {
 struct stat stat_regular(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    fail_file(path, "cannot read the " + what + ": " + std::strerror(errno));
+    fail_file(path, "cannot open the " + what + ": " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) fail_file(path, "is a directory, not a " + what);
   if (!S_ISREG(st.st_mode))
     fail_file(path, "is not a regular file (a FIFO, device or socket): refusing to read it as a " + what);
@@ -75,6 +75,17 @@ std::string read_text_file(const std::string& path, uint64_t max_bytes, const st
   if (got > max_bytes) too_big(got);
   out.resize(got);
   return out;
+}
+
+std::string read_prompt_file(const std::string& path) {
+  std::string text = read_text_file(path, kMaxPromptFileBytes, "prompt file");
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  return text;
+}
+
+std::string read_token_ids_file(const std::string& path) {
+  return read_text_file(path, kMaxPromptFileBytes, "token ids file");
 }
 
 }  // namespace ds

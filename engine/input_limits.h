@@ -23,6 +23,13 @@ nlohmann::json parse_json(std::string_view text, const std::string& what, int ma
 // for, e.g. "prompt file"). Reads at most max_bytes + 1 bytes whatever the file claims or becomes.
 std::string read_text_file(const std::string& path, uint64_t max_bytes, const std::string& what);
 
+// A prompt file (the CLI's and the GUI's --prompt-file, File > Open prompt): read_text_file with a 64 MB limit (far
+// more text than any model's positions take; Session::set_prompt refuses what cannot fit before tokenizing), one
+// trailing line end (\n or \r\n) dropped, as editors add it. A token-ids file: the same limit, read as it is.
+constexpr uint64_t kMaxPromptFileBytes = uint64_t(64) << 20;
+std::string read_prompt_file(const std::string& path);
+std::string read_token_ids_file(const std::string& path);
+
 // Checks that path names a regular file that can be opened (the same messages), without reading it.
 void check_regular_file(const std::string& path, const std::string& what);
 

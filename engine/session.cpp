@@ -33,6 +33,13 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoi
 
 void Session::set_prompt(const std::string& text) {
   if (!tok_) throw Error("cannot tokenize a prompt: " + (tok_error_.empty() ? "no tokenizer" : tok_error_));
+  // Text that cannot fit is refused before the tokenizer sees it (tokenizing costs ~100 bytes of memory a byte):
+  // no vocabulary's tokens average 256 bytes.
+  constexpr int64_t kMaxBytesPerToken = 256;
+  if (int64_t(text.size()) > cfg_.max_positions * kMaxBytesPerToken)
+    throw Error("the prompt is " + std::to_string(text.size()) + " bytes of text, more than this model's " +
+                std::to_string(cfg_.max_positions) + " positions can hold (max_position_embeddings; at most " +
+                std::to_string(kMaxBytesPerToken) + " bytes a token)");
   std::vector<TokenSpan> spans = tok_->encode_spans(text, true);
   std::vector<int32_t> ids;
   for (const TokenSpan& t : spans) ids.push_back(t.id);

@@ -56,14 +56,6 @@ int tokenize_jsonl(const Args& a) {
   return 0;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ds::fail_file(path, "cannot open");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) ds::fail_file(path, "read error");
-  return text;
-}
-
 // --dump: logits, and either every layer's full maps (O(n^2): small prompts) or, with --rows / --view, the rows
 // and the view only (O(n heads + R C)).
 void dump(ds::Session& s, const Args& a) {
@@ -158,10 +150,10 @@ int run(const Args& a) {
   // Read the prompt file before loading the model: a bad file is reported at once.
   std::string prompt = a.prompt;
   std::optional<std::vector<int32_t>> ids = a.ids;
-  if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
+  if (!a.prompt_file.empty()) prompt = ds::read_prompt_file(a.prompt_file);
   if (!a.token_ids_file.empty()) {
     try {
-      ids = ds::cli::parse_id_list(read_file(a.token_ids_file), a.token_ids_file);
+      ids = ds::cli::parse_id_list(ds::read_token_ids_file(a.token_ids_file), a.token_ids_file);
     } catch (const ArgError& e) {
       throw ds::Error(e.what());  // a bad file is bad input (exit 3), not a bad argument
     }

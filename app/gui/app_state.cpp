@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "app/scan/plot.h"
+#include "engine/input_limits.h"
 
 namespace ds::gui {
 
@@ -157,27 +158,17 @@ void AppState::run_prompt() {
   submit();
 }
 
+// The engine's reader (engine/input_limits.h), as the CLI reads it: a regular file within the limit, one trailing
+// line end dropped.
 bool read_prompt_file(const std::string& path, std::string& text, std::string* why) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  try {
+    text = ds::read_prompt_file(path);
+    return true;
+  } catch (const std::exception& e) {
     if (why)
-      *why = path + ": is a folder, not a prompt file";
+      *why = e.what();
     return false;
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    if (why)
-      *why = path + ": cannot open the prompt file (does it exist, is it readable?)";
-    return false;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  text = ss.str();
-  if (!text.empty() && text.back() == '\n')
-    text.pop_back();
-  if (!text.empty() && text.back() == '\r')
-    text.pop_back();
-  return true;
 }
 
 bool AppState::open_prompt_file(const std::string& path, std::string* why) {

@@ -31,6 +31,12 @@ expect_exit(2 "--rect: each range" --model ${FIXTURE} --token-ids 1,2 --view 0.0
 expect_exit(2 "--pool must be max or mean" --model ${FIXTURE} --token-ids 1 --view 0.0 --pool median --dump ${T}/x.safetensors)
 expect_exit(2 "give one of" --model ${FIXTURE} --token-ids 1 --token-ids-file ${T}/ids.txt)
 expect_exit(3 "nothere.txt: cannot open" --model ${FIXTURE} --token-ids-file ${T}/nothere.txt --backend cpu)
+# Not regular files: refused at once by name (a FIFO or /dev/zero used to block or grow without end).
+expect_exit(3 "cli_queries: is a directory, not a prompt file" --model ${FIXTURE} --prompt-file ${T} --backend cpu)
+expect_exit(3 "/dev/zero: is not a regular file" --model ${FIXTURE} --prompt-file /dev/zero --backend cpu)
+expect_exit(3 "/dev/zero: is not a regular file" --model ${FIXTURE} --token-ids-file /dev/zero --backend cpu)
+execute_process(COMMAND mkfifo ${T}/fifo.txt ERROR_QUIET)
+expect_exit(3 "fifo.txt: is not a regular file" --model ${FIXTURE} --prompt-file ${T}/fifo.txt --backend cpu)
 expect_exit(3 "bad_ids.txt: 'x' is not an integer" --model ${FIXTURE} --token-ids-file ${T}/bad_ids.txt --backend cpu)
 expect_exit(3 "row position 9 is outside" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 9 --dump ${T}/r.safetensors)
 expect_exit(3 "head 99 does not exist" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 0.99 --dump ${T}/v.safetensors)
