@@ -110,6 +110,18 @@ std::vector<float> Session::run_lambda() const {
   return lam;
 }
 
+std::string Session::nonfinite_logits() const {
+  if (!has_result_) return "";
+  const ForwardResult& r = result();
+  const size_t V = size_t(cfg_.vocab);
+  if (r.logits.size() < V) return "";
+  size_t bad = 0;
+  for (size_t i = r.logits.size() - V; i < r.logits.size(); ++i) bad += !std::isfinite(r.logits[i]);
+  if (!bad) return "";
+  return "the last position's logits are not finite (" + std::to_string(bad) + " of " + std::to_string(V) +
+         " are NaN or Inf): the weights hold non-finite values or lambda is so large that the model overflows";
+}
+
 int Session::stale_from() const {
   if (ids_dirty_ || !has_result_) return 0;
   const int L = int(cfg_.layers);

@@ -75,6 +75,9 @@ class Session {
     return res_;
   }
   bool has_result() const { return has_result_; }
+  // Non-empty when the last position's logits hold NaN or Inf (non-finite weights, or a lambda so large that the
+  // model overflows): the one-line reason. Every front end shows it instead of a plausible-looking top-k.
+  std::string nonfinite_logits() const;
 
   // Generation. The sequence is the prompt and the tokens generated after it: ids(), tokens(), maps, rows and
   // statistics cover both, and run() after a lambda change re-runs the whole sequence from the changed layer.

@@ -193,6 +193,10 @@ def case_lambda(r):
     print("A1 pixels changed: %.4f, difference pixels changed: %.4f" % (fa, fd))
     check(fa == 0.0, "A1 panel pixels changed with lambda (%.4f)" % fa)
     check(fd > 0.05, "difference panel barely changed with lambda (%.4f)" % fd)
+    # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
+    rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
+    check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),
+          "overflowing logits were not reported: rc %d, %s" % (rc2, s2 and s2["error"]))
 
 
 def make_corrupt(r):

@@ -118,6 +118,31 @@ void dump(ds::Session& s, const Args& a) {
                                     {"backend", s.backend().name()}});
 }
 
+// --rows, --view and --rect against the model and the prompt, before the forward (which can take minutes on a long
+// prompt). With --generate the sequence grows: positions past the prompt are checked against its longest length.
+void check_queries(ds::Session& s, const Args& a) {
+  const ds::ModelConfig& c = s.config();
+  const int64_t n = int64_t(s.ids().size()), n_max = std::min<int64_t>(n + a.generate, c.max_positions);
+  try {
+    if (!a.rows.empty()) ds::resolve_positions(a.rows, a.generate > 0 ? n_max : n);
+    if (a.view) {
+      if (a.view->layer < 0 || a.view->layer >= c.layers)
+        throw ArgError("--view: layer " + std::to_string(a.view->layer) + " does not exist (the model has " +
+                       std::to_string(c.layers) + " layers)");
+      if (!c.has_maps(a.view->layer)) throw ArgError("--view: " + c.no_attention(a.view->layer, "attention maps"));
+      ds::ViewRequest q;
+      q.layer = a.view->layer, q.head = a.view->head;
+      q.q0 = a.view->q0, q.q1 = a.view->q1, q.k0 = a.view->k0, q.k1 = a.view->k1;
+      q.rows = a.view->rows, q.cols = a.view->cols;
+      ds::MapView probe;
+      ds::prepare_view(q, int(c.layers), int(c.view_heads()), a.generate > 0 ? n_max : n, c.is_diff(), 0.f, probe,
+                       /*zero=*/false);
+    }
+  } catch (const ds::Error& e) {
+    throw ArgError(std::string(a.view ? "--view/--rect/--rows: " : "--rows: ") + e.what());
+  }
+}
+
 // --stats FILE.json: every layer's per-head statistics (engine/map_query.h has the definitions).
 void write_stats(ds::Session& s, const std::string& path) {
   const ds::ModelConfig& c = s.config();
@@ -173,8 +198,10 @@ int run(const Args& a) {
     if (!c.has_maps(l)) throw ArgError("--lambda: " + c.no_attention(l, "lambda"));
     s->set_lambda_override(l, v);
   }
+  check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
   s->run(full_maps && a.generate == 0);
+  if (const std::string bad = s->nonfinite_logits(); !bad.empty()) throw ds::Error(bad);
   const double prefill_ms = s->result().ms;
   if (!a.json) {
     const size_t with_maps = c.map_layers().size();

@@ -360,6 +360,8 @@ void Worker::run_and_publish(bool ids_changed) {
   if (ids_changed && first >= int(session_->config().layers))
     first = 0;  // the sequence changed without a run here (a generation began or was cleared)
   publish_result(first, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), ids_changed);
+  if (const std::string bad = session_->nonfinite_logits(); !bad.empty())
+    report_error(bad);  // a banner instead of a plausible-looking top-k
 }
 
 void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded) {

@@ -38,8 +38,19 @@ expect_exit(3 "/dev/zero: is not a regular file" --model ${FIXTURE} --token-ids-
 execute_process(COMMAND mkfifo ${T}/fifo.txt ERROR_QUIET)
 expect_exit(3 "fifo.txt: is not a regular file" --model ${FIXTURE} --prompt-file ${T}/fifo.txt --backend cpu)
 expect_exit(3 "bad_ids.txt: 'x' is not an integer" --model ${FIXTURE} --token-ids-file ${T}/bad_ids.txt --backend cpu)
-expect_exit(3 "row position 9 is outside" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 9 --dump ${T}/r.safetensors)
-expect_exit(3 "head 99 does not exist" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 0.99 --dump ${T}/v.safetensors)
+expect_exit(2 "row position 9 is outside" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 9 --dump ${T}/r.safetensors)
+expect_exit(2 "head 99 does not exist" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 0.99 --dump ${T}/v.safetensors)
+# Checked before the forward, exit 2, and --stats not written (it used to be, before the late failure).
+file(REMOVE ${T}/late.json)
+expect_exit(2 "--rect" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 0.0 --rect 50:60,0:4
+            --dump ${T}/v.safetensors --stats ${T}/late.json)
+expect_exit(2 "layer 9 does not exist" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 9.0
+            --dump ${T}/v.safetensors --stats ${T}/late.json)
+if(EXISTS ${T}/late.json)
+  message(FATAL_ERROR "--stats was written although the arguments were refused")
+endif()
+# Logits that overflow are an error, not a NaN top-k.
+expect_exit(3 "logits are not finite" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --lambda-scale 1e300)
 expect_exit(0 "wrote .*q.safetensors" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 0,-1
             --view 1.2 --grid 4,3 --pool mean --rect 2:9,0:8 --dump ${T}/q.safetensors --stats ${T}/s.json)
 if(NOT EXISTS ${T}/s.json)
@@ -60,5 +71,5 @@ expect_exit(0 "\"generated\":\\[[0-9]+,[0-9]+,[0-9]+,[0-9]+\\].*\"stop_reason\":
             --token-ids 1,2,3 --backend cpu --generate 4 --temperature 0.8 --top-p 0.9 --sample-top-k 50 --seed 5 --json)
 expect_exit(0 "wrote .*g.safetensors" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 6
             --dump ${T}/g.safetensors)
-expect_exit(3 "row position 7 is outside" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
+expect_exit(2 "row position 7 is outside" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
             --dump ${T}/g.safetensors)
