@@ -20,6 +20,7 @@
 
 #include "error.h"
 #include "input_limits.h"
+#include "safe_write.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -382,16 +383,14 @@ void write_safetensors(const std::string& path, const std::vector<TensorOut>& te
   }
   std::string hs = h.dump();
   while ((8 + hs.size()) % 8) hs += ' ';  // align the data start, as the reference writer does
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail_file(path, std::string("cannot write: ") + std::strerror(errno));
+  SafeWriter out(path, "the safetensors file");  // a failed write leaves the previous file whole
   uint8_t len[8];
   uint64_t n = hs.size();
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(hs.data(), std::streamsize(hs.size()));
-  for (size_t i = 0; i < tensors.size(); ++i)
-    out.write(static_cast<const char*>(tensors[i].data), std::streamsize(sizes[i]));
-  if (!out) fail_file(path, "write failed (disk full?)");
+  out.write(len, 8);
+  out.write(hs);
+  for (size_t i = 0; i < tensors.size(); ++i) out.write(tensors[i].data, size_t(sizes[i]));
+  out.commit();
 }
 
 }  // namespace ds

@@ -16,6 +16,7 @@
 #include "arch.h"
 #include "error.h"
 #include "input_limits.h"
+#include "safe_write.h"
 
 namespace ds::scan {
 
@@ -157,17 +158,7 @@ double fraction(const Fractions& f, int i) { return fraction(const_cast<Fraction
 bool fraction_applies(int i, bool differential) { return differential || i % 4 == 0; }
 
 void write_file_atomic(const std::string& path, const std::string& content, const std::string& what) {
-  const std::string tmp = path + ".partial";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail_file(path, "cannot write " + what + ": " + std::strerror(errno));
-  bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size();
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail_file(path, "cannot write " + what + ": " + (err ? std::strerror(err) : "write failed"));
-  }
+  write_file_safely(path, content, what);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

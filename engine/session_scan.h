@@ -155,6 +155,7 @@ nlohmann::json make_report(const std::vector<const Run*>& runs, const std::strin
 void write_json_atomic(const nlohmann::json& report, const std::string& path);
 // `content` to `path` through a temporary file (PATH.partial) renamed over it, so a reader never sees half a file;
 // throws ds::Error "PATH: cannot write WHAT: reason" and leaves no temporary file behind.
+// engine/safe_write.h's write_file_safely (the name of the scan's first atomic writer, kept for its callers).
 void write_file_atomic(const std::string& path, const std::string& content, const std::string& what);
 // CSV: one row per (run, layer, head): label,layer,head,<fraction keys> (empty cells where a key does not apply).
 void write_csv(const nlohmann::json& report, const std::string& path);

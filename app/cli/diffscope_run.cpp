@@ -17,6 +17,7 @@
 #include "app/cli/run_args.h"
 #include "engine/session.h"
 #include "engine/input_limits.h"
+#include "engine/safe_write.h"
 
 namespace {
 
@@ -164,14 +165,16 @@ void write_stats(ds::Session& s, const std::string& path) {
   }
   nlohmann::json j{{"model", s.model_dir()}, {"backend", s.backend().name()}, {"tokens", s.ids().size()},
                    {"differential", c.is_diff()}, {"layers", layers}};
-  std::ofstream f(path);
-  if (!f) ds::fail_file(path, "cannot write");
-  f << j.dump(1) << '\n';
-  if (!f) ds::fail_file(path, "write failed");
+  ds::write_file_safely(path, j.dump(1) + "\n", "the statistics");
 }
 
 int run(const Args& a) {
   if (!a.tokenize_jsonl.empty()) return tokenize_jsonl(a);
+  // Outputs that cannot be written, or would overwrite an input, are refused before any work.
+  const std::vector<std::string> inputs{a.prompt_file, a.token_ids_file};
+  if (!a.dump.empty()) ds::check_writable_target(a.dump, "the dump", inputs);
+  if (!a.stats.empty()) ds::check_writable_target(a.stats, "the statistics", inputs);
+  if (!a.dump.empty() && a.dump == a.stats) throw ArgError("--dump and --stats name the same file " + a.dump);
   // Read the prompt file before loading the model: a bad file is reported at once.
   std::string prompt = a.prompt;
   std::optional<std::vector<int32_t>> ids = a.ids;

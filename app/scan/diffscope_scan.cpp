@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cmath>
 #include <chrono>
 #include <csignal>
@@ -23,6 +24,7 @@
 #include "engine/error.h"
 #include "engine/session.h"
 #include "engine/session_scan.h"
+#include "engine/safe_write.h"
 
 namespace {
 
@@ -173,6 +175,15 @@ class ProgressBar {
 
 int scan(const Args& a) {
   const ds::BackendChoice choice = ds::parse_backend_choice(a.backend);
+  // Every output before any work: none may be the corpus, a directory or a device, nor two of them one file.
+  const std::vector<std::pair<std::string, std::string>> outs{{a.out, "the report"}, {a.csv, "the CSV"}, {a.plot, "the plot"}};
+  for (const auto& [path, what] : outs) {
+    if (path.empty()) continue;
+    ds::check_writable_target(path, what, {a.input});
+    for (const auto& [other, other_what] : outs)
+      if (&other != &path && !other.empty() && std::filesystem::weakly_canonical(other) == std::filesystem::weakly_canonical(path))
+        throw ds::Error(path + ": named for both " + what + " and " + other_what);
+  }
   ds::scan::Corpus corpus = ds::scan::read_corpus(a.input);
   std::unique_ptr<ds::Session> s1 = ds::Session::open(a.model, choice, nullptr, a.threads);
   std::unique_ptr<ds::Session> s2;

@@ -65,6 +65,16 @@ lines.append(json.dumps({"ids": [0, 5, 6], "answer": [2, 9]}))
 with open(corpus, "w") as f:
     f.write("\n".join(lines) + "\n")
 csv, png = os.path.join(work, "report.csv"), os.path.join(work, "report.png")
+# Outputs that would destroy the corpus or a device are refused before any work, and the corpus stays whole.
+with open(corpus) as f:
+    before = f.read()
+run(["--model", diff_dir, "--input", corpus, "--out", corpus, "--backend", "cpu"], 3, "is the input")
+run(["--model", diff_dir, "--input", corpus, "--out", report, "--csv", "/dev/null", "--backend", "cpu"], 3,
+    "/dev/null: is not a regular file")
+run(["--model", diff_dir, "--input", corpus, "--out", report, "--csv", report, "--backend", "cpu"], 3,
+    "named for both")
+with open(corpus) as f:
+    check(f.read() == before, "the corpus changed")
 p = run(["--model", diff_dir, "--compare-model", llama_dir, "--input", corpus, "--out", report, "--csv", csv,
          "--plot", png, "--backend", "cpu", "--threads", "2"], 0, "line 3 skipped: not valid JSON")
 check("line 7 skipped" in p.stderr and "outside the prompt's 3 tokens" in p.stderr, "the bad span is reported:\n" + p.stderr)
