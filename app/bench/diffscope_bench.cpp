@@ -1,6 +1,8 @@
 // diffscope-bench: benchmarks with a table on stdout and JSON out. Every option is parsed here (kUsage lists them);
 // exit status 0 ok, 2 bad arguments, 3 a benchmark failed.
-//   --backend cpu   CPU prefill tokens/s of a model (the given --model, else a synthetic ~5M-parameter DiffLlama)
+//   --backend cpu   sections prefill (CPU prefill tokens/s of a model: the given --model, else a synthetic
+//                   ~5M-parameter DiffLlama) and attention (the CPU attention kernels alone against the machine's
+//                   sgemm rate and a PyTorch peer: cpu_bench_attention.h)
 //   --backend cuda  the CUDA suite (cuda_bench.h: attention kernels at the peers' shapes, whole-model prefill,
 //                   lambda-change latency, the paper's Table 7)
 //   --tokenizer F   tokenizer encode speed on ~1 MB of mixed text
@@ -13,13 +15,16 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "app/bench/cuda_bench.h"
 #include "app/bench/bench_median.h"
+#include "app/bench/cpu_bench_attention.h"
+#include "app/bench/cuda_bench.h"
 #include "app/bench/synthetic_model.h"
 #include "engine/error.h"
+#include "engine/safe_write.h"
 #include "engine/session.h"
 #if __has_include("app/bench/tokenizer_bench.h")
 #include "app/bench/tokenizer_bench.h"
@@ -33,21 +38,37 @@ using ds::median;
 
 const char* kUsage =
     "usage: diffscope-bench [--backend cpu|cuda] [--model DIR] [--tokens N] [--repeat R] [--threads T]\n"
-    "                       [--tokenizer FILE] [--soak RUNS] [--json OUT.json]\n"
-    "                       [--only SECTION]... [--attn-kernel NAME] [--attn-d 64|128] [--warmup-ms N]\n"
-    "  --backend cpu        prefill benchmark on the CPU backend (default)\n"
+    "                       [--tokenizer FILE] [--soak RUNS] [--json OUT.json] [--only SECTION]...\n"
+    "                       [--attn-tokens LIST] [--peer-python PY]\n"
+    "                       [--attn-kernel NAME] [--attn-d 64|128] [--warmup-ms N]\n"
+    "  --backend cpu        CPU sections: prefill and attention (default)\n"
     "  --backend cuda       CUDA suite: fused attention, whole-model prefill, lambda-change latency, Table 7\n"
-    "  --model DIR          model to time (cpu default: a synthetic ~5M-parameter DiffLlama written to a temp\n"
-    "                       folder; cuda: the prefill benchmark also runs on DIR)\n"
-    "  --tokens N           prompt length for cpu and --soak (default 256)\n"
-    "  --repeat R           timed runs; the median is reported (default 10 on cpu, 20 on cuda)\n"
+    "  --model DIR          model to time (cpu prefill default: a synthetic ~5M-parameter DiffLlama written to a\n"
+    "                       temp folder; cuda: the prefill benchmark also runs on DIR)\n"
+    "  --tokens N           prompt length for cpu prefill and --soak (default 256)\n"
+    "  --repeat R           timed runs; the median is reported (default 10 for cpu prefill, 5 for cpu attention,\n"
+    "                       20 on cuda)\n"
     "  --threads T          CPU threads (default: all cores)\n"
     "  --tokenizer F        also time tokenizer encoding of ~1 MB of mixed text with F\n"
     "  --soak RUNS          RUNS runs of random prompts (up to --tokens long), lambda changes and map requests on\n"
     "                       --model with the chosen backend; reports errors and memory (RSS, device) over the runs\n"
     "  --json FILE          write all results as JSON\n"
+    "  --only SECTION       run only this section; repeat the option for several (default: all of the backend's\n"
+    "                       sections but cuda's views)\n"
+    "options of --backend cpu:\n"
+    "  --only SECTION       sections:\n"
+    "                         prefill    prefill tokens/s and lambda-change latency of --model at --tokens\n"
+    "                         attention  the CPU backend's tiled causal differential attention alone: one layer,\n"
+    "                                    all view heads on --threads threads, at the demo DiffLlama's heads (8 of\n"
+    "                                    32, 4 KV) and kajuma/DiffLlama-0.3B-handcut's (32 of 64, 8 KV) at 1K, 3K,\n"
+    "                                    8K tokens: ms, TFLOP/s, share of this machine's OpenBLAS sgemm rate\n"
+    "                                    (measured in the same run), peak RSS, and the PyTorch peer's ms\n"
+    "  --attn-tokens LIST   attention: token counts, comma-separated (default 1024,3072,8192)\n"
+    "  --peer-python PY     attention: run the peer, bench/peers/peer_cpu_attention.py (torch's CPU\n"
+    "                       scaled_dot_product_attention, FlashDiffAttn_1/_2 recipes), with this Python and report\n"
+    "                       ours against it; bench/peers/setup_cpu_peer.sh makes .venv-peer/bin/python\n"
     "options of --backend cuda:\n"
-    "  --only SECTION       run only this section; repeat the option for several (default: all):\n"
+    "  --only SECTION       sections:\n"
     "                         attention  fused causal differential attention, bf16, 12 heads d=128 and 16 heads\n"
     "                                    d=64 at 2K x 8, 4K x 4, 8K x 2, 16K x 1 tokens\n"
     "                         model      whole-model prefill, next-token logits, random weights shaped like\n"
@@ -110,7 +131,10 @@ nlohmann::json bench_cpu(const std::string& model_arg, int64_t tokens, int repea
     auto t0 = Clock::now();
     s->set_lambda_override(mid, 0.1 * (i + 1));
     s->run();
-    s->maps(mid);
+    ds::ViewRequest vr;  // what the GUI asks after a lambda change: the head view (O(view), not the n x n maps)
+    vr.layer = mid;
+    ds::MapView view;
+    s->backend().map_view(vr, view);
     s->top_k(10);
     lam.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
@@ -131,19 +155,28 @@ nlohmann::json bench_cpu(const std::string& model_arg, int64_t tokens, int repea
   return r;
 }
 
-long rss_kb() {
-  std::ifstream in("/proc/self/status");
-  std::string k;
-  long v = 0;
-  while (in >> k) {
-    if (k == "VmRSS:") {
-      in >> v;
-      return v;
+// --attn-tokens: comma-separated positive token counts
+std::vector<int64_t> parse_tokens(const std::string& opt, const std::string& v) {
+  std::vector<int64_t> r;
+  size_t i = 0;
+  while (i <= v.size()) {
+    const size_t j = std::min(v.find(',', i), v.size());
+    const std::string item = v.substr(i, j - i);
+    size_t used = 0;
+    long long t = 0;
+    try {
+      t = std::stoll(item, &used);
+    } catch (const std::exception&) {  // empty or not a number: the message below names the option
     }
-    std::getline(in, k);
+    if (t < 1 || used != item.size())
+      throw std::invalid_argument(opt + ": '" + v + "' is not a list of positive counts");
+    r.push_back(t);
+    i = j + 1;
   }
-  return -1;
+  return r;
 }
+
+long rss_kb() { return ds::proc_status_kb("VmRSS:"); }
 
 // Many runs with random prompts, lambda changes and map requests; memory must stay flat and nothing may fail.
 nlohmann::json bench_soak(const std::string& model, const std::string& backend, int runs, int64_t max_tokens) {
@@ -220,8 +253,11 @@ int main(int argc, char** argv) {
   int64_t tokens = 256;
   int threads = 0, soak = 0;
   std::optional<int> repeat;  // unset: the backend's default
+  std::set<std::string> only;  // --only, checked against the backend's sections below
   ds::CudaBenchOptions cuda_opt;
   bool cuda_opt_given = false;
+  ds::CpuAttnBenchOptions attn_opt;
+  bool cpu_opt_given = false;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string k = argv[i];
@@ -240,7 +276,9 @@ int main(int argc, char** argv) {
       else if (k == "--json") json_out = val();
       else if (k == "--tokenizer") tokenizer = val();
       else if (k == "--soak") soak = std::stoi(val());
-      else if (k == "--only") cuda_opt.only.insert(val()), cuda_opt_given = true;
+      else if (k == "--only") only.insert(val());
+      else if (k == "--attn-tokens") attn_opt.tokens = parse_tokens(k, val()), cpu_opt_given = true;
+      else if (k == "--peer-python") attn_opt.peer_python = val(), cpu_opt_given = true;
       else if (k == "--attn-kernel") cuda_opt.attn_kernel = val(), cuda_opt_given = true;
       else if (k == "--attn-d") cuda_opt.attn_d = std::stoi(val()), cuda_opt_given = true;
       else if (k == "--warmup-ms") cuda_opt.warmup_ms = std::stoi(val()), cuda_opt_given = true;
@@ -249,13 +287,23 @@ int main(int argc, char** argv) {
     if (backend != "cpu" && backend != "cuda") throw std::invalid_argument("--backend must be cpu or cuda");
     if (tokens < 1 || (repeat && *repeat < 1))
       throw std::invalid_argument("--tokens and --repeat must be positive");
+    if (!only.empty() && soak > 0) throw std::invalid_argument("--only does not apply to --soak");
     if (cuda_opt_given && (backend != "cuda" || soak > 0))
-      throw std::invalid_argument("--only, --attn-kernel, --attn-d and --warmup-ms are options of --backend cuda");
-    if (repeat) cuda_opt.repeat = *repeat;
+      throw std::invalid_argument("--attn-kernel, --attn-d and --warmup-ms are options of --backend cuda");
+    if (cpu_opt_given && (backend != "cpu" || soak > 0))
+      throw std::invalid_argument("--attn-tokens and --peer-python are options of --backend cpu");
+    if (backend == "cpu")
+      for (const std::string& k : only)
+        if (k != "prefill" && k != "attention")
+          throw std::invalid_argument("--only: unknown section '" + k + "' of --backend cpu (use prefill, attention)");
+    if (backend == "cuda") cuda_opt.only = only;
+    if (repeat) cuda_opt.repeat = *repeat, attn_opt.repeat = *repeat;
+    attn_opt.threads = threads;
     cuda_opt.model_dir = model;
 #ifdef DS_HAVE_CUDA
     if (backend == "cuda") ds::check_cuda_bench_options(cuda_opt);
 #endif
+    if (!json_out.empty()) ds::check_writable_target(json_out, "the benchmark results");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "diffscope-bench: %s\n%s", e.what(), kUsage);
     return 2;
@@ -272,7 +320,10 @@ int main(int argc, char** argv) {
       if (model.empty()) throw ds::Error("--soak needs --model DIR");
       all["soak"] = bench_soak(model, backend, soak, tokens);
     } else if (backend == "cpu") {
-      all["cpu"] = bench_cpu(model, tokens, repeat.value_or(10), threads);
+      auto want = [&](const char* k) { return only.empty() || only.count(k); };
+      if (want("prefill")) all["cpu"] = bench_cpu(model, tokens, repeat.value_or(10), threads);
+      if (want("prefill") && want("attention")) std::printf("\n");
+      if (want("attention")) all["attention"] = ds::bench_cpu_attention(attn_opt);
     } else {
 #ifdef DS_HAVE_CUDA
       all["cuda"] = ds::run_cuda_benchmarks(cuda_opt);
@@ -293,6 +344,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "diffscope-bench: %s\n", e.what());
     return 3;
   }
-  if (!json_out.empty()) std::ofstream(json_out) << all.dump(2) << '\n';
+  if (!json_out.empty()) {
+    try {  // a long suite's results are not lost to a write error silently
+      ds::write_file_safely(json_out, all.dump(2) + "\n", "the benchmark results");
+    } catch (const ds::Error& e) {
+      std::fprintf(stderr, "diffscope-bench: %s\n", e.what());
+      std::fputs(all.dump(2).c_str(), stdout);  // still somewhere
+      std::fputc('\n', stdout);
+      return 3;
+    }
+  }
   return 0;
 }
