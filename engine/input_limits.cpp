@@ -1,6 +1,7 @@
 #include "input_limits.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -29,6 +30,28 @@ std::string format_bytes(uint64_t bytes) {
   else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KB", double(bytes) / 1024.0);
   else std::snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)bytes);
   return buf;
+}
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemAvailable:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+uint64_t free_disk_bytes(const std::string& path) {
+  struct statvfs v {};
+  std::string p = path;
+  if (::statvfs(p.c_str(), &v) != 0) {
+    const size_t slash = p.find_last_of('/');
+    p = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    if (::statvfs(p.c_str(), &v) != 0) return 0;
+  }
+  return uint64_t(v.f_bavail) * uint64_t(v.f_frsize);
 }
 
 namespace {

@@ -33,6 +33,11 @@ std::string read_token_ids_file(const std::string& path);
 // Checks that path names a regular file that can be opened (the same messages), without reading it.
 void check_regular_file(const std::string& path, const std::string& what);
 
+// Memory a new allocation can take without swapping (MemAvailable), and free space on the file system holding path
+// (its folder when path does not exist yet); 0 when unknown. For size checks of outputs before work starts.
+uint64_t available_memory_bytes();
+uint64_t free_disk_bytes(const std::string& path);
+
 // "12.5 MB" style sizes for the messages.
 std::string format_bytes(uint64_t bytes);
 

@@ -214,15 +214,40 @@ Prompt parse_line(const std::string& line, int line_no) {
   return p;
 }
 
+namespace {
+// std::getline that keeps at most max + 1 bytes of a line (the rest is read past, not stored): a line longer than
+// max comes back with size max + 1.
+bool read_line_bounded(std::istream& in, std::string& line, size_t max) {
+  line.clear();
+  std::streambuf* sb = in.rdbuf();
+  bool any = false;
+  for (;;) {
+    const int ch = sb->sbumpc();
+    if (ch == std::char_traits<char>::eof()) {
+      if (!any) in.setstate(std::ios::eofbit);
+      return any;
+    }
+    any = true;
+    if (ch == '\n') return true;
+    if (line.size() <= max) line.push_back(char(ch));
+  }
+}
+}  // namespace
+
 Corpus read_corpus(const std::string& path) {
+  check_regular_file(path, "corpus");  // a directory, FIFO or device is refused by name, at once
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_file(path, "cannot open");
   Corpus c;
   c.path = path;
   std::string line;
   int no = 0, nonblank = 0;
-  while (std::getline(in, line)) {
+  while (read_line_bounded(in, line, kMaxCorpusLineBytes)) {
     ++no;
+    if (line.size() > kMaxCorpusLineBytes) {  // the rest of the line was skipped, not kept
+      c.errors.push_back({no, "longer than " + format_bytes(kMaxCorpusLineBytes) + ": skipped"});
+      continue;
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     ++nonblank;

@@ -60,6 +60,8 @@ struct Corpus {
   std::vector<LineError> errors;  // lines that could not be parsed (skipped)
 };
 
+// A corpus line longer than this is skipped with its line number (no prompt a model takes comes near it).
+constexpr size_t kMaxCorpusLineBytes = size_t(32) << 20;
 // One line; throws ds::Error with a one-line reason (without file or line).
 Prompt parse_line(const std::string& line, int line_no);
 // The whole file; a bad line goes to errors, never stops the read. Throws ds::Error (naming the file) when the

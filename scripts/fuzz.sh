@@ -11,8 +11,9 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=
 cmake --build build-fuzz
 seed=${DS_FUZZ_SEED:-1}
 # inputs per second and target, measured on a 2-core CI-like machine under ASan + UBSan
-declare -A rate=([safetensors]=7000 [shard_index]=2000 [config]=8000 [tokenizer_load]=1000 [tokenizer_encode]=3000 [cli_args]=15000)
-for t in safetensors shard_index config tokenizer_load tokenizer_encode cli_args; do
+declare -A rate=([safetensors]=7000 [shard_index]=2000 [config]=8000 [tokenizer_load]=1000 [tokenizer_encode]=3000 [cli_args]=15000
+                [corpus]=2000 [settings]=8000 [prompt_files]=3000)
+for t in safetensors shard_index config tokenizer_load tokenizer_encode cli_args corpus settings prompt_files; do
   runs=$(( ${rate[$t]} * secs ))
   work=$(mktemp -d)
   cp -r tests/fuzz/corpus/$t/. "$work/"

@@ -84,4 +84,18 @@ TEST(InputLimits, DeepCorpusLineIsSkippedWithItsReason) {
   }
 }
 
+TEST(InputLimits, CorpusFilesAreBounded) {
+  dstest::TempDir t;
+  std::string msg = error_of([&] { ds::scan::read_corpus(t.str()); });
+  EXPECT_NE(msg.find("is a directory, not a corpus"), std::string::npos) << msg;
+  const std::string good = "{\"ids\": [0, 5, 6, 7], \"answer\": [1, 3]}";
+  const std::string p = t.str() + "/c.jsonl";
+  dstest::write_file(p, good + "\n{\"text\": \"" + std::string(ds::scan::kMaxCorpusLineBytes + 10, 'a') + "\"}\n" + good + "\n");
+  const ds::scan::Corpus c = ds::scan::read_corpus(p);
+  EXPECT_EQ(c.prompts.size(), 2u);  // the lines on either side of the long one are read
+  ASSERT_EQ(c.errors.size(), 1u);
+  EXPECT_EQ(c.errors[0].line, 2);
+  EXPECT_NE(c.errors[0].error.find("longer than"), std::string::npos) << c.errors[0].error;
+}
+
 }  // namespace

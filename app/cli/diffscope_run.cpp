@@ -3,7 +3,10 @@
 //
 // Exit codes: 0 ok, 2 bad arguments, 3 unusable model or input file (one line on stderr each).
 #include <cmath>
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -21,7 +24,7 @@
 
 namespace {
 
-constexpr int kExitArgs = 2, kExitInput = 3;
+constexpr int kExitArgs = 2, kExitInput = 3, kExitInterrupted = 130;
 
 using ds::cli::Args;
 using ds::cli::ArgError;
@@ -144,6 +147,21 @@ void check_queries(ds::Session& s, const Args& a) {
   }
 }
 
+// A --dump of the full maps holds every attention layer's n x n maps, in memory and then on disk: sized before any
+// work against the memory and the disk there are, pointing to --rows / --view, which stay O(n).
+void check_full_dump_size(ds::Session& s, const Args& a) {
+  const ds::ModelConfig& c = s.config();
+  const double n = double(std::min<int64_t>(int64_t(s.ids().size()) + a.generate, c.max_positions));
+  const double maps = double(c.map_layers().size()) * double(c.view_heads()) * (c.is_diff() ? 2.0 : 1.0) * n * n * 4.0;
+  const double bytes = maps + n * double(c.vocab) * 4.0;
+  const double mem = double(ds::available_memory_bytes()), disk = double(ds::free_disk_bytes(a.dump));
+  auto gb = [](double b) { return ds::format_bytes(uint64_t(b)); };
+  if ((mem > 0 && bytes > 0.8 * mem) || (disk > 0 && bytes > disk))
+    throw ArgError("--dump of the full maps of " + std::to_string(int64_t(n)) + " tokens needs " + gb(bytes) +
+                   " of memory and of disk, and " + gb(mem) + " of memory and " + gb(disk) + " of disk are free: " +
+                   "ask --rows and/or --view instead (the dump then holds those alone)");
+}
+
 // --stats FILE.json: every layer's per-head statistics (engine/map_query.h has the definitions).
 void write_stats(ds::Session& s, const std::string& path) {
   const ds::ModelConfig& c = s.config();
@@ -166,6 +184,11 @@ void write_stats(ds::Session& s, const std::string& path) {
   nlohmann::json j{{"model", s.model_dir()}, {"backend", s.backend().name()}, {"tokens", s.ids().size()},
                    {"differential", c.is_diff()}, {"layers", layers}};
   ds::write_file_safely(path, j.dump(1) + "\n", "the statistics");
+}
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) {
+  if (g_interrupted.exchange(true)) std::_Exit(kExitInterrupted);  // a second Ctrl-C: at once
 }
 
 int run(const Args& a) {
@@ -203,6 +226,7 @@ int run(const Args& a) {
   }
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
+  if (full_maps) check_full_dump_size(*s, a);
   s->run(full_maps && a.generate == 0);
   if (const std::string bad = s->nonfinite_logits(); !bad.empty()) throw ds::Error(bad);
   const double prefill_ms = s->result().ms;
@@ -226,7 +250,11 @@ int run(const Args& a) {
     size_t shown = 0;
     if (!a.json) std::printf("\n%s", s->tokenizer() ? "generated: " : "generated ids:");
     const auto t0 = std::chrono::steady_clock::now();
+    // Ctrl-C stops between tokens: what was generated is kept, printed and reported (exit 130).
+    g_interrupted = false;
+    std::signal(SIGINT, on_sigint);
     s->generate(g, [&](int32_t id) {
+      if (g_interrupted) return false;
       if (a.json) return true;
       if (!s->tokenizer()) {
         std::printf(" %d", id);
@@ -239,6 +267,7 @@ int run(const Args& a) {
       std::fflush(stdout);
       return true;
     });
+    std::signal(SIGINT, SIG_DFL);
     gen_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!a.json) {
       const std::string text = s->tokenizer() ? s->generated_text() : "";
@@ -286,7 +315,7 @@ int run(const Args& a) {
     dump(*s, a);
     if (!a.json) std::printf("\nwrote %s\n", a.dump.c_str());
   }
-  return 0;
+  return g_interrupted ? kExitInterrupted : 0;
 }
 
 }  // namespace

@@ -73,3 +73,16 @@ expect_exit(0 "wrote .*g.safetensors" --model ${FIXTURE} --token-ids 1,2,3 --bac
             --dump ${T}/g.safetensors)
 expect_exit(2 "row position 7 is outside" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
             --dump ${T}/g.safetensors)
+# A full-map --dump that cannot fit in memory or on disk is refused before the forward, pointing to --rows / --view
+# (the fixture with room for 40000 positions: its maps would need ~80 GB).
+file(COPY ${FIXTURE}/ DESTINATION ${T}/longpos)
+file(READ ${T}/longpos/config.json cfg)
+string(REGEX REPLACE "\"max_position_embeddings\": *[0-9]+" "\"max_position_embeddings\": 40000" cfg "${cfg}")
+file(WRITE ${T}/longpos/config.json "${cfg}")
+string(REPEAT "7 " 40000 long_ids)
+file(WRITE ${T}/long_ids.txt "${long_ids}")
+expect_exit(2 "ask --rows and/or --view instead" --model ${T}/longpos --token-ids-file ${T}/long_ids.txt --backend cpu
+            --dump ${T}/full.safetensors)
+if(EXISTS ${T}/full.safetensors)
+  message(FATAL_ERROR "the refused dump was written")
+endif()
