@@ -338,6 +338,15 @@ def case_row(r):
     # Negative positions count from the end.
     rc, st, img = r.run("row_neg", "--model", r.fixture(), "--ids", IDS, "--row", "-3")
     check(rc == 0 and st["row_view"]["q"] == 22, "--row -3: %s" % st.get("row_view"))
+    # Out of range is said in the banner, not silently clamped (the window still shows the nearest head and row).
+    for i, (flag, value, needle) in enumerate([("--head", "9.0", "layer 9 does not exist"),
+                                               ("--head", "1.7", "head 7 does not exist"),
+                                               ("--row", "40", "the prompt has 25 tokens"),
+                                               ("--view", "30:40,0:5", "starts past the prompt's 25 tokens")]):
+        rc, st, img = r.run("out_of_range_%d" % i, "--model", r.fixture(), "--ids", IDS, flag, value)
+        check(st is not None and st["error_shown"] and needle in st["error"],
+              "%s %s: %s" % (flag, value, st and st["error"]))
+        check(st["n_tokens"] == 25 and st["head_maps"]["n"] == 25, "%s %s: nothing shown" % (flag, value))
 
 
 def case_replay(r):

@@ -503,6 +503,17 @@ void AppState::absorb_snapshot() {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();
     }
+    if (first_model && asked_head) {
+      const auto [al, ah] = *asked_head;
+      asked_head.reset();
+      const int heads = al < int(m.cfg.layers) ? int(m.cfg.has_scan(al) ? m.cfg.d_inner : m.cfg.view_heads()) : 0;
+      if (al >= int(m.cfg.layers))
+        show_error("--head " + std::to_string(al) + "." + std::to_string(ah) + ": layer " + std::to_string(al) +
+                   " does not exist (the model has " + std::to_string(m.cfg.layers) + " layers)");
+      else if (ah >= heads)
+        show_error("--head " + std::to_string(al) + "." + std::to_string(ah) + ": head " + std::to_string(ah) +
+                   " does not exist (layer " + std::to_string(al) + " has " + std::to_string(heads) + ")");
+    }
     layer = int(m.cfg.nearest_view_layer(layer));
     head = std::clamp(head, 0, int(m.cfg.has_scan(layer) ? m.cfg.d_inner : m.cfg.view_heads()) - 1);
     req.layer = layer;
@@ -518,6 +529,19 @@ void AppState::absorb_snapshot() {
   }
   if (snap->result && snap->result->seq != seen_result_seq) {
     seen_result_seq = snap->result->seq;
+    const int64_t n = int64_t(snap->result->ids.size());
+    if (asked_row) {
+      if (*asked_row >= n || *asked_row < -n)
+        show_error("--row " + std::to_string(*asked_row) + ": the prompt has " + std::to_string(n) + " tokens");
+      asked_row.reset();
+    }
+    if (asked_view) {
+      const auto& v = *asked_view;
+      if (v[0] >= n || v[2] >= n)
+        show_error("--view " + std::to_string(v[0]) + ":" + std::to_string(v[1]) + "," + std::to_string(v[2]) + ":" +
+                   std::to_string(v[3]) + ": the rectangle starts past the prompt's " + std::to_string(n) + " tokens");
+      asked_view.reset();
+    }
     const Profile& p = snap->result->profile;
     HistoryPoint h;
     h.forward_ms = float(p.forward_ms);

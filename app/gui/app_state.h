@@ -2,6 +2,7 @@
 // derived GL textures (rebuilt only when their inputs change) and the actions panels share (open a model, run the
 // prompt, reset lambda). Panels read and write this; only app_state.cpp talks to the Worker.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -96,6 +97,11 @@ struct AppState {
   std::string error_line;  // shown in the banner and the modal
   bool open_error_modal = false;
   std::optional<double> pending_scale;  // --lambda-scale, applied to the first model
+  // --head, --row and --view as given, checked against the first model and prompt: out of range is said in the
+  // banner (the view then shows the nearest thing there is), never silently clamped.
+  std::optional<std::pair<int, int>> asked_head;
+  std::optional<int64_t> asked_row;
+  std::optional<std::array<int64_t, 4>> asked_view;
 
   // --- prompt panel
   std::string prompt_text, prompt_ids;

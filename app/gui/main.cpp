@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   if (opt.layer >= 0) {
     st.layer = st.req.layer = opt.layer;
     st.head = st.req.head = opt.head;
+    st.asked_head = std::pair(opt.layer, opt.head);
   }
   st.pending_scale = opt.lambda_scale;
   // Generation options from the flags (the Generate panel shows them); --generate N runs once the prompt has.
@@ -167,8 +168,10 @@ int main(int argc, char** argv) {
   st.pending_regenerate_scale = opt.regenerate_scale;
   if (opt.row)
     st.row = st.req.row = *opt.row;
+  st.asked_row = opt.row;
   if (opt.view) {  // the square of tokens around the rectangle, centred on it
     const auto& v = *opt.view;
+    st.asked_view = std::array<int64_t, 4>{v[0], v[1], v[2], v[3]};
     st.view.span = double(std::max(v[1] - v[0], v[3] - v[2]));
     st.view.cq = double(v[0] + v[1]) / 2;
     st.view.ck = double(v[2] + v[3]) / 2;
