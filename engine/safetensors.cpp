@@ -243,9 +243,14 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
       std::map<std::string, std::string> wanted;  // tensor -> shard
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
         if (!it.value().is_string()) fail_file(index.string(), "weight_map entry " + it.key() + " is not a file name");
-        const std::string shard = it.value().get<std::string>();
-        if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
+        std::string shard = it.value().get<std::string>();
+        while (shard.rfind("./", 0) == 0) shard.erase(0, 2);  // "./x.safetensors" is x.safetensors
+        if (shard.empty() || shard == "." || shard == "..")
+          fail_file(index.string(), "weight_map entry " + it.key() + " names no file ('" + it.value().get<std::string>() + "')");
+        if (shard == ".." || shard.rfind("../", 0) == 0 || shard.find("/../") != std::string::npos || shard[0] == '/')
           fail_file(index.string(), "shard name '" + shard + "' points outside the model folder");
+        if (shard.find('/') != std::string::npos)
+          fail_file(index.string(), "shard name '" + shard + "' is in a subfolder: shards must sit beside the index");
         wanted[it.key()] = shard;
         if (std::find(files.begin(), files.end(), shard) == files.end()) files.push_back(shard);
       }

@@ -274,6 +274,24 @@ TEST(CorruptInput, ShardIndexNamesMissingFile) {
   expect_refused(t.str(), {"model-00003-of-00023.safetensors", "cannot open"});
 }
 
+// "./shard" names a file beside the index (it used to be refused as outside the folder); a subfolder or ".." is not.
+TEST(CorruptInput, ShardNamesWithDotSlashOpen) {
+  dstest::TempDir t;
+  const fs::path src = dstest::fixture("diff_gqa4_d32_sharded_v5");
+  for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), t.path / e.path().filename());
+  const std::string index = t.str() + "/model.safetensors.index.json";
+  json j = json::parse(dstest::read_file(index));
+  for (auto& [k, v] : j["weight_map"].items()) v = "./" + v.get<std::string>();
+  dstest::write_file(index, j.dump());
+  EXPECT_NO_THROW(ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1));
+  for (auto& [k, v] : j["weight_map"].items()) v = "sub/" + v.get<std::string>().substr(2);
+  dstest::write_file(index, j.dump());
+  expect_refused(t.str(), {index, "is in a subfolder"});
+  for (auto& [k, v] : j["weight_map"].items()) v = "../" + v.get<std::string>().substr(4);
+  dstest::write_file(index, j.dump());
+  expect_refused(t.str(), {index, "points outside the model folder"});
+}
+
 TEST(CorruptInput, PreviousSessionSurvivesAFailedOpen) {
   auto good = ds::Session::open(dstest::fixture(kSrc), ds::BackendChoice::Cpu, nullptr, 1);
   good->set_ids({1, 5, 7, 9});

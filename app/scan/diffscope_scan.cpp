@@ -138,6 +138,10 @@ std::atomic<bool> g_interrupted{false};
 
 extern "C" void on_sigint(int) {
   if (g_interrupted.exchange(true)) std::_Exit(kExitInterrupted);  // a second Ctrl-C: the report on disk stays valid
+  // Said at once (write(2) is safe in a handler): the current prompt is stopped between its steps.
+  static const char msg[] = "\nscan: stopping (Ctrl-C again to quit at once; the report on disk stays valid)\n";
+  const ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)w;
 }
 
 // One line on a terminal, redrawn in place; elsewhere a line at every tenth of the work.
@@ -239,13 +243,14 @@ int scan(const Args& a) {
       last_write = elapsed();
     }
   }
-  write(!interrupted && total == corpus.prompts.size());
+  const bool complete = !interrupted && total == corpus.prompts.size() && !runs[0]->results().empty();
+  write(complete);
   if (interrupted) {
     bar.clear_line();
     std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n",
                  runs[0]->results().size(), a.out.c_str());
   }
-  const nlohmann::json report = ds::scan::make_report(views, a.input, skipped, !interrupted, elapsed());
+  const nlohmann::json report = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
   if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
   if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
   for (const auto& r : runs) {
@@ -259,7 +264,11 @@ int scan(const Args& a) {
     if (j["accuracy"].is_number()) std::printf("  accuracy %.3f", j["accuracy"].get<double>());
     std::printf("\n");
   }
-  return interrupted ? kExitInterrupted : 0;
+  if (interrupted) return kExitInterrupted;
+  if (runs[0]->results().empty())  // a report of nothing is no success
+    throw ds::Error(a.input + ": no prompt could be scanned (" + std::to_string(skipped.size()) +
+                    " lines skipped; the report says why)");
+  return 0;
 }
 
 }  // namespace

@@ -75,6 +75,14 @@ run(["--model", diff_dir, "--input", corpus, "--out", report, "--csv", report, "
     "named for both")
 with open(corpus) as f:
     check(f.read() == before, "the corpus changed")
+# Every line skipped: an error (exit 3) and a report that is not complete.
+bad_corpus = os.path.join(work, "all_bad.jsonl")
+with open(bad_corpus, "w") as f:
+    f.write("not json\n{\"ids\": [1, 2]}\n")
+run(["--model", diff_dir, "--input", bad_corpus, "--out", os.path.join(work, "bad.json"), "--backend", "cpu"], 3,
+    "no prompt could be scanned")
+with open(os.path.join(work, "bad.json")) as f:
+    check(json.load(f)["complete"] is False, "a scan of nothing says complete")
 p = run(["--model", diff_dir, "--compare-model", llama_dir, "--input", corpus, "--out", report, "--csv", csv,
          "--plot", png, "--backend", "cpu", "--threads", "2"], 0, "line 3 skipped: not valid JSON")
 check("line 7 skipped" in p.stderr and "outside the prompt's 3 tokens" in p.stderr, "the bad span is reported:\n" + p.stderr)
