@@ -1,5 +1,6 @@
 // Exporters. See export.h.
 #include "export.h"
+#include "engine/safe_write.h"
 
 #include <GL/gl.h>
 #include <stb_image_write.h>
@@ -9,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace ds::gui {
 
@@ -29,18 +31,33 @@ std::vector<uint8_t> read_framebuffer(int x, int y, int w, int h, int fb_h) {
   return px;
 }
 
+// Every export goes through the engine's safe writer (a temporary renamed over the target when whole; symlinks,
+// non-regular files and write errors handled): false with the one-line reason in err.
+static bool write_safely(const std::string& path, const std::string& content, const char* what, std::string* err) {
+  try {
+    ds::write_file_safely(path, content, what);
+    return true;
+  } catch (const std::exception& e) {
+    if (err)
+      *err = e.what();
+    return false;
+  }
+}
+
 bool write_png(const std::string& path, const std::vector<uint8_t>& rgba, int w, int h, std::string* err) {
   if (w <= 0 || h <= 0 || rgba.size() < size_t(w) * h * 4) {
     if (err)
       *err = path + ": nothing to write (empty region)";
     return false;
   }
-  if (!stbi_write_png(path.c_str(), w, h, 4, rgba.data(), w * 4)) {
+  std::string png;
+  auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append(static_cast<char*>(data), size_t(size)); };
+  if (!stbi_write_png_to_func(append, &png, w, h, 4, rgba.data(), w * 4)) {
     if (err)
-      *err = path + ": cannot write the PNG (is the folder writable?)";
+      *err = path + ": cannot encode the PNG";
     return false;
   }
-  return true;
+  return write_safely(path, png, "the PNG", err);
 }
 
 // The NPY format is small enough to write by hand: magic "\x93NUMPY", version 1.0, a little-endian u16 header
@@ -53,23 +70,12 @@ bool write_npy(const std::string& path, const float* data, int64_t rows, int64_t
   const size_t total = (prefix + header.size() + 1 + 63) / 64 * 64;
   header.append(total - prefix - header.size() - 1, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) {
-    if (err)
-      *err = path + ": cannot open for writing";
-    return false;
-  }
   const uint16_t hl = uint16_t(header.size());
   const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(hl & 0xff), uint8_t(hl >> 8)};
-  f.write(reinterpret_cast<const char*>(pre), sizeof pre);
-  f.write(header.data(), std::streamsize(header.size()));
-  f.write(reinterpret_cast<const char*>(data), std::streamsize(rows * cols * sizeof(float)));  // x86/ARM: LE
-  if (!f) {
-    if (err)
-      *err = path + ": write failed (disk full?)";
-    return false;
-  }
-  return true;
+  std::string out(reinterpret_cast<const char*>(pre), sizeof pre);
+  out += header;
+  out.append(reinterpret_cast<const char*>(data), size_t(rows * cols) * sizeof(float));  // x86/ARM: LE
+  return write_safely(path, out, "the NPY file", err);
 }
 
 // The head view's maps as the engine gave them: the visible rectangle's grid (the full map, exactly, when it is
@@ -109,12 +115,7 @@ bool export_head_csv(const AppState& st, const std::string& path, std::string* e
       *err = "no head to export: run a prompt first";
     return false;
   }
-  std::ofstream f(path);
-  if (!f) {
-    if (err)
-      *err = path + ": cannot open for writing";
-    return false;
-  }
+  std::ostringstream f;
   const MapView& v = hm->view;
   const bool exact = hm->exact();
   f << "# layer " << hm->layer << ", head " << hm->head << ", lambda " << hm->lambda << ", queries " << v.q0 << ":"
@@ -146,12 +147,7 @@ bool export_head_csv(const AppState& st, const std::string& path, std::string* e
         f << r0 << ',' << r1 << ',' << c0 << ',' << c1 << ',' << num << '\n';
     }
   }
-  if (!f) {
-    if (err)
-      *err = path + ": write failed (disk full?)";
-    return false;
-  }
-  return true;
+  return write_safely(path, f.str(), "the CSV", err);
 }
 
 static nlohmann::json stats_json(const HeadStats& s) {
@@ -284,19 +280,7 @@ nlohmann::json session_json(const AppState& st) {
 }
 
 bool export_session_json(const AppState& st, const std::string& path, std::string* err) {
-  std::ofstream f(path);
-  if (!f) {
-    if (err)
-      *err = path + ": cannot open for writing";
-    return false;
-  }
-  f << session_json(st).dump(2) << "\n";
-  if (!f) {
-    if (err)
-      *err = path + ": write failed (disk full?)";
-    return false;
-  }
-  return true;
+  return write_safely(path, session_json(st).dump(2) + "\n", "the session", err);
 }
 
 }  // namespace ds::gui

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/input_limits.h"
+#include "engine/safe_write.h"
 
 namespace ds::gui {
 
@@ -112,15 +113,11 @@ void save_settings(const Settings& s) {
                       {"sweep", s.sweep},
                       {"font_size", s.font_size},
                       {"export_dir", s.export_dir}};
-  const fs::path tmp = fs::path(dir) / "settings.json.tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f)
-      return;
-    f << j.dump(2) << "\n";
+  try {
+    ds::write_file_safely((fs::path(dir) / "settings.json").string(), j.dump(2) + "\n", "the settings");
+  } catch (const std::exception&) {
+    // settings are a convenience: a read-only home keeps the defaults next time
   }
-  std::error_code ec;
-  fs::rename(tmp, fs::path(dir) / "settings.json", ec);
 }
 
 }  // namespace ds::gui
