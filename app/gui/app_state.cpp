@@ -531,8 +531,9 @@ void AppState::absorb_snapshot() {
     seen_result_seq = snap->result->seq;
     const int64_t n = int64_t(snap->result->ids.size());
     if (asked_row) {
-      if (*asked_row >= n || *asked_row < -n)
-        show_error("--row " + std::to_string(*asked_row) + ": the prompt has " + std::to_string(n) + " tokens");
+      if (*asked_row >= n + asked_row_extra || *asked_row < -n)
+        show_error("--row " + std::to_string(*asked_row) + ": the prompt has " + std::to_string(n) + " tokens" +
+                   (asked_row_extra ? " (and --generate adds at most " + std::to_string(asked_row_extra) + ")" : ""));
       asked_row.reset();
     }
     if (asked_view) {

@@ -101,6 +101,7 @@ struct AppState {
   // banner (the view then shows the nearest thing there is), never silently clamped.
   std::optional<std::pair<int, int>> asked_head;
   std::optional<int64_t> asked_row;
+  int64_t asked_row_extra = 0;  // --generate N: the row may name one of the N positions to come
   std::optional<std::array<int64_t, 4>> asked_view;
 
   // --- prompt panel

@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   if (opt.row)
     st.row = st.req.row = *opt.row;
   st.asked_row = opt.row;
+  st.asked_row_extra = opt.generate > 0 ? opt.generate : 0;
   if (opt.view) {  // the square of tokens around the rectangle, centred on it
     const auto& v = *opt.view;
     st.asked_view = std::array<int64_t, 4>{v[0], v[1], v[2], v[3]};
