@@ -34,6 +34,11 @@ struct ForwardRequest {
   // empty, ForwardResult::argmax holds the greedy choice, and Backend::fetch_logits brings the logits when asked.
   // A backend that computes on the host fills the logits anyway.
   bool logits_on_demand = false;
+  // Polled between layers and between pieces of a layer's work (a prompt's forward only, append_from = 0): when it
+  // returns true the backend stops and throws ForwardCancelled (error.h) with the first layer it did not finish;
+  // the layers below it hold this request's results, so the next forward may start there (from_layer). A backend
+  // whose layers take milliseconds may ignore it. The GUI stops a re-run whose lambda the user has moved on from.
+  std::function<bool()> cancel;
 };
 
 struct LayerMaps {

@@ -15,9 +15,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <thread>
@@ -274,7 +276,15 @@ class CpuBackend final : public Backend {
       stats_["embedding"].add(ms_since(te));
     }
     out.maps.assign(size_t(L), {});
+    // ForwardRequest::cancel, polled before each layer, between its blocks and by the attention's work items.
+    struct CancelScope {
+      CpuBackend& b;
+      ~CancelScope() { b.cancel_ = nullptr; }
+    } scope{*this};
+    cancel_ = s == 0 && req.cancel ? &req.cancel : nullptr;
+    cancel_hit_ = false;
     for (int64_t l = from; l < L; ++l) {
+      if (poll_cancel()) throw ForwardCancelled(int(l));
       const float lam = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
       layer_lambda_[size_t(l)] = lam;
       const bool want = s == 0 && !req.want_maps.empty() && req.want_maps[size_t(l)];
@@ -287,6 +297,7 @@ class CpuBackend final : public Backend {
       // (layer_in_[L] holds the last row only; nothing reads the others).
       const bool last_only = l == L - 1 && !req.all_logits && !req.keep_hidden && !want && cfg_.has_maps(l);
       run_layer(int(l), lam, x.data() + s * D, s, n, want ? &out.maps[size_t(l)] : nullptr, last_only ? n - 1 : s);
+      if (cancel_hit_) throw ForwardCancelled(int(l));  // the layer stopped halfway: it and those above are stale
     }
     // final norm + lm_head
     auto th = Clock::now();
@@ -636,7 +647,10 @@ class CpuBackend final : public Backend {
       case LayerKind::Mamba:
       case LayerKind::Memory: mamba_block(l, x, s, n); break;
       case LayerKind::Gmu: gmu_block(l, x, s, n); break;
-      default: attention_block(l, lam, x + (q0 - s) * cfg_.hidden, s, n, maps, q0); mlp_block(l, x + (q0 - s) * cfg_.hidden, n - q0); return;
+      default:
+        attention_block(l, lam, x + (q0 - s) * cfg_.hidden, s, n, maps, q0);
+        if (!poll_cancel()) mlp_block(l, x + (q0 - s) * cfg_.hidden, n - q0);
+        return;
     }
     mlp_block(l, x, n - s);
   }
@@ -667,6 +681,7 @@ class CpuBackend final : public Backend {
     std::vector<double> head_ms(size_t(T * Hv), 0.0);  // thread time of each head's items, per thread
     auto ta = Clock::now();
     pool_.run(blocks * Hv, [&](int64_t item, int thread) {
+      if (poll_cancel()) return;  // the layer will be thrown away: skip the rest of its items
       const auto t0 = Clock::now();
       const int64_t j = item % Hv, bi = blocks - 1 - item / Hv;
       const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
@@ -694,6 +709,7 @@ class CpuBackend final : public Backend {
       cpu_attn::run_block(b, scratch_[size_t(thread)].data());
       head_ms[size_t(thread * Hv + j)] += ms_since(t0);
     });
+    if (cancel_hit_) return;  // stopped: the forward throws ForwardCancelled for this layer
     if (diff) {  // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
       const float f = float(1.0 - cfg_.lambda_init(l));
       for (int64_t r = 0; r < m * Hv; ++r) {
@@ -869,6 +885,16 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     stats_["mlp"].add(ms_since(t));
   }
+
+  // The running forward's cancel predicate (nullptr: none) and whether it has fired; poll_cancel() may be called from
+  // the pool's threads.
+  bool poll_cancel() {
+    if (cancel_hit_.load(std::memory_order_relaxed)) return true;
+    if (cancel_ && (*cancel_)()) cancel_hit_ = true;
+    return cancel_hit_.load(std::memory_order_relaxed);
+  }
+  const std::function<bool()>* cancel_ = nullptr;
+  std::atomic<bool> cancel_hit_{false};
 
   int threads_;
   cpu_attn::Pool pool_;

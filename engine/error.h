@@ -15,6 +15,13 @@ struct Cancelled : Error {
   Cancelled() : Error("cancelled") {}
 };
 
+// A forward stopped by its cancel predicate (ForwardRequest::cancel): layers below `layer` finished with the new
+// inputs, `layer` and those above are stale.
+struct ForwardCancelled : Cancelled {
+  explicit ForwardCancelled(int l) : layer(l) {}
+  int layer;
+};
+
 // "FILE: WHAT" -- the one-line form every file problem takes.
 [[noreturn]] inline void fail_file(const std::string& file, const std::string& what) {
   throw Error(file + ": " + what);

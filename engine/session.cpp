@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "error.h"
@@ -131,7 +132,7 @@ int Session::stale_from() const {
   return L;
 }
 
-int Session::run(bool all_logits) {
+int Session::run(bool all_logits, const std::function<bool()>& cancel) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
@@ -143,7 +144,19 @@ int Session::run(bool all_logits) {
   req.lambda = lam;
   req.from_layer = from;
   req.all_logits = all_logits;
-  backend_->forward(req, res_);
+  if (cancel && !ids_dirty_ && has_result_) req.cancel = cancel;  // only a re-run of the same prompt stops halfway
+  try {
+    backend_->forward(req, res_);
+  } catch (const ForwardCancelled& c) {
+    // Layers below c.layer ran with this lambda; from c.layer on they are stale (NaN never equals a lambda), and the
+    // logits are the previous run's until the next run.
+    for (int l = 0; l < L; ++l)
+      ran_lambda_[size_t(l)] = l < c.layer ? lam[size_t(l)] : std::numeric_limits<float>::quiet_NaN();
+    logits_stale_ = true;
+    maps_cache_.resize(size_t(L));
+    for (int l = std::max(0, std::min(from, c.layer)); l < L; ++l) maps_cache_[size_t(l)] = LayerMaps{};
+    throw;
+  }
   has_result_ = true;
   ids_dirty_ = false;
   logits_stale_ = false;

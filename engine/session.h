@@ -66,7 +66,9 @@ class Session {
 
   // Run what is stale: everything after a prompt change, or from the first layer whose lambda changed.
   // Returns the first layer that was recomputed (L when nothing had to run).
-  int run(bool all_logits = false);
+  // cancel (optional): polled during a re-run of a prompt that has run before (a lambda change); when it returns true
+  // the run stops, throws ds::Cancelled, and the next run() goes on from the first layer it did not finish.
+  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr);
   // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
   // up to it are those of the next run already: a lambda change shows in them before the run.
   int stale_from() const;

@@ -3,6 +3,8 @@
 // prompt) and with lambda overrides; and the CLI's flags write them.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "engine/session.h"
 #include "map_reference.h"
 #include "test_util.h"
@@ -76,6 +78,41 @@ TEST(MapQueriesCpu, ALayersOwnLambdaNeedsNoRun) {
       }
     }
   }
+}
+
+// A lambda change's re-run stopped anywhere (between layers, between attention work items, between blocks) leaves
+// the session able to go on: the next run starts from the first layer that did not finish and ends where an
+// uninterrupted run does. A new prompt's run is never stopped halfway.
+TEST(MapQueriesCpu, ACancelledRerunGoesOnFromItsLayer) {
+  const std::string fx = "diff_mha_d32_f32";
+  dstest::Expected ex(dstest::fixture(fx));
+  auto ref = ds::Session::open(dstest::fixture(fx), ds::BackendChoice::Cpu, nullptr, 2);
+  ref->set_ids(ex.ids());
+  ref->set_lambda_override(0, 0.9);
+  ref->set_lambda_override(2, -0.4);
+  ref->run();
+  const std::vector<float> want = ref->result().logits;
+  const int L = int(ref->config().layers);
+  int stops = 0;
+  for (int after = 0; after < 24; ++after) {
+    auto s = ds::Session::open(dstest::fixture(fx), ds::BackendChoice::Cpu, nullptr, 2);
+    s->set_ids(ex.ids());
+    EXPECT_EQ(s->run(false, [] { return true; }), 0) << "a new prompt's run must not stop";
+    s->set_lambda_override(0, 0.9);
+    s->set_lambda_override(2, -0.4);
+    std::atomic<int> polls{0};
+    try {
+      s->run(false, [&] { return ++polls > after; });
+    } catch (const ds::Cancelled&) {
+      ++stops;
+      EXPECT_LT(s->stale_from(), L) << after;
+    }
+    s->run();
+    const std::vector<float>& got = s->result().logits;
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "stopped after " << after << " polls";
+  }
+  EXPECT_GT(stops, 5);  // the cases above did stop, at many places
 }
 
 // A forward that keeps only the last position's logits skips the last layer's other rows: the same logits.

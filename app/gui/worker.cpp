@@ -80,6 +80,19 @@ void Worker::traced(const char* stage, F&& f) {
                std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
+// A newer request moves lambda, the prompt, the model or a generation: the run serving r is worth stopping (a view
+// or selection change is not: the run's result is still what the user will see).
+bool Worker::lambda_superseded(const Request& r) const {
+  std::lock_guard lk(mu_);
+  if (stop_)
+    return true;
+  if (version_ == serving_)
+    return false;
+  return want_.open_seq != r.open_seq || want_.prompt_seq != r.prompt_seq || want_.gen_seq != r.gen_seq ||
+         want_.scan_seq != r.scan_seq || want_.lambda.scale != r.lambda.scale ||
+         want_.lambda.override_ != r.lambda.override_;
+}
+
 bool Worker::superseded() const {
   std::lock_guard lk(mu_);
   return stop_ || version_ != serving_;
@@ -218,8 +231,12 @@ void Worker::step(const Request& r) {
   }
   if (lambda_changed && !prompt_ok && !ids_changed && !streaming_)
     traced("preview_head", [&] { preview_head(r); });
-  if (prompt_ok || lambda_changed || ids_changed || !session_->has_result())
-    traced("run", [&] { run_and_publish(prompt_ok || ids_changed); });
+  if (prompt_ok || lambda_changed || ids_changed || !session_->has_result()) {
+    bool done = true;
+    traced("run", [&] { done = run_and_publish(prompt_ok || ids_changed, &r); });
+    if (!done)
+      return;  // the user has moved lambda on: the newer request runs next, from the layer this run stopped in
+  }
   else if (gen_changed) {
     auto g = generation_state();
     publish([&](Snapshot& s) { s.gen = g; });
@@ -347,21 +364,27 @@ bool Worker::apply_lambda(const LambdaControl& want) {
 // [SECTION] run and top-k
 // ids_changed: the sequence itself changed (a new prompt, tokens generated or cut back), so no layer of the
 // overview survives, whatever layer the run started from.
-void Worker::run_and_publish(bool ids_changed) {
+bool Worker::run_and_publish(bool ids_changed, const Request* r) {
   publish([](Snapshot& s) { s.running = true; });
   const auto t0 = Clock::now();
   int first = 0;
   try {
-    first = session_->run();
+    if (r)
+      first = session_->run(false, [this, r] { return lambda_superseded(*r); });
+    else
+      first = session_->run();
+  } catch (const Cancelled&) {
+    return false;
   } catch (const std::exception& e) {
     report_error(e.what());
-    return;
+    return true;
   }
   if (ids_changed && first >= int(session_->config().layers))
     first = 0;  // the sequence changed without a run here (a generation began or was cleared)
   publish_result(first, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), ids_changed);
   if (const std::string bad = session_->nonfinite_logits(); !bad.empty())
     report_error(bad);  // a banner instead of a plausible-looking top-k
+  return true;
 }
 
 void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded) {
@@ -721,7 +744,7 @@ void Worker::run_sweep(const Request& r) {
                                           ? session_->lambda_control().override_[layer]
                                           : std::nullopt;
   publish([](Snapshot& s) { s.running = true; });
-  bool aborted = false;
+  bool aborted = false, moved_on = false;
   try {
     for (int i : order) {
       if (superseded()) {
@@ -730,7 +753,12 @@ void Worker::run_sweep(const Request& r) {
       }
       SweepPoint& pt = sw->points[size_t(i)];
       session_->set_lambda_override(layer, pt.lambda);
-      session_->run();
+      try {
+        session_->run(false, [this, &r] { return lambda_superseded(r); });
+      } catch (const Cancelled&) {
+        aborted = moved_on = true;
+        break;
+      }
       pt.logprob = double(session_->next_token_logprobs()[size_t(sw->token)]);
       auto partial = std::make_shared<Sweep>(*sw);
       publish([&](Snapshot& s) { s.sweep = partial; });
@@ -739,8 +767,11 @@ void Worker::run_sweep(const Request& r) {
     session_->set_lambda_override(layer, saved);  // never leave the sweep's lambda behind
     throw;
   }
-  // Bring the session back to the state the UI shows (a run from `layer` with the user's lambda).
+  // Bring the session back to the state the UI shows (a run from `layer` with the user's lambda). When the user has
+  // moved lambda on, that run is the next request's (the session knows which layers are stale).
   session_->set_lambda_override(layer, saved);
+  if (moved_on)
+    return;
   session_->run();
   sw->complete = !aborted;
   publish([&](Snapshot& s) { s.sweep = sw; });

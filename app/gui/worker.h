@@ -75,7 +75,8 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
-  void run_and_publish(bool ids_changed = false);
+  // false: stopped because the user moved lambda on (r given: its run may be cancelled; see lambda_superseded)
+  bool run_and_publish(bool ids_changed = false, const Request* r = nullptr);
   void publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded = 0);
   bool generation_command(const Request& r, uint64_t applied_before);
   bool generation_step();
@@ -93,6 +94,7 @@ class Worker {
   void publish_scan(std::shared_ptr<const ScanState> scan);
   bool scan_stop_requested(uint64_t stop_seq_at_start) const;
   bool superseded() const;
+  bool lambda_superseded(const Request& r) const;
   template <class F>
   void traced(const char* stage, F&& f);
   void report_error(const std::string& what);
