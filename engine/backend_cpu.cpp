@@ -28,6 +28,7 @@
 #include "backend_cpu.h"
 #include "backend_cpu_attention.h"
 #include "error.h"
+#include "input_limits.h"
 #include "kernels/attn_heads.h"
 #include "rope.h"
 
@@ -40,13 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // Memory the kernel says can be given to a new allocation without swapping (MemAvailable), in bytes.
 double available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemAvailable:") return kb * 1024.0;
-    in.ignore(256, '\n');
-  }
+  if (const uint64_t b = available_memory_bytes()) return double(b);
   return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) * 0.5;
 }
 

@@ -87,12 +87,14 @@ void view_add_row(MapView& v, int64_t q, const float* a1, const float* a2) {
   const size_t base = size_t(view_block(q - v.q0, E_r, v.rows)) * size_t(v.cols);
   for (int j = 0; j < v.cols; ++j) {
     const int64_t c0 = v.k0 + view_block_start(j, E_c, v.cols), c1 = v.k0 + view_block_start(j + 1, E_c, v.cols);
+    // Masked cells (k > q) are 0: in a cell pooled by max they change nothing (the cell starts at 0 and a 0 wins no
+    // comparison), by mean they add nothing (view_finish divides by the whole cell). So the row stops at q.
+    if (c0 > q) break;
     float& o1 = v.a1[base + size_t(j)];
     float* o2 = a2 ? &v.a2[base + size_t(j)] : nullptr;
     float& od = v.diff[base + size_t(j)];
-    for (int64_t k = c0; k < c1; ++k) {
-      // masked cells (k > q) are 0, and the rows hold 0 there
-      const float x1 = k <= q ? a1[k] : 0.f, x2 = a2 && k <= q ? a2[k] : 0.f;
+    for (int64_t k = c0, ce = std::min(c1, q + 1); k < ce; ++k) {
+      const float x1 = a1[k], x2 = a2 ? a2[k] : 0.f;
       const float d = x1 - v.lambda * x2;
       if (v.pool == Pool::Mean) {
         o1 += x1;

@@ -20,20 +20,11 @@ namespace {
 
 std::string nest(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ds::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(InputLimits, DeepJsonIsRefusedAtOnce) {
   EXPECT_NO_THROW(ds::parse_json(nest(64), "x"));
   const std::string deep = nest(25'000'000);  // 50 MB
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string msg = error_of([&] { ds::parse_json(deep, "deep.json"); });
+  const std::string msg = dstest::error_of([&] { ds::parse_json(deep, "deep.json"); });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(msg.find("deep.json: JSON nested deeper than 64 levels"), std::string::npos) << msg;
   // Not a speed goal: the parser must stop at the limit rather than build the nest (minutes and gigabytes).
@@ -49,7 +40,7 @@ TEST(InputLimits, DeepConfigAndHeaderAreOneLineErrors) {
   std::string text = c.dump();
   text.insert(text.size() - 1, ", \"extra\": " + nest(100000));
   dstest::write_file(t.str() + "/config.json", text);
-  const std::string msg = error_of([&] { ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1); });
+  const std::string msg = dstest::error_of([&] { ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1); });
   EXPECT_NE(msg.find("config.json: JSON nested deeper than"), std::string::npos) << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos);
 }
@@ -62,7 +53,7 @@ TEST(InputLimits, DeepSafetensorsHeaderIsRefusedAtOnce) {
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char((uint64_t(header.size()) >> (8 * i)) & 0xff);
   dstest::write_file(t.str() + "/model.safetensors", file + header);
-  const std::string msg = error_of([&] { ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1); });
+  const std::string msg = dstest::error_of([&] { ds::Session::open(t.str(), ds::BackendChoice::Cpu, nullptr, 1); });
   EXPECT_NE(msg.find("model.safetensors: header: JSON nested deeper than 64 levels"), std::string::npos) << msg;
 }
 
@@ -70,19 +61,19 @@ TEST(InputLimits, NonRegularFilesAreRefusedByName) {
   dstest::TempDir t;
   const std::string dir = t.str() + "/a_directory";
   fs::create_directory(dir);
-  std::string msg = error_of([&] { ds::read_text_file(dir, 1000, "prompt file"); });
+  std::string msg = dstest::error_of([&] { ds::read_text_file(dir, 1000, "prompt file"); });
   EXPECT_NE(msg.find(dir + ": is a directory, not a prompt file"), std::string::npos) << msg;
   const std::string fifo = t.str() + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  msg = error_of([&] { ds::read_text_file(fifo, 1000, "prompt file"); });  // must not block on the FIFO
+  msg = dstest::error_of([&] { ds::read_text_file(fifo, 1000, "prompt file"); });  // must not block on the FIFO
   EXPECT_NE(msg.find(fifo + ": is not a regular file"), std::string::npos) << msg;
-  msg = error_of([&] { ds::read_text_file("/dev/zero", 1000, "prompt file"); });
+  msg = dstest::error_of([&] { ds::read_text_file("/dev/zero", 1000, "prompt file"); });
   EXPECT_NE(msg.find("/dev/zero: is not a regular file"), std::string::npos) << msg;
-  msg = error_of([&] { ds::read_text_file(t.str() + "/missing", 1000, "prompt file"); });
+  msg = dstest::error_of([&] { ds::read_text_file(t.str() + "/missing", 1000, "prompt file"); });
   EXPECT_NE(msg.find("missing: cannot open the prompt file"), std::string::npos) << msg;
   const std::string big = t.str() + "/big.txt";
   dstest::write_file(big, std::string(5000, 'x'));
-  msg = error_of([&] { ds::read_text_file(big, 1000, "prompt file"); });
+  msg = dstest::error_of([&] { ds::read_text_file(big, 1000, "prompt file"); });
   EXPECT_NE(msg.find("big.txt: the prompt file is 4.9 KB, more than the 1000 bytes"), std::string::npos) << msg;
   EXPECT_EQ(ds::read_text_file(big, 5000, "prompt file").size(), 5000u);
 }
@@ -98,7 +89,7 @@ TEST(InputLimits, DeepCorpusLineIsSkippedWithItsReason) {
 
 TEST(InputLimits, CorpusFilesAreBounded) {
   dstest::TempDir t;
-  std::string msg = error_of([&] { ds::scan::read_corpus(t.str()); });
+  std::string msg = dstest::error_of([&] { ds::scan::read_corpus(t.str()); });
   EXPECT_NE(msg.find("is a directory, not a corpus"), std::string::npos) << msg;
   const std::string good = "{\"ids\": [0, 5, 6, 7], \"answer\": [1, 3]}";
   const std::string p = t.str() + "/c.jsonl";

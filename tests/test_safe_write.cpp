@@ -13,15 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ds::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 size_t files_in(const fs::path& dir) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
@@ -62,19 +53,19 @@ TEST(SafeWrite, RefusesWhatIsNotARegularFileOrIsAnInput) {
   dstest::TempDir t;
   const std::string fifo = t.str() + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_NE(error_of([&] { ds::write_file_safely(fifo, "x", "the report"); }).find("fifo: is not a regular file"),
+  EXPECT_NE(dstest::error_of([&] { ds::write_file_safely(fifo, "x", "the report"); }).find("fifo: is not a regular file"),
             std::string::npos);
   EXPECT_TRUE(fs::is_fifo(fifo));
-  EXPECT_NE(error_of([&] { ds::write_file_safely(t.str(), "x", "the report"); }).find("is a directory"), std::string::npos);
+  EXPECT_NE(dstest::error_of([&] { ds::write_file_safely(t.str(), "x", "the report"); }).find("is a directory"), std::string::npos);
   const std::string in = t.str() + "/corpus.jsonl";
   dstest::write_file(in, "{\"text\": \"keep me\"}\n");
   fs::create_symlink("corpus.jsonl", t.str() + "/alias.jsonl");
   for (const std::string& out : {in, t.str() + "/./corpus.jsonl", t.str() + "/alias.jsonl"}) {
-    const std::string msg = error_of([&] { ds::write_file_safely(out, "x", "the report", {in}); });
+    const std::string msg = dstest::error_of([&] { ds::write_file_safely(out, "x", "the report", {in}); });
     EXPECT_NE(msg.find("is the input"), std::string::npos) << out << ": " << msg;
   }
   EXPECT_EQ(dstest::read_file(in), "{\"text\": \"keep me\"}\n");
-  EXPECT_NE(error_of([&] { ds::write_file_safely(t.str() + "/no/such/dir/x.json", "x", "the report"); })
+  EXPECT_NE(dstest::error_of([&] { ds::write_file_safely(t.str() + "/no/such/dir/x.json", "x", "the report"); })
                 .find("does not exist"),
             std::string::npos);
 }

@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "engine/error.h"
 
 #include "engine/safetensors.h"
 
@@ -25,6 +28,15 @@ inline std::string binary_dir() {
   return e ? e : DS_BINARY_DIR;
 }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
+// The message of the ds::Error f throws ("" when it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ds::Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline std::vector<std::string> all_fixtures() {
   std::vector<std::string> v;
