@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
+#include "engine/safe_write.h"
 #include "export.h"
 #include "theme.h"
 
@@ -196,17 +198,18 @@ void ScreenshotDriver::replay_frame(AppState& st) {
 void ScreenshotDriver::write_replay_log() const {
   if (opt_.replay_log.empty())
     return;
-  std::ofstream f(opt_.replay_log);
-  if (!f) {
-    std::fprintf(stderr, "diffscope: --replay-log: cannot write %s\n", opt_.replay_log.c_str());
-    return;
-  }
+  std::ostringstream f;
   f << "frame,t_ms,frame_ms,lambda_set,lambda_shown,latency_ms,diff_lambda_shown,diff_latency_ms\n";
   auto num = [](double x) { return std::isnan(x) ? std::string() : std::to_string(x); };
   for (size_t i = 0; i < replay_log_.size(); ++i) {
     const ReplayFrame& r = replay_log_[i];
     f << i << ',' << num(r.t_ms) << ',' << num(r.frame_ms) << ',' << num(r.lambda_set) << ',' << num(r.lambda_shown)
       << ',' << num(r.latency_ms) << ',' << num(r.diff_lambda) << ',' << num(r.diff_latency_ms) << '\n';
+  }
+  try {
+    ds::write_file_safely(opt_.replay_log, f.str(), "the replay log");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "diffscope: --replay-log: %s\n", e.what());
   }
 }
 
@@ -313,10 +316,10 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
       }
     }
     j["scan"] = scan_json(st);
-    std::ofstream f(opt_.state_json);
-    f << j.dump(2) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "diffscope: %s: cannot write the state JSON\n", opt_.state_json.c_str());
+    try {
+      ds::write_file_safely(opt_.state_json, j.dump(2) + "\n", "the state JSON");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "diffscope: %s\n", e.what());
       rc = 3;
     }
   }
