@@ -191,7 +191,7 @@ void AppState::reset_lambda() {
 
 void AppState::set_lambda_scale(double s) {
   req.lambda.scale = s;
-  submit();
+  submit_now();
 }
 
 void AppState::select_head(int l, int h) {

@@ -82,6 +82,16 @@ struct AppState {
   Request req;
   bool req_dirty = false;
   void submit() { req_dirty = true; }  // sent once at the end of the frame (coalesces widget drags)
+  // A lambda drag is sent at once, not at the end of the frame: the worker shows the head view under the new value
+  // (and stops the run of the previous one) a frame sooner; it serves only the newest request either way.
+  void submit_now() {
+    if (worker) {
+      worker->submit(req);
+      req_dirty = false;
+    } else {
+      req_dirty = true;
+    }
+  }
 
   // --- persistence and look
   Settings settings;

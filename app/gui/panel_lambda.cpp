@@ -117,7 +117,7 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
       ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(theme_colors().text_dim));
     if (ImGui::SliderFloat("##v", &v, -1.0f, 2.0f, "%.3f")) {
       lc.override_[l] = double(v);  // dragging a layer's slider overrides that layer
-      st.submit();
+      st.submit_now();
     }
     if (!fixed)
       ImGui::PopStyleColor();

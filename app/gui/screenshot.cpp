@@ -185,7 +185,7 @@ void ScreenshotDriver::replay_frame(AppState& st) {
     set = r.from + (r.to - r.from) * double(k) / double(r.steps - 1);
     if (size_t(r.layer) < st.req.lambda.override_.size()) {
       st.req.lambda.override_[size_t(r.layer)] = set;
-      st.submit();
+      st.submit_now();  // as the slider does
     }
     replay_set_.push_back({set, now});
   } else if (replay_shown_ + 1 == replay_set_.size() && ready(st)) {
