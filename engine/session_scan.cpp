@@ -157,10 +157,6 @@ double fraction(const Fractions& f, int i) { return fraction(const_cast<Fraction
 
 bool fraction_applies(int i, bool differential) { return differential || i % 4 == 0; }
 
-void write_file_atomic(const std::string& path, const std::string& content, const std::string& what) {
-  write_file_safely(path, content, what);
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // input
 
@@ -493,7 +489,7 @@ nlohmann::json make_report(const std::vector<const Run*>& runs, const std::strin
 }
 
 void write_json_atomic(const nlohmann::json& report, const std::string& path) {
-  write_file_atomic(path, report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the report");
+  write_file_safely(path, report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the report");
 }
 
 void write_csv(const nlohmann::json& report, const std::string& path) {
@@ -523,7 +519,7 @@ void write_csv(const nlohmann::json& report, const std::string& path) {
   };
   run_rows(report);
   if (report.contains("compare")) run_rows(report["compare"]);
-  write_file_atomic(path, s.str(), "the CSV");
+  write_file_safely(path, s.str(), "the CSV");
 }
 
 }  // namespace ds::scan

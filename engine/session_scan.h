@@ -152,13 +152,9 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p,
 // Fraction values that are NaN are written as null.
 nlohmann::json make_report(const std::vector<const Run*>& runs, const std::string& input,
                            const std::vector<LineError>& skipped, bool complete, double elapsed_s);
-// Writes `report` to `path` atomically (a temporary file renamed over it), so an interrupted scan leaves a valid
-// report. Throws ds::Error naming the file.
+// Writes `report` to `path` atomically (engine/safe_write.h: a temporary renamed over it), so an interrupted scan
+// leaves a valid report. Throws ds::Error naming the file.
 void write_json_atomic(const nlohmann::json& report, const std::string& path);
-// `content` to `path` through a temporary file (PATH.partial) renamed over it, so a reader never sees half a file;
-// throws ds::Error "PATH: cannot write WHAT: reason" and leaves no temporary file behind.
-// engine/safe_write.h's write_file_safely (the name of the scan's first atomic writer, kept for its callers).
-void write_file_atomic(const std::string& path, const std::string& content, const std::string& what);
 // CSV: one row per (run, layer, head): label,layer,head,<fraction keys> (empty cells where a key does not apply).
 void write_csv(const nlohmann::json& report, const std::string& path);
 

@@ -129,11 +129,7 @@ void check_queries(ds::Session& s, const Args& a) {
   const int64_t n = int64_t(s.ids().size()), n_max = std::min<int64_t>(n + a.generate, c.max_positions);
   try {
     if (!a.rows.empty()) ds::resolve_positions(a.rows, a.generate > 0 ? n_max : n);
-    if (a.view) {
-      if (a.view->layer < 0 || a.view->layer >= c.layers)
-        throw ArgError("--view: layer " + std::to_string(a.view->layer) + " does not exist (the model has " +
-                       std::to_string(c.layers) + " layers)");
-      if (!c.has_maps(a.view->layer)) throw ArgError("--view: " + c.no_attention(a.view->layer, "attention maps"));
+    if (a.view) {  // prepare_view checks the layer, head and rectangle as the backends will
       ds::ViewRequest q;
       q.layer = a.view->layer, q.head = a.view->head;
       q.q0 = a.view->q0, q.q1 = a.view->q1, q.k0 = a.view->k0, q.k1 = a.view->k1;
@@ -141,6 +137,7 @@ void check_queries(ds::Session& s, const Args& a) {
       ds::MapView probe;
       ds::prepare_view(q, int(c.layers), int(c.view_heads()), a.generate > 0 ? n_max : n, c.is_diff(), 0.f, probe,
                        /*zero=*/false);
+      if (!c.has_maps(q.layer)) throw ArgError("--view: " + c.no_attention(q.layer, "attention maps"));
     }
   } catch (const ds::Error& e) {
     throw ArgError(std::string(a.view ? "--view/--rect/--rows: " : "--rows: ") + e.what());

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <exception>
 #include <limits>
+#include <string>
 
 #include "engine/error.h"
 
@@ -713,7 +713,7 @@ void Worker::run_sweep(const Request& r) {
   sw->token_text = top[0].text;
 
   // The entropy of |A1 - lambda*A2| needs no re-run: the maps of `layer` do not depend on its own lambda, so every
-  // point's statistics come from the current maps (Backend::head_stats with that lambda) and the curve is published
+  // point's statistics come from the current maps in one pass (Backend::entropy_sweep) and the curve is published
   // whole. The log-probability of the next token does need a run from `layer` per point: those fill in afterwards,
   // coarse to fine (ends, middle, quarters, ...), each published as it comes, and a newer request stops them.
   const double lo = std::min(-0.5, sw->current_lambda - 0.25), hi = std::max(1.5, sw->current_lambda + 0.25);
@@ -730,16 +730,15 @@ void Worker::run_sweep(const Request& r) {
     auto partial = std::make_shared<Sweep>(*sw);
     publish([&](Snapshot& s) { s.sweep = partial; });
   }
-  std::vector<int> order{0, points - 1};  // coarse to fine: each pass halves the gaps
+  std::vector<int> order;  // coarse to fine: the ends, then every stride-th point, the stride halving down to 1
   std::vector<char> queued(size_t(points), 0);
-  queued[0] = queued[size_t(points - 1)] = 1;
-  for (int step = points - 1; step > 1; step = (step + 1) / 2)
-    for (int i = 0; i < points; i += std::max(1, step / 2))
+  for (int stride = points - 1;; stride = std::max(1, stride / 2)) {
+    for (int i = 0; i < points; i += stride)
       if (!queued[size_t(i)])
         queued[size_t(i)] = 1, order.push_back(i);
-  for (int i = 0; i < points; ++i)
-    if (!queued[size_t(i)])
-      order.push_back(i);
+    if (stride == 1)
+      break;
+  }
   const std::optional<double> saved = layer < int(session_->lambda_control().override_.size())
                                           ? session_->lambda_control().override_[layer]
                                           : std::nullopt;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/safe_write.h"
 #include "engine/session_scan.h"
 
 namespace ds::scan {
@@ -943,7 +944,7 @@ void write_plot_png(const nlohmann::json& report, const std::string& path) {
   if (cairo_status_t st = cairo_surface_write_to_png_stream(surface.get(), append_png, &png);
       st != CAIRO_STATUS_SUCCESS)
     fail_file(path, std::string("cannot encode the plot as PNG: ") + cairo_status_to_string(st));
-  write_file_atomic(path, png, "the plot");
+  write_file_safely(path, png, "the plot");
 }
 
 }  // namespace ds::scan
