@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "forward.h"
 #include "map_query.h"
 #include "model.h"
 
@@ -39,6 +40,9 @@ struct ForwardRequest {
   // the layers below it hold this request's results, so the next forward may start there (from_layer). A backend
   // whose layers take milliseconds may ignore it. The GUI stops a re-run whose lambda the user has moved on from.
   std::function<bool()> cancel;
+  // Readers and writers at the forward's hook points (forward.h). Null or empty: none, at no cost. A decoding step
+  // must bring the hooks its prompt ran with.
+  std::shared_ptr<const fwd::Hooks> hooks;
 };
 
 struct LayerMaps {
@@ -121,6 +125,9 @@ class Backend {
   virtual bool truncate(int64_t n) = 0;
   // The last forward's logits when it left them on the device (ForwardRequest::logits_on_demand); else nothing.
   virtual void fetch_logits(ForwardResult& out) { (void)out; }
+  // [L]: the largest |hidden state| of each layer's output over the sequence, from the last forwards' max_abs
+  // readers (fwd::max_abs_hidden_hook; NaN for a layer none read); empty when the last forward had no hooks.
+  virtual std::vector<float> layer_max_abs() const = 0;
   // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
   virtual int64_t device_memory_used() const { return -1; }
 };

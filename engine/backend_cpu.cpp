@@ -20,6 +20,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "backend_cpu.h"
 #include "backend_cpu_attention.h"
 #include "error.h"
+#include "forward.h"
 #include "input_limits.h"
 #include "kernels/attn_heads.h"
 #include "rope.h"
@@ -83,11 +85,6 @@ void polynorm(float* g, int64_t n, int64_t I, const float* wb, double eps) {
       x[c] = float(f3 * v * v * v + f2 * v * v + f1 * v + wb[3]);
     }
   }
-}
-
-// y[m, n] = x[m, k] * W[n, k]^T  (a torch Linear)
-void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.f, x, int(k), w, int(k), 0.f, y, int(n));
 }
 
 // LayerNorm with weight and bias over rows of D (biased variance, as torch).
@@ -231,7 +228,7 @@ class CpuBackend final : public Backend {
 
   void forward(const ForwardRequest& req, ForwardResult& out) override {
     const auto t0 = Clock::now();
-    const int64_t n = int64_t(req.ids.size()), D = cfg_.hidden, L = cfg_.layers;
+    const int64_t n = int64_t(req.ids.size()), L = cfg_.layers;
     const int64_t s = req.append_from;  // first position to run
     int from = req.from_layer;
     if (s > 0) {
@@ -244,6 +241,10 @@ class CpuBackend final : public Backend {
     }
     if (from > 0 && (ids_ != req.ids || int64_t(layer_in_.size()) != L + 1)) from = 0;  // nothing valid to reuse
     from = int(std::clamp<int64_t>(from, 0, L));
+    for (int64_t i = s; i < n; ++i) {
+      const int64_t id = req.ids[size_t(i)];
+      if (id < 0 || id >= cfg_.vocab) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
+    }
     stats_.clear();
     head_times_.clear();
     qk_layer_ = -1;
@@ -260,15 +261,13 @@ class CpuBackend final : public Backend {
       }
       ids_ = req.ids;
       if (cfg_.spec().rotary) rope_tables(inv_freq_, n, cos_, sin_);
-      auto te = Clock::now();
-      std::vector<float>& x = layer_in_[0];
-      x.resize(size_t(n * D));
-      for (int64_t i = s; i < n; ++i) {
-        const int64_t id = req.ids[size_t(i)];
-        if (id < 0 || id >= cfg_.vocab) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
-        std::copy_n(embed_.data() + id * D, D, x.data() + i * D);
-      }
-      stats_["embedding"].add(ms_since(te));
+    }
+    // The readers' slots: layers that run start over (a prompt), a decoding step adds its rows to what they hold.
+    if (req.hooks && !req.hooks->empty()) {
+      if (s == 0) max_abs_.resize(size_t(L), std::numeric_limits<float>::quiet_NaN());
+      for (int64_t l = from; l < L && s == 0; ++l) max_abs_[size_t(l)] = std::numeric_limits<float>::quiet_NaN();
+    } else if (s == 0 && from == 0) {
+      max_abs_.clear();
     }
     out.maps.assign(size_t(L), {});
     // ForwardRequest::cancel, polled before each layer, between its blocks and by the attention's work items.
@@ -278,31 +277,25 @@ class CpuBackend final : public Backend {
     } scope{*this};
     cancel_ = s == 0 && req.cancel ? &req.cancel : nullptr;
     cancel_hit_ = false;
-    for (int64_t l = from; l < L; ++l) {
-      if (poll_cancel()) throw ForwardCancelled(int(l));
-      const float lam = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
-      layer_lambda_[size_t(l)] = lam;
-      const bool want = s == 0 && !req.want_maps.empty() && req.want_maps[size_t(l)];
-      const std::vector<float>& in = layer_in_[size_t(l)];
-      std::vector<float>& x = layer_in_[size_t(l + 1)];
-      x.resize(size_t(n * D));
-      std::copy(in.begin() + s * D, in.begin() + n * D, x.begin() + s * D);
-      // The last layer of a forward that keeps only the last position's logits needs the others' keys and values
-      // (the cache) but not their queries, attention or MLP: its output rows before n - 1 are then not computed
-      // (layer_in_[L] holds the last row only; nothing reads the others).
-      const bool last_only = l == L - 1 && !req.all_logits && !req.keep_hidden && !want && cfg_.has_maps(l);
-      run_layer(int(l), lam, x.data() + s * D, s, n, want ? &out.maps[size_t(l)] : nullptr, last_only ? n - 1 : s);
-      if (cancel_hit_) throw ForwardCancelled(int(l));  // the layer stopped halfway: it and those above are stale
-    }
-    // final norm + lm_head
-    auto th = Clock::now();
-    const std::vector<float>& xL = layer_in_[size_t(L)];
+    for (int64_t l = from; l < L; ++l) layer_lambda_[size_t(l)] = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
+    bool any_maps = false;
+    for (int64_t l = 0; l < L && s == 0 && size_t(l) < req.want_maps.size(); ++l) any_maps |= req.want_maps[size_t(l)] != 0;
+    // The last layer of a forward that keeps only the last position's logits needs the others' keys and values
+    // (the cache) but not their attention or MLP: its output rows before n - 1 are then not computed (layer_in_[L]
+    // holds the last row only; nothing reads the others).
+    fwd::Plan plan;
+    plan.from_layer = from;
+    plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps;
+    plan.lambda = layer_lambda_.data();
+    plan.hooks = req.hooks.get();
+    Ops ops(*this, s, n);
+    fwd::run_layers(cfg_, ops, plan);
+    for (int64_t l = 0; l < L && s == 0 && size_t(l) < req.want_maps.size(); ++l)
+      if (req.want_maps[size_t(l)]) full_maps(int(l), out.maps[size_t(l)]);
     const int64_t rows = req.all_logits && s == 0 ? n : 1;
-    std::vector<float> normed(static_cast<size_t>(rows * D));
-    norm(xL.data() + (n - rows) * D, final_norm_, final_norm_b_, normed.data(), rows);
     out.logits.resize(size_t(rows * cfg_.vocab));
-    linear(normed.data(), lm_head_.empty() ? embed_.data() : lm_head_.data(), out.logits.data(), rows, cfg_.vocab, D);
-    stats_["lm_head"].add(ms_since(th));
+    ops.logits = out.logits.data();
+    fwd::logits(cfg_, ops, rows == 1 ? fwd::Rows::Last : fwd::Rows::New);
     out.n = n;
     out.logit_rows = rows;
     if (req.keep_hidden) out.hidden = layer_in_;
@@ -311,6 +304,8 @@ class CpuBackend final : public Backend {
     forward_ms_ = out.ms;
     tokens_ = n;  // the sequence (a decoding step ran its last position only)
   }
+
+  std::vector<float> layer_max_abs() const override { return max_abs_; }
 
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
@@ -356,8 +351,7 @@ class CpuBackend final : public Backend {
     const int64_t n = int64_t(ids_.size()), S = cfg_.d_state, XD = cfg_.dt_rank + 2 * S;
     if (implicit_layer_ != l) {
       implicit_layer_ = -1;
-      mamba_inputs(l, layer_in_[size_t(l)].data(), n, std::vector<float>(size_t((cfg_.d_conv - 1) * cfg_.d_inner), 0.f),
-                   implicit_in_, nullptr);
+      mamba_inputs(l, implicit_in_);
       std::vector<float>().swap(implicit_in_.xz);  // only dt, B and C are read below
       std::vector<float>().swap(implicit_in_.u);
       implicit_layer_ = l;
@@ -516,43 +510,6 @@ class CpuBackend final : public Backend {
     if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
   }
 
-  // The block norm of the family (RMSNorm, or LayerNorm with its bias) of rows of D.
-  void norm(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y, int64_t rows) const {
-    if (cfg_.spec().norm == NormKind::LayerNorm) layernorm(x, w.data(), b.data(), y, rows, cfg_.hidden, cfg_.norm_eps);
-    else rmsnorm(x, w.data(), y, rows, cfg_.hidden, cfg_.norm_eps);
-  }
-
-  // Q [m, H, d] of layer l for positions [s, n) (m = n - s), projected from the cached layer input, RoPE applied
-  // where the family has it.
-  void project_q(int l, int64_t s, int64_t n, std::vector<float>& q) {
-    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, d = cfg_.head_dim;
-    const LayerW& w = layers_[size_t(l)];
-    std::vector<float> h(static_cast<size_t>(m * D));
-    norm(layer_in_[size_t(l)].data() + s * D, w.ln1, w.ln1_b, h.data(), m);
-    q.resize(size_t(m * H * d));
-    linear(h.data(), w.wq.data(), q.data(), m, H * d, D);
-    add_bias(q.data(), w.bq, m);
-    if (cfg_.spec().rotary) apply_rope(q.data(), s, m, H, d, cos_, sin_);
-  }
-
-  // Layer l's K and V for positions [s, n) into its KV cache (kv_k_/kv_v_[l], resized to n rows).
-  void project_kv(int l, int64_t s, int64_t n) {
-    const int64_t m = n - s, D = cfg_.hidden, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    const LayerW& w = layers_[size_t(l)];
-    std::vector<float> h(static_cast<size_t>(m * D));
-    norm(layer_in_[size_t(l)].data() + s * D, w.ln1, w.ln1_b, h.data(), m);
-    std::vector<float>&k = kv_k_[size_t(l)], &v = kv_v_[size_t(l)];
-    k.resize(size_t(n * Hkv * d));
-    v.resize(size_t(n * Hkv * d));
-    float* ks = k.data() + s * Hkv * d;
-    float* vs = v.data() + s * Hkv * d;
-    linear(h.data(), w.wk.data(), ks, m, Hkv * d, D);
-    add_bias(ks, w.bk, m);
-    linear(h.data(), w.wv.data(), vs, m, Hkv * d, D);
-    add_bias(vs, w.bv, m);
-    if (cfg_.spec().rotary) apply_rope(ks, s, m, Hkv, d, cos_, sin_);
-  }
-
   // The KV cache layer l reads (its own, or its kv_source's for cross-attention); checked to cover every position.
   const std::vector<float>& keys_of(int l) const { return kv_of(l, kv_k_); }
   const std::vector<float>& values_of(int l) const { return kv_of(l, kv_v_); }
@@ -584,7 +541,9 @@ class CpuBackend final : public Backend {
   // layer asked for is kept until the next forward. Its keys are in the KV cache.
   void layer_q(int layer) {
     if (qk_layer_ == layer) return;
-    project_q(layer, 0, int64_t(ids_.size()), qk_q_);
+    Ops ops(*this, 0, int64_t(ids_.size()), true);
+    fwd::queries(cfg_, ops, layer);
+    qk_q_ = std::move(ops.q);
     qk_layer_ = layer;
   }
 
@@ -637,107 +596,321 @@ class CpuBackend final : public Backend {
     std::vector<float> s[2], ml[2], ws;
   };
 
-  // x: rows [s, n) of the layer: its input on entry, its output on exit (rows [q0, n) only, where an attention layer
-  // is asked for fewer rows than it caches keys for: q0 > s).
-  void run_layer(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, int64_t q0) {
-    switch (cfg_.kind(l)) {
-      case LayerKind::Mamba:
-      case LayerKind::Memory: mamba_block(l, x, s, n); break;
-      case LayerKind::Gmu: gmu_block(l, x, s, n); break;
-      default:
-        attention_block(l, lam, x + (q0 - s) * cfg_.hidden, s, n, maps, q0);
-        if (!poll_cancel()) mlp_block(l, x + (q0 - s) * cfg_.hidden, n - q0);
-        return;
-    }
-    mlp_block(l, x, n - s);
-  }
+  // The forward's operations (forward.h) on this backend's host arrays, for positions [s, n) of the sequence. In
+  // recompute mode (the map queries: fwd::queries, fwd::mamba_inputs) it writes neither the caches nor the Mamba
+  // states nor the profile, and the conv starts from zeros.
+  class Ops final : public fwd::Ops {
+   public:
+    Ops(CpuBackend& b, int64_t s, int64_t n, bool recompute = false)
+        : b_(b), c_(b.cfg_), s_(s), n_(n), recompute_(recompute) {}
+    float* logits = nullptr;  // [rows, vocab]: where fwd::logits leaves them
+    // The activations this forward made (the map queries take them).
+    std::vector<float> q, normed, attn, mlp, xz, u, xdbl, dt, mixed;
 
-  // Keys and values of positions [s, n) into the cache, then query rows [q0, n) (q0 >= s) against keys [0, n)
-  // (cpu_attn: tiled, the (head, query block) items on the pool, the rows nearest the end first since they see the
-  // most keys); x: rows [q0, n). maps (s = 0 only): every row's A1/A2, from the map queries.
-  void attention_block(int l, float lam, float* x, int64_t s, int64_t n, LayerMaps* maps, int64_t q0) {
-    const LayerW& w = layers_[size_t(l)];
-    auto t = Clock::now();
-    if (cfg_.kv_layer(l) == l) project_kv(l, s, n);
-    s = q0;
-    const int64_t m = n - s, D = cfg_.hidden, H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-    std::vector<float> q;
-    project_q(l, s, n, q);
-    const float* k = keys_of(l).data();
-    const float* v = values_of(l).data();
-    stats_["qkv_proj"].add(ms_since(t));
+    void embed() override {
+      const auto t = Clock::now();
+      const int64_t D = c_.hidden;
+      std::vector<float>& x = b_.layer_in_[0];
+      x.resize(size_t(n_ * D));
+      for (int64_t i = s_; i < n_; ++i) std::copy_n(b_.embed_.data() + b_.ids_[size_t(i)] * D, D, x.data() + i * D);
+      stat("embedding", t);
+    }
 
-    const int64_t Hv = cfg_.view_heads();
-    const bool diff = cfg_.is_diff();
-    const int64_t vw = diff ? 2 * d : d;  // value width per view head
-    std::vector<float> attn(static_cast<size_t>(m * Hv * vw));  // [m, Hv, vw]
-    const int64_t blocks = (m + cpu_attn::kBlockQ - 1) / cpu_attn::kBlockQ;
-    const int T = pool_.threads();
-    scratch_.resize(size_t(T));
-    for (auto& sc : scratch_) sc.resize(size_t(cpu_attn::scratch_floats(d, vw)));
-    std::vector<double> head_ms(size_t(T * Hv), 0.0);  // thread time of each head's items, per thread
-    auto ta = Clock::now();
-    pool_.run(blocks * Hv, [&](int64_t item, int thread) {
-      if (poll_cancel()) return;  // the layer will be thrown away: skip the rest of its items
-      const auto t0 = Clock::now();
-      const int64_t j = item % Hv, bi = blocks - 1 - item / Hv;
-      const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
-      cpu_attn::Block b;
-      b.p0 = s + bi * cpu_attn::kBlockQ;
-      b.p1 = std::min(n, b.p0 + cpu_attn::kBlockQ);
-      b.s = s;
-      b.window = cfg_.layer_window(l);
-      b.d = d;
-      b.vw = vw;
-      b.scale = float(1.0 / std::sqrt(double(d)));
-      b.maps = diff ? 2 : 1;
-      b.lambda = lam;
-      for (int i = 0; i < b.maps; ++i) {
-        b.q[i] = q.data() + hm.q[i] * d;
-        b.k[i] = k + hm.k[i] * d;
+    void norm(int l, fwd::Norm which, fwd::Ref in, fwd::Ref out) override {
+      const auto t = Clock::now();
+      const View x = view(in), y = view(out);
+      const bool fin = which == fwd::Norm::Final;
+      const LayerW* w = fin ? nullptr : &b_.layers_[size_t(l)];
+      const std::vector<float>& nw = fin ? b_.final_norm_ : which == fwd::Norm::Input ? w->ln1 : w->ln2;
+      const std::vector<float>& nb = fin ? b_.final_norm_b_ : which == fwd::Norm::Input ? w->ln1_b : w->ln2_b;
+      const bool ln = c_.spec().norm == NormKind::LayerNorm;
+      if (ln) layernorm(x.p, nw.data(), nb.data(), y.p, x.rows, c_.hidden, c_.norm_eps);
+      else rmsnorm(x.p, nw.data(), y.p, x.rows, c_.hidden, c_.norm_eps);
+      stat(ln ? "layernorm" : "rmsnorm", t);
+    }
+
+    void linear(const fwd::Linear& op) override {
+      const auto t = Clock::now();
+      const int64_t D = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, d = c_.head_dim, I = c_.intermediate;
+      const View x = view(op.in);
+      const int64_t m = x.rows;
+      const LayerW* w = op.layer >= 0 ? &b_.layers_[size_t(op.layer)] : nullptr;
+      switch (op.w) {
+        case fwd::Weight::Qkv:
+        case fwd::Weight::Q: {  // Q of the rows; K and V of the new rows straight into the layer's cache
+          q.resize(size_t(m * H * d));
+          gemm(x, w->wq.data(), H * d, D, {q.data(), m, H * d});
+          add_bias(q.data(), w->bq, m);
+          k_new_ = op.w == fwd::Weight::Qkv && !recompute_;
+          if (k_new_) {
+            std::vector<float>&k = b_.kv_k_[size_t(op.layer)], &v = b_.kv_v_[size_t(op.layer)];
+            k.resize(size_t(n_ * Hkv * d));
+            v.resize(size_t(n_ * Hkv * d));
+            float* ks = k.data() + s_ * Hkv * d;
+            float* vs = v.data() + s_ * Hkv * d;
+            gemm(x, w->wk.data(), Hkv * d, D, {ks, m, Hkv * d});
+            add_bias(ks, w->bk, m);
+            gemm(x, w->wv.data(), Hkv * d, D, {vs, m, Hkv * d});
+            add_bias(vs, w->bv, m);
+          }
+          break;
+        }
+        case fwd::Weight::GateUp: {  // the family's activation (arch.h MlpAct) of gate, times up
+          const View y = view(op.out);
+          std::vector<float> up(size_t(m * I));
+          gemm(x, w->gate.data(), I, D, y);
+          gemm(x, w->up.data(), I, D, {up.data(), m, I});
+          if (c_.spec().mlp == MlpAct::PolyNorm) {
+            polynorm(y.p, m, I, w->act.data(), c_.spec().act_eps);
+            for (size_t i = 0; i < up.size(); ++i) y.p[i] *= up[i];
+          } else {
+            for (size_t i = 0; i < up.size(); ++i) y.p[i] = silu(y.p[i]) * up[i];
+          }
+          break;
+        }
+        default: {
+          const std::vector<float>* wt = nullptr;
+          const std::vector<float>* bias = nullptr;
+          int64_t in_f = 0;
+          switch (op.w) {
+            case fwd::Weight::O: wt = &w->wo, bias = &w->bo, in_f = H * d; break;
+            case fwd::Weight::Down: wt = &w->down, in_f = I; break;
+            case fwd::Weight::InProj: wt = &w->in_proj, in_f = D; break;
+            case fwd::Weight::XProj: wt = &w->x_proj, in_f = c_.d_inner; break;
+            case fwd::Weight::DtProj: wt = &w->dt_w, in_f = c_.dt_rank; break;
+            case fwd::Weight::OutProj: wt = &w->out_proj, in_f = c_.d_inner; break;
+            default: wt = b_.lm_head_.empty() ? &b_.embed_ : &b_.lm_head_, in_f = D;
+          }
+          const int64_t out_f = int64_t(wt->size()) / in_f;
+          const View y = view(op.out, out_f);
+          float beta = 0.f;
+          if (op.epi == fwd::Epilogue::Residual) {
+            const View r = view(op.res);
+            if (r.p != y.p)
+              for (int64_t i = 0; i < m; ++i) std::copy_n(r.p + i * r.ld, out_f, y.p + i * y.ld);
+            beta = 1.f;
+          }
+          gemm(x, wt->data(), out_f, in_f, y, beta);
+          if (bias) add_bias(y.p, *bias, m);
+          if (op.epi == fwd::Epilogue::SiluMemory) {
+            if (b_.memory_.size() != size_t(n_ * out_f)) throw Error("internal: the memory layer has not run for this prompt");
+            const float* mem = b_.memory_.data() + s_ * out_f;
+            for (int64_t i = 0; i < m * out_f; ++i) y.p[i] = silu(y.p[i]) * mem[i];
+          }
+        }
       }
-      b.ldq = H * d;
-      b.ldk = Hkv * d;
-      b.v[0] = v + hm.v[0] * d;
-      b.v[1] = diff ? v + hm.v[1] * d : nullptr;
-      b.ldv = Hkv * d;
-      b.out = attn.data() + j * vw;
-      b.ldo = Hv * vw;
-      cpu_attn::run_block(b, scratch_[size_t(thread)].data());
-      head_ms[size_t(thread * Hv + j)] += ms_since(t0);
-    });
-    if (cancel_hit_) return;  // stopped: the forward throws ForwardCancelled for this layer
-    if (diff) {  // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
-      const float f = float(1.0 - cfg_.lambda_init(l));
-      for (int64_t r = 0; r < m * Hv; ++r) {
-        float* dst = attn.data() + r * vw;
-        double ss = 0;
-        for (int64_t i = 0; i < vw; ++i) ss += double(dst[i]) * dst[i];
-        const float rn = float(1.0 / std::sqrt(ss / double(vw) + cfg_.subln_eps));
-        for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * rn);
+      if (!recompute_) b_.stats_[fwd::gemm_name(op.w)].add(ms_since(t));
+    }
+
+    void rope(int l) override {
+      if (!c_.spec().rotary) return;
+      const auto t = Clock::now();
+      const int64_t m = n_ - s_, H = c_.heads, Hkv = c_.kv_heads, d = c_.head_dim;
+      apply_rope(q.data(), s_, m, H, d, b_.cos_, b_.sin_);
+      if (k_new_) apply_rope(b_.kv_k_[size_t(l)].data() + s_ * Hkv * d, s_, m, Hkv, d, b_.cos_, b_.sin_);
+      stat("rope", t);
+    }
+
+    // Query rows [q0, n) (q0 = s, or n - 1 for the last row alone) against keys [0, n) (cpu_attn: tiled, the (head,
+    // query block) items on the pool, the rows nearest the end first since they see the most keys).
+    void attention(int l, float lam, fwd::Rows rows) override {
+      const int64_t q0 = rows == fwd::Rows::Last ? n_ - 1 : s_, m = n_ - q0;
+      const int64_t H = c_.heads, Hkv = c_.kv_heads, d = c_.head_dim, Hv = c_.view_heads();
+      const float* qp = q.data() + (q0 - s_) * H * d;
+      const float* k = b_.keys_of(l).data();
+      const float* v = b_.values_of(l).data();
+      const bool diff = c_.is_diff();
+      const int64_t vw = diff ? 2 * d : d;  // value width per view head
+      attn.assign(size_t(m * Hv * vw), 0.f);  // [m, Hv, vw]
+      const int64_t blocks = (m + cpu_attn::kBlockQ - 1) / cpu_attn::kBlockQ;
+      const int T = b_.pool_.threads();
+      b_.scratch_.resize(size_t(T));
+      for (auto& sc : b_.scratch_) sc.resize(size_t(cpu_attn::scratch_floats(d, vw)));
+      std::vector<double> head_ms(size_t(T * Hv), 0.0);  // thread time of each head's items, per thread
+      const auto ta = Clock::now();
+      b_.pool_.run(blocks * Hv, [&](int64_t item, int thread) {
+        if (b_.poll_cancel()) return;  // the layer will be thrown away: skip the rest of its items
+        const auto t0 = Clock::now();
+        const int64_t j = item % Hv, bi = blocks - 1 - item / Hv;
+        const kern::ViewHeadMap hm = kern::view_head_map(diff, int(j), int(H), int(Hkv));
+        cpu_attn::Block bl;
+        bl.p0 = q0 + bi * cpu_attn::kBlockQ;
+        bl.p1 = std::min(n_, bl.p0 + cpu_attn::kBlockQ);
+        bl.s = q0;
+        bl.window = c_.layer_window(l);
+        bl.d = d;
+        bl.vw = vw;
+        bl.scale = float(1.0 / std::sqrt(double(d)));
+        bl.maps = diff ? 2 : 1;
+        bl.lambda = lam;
+        for (int i = 0; i < bl.maps; ++i) {
+          bl.q[i] = qp + hm.q[i] * d;
+          bl.k[i] = k + hm.k[i] * d;
+        }
+        bl.ldq = H * d;
+        bl.ldk = Hkv * d;
+        bl.v[0] = v + hm.v[0] * d;
+        bl.v[1] = diff ? v + hm.v[1] * d : nullptr;
+        bl.ldv = Hkv * d;
+        bl.out = attn.data() + j * vw;
+        bl.ldo = Hv * vw;
+        cpu_attn::run_block(bl, b_.scratch_[size_t(thread)].data());
+        head_ms[size_t(thread * Hv + j)] += ms_since(t0);
+      });
+      if (b_.cancel_hit_) return;  // stopped: the forward throws ForwardCancelled for this layer
+      if (diff) {  // inner RMS norm over 2d (a learned scale is folded into wo), then the fixed (1 - lambda_init)
+        const float f = float(1.0 - c_.lambda_init(l));
+        for (int64_t r = 0; r < m * Hv; ++r) {
+          float* dst = attn.data() + r * vw;
+          double ss = 0;
+          for (int64_t i = 0; i < vw; ++i) ss += double(dst[i]) * dst[i];
+          const float rn = float(1.0 / std::sqrt(ss / double(vw) + c_.subln_eps));
+          for (int64_t i = 0; i < vw; ++i) dst[i] = f * (dst[i] * rn);
+        }
+      }
+      const double wall = ms_since(ta);
+      b_.stats_["attention"].add(wall);
+      const int64_t win = c_.layer_window(l);  // the rows [q0, n): the triangle to n less the one to q0
+      const double flops = kern::attn_flops(diff, 1, d, n_, 1, win) - kern::attn_flops(diff, 1, d, q0, 1, win);
+      // Heads run side by side: each head's share of the layer's wall time is its share of the thread time, so the
+      // heads add up to the layer's attention time and their TFLOP/s are those of the whole machine.
+      std::vector<double> per_head(size_t(Hv), 0.0);
+      double busy = 0;
+      for (int th = 0; th < T; ++th)
+        for (int64_t j = 0; j < Hv; ++j) per_head[size_t(j)] += head_ms[size_t(th * Hv + j)];
+      for (double x : per_head) busy += x;
+      for (int64_t j = 0; j < Hv; ++j)
+        b_.head_times_.push_back({l, int(j), busy > 0 ? wall * per_head[size_t(j)] / busy : wall / double(Hv), flops});
+    }
+
+    // The causal depthwise conv over x (Xz's first di columns) + SiLU, continuing from the layer's state (the K - 1
+    // conv inputs before these positions; zeros at the start), which it leaves K - 1 positions on.
+    void conv(int l) override {
+      const auto t = Clock::now();
+      const LayerW& w = b_.layers_[size_t(l)];
+      const int64_t m = n_ - s_, di = c_.d_inner, K = c_.d_conv;
+      std::vector<float> zero;
+      std::vector<float>* st = &zero;
+      if (recompute_ || s_ == 0) {
+        zero.assign(size_t((K - 1) * di), 0.f);
+      } else {
+        st = &b_.conv_state_[size_t(l)];
+        if (st->size() != size_t((K - 1) * di) || b_.ssm_state_[size_t(l)].size() != size_t(di * c_.d_state))
+          throw Error("internal: Mamba layer " + std::to_string(l) + " has no state to continue from");
+      }
+      const std::vector<float>& cs = *st;
+      // the conv input at chunk row r (r < 0: the state's rows)
+      auto conv_in = [&](int64_t r, int64_t ch) {
+        return r >= 0 ? xz[size_t(r * 2 * di + ch)] : cs[size_t((K - 1 + r) * di + ch)];
+      };
+      u.assign(size_t(m * di), 0.f);
+      for (int64_t tok = 0; tok < m; ++tok)
+        for (int64_t ch = 0; ch < di; ++ch) {
+          double acc = w.conv_b[size_t(ch)];
+          for (int64_t j = 0; j < K; ++j) acc += double(w.conv_w[size_t(ch * K + j)]) * conv_in(tok - (K - 1) + j, ch);
+          u[size_t(tok * di + ch)] = silu(float(acc));
+        }
+      if (!recompute_) {
+        std::vector<float> next(size_t((K - 1) * di), 0.f);
+        for (int64_t r = 0; r < K - 1; ++r)
+          for (int64_t ch = 0; ch < di; ++ch) next[size_t(r * di + ch)] = conv_in(m - (K - 1) + r, ch);
+        b_.conv_state_[size_t(l)] = std::move(next);
+      }
+      stat("mamba_conv", t);
+    }
+
+    // The selective scan (docs/models/phi4flash.md section 4) over the new positions from the layer's state, one
+    // channel at a time, the state in double; then the gate silu(z).
+    void scan(int l, bool memory) override {
+      const auto t = Clock::now();
+      const LayerW& w = b_.layers_[size_t(l)];
+      const int64_t m = n_ - s_, di = c_.d_inner, R = c_.dt_rank, S = c_.d_state, XD = R + 2 * S;
+      std::vector<double>& ssm = b_.ssm_state_[size_t(l)];
+      if (s_ == 0) ssm.assign(size_t(di * S), 0.0);
+      mixed.assign(size_t(m * di), 0.f);
+      for (int64_t ch = 0; ch < di; ++ch) {
+        double* st = ssm.data() + ch * S;
+        const float* a = w.a_neg.data() + ch * S;
+        for (int64_t tok = 0; tok < m; ++tok) {
+          const double delta = softplus(double(dt[size_t(tok * di + ch)]) + w.dt_b[size_t(ch)]);
+          const double uu = u[size_t(tok * di + ch)];
+          const float* B = xdbl.data() + tok * XD + R;
+          const float* C = B + S;
+          double acc = 0;
+          for (int64_t j = 0; j < S; ++j) {
+            st[j] = std::exp(delta * a[j]) * st[j] + delta * B[j] * uu;
+            acc += st[j] * C[j];
+          }
+          mixed[size_t(tok * di + ch)] = float(acc + double(w.d_skip[size_t(ch)]) * uu);
+        }
+      }
+      if (memory) {
+        b_.memory_.resize(size_t(n_ * di));
+        std::copy(mixed.begin(), mixed.end(), b_.memory_.begin() + s_ * di);
+      }
+      for (int64_t tok = 0; tok < m; ++tok)
+        for (int64_t ch = 0; ch < di; ++ch) mixed[size_t(tok * di + ch)] *= silu(xz[size_t(tok * 2 * di + di + ch)]);
+      stat("mamba_scan", t);
+    }
+
+    void max_abs(fwd::Ref in, int slot) override {
+      const View x = view(in);
+      float mx = 0.f;
+      for (int64_t r = 0; r < x.rows; ++r)
+        for (int64_t i = 0; i < x.cols; ++i) mx = std::max(mx, std::fabs(x.p[r * x.ld + i]));
+      float& v = b_.max_abs_.at(size_t(slot));
+      v = std::isnan(v) ? mx : std::max(v, mx);
+    }
+
+    bool cancelled() override { return !recompute_ && b_.poll_cancel(); }
+
+   private:
+    struct View {
+      float* p;
+      int64_t rows, ld, cols = 0;
+    };
+    // y[rows, out_f] (+)= x[rows, in_f] W[out_f, in_f]^T (a torch Linear), with the views' row strides.
+    static void gemm(const View& x, const float* w, int64_t out_f, int64_t in_f, const View& y, float beta = 0.f) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(x.rows), int(out_f), int(in_f), 1.f, x.p, int(x.ld), w,
+                  int(in_f), beta, y.p, int(y.ld));
+    }
+    void stat(const char* name, Clock::time_point t) {
+      if (!recompute_) b_.stats_[name].add(ms_since(t));
+    }
+    int64_t rows_of(fwd::Ref r) const { return r.rows == fwd::Rows::Last ? 1 : n_ - s_; }
+    // An activation's rows (sized here for the rows of r; `cols`: the width where the op decides it).
+    View view(fwd::Ref r, int64_t cols = 0) {
+      const int64_t m = rows_of(r), D = c_.hidden, di = c_.d_inner;
+      auto own = [&](std::vector<float>& v, int64_t w) {
+        if (v.size() < size_t(m * w)) v.resize(size_t(m * w));
+        return View{v.data(), m, w, w};
+      };
+      switch (r.t) {
+        case fwd::Act::Stream: {
+          std::vector<float>& v = b_.layer_in_[size_t(r.layer)];
+          if (v.size() != size_t(n_ * D)) v.resize(size_t(n_ * D));
+          return View{v.data() + (n_ - m) * D, m, D, D};
+        }
+        case fwd::Act::Normed: return own(normed, D);
+        case fwd::Act::Attn: return View{attn.data(), m, c_.heads * c_.head_dim, c_.heads * c_.head_dim};
+        case fwd::Act::Mlp: return own(mlp, c_.intermediate);
+        case fwd::Act::Xz: return own(xz, 2 * di);
+        case fwd::Act::U: return View{u.data(), m, di, di};
+        case fwd::Act::Xdbl: return own(xdbl, c_.dt_rank + 2 * c_.d_state);
+        case fwd::Act::Dt: return own(dt, di);
+        case fwd::Act::Mixed: return cols ? own(mixed, cols) : View{mixed.data(), m, di, di};
+        case fwd::Act::Logits: return View{logits, m, c_.vocab, c_.vocab};
+        default: throw Error("internal: the CPU backend has no view of this activation");
       }
     }
-    const double wall = ms_since(ta);
-    stats_["attention"].add(wall);
-    const int64_t win = cfg_.layer_window(l);  // the rows [s, n): the triangle to n less the one to s
-    const double flops = kern::attn_flops(diff, 1, d, n, 1, win) - kern::attn_flops(diff, 1, d, s, 1, win);
-    // Heads run side by side: each head's share of the layer's wall time is its share of the thread time, so the
-    // heads add up to the layer's attention time and their TFLOP/s are those of the whole machine.
-    std::vector<double> per_head(size_t(Hv), 0.0);
-    double busy = 0;
-    for (int th = 0; th < T; ++th)
-      for (int64_t j = 0; j < Hv; ++j) per_head[size_t(j)] += head_ms[size_t(th * Hv + j)];
-    for (double x : per_head) busy += x;
-    for (int64_t j = 0; j < Hv; ++j)
-      head_times_.push_back({l, int(j), busy > 0 ? wall * per_head[size_t(j)] / busy : wall / double(Hv), flops});
-    t = Clock::now();
-    std::vector<float> o(static_cast<size_t>(m * D));
-    linear(attn.data(), w.wo.data(), o.data(), m, D, H * d);
-    add_bias(o.data(), w.bo, m);
-    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
-    stats_["o_proj+residual"].add(ms_since(t));
-    if (maps) full_maps(l, *maps);
-  }
+    // (DtProj reads Xdbl's first R columns: its in_f, with Xdbl's row stride.)
+
+    CpuBackend& b_;
+    const ModelConfig& c_;
+    int64_t s_, n_;
+    bool recompute_;
+    bool k_new_ = false;  // the last Qkv projection wrote new K rows (which rope() rotates)
+  };
 
   // Every row of every view head of layer l (the last forward's), as [Hv, n, n]: O(n^2), for small prompts only.
   void full_maps(int l, LayerMaps& out) {
@@ -757,130 +930,15 @@ class CpuBackend final : public Backend {
           even_parts(0, n));
   }
 
-  // The scan's inputs of Mamba layer l over m positions of its input x: LayerNorm, in_proj ([x | z] per token),
-  // the causal depthwise conv + SiLU continuing from conv_st (the K - 1 conv inputs before these positions; zeros at
-  // the start), x_proj ([dt_raw (R) | B (S) | C (S)]) and dt = dt_raw dt_proj^T (its bias is the scan's).
-  // next_st (optional): the last K - 1 conv inputs, for the next chunk.
+  // The scan's inputs of Mamba layer l for the last forward (fwd::mamba_inputs over its cached input, from a zero
+  // conv state): the map queries of a Mamba channel.
   struct MambaInputs {
-    std::vector<float> xz, u, xdbl, dt;  // [m, 2 di] [m, di] [m, R + 2S] [m, di]
+    std::vector<float> xz, u, xdbl, dt;  // [n, 2 di] [n, di] [n, R + 2S] [n, di]
   };
-  void mamba_inputs(int l, const float* x, int64_t m, const std::vector<float>& conv_st, MambaInputs& in,
-                    std::vector<float>* next_st) {
-    const LayerW& w = layers_[size_t(l)];
-    const int64_t D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, K = cfg_.d_conv,
-                  XD = R + 2 * S;
-    std::vector<float> h(static_cast<size_t>(m * D));
-    in.xz.assign(size_t(m * 2 * di), 0.f);
-    in.u.assign(size_t(m * di), 0.f);
-    in.xdbl.assign(size_t(m * XD), 0.f);
-    in.dt.assign(size_t(m * di), 0.f);
-    norm(x, w.ln1, w.ln1_b, h.data(), m);
-    linear(h.data(), w.in_proj.data(), in.xz.data(), m, 2 * di, D);
-    // the conv input at chunk row r (r < 0: the state's rows)
-    auto conv_in = [&](int64_t r, int64_t c) {
-      return r >= 0 ? in.xz[size_t(r * 2 * di + c)] : conv_st[size_t((K - 1 + r) * di + c)];
-    };
-    for (int64_t tok = 0; tok < m; ++tok)  // causal depthwise conv over x, then silu
-      for (int64_t c = 0; c < di; ++c) {
-        double acc = w.conv_b[size_t(c)];
-        for (int64_t j = 0; j < K; ++j) acc += double(w.conv_w[size_t(c * K + j)]) * conv_in(tok - (K - 1) + j, c);
-        in.u[size_t(tok * di + c)] = silu(float(acc));
-      }
-    if (next_st) {
-      next_st->assign(conv_st.size(), 0.f);
-      for (int64_t r = 0; r < K - 1; ++r)
-        for (int64_t c = 0; c < di; ++c) (*next_st)[size_t(r * di + c)] = conv_in(m - (K - 1) + r, c);
-    }
-    linear(in.u.data(), w.x_proj.data(), in.xdbl.data(), m, XD, di);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(di), int(R), 1.f, in.xdbl.data(), int(XD),
-                w.dt_w.data(), int(R), 0.f, in.dt.data(), int(di));  // dt_raw: xdbl's first R columns
-  }
-
-  // Mamba-1 (docs/models/phi4flash.md section 4) over positions [s, n), from the layer's state at s: x += out_proj(y
-  // silu(z)); the memory layer keeps y (ungated).
-  void mamba_block(int l, float* x, int64_t s, int64_t n) {
-    const LayerW& w = layers_[size_t(l)];
-    const int64_t m = n - s, D = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, K = cfg_.d_conv,
-                  XD = R + 2 * S;
-    auto t = Clock::now();
-    std::vector<float>& conv_st = conv_state_[size_t(l)];  // inputs at positions s - (K - 1) .. s - 1
-    std::vector<double>& ssm_st = ssm_state_[size_t(l)];
-    if (s == 0) {
-      conv_st.assign(size_t((K - 1) * di), 0.f);
-      ssm_st.assign(size_t(di * S), 0.0);
-    } else if (conv_st.size() != size_t((K - 1) * di) || ssm_st.size() != size_t(di * S)) {
-      throw Error("internal: Mamba layer " + std::to_string(l) + " has no state to continue from");
-    }
-    MambaInputs in;
-    std::vector<float> next;
-    mamba_inputs(l, x, m, conv_st, in, &next);
-    conv_st = std::move(next);
-    const std::vector<float>&xz = in.xz, &u = in.u, &xdbl = in.xdbl, &dt = in.dt;
-    std::vector<float> y(size_t(m * di));
-    for (int64_t c = 0; c < di; ++c) {  // the selective scan, one channel at a time, state in double
-      double* st = ssm_st.data() + c * S;
-      const float* a = w.a_neg.data() + c * S;
-      for (int64_t tok = 0; tok < m; ++tok) {
-        const double delta = softplus(double(dt[size_t(tok * di + c)]) + w.dt_b[size_t(c)]);
-        const double uu = u[size_t(tok * di + c)];
-        const float* B = xdbl.data() + tok * XD + R;
-        const float* C = B + S;
-        double acc = 0;
-        for (int64_t j = 0; j < S; ++j) {
-          st[j] = std::exp(delta * a[j]) * st[j] + delta * B[j] * uu;
-          acc += st[j] * C[j];
-        }
-        y[size_t(tok * di + c)] = float(acc + double(w.d_skip[size_t(c)]) * uu);
-      }
-    }
-    if (cfg_.kind(l) == LayerKind::Memory) {
-      memory_.resize(size_t(n * di));
-      std::copy(y.begin(), y.end(), memory_.begin() + s * di);
-    }
-    for (int64_t tok = 0; tok < m; ++tok)
-      for (int64_t c = 0; c < di; ++c) y[size_t(tok * di + c)] *= silu(xz[size_t(tok * 2 * di + di + c)]);
-    std::vector<float> o(static_cast<size_t>(m * D));
-    linear(y.data(), w.out_proj.data(), o.data(), m, D, di);
-    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
-    stats_["mamba"].add(ms_since(t));
-  }
-
-  // Gated memory unit (section 5) over positions [s, n): x += out_proj(silu(in_proj(x)) * memory).
-  void gmu_block(int l, float* x, int64_t s, int64_t n) {
-    const LayerW& w = layers_[size_t(l)];
-    const int64_t m = n - s, D = cfg_.hidden, di = cfg_.d_inner;
-    if (memory_.size() != size_t(n * di)) throw Error("internal: the memory layer has not run for this prompt");
-    auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(m * D)), g(size_t(m * di)), o(size_t(m * D));
-    norm(x, w.ln1, w.ln1_b, h.data(), m);
-    linear(h.data(), w.in_proj.data(), g.data(), m, di, D);
-    const float* mem = memory_.data() + s * di;
-    for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * mem[i];
-    linear(g.data(), w.out_proj.data(), o.data(), m, D, di);
-    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
-    stats_["gmu"].add(ms_since(t));
-  }
-
-  // x: m rows of the stream.
-  void mlp_block(int l, float* x, int64_t m) {
-    const LayerW& w = layers_[size_t(l)];
-    const int64_t D = cfg_.hidden, I = cfg_.intermediate;
-    auto t = Clock::now();
-    std::vector<float> h(static_cast<size_t>(m * D));
-    norm(x, w.ln2, w.ln2_b, h.data(), m);
-    std::vector<float> g(static_cast<size_t>(m * I)), u(size_t(m * I));
-    linear(h.data(), w.gate.data(), g.data(), m, I, D);
-    linear(h.data(), w.up.data(), u.data(), m, I, D);
-    if (cfg_.spec().mlp == MlpAct::PolyNorm) {
-      polynorm(g.data(), m, I, w.act.data(), cfg_.spec().act_eps);
-      for (size_t i = 0; i < g.size(); ++i) g[i] *= u[i];
-    } else {
-      for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];  // SiLU(gate) * up
-    }
-    std::vector<float> o(static_cast<size_t>(m * D));
-    linear(g.data(), w.down.data(), o.data(), m, D, I);
-    for (size_t i = 0; i < o.size(); ++i) x[i] += o[i];
-    stats_["mlp"].add(ms_since(t));
+  void mamba_inputs(int l, MambaInputs& in) {
+    Ops ops(*this, 0, int64_t(ids_.size()), true);
+    fwd::mamba_inputs(cfg_, ops, l);
+    in.xz = std::move(ops.xz), in.u = std::move(ops.u), in.xdbl = std::move(ops.xdbl), in.dt = std::move(ops.dt);
   }
 
   // The running forward's cancel predicate (nullptr: none) and whether it has fired; poll_cancel() may be called from
@@ -908,6 +966,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> ids_;
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
+  std::vector<float> max_abs_;  // [L] the max_abs readers' slots (NaN: no value), empty when no hook ran
   int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
   int implicit_layer_ = -1;  // Mamba layer whose scan inputs implicit_in_ holds (-1: none; reset by every forward)
   MambaInputs implicit_in_;

@@ -58,17 +58,6 @@ void add_row_stats(StatsAccumulator& acc, const float* st) {
                 st[kern::MAP_DIFF_MAX], st[kern::MAP_MAX_LOGIT1], st[kern::MAP_MAX_LOGIT2]);
 }
 
-// Profiler names of the attention kernels (the profiler sums every mark with "attn" in it, except attn_maps).
-const char* attn_mark_name(kern::AttnImpl impl) {
-  switch (impl) {
-    case kern::AttnImpl::Sm90: return "attn_fwd_sm90";
-    case kern::AttnImpl::MmaBoth: return "diff_attn_mma_both";
-    case kern::AttnImpl::MmaVsplit: return "diff_attn_mma_vsplit";
-    case kern::AttnImpl::MmaLockstep: return "diff_attn_mma_lockstep";
-    default: return "attn_fwd_generic";
-  }
-}
-
 }  // namespace
 
 // The overrides of the attention kernel choice (README, "Choosing the attention kernel"), read once here.
@@ -723,10 +712,6 @@ kern::AttnParams attn_params(const ModelConfig& c, const bf16* qkv, int64_t n, i
   return p;
 }
 
-// Rows from which the fused sm_90a GEMMs (kernels/gemm_swiglu_sm90.h) take over from cuBLASLt and a separate
-// element-wise kernel: below, cuBLASLt's small-M kernels are as fast.
-constexpr int64_t kFusedSwigluRows = 1024;
-
 }  // namespace
 
 kern::AttnParams CudaBackend::layer_attn(int layer, int64_t n, int batch, float lambda) const {
@@ -745,186 +730,6 @@ void CudaBackend::block_norm(const float* x, int64_t x_stride, const DeviceBuffe
     DS_CUDA_CHECK(kern::launch_layernorm(x, x_stride, w.as<float>(), b.as<float>(), y, E, rows, int(E), eps, stream()));
   else
     DS_CUDA_CHECK(kern::launch_rmsnorm(x, x_stride, w.as<float>(), y, E, rows, int(E), eps, stream()));
-}
-
-void CudaBackend::layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only, bool gemms_only) {
-  const int64_t T = int64_t(batch) * n, E = cfg_.hidden, W = qkv_width(), I = cfg_.intermediate;
-  const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim;
-  const LayerWeights& w = layers_[size_t(l)];
-  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
-  float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
-  bf16* x = act_.x.as<bf16>();
-  const char* norm_name = cfg_.spec().norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
-
-  const auto step = [&](const char* name, auto&& f) {  // a kernel other than a GEMM (run_gemms_only skips them)
-    if (!gemms_only) timed(name, l, f);
-  };
-  step(norm_name, [&] { block_norm(h_in, E, w.ln1, w.ln1_b, x, T); });
-  // Rows carried on after the mixer: when only the next-token logits are wanted, the last layer goes on with the
-  // last row of each sequence (rows n - 1, 2n - 1, ...: strided GEMM operands); its other rows of hidden[L] are
-  // left unwritten and run() remembers that.
-  const int64_t R = last_rows_only ? batch : T;                 // rows carried on
-  const int64_t first = last_rows_only ? n - 1 : 0;             // their first token
-  const int64_t hs = last_rows_only ? n * E : E;                // row stride in hidden[]
-  const float* h_in_r = h_in + first * E;
-  float* h_out_r = h_out + first * E;
-  const LayerKind kind = cfg_.kind(l);
-  if (kind == LayerKind::Mamba || kind == LayerKind::Memory) {
-    mamba_forward(l, batch, n, gemms_only);  // every row: the scan runs along the sequence
-  } else if (kind == LayerKind::Gmu) {
-    gmu_forward(l, T, gemms_only);
-  } else {
-    // Q, K, V leave the GEMM in bf16 (as q/k/v_proj's outputs in a bf16 transformers model), straight into this
-    // layer's cache, where RoPE rotates Q and K in place. A cross-attention layer projects its queries only and
-    // reads the keys and values of its kv_source's cache.
-    bf16* qkv = qkv_slot(l);
-    const int64_t rows = kind == LayerKind::CrossAttention ? H * d : W;
-    // Biases join the GEMMs' epilogues (run_gemms_only leaves them out: the floor is the products alone).
-    gemm("gemm_qkv", l, {.out_f = rows, .tokens = T, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv,
-                         .bias = gemms_only ? nullptr : w.qkv_b16.get(), .bias_f32 = w.qkv_b.as<float>(), .ldy = W});
-    if (cfg_.spec().rotary)
-      step("rope", [&] {
-        DS_CUDA_CHECK(kern::launch_rope_qk_inplace(qkv, act_.cos_sin.as<float2>(), T, int(n), int(H), int(Hkv), int(d),
-                                                   stream()));
-      });
-    kern::AttnParams p = layer_attn(l, n, batch, lambda);
-    p.out_scale = float(1.0 - cfg_.lambda_init(l));
-    p.eps = float(cfg_.subln_eps);
-    p.out = act_.attn.as<bf16>();
-    p.out_row_stride = H * d;
-    p.out_batch_stride = n * H * d;
-    p.head_ns = profiling_ ? head_ns_.as<unsigned long long>() + size_t(l) * size_t(view_heads()) : nullptr;
-    const kern::AttnChoice choice = attn_choice(p);
-    step(attn_mark_name(choice.impl), [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, stream())); });
-    // The residual add is the GEMM's C term (C = h_in, D = h_out): the f32 stream is never copied.
-    gemm("gemm_o", l, {.out_f = E, .tokens = R, .in_f = H * d, .w = w.o.as<bf16>(),
-                       .x = act_.attn.as<bf16>() + first * H * d, .y = h_out_r, .y_f32 = true, .beta = 1.f,
-                       .c = h_in_r, .bias = gemms_only ? nullptr : w.o_b.get(), .bias_f32 = w.o_b.as<float>(),
-                       .ldx = last_rows_only ? n * H * d : 0, .ldy = hs});
-  }
-  step(norm_name, [&] { block_norm(h_out_r, hs, w.ln2, w.ln2_b, x, R); });
-  // gate and up leave the GEMM rounded to bf16, as transformers' gate_proj / up_proj outputs are in a bf16 model;
-  // SwiGLU then reads half the bytes it would read in f32.
-  bf16* gu = act_.scratch32.as<bf16>();
-  // On Hopper (sm_90a) a long prompt's gate/up GEMM forms SwiGLU in its own epilogue (kernels/gemm_swiglu_sm90.h):
-  // the [R][2I] gate/up tensor never reaches device memory. Same rounding as the two kernels below (g and u to
-  // bf16, then silu(g) * u); only the products' summation order differs. Below kFusedSwigluRows rows cuBLASLt's
-  // small-M kernels are as fast; DS_SWIGLU_FUSED=0 keeps the two kernels (A/B measurements). The GEMM floor
-  // (gemms_only) times cuBLASLt's gate/up GEMM alone.
-  if (!gemms_only && fused_swiglu_ && R >= kFusedSwigluRows && cfg_.spec().mlp != MlpAct::PolyNorm &&
-      kern::gemm_swiglu_sm90_supported(x, E, w.gate_up.as<bf16>(), R, int(E), int(I))) {
-    timed("gemm_gate_up_swiglu", l, [&] {
-      DS_CUDA_CHECK(kern::launch_gemm_swiglu_sm90(x, E, w.gate_up.as<bf16>(), act_.act.as<bf16>(), R, int(E), int(I),
-                                                  stream()));
-    });
-  } else {
-    gemm("gemm_gate_up", l, {.out_f = 2 * I, .tokens = R, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-    if (cfg_.spec().mlp == MlpAct::PolyNorm) {
-      step("polynorm", [&] {
-        DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps),
-                                                act_.act.as<bf16>(), R, int(I), stream()));
-      });
-    } else {
-      step("swiglu", [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, act_.act.as<bf16>(), R, int(I), stream())); });
-    }
-  }
-  // scratch32 is dead once SwiGLU has read it: the spare that timing this in-place accumulation writes into.
-  gemm("gemm_down", l, {.out_f = E, .tokens = R, .in_f = I, .w = w.down.as<bf16>(), .x = act_.act.as<bf16>(),
-                        .y = h_out_r, .y_f32 = true, .beta = 1.f, .ldy = hs, .spare = act_.scratch32.get(),
-                        .spare_bytes = act_.scratch32.bytes()});
-}
-
-// Mamba-1 over act_.x (docs/models/phi4flash.md section 4): [x | z] = in_proj; u = silu(conv(x)); [dt_raw | B | C]
-// = x_proj(u); dt = dt_proj(dt_raw); y = scan (+ D u), gated by silu(z); hidden[l+1] = hidden[l] + out_proj(y).
-// The memory layer also keeps the ungated y for the GMU layers.
-void CudaBackend::mamba_forward(int l, int batch, int64_t n, bool gemms_only) {
-  const int64_t T = int64_t(batch) * n, E = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state;
-  const int64_t XD = R + 2 * S;
-  const LayerWeights& w = layers_[size_t(l)];
-  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
-  float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
-  bf16* xz = act_.scratch32.as<bf16>();  // [T][2 di]
-  bf16* dt = xz + T * 2 * di;            // [T][di]
-  bf16* u = act_.act.as<bf16>();         // [T][di] (I >= di is not assumed: act is [T][max(I, di)])
-  bf16* xdbl = act_.xdbl.as<bf16>();
-  const auto step = [&](const char* name, auto&& f) {
-    if (!gemms_only) timed(name, l, f);
-  };
-  gemm("gemm_in_proj", l, {.out_f = 2 * di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(), .x = act_.x.as<bf16>(),
-                           .y = xz});
-  for (int b = 0; b < batch; ++b)
-    step("mamba_conv", [&] {
-      // A single sequence leaves the layer's state for decoding (backend_cuda_decode.cpp).
-      DS_CUDA_CHECK(kern::launch_causal_conv_silu_state(xz + b * n * 2 * di, 2 * di, w.conv_w.as<float>(),
-                                                        w.conv_b.as<float>(), int(cfg_.d_conv), u + b * n * di, di, n,
-                                                        int(di), nullptr, batch == 1 ? conv_state(l) : nullptr,
-                                                        stream()));
-    });
-  gemm("gemm_x_proj", l, {.out_f = XD, .tokens = T, .in_f = di, .w = w.x_proj.as<bf16>(), .x = u, .y = xdbl});
-  gemm("gemm_dt_proj", l, {.out_f = di, .tokens = T, .in_f = R, .w = w.dt_w.as<bf16>(), .x = xdbl, .y = dt,
-                           .ldx = XD});
-  const bool memory = cfg_.kind(l) == LayerKind::Memory;
-  for (int b = 0; b < batch; ++b)
-    step("mamba_scan", [&] {
-      kern::ScanParams sp;
-      sp.n = n;
-      sp.channels = int(di);
-      sp.state = int(S);
-      sp.u = u + b * n * di, sp.ld_u = di;
-      sp.dt = dt + b * n * di, sp.ld_dt = di;
-      sp.dt_bias = w.dt_b.as<float>();
-      sp.A = w.a_neg.as<float>();
-      sp.B = xdbl + b * n * XD + R, sp.C = xdbl + b * n * XD + R + S, sp.ld_bc = XD;
-      sp.D = w.d_skip.as<float>();
-      sp.z = xz + b * n * 2 * di + di, sp.ld_z = 2 * di;
-      sp.y = memory ? act_.memory.as<bf16>() + b * n * di : nullptr;
-      sp.y_gated = act_.ssm.as<bf16>() + b * n * di;
-      sp.ld_y = di;
-      sp.state_out = batch == 1 ? ssm_state(l) : nullptr;
-      DS_CUDA_CHECK(kern::launch_selective_scan(sp, act_.scan_ws.get(), stream()));
-    });
-  gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = act_.ssm.as<bf16>(),
-                            .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
-}
-
-// Gated memory unit (section 5): hidden[l+1] = hidden[l] + out_proj(silu(in_proj(x)) * memory).
-void CudaBackend::gmu_forward(int l, int64_t T, bool gemms_only) {
-  const int64_t E = cfg_.hidden, di = cfg_.d_inner;
-  const LayerWeights& w = layers_[size_t(l)];
-  const float* h_in = act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E);
-  float* h_out = act_.hidden.as<float>() + size_t(l + 1) * size_t(act_.cap) * size_t(E);
-  bf16* g = act_.ssm.as<bf16>();
-  // On sm_90a a long prompt's in_proj forms the gate in its own epilogue (the MLP's fused GEMM with the memory as
-  // its second operand, kernels/gemm_swiglu_sm90.h): same rounding, the [T][di] product never reaches device
-  // memory. DS_SWIGLU_FUSED=0 keeps the two kernels here too; the GEMM floor times cuBLASLt's in_proj alone.
-  if (!gemms_only && fused_swiglu_ && T >= kFusedSwigluRows && di % 256 == 0 &&
-      kern::gemm_swiglu_sm90_supported(act_.x.as<bf16>(), E, w.in_proj.as<bf16>(), T, int(E), int(di / 2))) {
-    timed("gemm_in_proj_gate", l, [&] {
-      DS_CUDA_CHECK(kern::launch_gemm_silu_mul_sm90(act_.x.as<bf16>(), E, w.in_proj.as<bf16>(),
-                                                    act_.memory.as<bf16>(), di, g, T, int(E), int(di), stream()));
-    });
-  } else {
-    gemm("gemm_in_proj", l, {.out_f = di, .tokens = T, .in_f = E, .w = w.in_proj.as<bf16>(),
-                             .x = act_.x.as<bf16>(), .y = g});
-    if (!gemms_only)
-      timed("gmu_gate", l, [&] {
-        DS_CUDA_CHECK(kern::launch_silu_mul(g, di, act_.memory.as<bf16>(), di, g, di, T, int(di), stream()));
-      });
-  }
-  gemm("gemm_out_proj", l, {.out_f = E, .tokens = T, .in_f = di, .w = w.out_proj.as<bf16>(), .x = g, .y = h_out,
-                            .y_f32 = true, .beta = 1.f, .c = h_in});
-}
-
-// Final norm + lm_head for `count` token rows starting at token `first_token`, `row_stride_tokens` apart,
-// into logits_ [count, vocab].
-void CudaBackend::final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token) {
-  const int64_t E = cfg_.hidden, L = cfg_.layers;
-  ensure_logits(count);
-  const float* h = act_.hidden.as<float>() + size_t(L) * size_t(act_.cap) * size_t(E) + size_t(first_token * E);
-  timed(cfg_.spec().norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", int(L),
-        [&] { block_norm(h, row_stride_tokens * E, final_norm_, final_norm_b_, xf_.as<bf16>(), count); });
-  gemm("gemm_lm_head", int(L), {.out_f = cfg_.vocab, .tokens = count, .in_f = E, .w = lm_head_ptr_,
-                                 .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});
 }
 
 void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vector<float>& lambda, int from_layer,
@@ -961,15 +766,22 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
                                               act_.cos_sin.as<float2>(), stream()));
       });
     rope_n_ = n;
-    timed("embedding", -1, [&] {
-      DS_CUDA_CHECK(kern::launch_embedding(act_.ids.as<int32_t>(), embed_.as<bf16>(), act_.hidden.as<float>(), T,
-                                           int(cfg_.hidden), stream()));
-    });
     last_ids_.assign(ids, ids + T);
   }
-  for (int l = from; l < L; ++l) layer_forward(l, batch, n, lam[size_t(l)], last_rows_only && l == L - 1);
-  if (from < L) partial_last_layer_ = last_rows_only, last_row_stale_ = false;
-  if (want_logits) final_logits(batch, n, n - 1);
+  // The readers' slots of the layers that run start over.
+  if (hooks_ && !hooks_->empty()) {
+    if (!max_abs_.get()) max_abs_ = DeviceBuffer(size_t(L) * 4, "hook readers' slots");
+    if (max_abs_read_.size() != size_t(L) || from == 0) max_abs_read_.assign(size_t(L), 0);
+    if (from < L)
+      DS_CUDA_CHECK(cudaMemsetAsync(max_abs_.as<float>() + from, 0, size_t(L - from) * 4, stream()));
+    for (int l = from; l < L; ++l) max_abs_read_[size_t(l)] = 0;
+  } else {
+    max_abs_read_.clear();
+  }
+  const fwd::Plan rows_plan{from, last_rows_only, nullptr, hooks_.get()};
+  run_layers(batch, n, lam, from, last_rows_only, false);
+  if (from < L) partial_last_layer_ = fwd::last_rows_only(rows_plan), last_row_stale_ = false;
+  if (want_logits) final_logits(batch, n);
   last_batch_ = batch;
   last_n_ = n;
   last_lambda_ = lam;
@@ -983,7 +795,7 @@ void CudaBackend::run_gemms_only(int batch, int64_t n, bool last_rows_only) {
   has_run_ = false;  // the activations are overwritten with what the GEMMs make of them: no maps from them
   marks_.clear();
   events_used_ = 0;
-  for (int l = 0; l < L; ++l) layer_forward(l, batch, n, 0.f, last_rows_only && l == L - 1, true);
+  run_layers(batch, n, std::vector<float>(size_t(L), 0.f), 0, last_rows_only, true);
   gemm("gemm_lm_head", L, {.out_f = cfg_.vocab, .tokens = batch, .in_f = cfg_.hidden, .w = lm_head_ptr_,
                            .x = xf_.as<bf16>(), .y = logits_.get(), .y_f32 = true});
 }
@@ -995,6 +807,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   const int64_t n = int64_t(req.ids.size());
   const int L = int(cfg_.layers);
   if (n == 0) throw Error("empty prompt: nothing to run");
+  hooks_ = req.hooks && !req.hooks->empty() ? req.hooks : nullptr;
   // (a decoding step checks its new ids only: the others ran already)
   for (size_t i = size_t(std::clamp<int64_t>(req.append_from, 0, n)); i < req.ids.size(); ++i)
     if (req.ids[i] < 0 || req.ids[i] >= cfg_.vocab)
@@ -1049,7 +862,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
       const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kLogitsBudget / (size_t(V) * 4))));
       for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         const int64_t rows = std::min(chunk, n - r0);
-        final_logits(rows, 1, r0);
+        final_logits_rows(r0, rows);
         DS_CUDA_CHECK(cudaMemcpyAsync(out.logits.data() + r0 * V, logits_.get(), size_t(rows * V) * 4,
                                       cudaMemcpyDeviceToHost, stream()));
       }

@@ -140,12 +140,19 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     d.attn_ws_len = size_t(act_.cap);
     d.warm = false;
   }
-  const bool graph_ok = d.graph && d.graph_gen == act_gen_ && d.graph_lambda == last_lambda_;
+  // A step with readers adds its row to their slots (a prompt without them leaves none: they start here).
+  if (hooks_ && !hooks_->empty() && (!max_abs_.get() || max_abs_read_.size() != size_t(L))) {
+    if (!max_abs_.get()) max_abs_ = DeviceBuffer(size_t(L) * 4, "hook readers' slots");
+    DS_CUDA_CHECK(cudaMemsetAsync(max_abs_.get(), 0, size_t(L) * 4, stream()));
+    max_abs_read_.assign(size_t(L), 0);
+  }
+  const bool graph_ok =
+      d.graph && d.graph_gen == act_gen_ && d.graph_lambda == last_lambda_ && d.graph_hooks == hooks_.get();
   if (!graph_ok && d.graph) {
     DS_CUDA_CHECK(cudaGraphExecDestroy(d.graph));
     d.graph = nullptr;
   }
-  if (d.graph_gen != act_gen_ || d.graph_lambda != last_lambda_) d.warm = false;
+  if (d.graph_gen != act_gen_ || d.graph_lambda != last_lambda_ || d.graph_hooks != hooks_.get()) d.warm = false;
   // From pageable memory: the copy is staged before cudaMemcpyAsync returns, so steps may be queued back to back
   // without waiting for each other (a pinned buffer would be rewritten before the previous copy ran).
   const int32_t ctl[4] = {id, int32_t(pos), int32_t(n), 0};
@@ -163,6 +170,7 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     d.warm = true;
     d.graph_gen = act_gen_;
     d.graph_lambda = last_lambda_;
+    d.graph_hooks = hooks_.get();
   } else {
     cudaGraph_t g = nullptr;
     DS_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
@@ -180,163 +188,11 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     DS_CUDA_CHECK(cudaGraphLaunch(d.graph, stream()));
     d.graph_gen = act_gen_;
     d.graph_lambda = last_lambda_;
+    d.graph_hooks = hooks_.get();
   }
   last_ids_.push_back(id);
   last_n_ = n;
   has_run_ = true;
-}
-
-void CudaBackend::decode_launches() {
-  Decoder& d = *dec_;
-  const int L = int(cfg_.layers);
-  const int64_t E = cfg_.hidden, W = qkv_width(), I = cfg_.intermediate;
-  const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, hd = cfg_.head_dim;
-  const int32_t* pos = d.ctl.as<int32_t>() + 1;
-  const int32_t* len = d.ctl.as<int32_t>() + 2;
-  const size_t cap = size_t(act_.cap);
-  float* h = d.h.as<float>();
-  // With decode_profile_, each launch is timed (eager steps only: no events inside a captured graph).
-  const auto mark = [&](const char* name, int layer, auto&& f) { timed_if(decode_profile_, name, layer, f); };
-  const auto nm = [&](const char* name) { return decode_profile_ ? name : nullptr; };
-  // y = W x for the step's row through the GEMV kernel (kernels/gemv.h, with its fused bias, residual and SwiGLU),
-  // where decode_gemv_ is on and it takes the shape; false: nothing launched, the caller runs cuBLASLt.
-  const auto gemv = [&](const char* name, int layer, const kern::GemvParams& g) {
-    if (!decode_gemv_) return false;
-    cudaError_t e = cudaSuccess;
-    mark(name, layer, [&] { e = kern::launch_gemv(g, stream()); });
-    if (e == cudaErrorInvalidValue) return false;
-    DS_CUDA_CHECK(e);
-    return true;
-  };
-  bf16* x = d.x.as<bf16>();
-  DS_CUDA_CHECK(kern::launch_embedding(d.ctl.as<int32_t>(), embed_.as<bf16>(), h, 1, int(E), stream()));
-  for (int l = 0; l < L; ++l) {
-    const LayerWeights& w = layers_[size_t(l)];
-    const float* h_in = h + size_t(l) * size_t(E);
-    float* h_out = h + size_t(l + 1) * size_t(E);
-    const LayerKind kind = cfg_.kind(l);
-    // RMSNorm families: the block norms run inside the GEMVs that read them (kernels/gemv.h's prologue, the same
-    // bits as the norm kernel); LayerNorm and the cuBLASLt fallback norm into x first.
-    const bool fused_norm = decode_gemv_ && cfg_.spec().norm == NormKind::Rms;
-    const auto norm_x = [&](const float* src, const DeviceBuffer& nw, const DeviceBuffer& nb) {
-      mark("norm", l, [&] { block_norm(src, E, nw, nb, x, 1); });
-    };
-    const auto with_norm = [&](kern::GemvParams g, const float* src, const DeviceBuffer& nw) {
-      if (fused_norm) g.x = nullptr, g.x_f32 = src, g.norm_w = nw.as<float>(), g.norm_eps = float(cfg_.norm_eps);
-      return g;
-    };
-    const bool attention = cfg_.has_maps(l);
-    if (!attention || !fused_norm) norm_x(h_in, w.ln1, w.ln1_b);
-    if (kind == LayerKind::Mamba || kind == LayerKind::Memory) {
-      decode_mamba(l, h_in, h_out);
-    } else if (kind == LayerKind::Gmu) {
-      const int64_t di = cfg_.d_inner;
-      bf16* g = d.yg.as<bf16>();
-      gemm(nm("gemm_in_proj"), l, {.out_f = di, .tokens = 1, .in_f = E, .w = w.in_proj.as<bf16>(), .x = x, .y = g});
-      DS_CUDA_CHECK(kern::launch_silu_mul(g, di, d.mem.as<bf16>(), di, g, di, 1, int(di), stream()));
-      gemm(nm("gemm_out_proj"), l, {.out_f = E, .tokens = 1, .in_f = di, .w = w.out_proj.as<bf16>(), .x = g, .y = h_out,
-                        .y_f32 = true, .beta = 1.f, .c = h_in});
-    } else {
-      bf16* qkv = d.qkv.as<bf16>();
-      const int64_t rows = kind == LayerKind::CrossAttention ? H * hd : W;
-      // The bias joins the f32 product before the one rounding to bf16, as in the prompt's forward (the GEMM's
-      // epilogue), so that a decoded position's Q/K/V are the ones a forward over the whole sequence caches.
-      if (!gemv("gemv_qkv", l,
-                with_norm({.w = w.qkv.as<bf16>(), .x = x, .out_f = int(rows), .in_f = int(E),
-                           .bias = w.qkv_b.as<float>(), .y_bf16 = qkv},
-                          h_in, w.ln1))) {
-        if (fused_norm) norm_x(h_in, w.ln1, w.ln1_b);
-        gemm(nm("gemm_qkv"), l, {.out_f = rows, .tokens = 1, .in_f = E, .w = w.qkv.as<bf16>(), .x = x, .y = qkv,
-                                 .bias = w.qkv_b16.get(), .bias_f32 = w.qkv_b.as<float>()});
-      }
-      // RoPE at the position, straight into the layer's cache row (one launch)
-      mark("rope_store", l, [&] {
-        DS_CUDA_CHECK(kern::launch_rope_row_store(qkv, cfg_.spec().rotary ? act_.cos_sin.as<float2>() : nullptr, pos,
-                                                  int(H), int(Hkv), int(hd), qkv_slot(l), W, stream()));
-      });
-      kern::AttnParams p = layer_attn(l, int64_t(cap), 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(l)]);
-      p.out_scale = float(1.0 - cfg_.lambda_init(l));
-      p.eps = float(cfg_.subln_eps);
-      p.out = d.attn.as<bf16>();
-      p.out_row_stride = H * hd;
-      p.out_batch_stride = H * hd;
-      mark("decode_attention", l, [&] { DS_CUDA_CHECK(kern::launch_attn_decode(p, len, 1, int(cap), d.attn_ws.get(), stream())); });
-      if (!gemv("gemv_o", l, {.w = w.o.as<bf16>(), .x = d.attn.as<bf16>(), .out_f = int(E), .in_f = int(H * hd),
-                               .bias = w.o_b.as<float>(), .y_f32 = h_out, .c = h_in})) {
-        gemm(nm("gemm_o"), l, {.out_f = E, .tokens = 1, .in_f = H * hd, .w = w.o.as<bf16>(), .x = d.attn.as<bf16>(),
-                               .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in, .bias = w.o_b.get(),
-                               .bias_f32 = w.o_b.as<float>()});
-      }
-    }
-    bf16* gu = d.gu.as<bf16>();
-    const bool swiglu = cfg_.spec().mlp != MlpAct::PolyNorm;
-    if (!swiglu || !fused_norm) norm_x(h_out, w.ln2, w.ln2_b);
-    if (!swiglu || !gemv("gemv_gate_up_swiglu", l,
-                         with_norm({.w = w.gate_up.as<bf16>(), .x = x, .out_f = int(2 * I), .in_f = int(E),
-                                    .y_bf16 = d.act.as<bf16>(), .swiglu = true},
-                                   h_out, w.ln2))) {
-      if (swiglu && fused_norm) norm_x(h_out, w.ln2, w.ln2_b);
-      gemm(nm("gemm_gate_up"), l, {.out_f = 2 * I, .tokens = 1, .in_f = E, .w = w.gate_up.as<bf16>(), .x = x, .y = gu});
-      if (!swiglu)
-        DS_CUDA_CHECK(kern::launch_polynorm_mul(gu, w.act.as<float>(), float(cfg_.spec().act_eps), d.act.as<bf16>(), 1,
-                                                int(I), stream()));
-      else
-        mark("swiglu", l, [&] { DS_CUDA_CHECK(kern::launch_swiglu(gu, d.act.as<bf16>(), 1, int(I), stream())); });
-    }
-    if (!gemv("gemv_down", l, {.w = w.down.as<bf16>(), .x = d.act.as<bf16>(), .out_f = int(E), .in_f = int(I),
-                               .y_f32 = h_out, .c = h_out}))
-      gemm(nm("gemm_down"), l, {.out_f = E, .tokens = 1, .in_f = I, .w = w.down.as<bf16>(), .x = d.act.as<bf16>(),
-                                .y = h_out, .y_f32 = true, .beta = 1.f, .spare = d.spare.get(),
-                                .spare_bytes = d.spare.bytes()});
-  }
-  // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32,
-  // the step's rows E apart, hidden's cap x E apart.
-  mark("store_rows", L, [&] {
-    DS_CUDA_CHECK(kern::launch_copy_rows(h, E * 4, act_.hidden.get(), int64_t(cap) * E * 4, pos, E * 4, L + 1, stream()));
-  });
-  mark("norm", L, [&] { block_norm(h + size_t(L) * size_t(E), E, final_norm_, final_norm_b_, xf_.as<bf16>(), 1); });
-  gemm(nm("gemm_lm_head"), L, {.out_f = cfg_.vocab, .tokens = 1, .in_f = E, .w = lm_head_ptr_, .x = xf_.as<bf16>(),
-                    .y = logits_.get(), .y_f32 = true});
-}
-
-// Mamba-1 for the step's row (mamba_forward's math, one token): the conv and the scan continue from the layer's
-// state and leave it one position on.
-void CudaBackend::decode_mamba(int l, const float* h_in, float* h_out) {
-  Decoder& d = *dec_;
-  const int64_t E = cfg_.hidden, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, XD = R + 2 * S;
-  const LayerWeights& w = layers_[size_t(l)];
-  bf16* xz = d.xz.as<bf16>();
-  gemm(nullptr, l, {.out_f = 2 * di, .tokens = 1, .in_f = E, .w = w.in_proj.as<bf16>(), .x = d.x.as<bf16>(), .y = xz});
-  DS_CUDA_CHECK(kern::launch_causal_conv_silu_state(xz, 2 * di, w.conv_w.as<float>(), w.conv_b.as<float>(),
-                                                    int(cfg_.d_conv), d.u.as<bf16>(), di, 1, int(di), conv_state(l),
-                                                    conv_state(l), stream()));
-  gemm(nullptr, l, {.out_f = XD, .tokens = 1, .in_f = di, .w = w.x_proj.as<bf16>(), .x = d.u.as<bf16>(),
-                    .y = d.xdbl.as<bf16>()});
-  gemm(nullptr, l, {.out_f = di, .tokens = 1, .in_f = R, .w = w.dt_w.as<bf16>(), .x = d.xdbl.as<bf16>(),
-                    .y = d.dt.as<bf16>(), .ldx = XD});
-  const bool memory = cfg_.kind(l) == LayerKind::Memory;
-  kern::ScanParams sp;
-  sp.n = 1;
-  sp.channels = int(di);
-  sp.state = int(S);
-  sp.u = d.u.as<bf16>(), sp.ld_u = di;
-  sp.dt = d.dt.as<bf16>(), sp.ld_dt = di;
-  sp.dt_bias = w.dt_b.as<float>();
-  sp.A = w.a_neg.as<float>();
-  sp.B = d.xdbl.as<bf16>() + R, sp.C = d.xdbl.as<bf16>() + R + S, sp.ld_bc = XD;
-  sp.D = w.d_skip.as<float>();
-  sp.z = xz + di, sp.ld_z = 2 * di;
-  sp.y = memory ? d.mem.as<bf16>() : nullptr;
-  sp.y_gated = d.yg.as<bf16>();
-  sp.ld_y = di;
-  sp.state_in = ssm_state(l);
-  sp.state_out = ssm_state(l);
-  DS_CUDA_CHECK(kern::launch_selective_scan(sp, nullptr, stream()));
-  if (memory)
-    DS_CUDA_CHECK(kern::launch_copy_row(d.mem.get(), 0, nullptr, act_.memory.get(), di * 2, d.ctl.as<int32_t>() + 1,
-                                        di * 2, stream()));
-  gemm(nullptr, l, {.out_f = E, .tokens = 1, .in_f = di, .w = w.out_proj.as<bf16>(), .x = d.yg.as<bf16>(),
-                    .y = h_out, .y_f32 = true, .beta = 1.f, .c = h_in});
 }
 
 }  // namespace ds::cuda

@@ -32,6 +32,7 @@
 #include "backend_cuda.h"
 #include "backend_cuda_memory.h"
 #include "config.h"
+#include "forward.h"
 #include "kernels/attn_dispatch.h"
 #include "kernels/attn_maps.h"
 #include "model.h"
@@ -181,6 +182,9 @@ class CudaBackend final : public Backend {
     }
   }
   int64_t decode_graph_replays() const { return graph_replays_; }
+  // Hooks (forward.h) that run() and decode_step() call; null: none.
+  void set_hooks(std::shared_ptr<const fwd::Hooks> h) { hooks_ = std::move(h); }
+  std::vector<float> layer_max_abs() const override;
   // The GEMMs of run(ids, batch, n, ..., last_rows_only) alone, over the activations a run of that batch and n
   // left: the floor that a forward with these GEMMs cannot beat (benchmarks). Leaves no maps to query.
   void run_gemms_only(int batch, int64_t n, bool last_rows_only);
@@ -205,6 +209,8 @@ class CudaBackend final : public Backend {
   const std::string& device_name() const { return device_name_; }
 
  private:
+  class ForwardOps;  // the forward's operations on this backend (backend_cuda_ops.cpp)
+  friend class ForwardOps;
   struct Mark {
     const char* name;
     int layer;
@@ -235,17 +241,14 @@ class CudaBackend final : public Backend {
   void ensure_activations(int64_t tokens, int64_t n, int64_t spare = 0);
   void make_activations(Activations& a, int64_t cap, int64_t cap_n) const;
   void ensure_logits(int64_t rows);
-  void layer_forward(int l, int batch, int64_t n, float lambda, bool last_rows_only = false, bool gemms_only = false);
-  // SambaY's mixers (docs/models/phi4flash.md sections 4-5): hidden[l + 1] = hidden[l] + mixer(x), x the normed
-  // input already in act_.x, over every token of the batch.
-  void mamba_forward(int l, int batch, int64_t n, bool gemms_only);
+  // The layers from `from` on (fwd::run_layers through ForwardOps) for `batch` sequences of n.
+  void run_layers(int batch, int64_t n, const std::vector<float>& lambda, int from, bool last_rows_only,
+                  bool gemms_only);
   // The decoding step's kernels for all layers and the logits (captured into the step's graph).
   void decode_launches();
-  void decode_mamba(int l, const float* h_in, float* h_out);
   void grow_activations(int64_t need);  // room for `need` positions, keeping every cached row
   bf16* conv_state(int layer) const;    // Mamba layer's conv state [K - 1][di] bf16
   float* ssm_state(int layer) const;    // Mamba layer's scan state [di][S] f32
-  void gmu_forward(int l, int64_t tokens, bool gemms_only);
   // The block norm of the family (RMSNorm or LayerNorm) of `rows` f32 rows into bf16.
   void block_norm(const float* x, int64_t x_stride, const DeviceBuffer& w, const DeviceBuffer& b, bf16* y,
                   int64_t rows);
@@ -253,7 +256,9 @@ class CudaBackend final : public Backend {
   kern::AttnParams layer_attn(int layer, int64_t n, int batch, float lambda) const;
   bf16* qkv_slot(int layer) const;  // layer's [cap][W] slice of qkv_cache (layers with attention only)
   void assign_qkv_slots();          // qkv_slot_ from cfg_
-  void final_logits(int64_t count, int64_t row_stride_tokens, int64_t first_token);
+  // Final norm + LM head (fwd::logits) into logits_: every sequence's last row, or `count` rows from token `first`.
+  void final_logits(int batch, int64_t n);
+  void final_logits_rows(int64_t first, int64_t count);
   void compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats,
                     std::optional<float> lambda = std::nullopt);
   kern::AttnParams layer_params(int layer) const;  // the maps' view of a layer's cached Q/K (checks the layer)
@@ -335,6 +340,7 @@ class CudaBackend final : public Backend {
     cudaGraphExec_t graph = nullptr;
     int64_t graph_gen = -1;  // act_gen_ the graph was captured against
     std::vector<float> graph_lambda;
+    const fwd::Hooks* graph_hooks = nullptr;  // the hooks the graph was captured with
     bool warm = false;       // an eager step ran since the GEMM shapes or the buffers last changed
     Decoder() = default;
     Decoder(const Decoder&) = delete;
@@ -348,6 +354,9 @@ class CudaBackend final : public Backend {
   bool decode_profile_ = false;
   bool decode_gemv_ = true;  // the step's projections through kernels/gemv.h (DS_DECODE_GEMV=0: cuBLASLt)
   int64_t graph_replays_ = 0;
+  std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's hook points (forward.h)
+  DeviceBuffer max_abs_;                     // [L] f32: the max_abs readers' slots
+  std::vector<uint8_t> max_abs_read_;        // [L]: whether a reader filled the slot since it was reset
   DeviceBuffer mamba_state_;         // [Mamba layers]: conv state [K - 1][di] bf16, then scan state [di][S] f32
   std::vector<int> mamba_slot_;      // [L]: index into mamba_state_, -1 for other layers
   std::vector<int32_t> last_ids_;

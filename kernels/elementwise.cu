@@ -135,4 +135,37 @@ cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_t ld, int64_t rows, int cols,
+                                                          unsigned int* slot) {
+  float m = 0.f;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int c = int(blockIdx.x) * THREADS + int(threadIdx.x); c < cols; c += int(gridDim.x) * THREADS) {
+      const float v = fabsf(x[r * ld + c]);
+      m = v != v ? v : fmaxf(m, v);  // fmaxf drops a NaN: keep it
+    }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, m, o);
+    m = v != v ? v : fmaxf(m, v);
+  }
+  __shared__ float warp_max[THREADS / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < THREADS / 32; ++w) m = warp_max[w] != warp_max[w] ? warp_max[w] : fmaxf(m, warp_max[w]);
+    m = warp_max[0] != warp_max[0] ? warp_max[0] : fmaxf(m, warp_max[0]);
+    atomicMax(slot, __float_as_uint(fabsf(m)));
+  }
+}
+}  // namespace
+
+cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld < cols || !slot || (rows > 0 && cols > 0 && !x)) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  const unsigned gx = unsigned(std::min<int64_t>((cols + THREADS - 1) / THREADS, 8));
+  const unsigned gy = unsigned(std::min<int64_t>(rows, 2048));
+  max_abs_kernel<<<dim3(gx, gy), THREADS, 0, stream>>>(x, ld, rows, cols, reinterpret_cast<unsigned int*>(slot));
+  return cudaGetLastError();
+}
+
 }  // namespace ds::kern

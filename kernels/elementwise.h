@@ -27,4 +27,9 @@ cudaError_t launch_copy_row(const void* src, int64_t src_stride, const int32_t* 
 cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, const int32_t* row,
                              int64_t row_bytes, int count, cudaStream_t stream);
 
+// *slot = max(*slot, max |x[r, c]|) over rows r < rows, columns c < cols (x's rows ld apart), by an atomic max on
+// the float's bits (non-negative floats order as their bits; a NaN in x wins over every number). *slot must start
+// non-negative (0). One launch per reader site: the Table 5 reader (forward.h max_abs_hidden_hook).
+cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream);
+
 }  // namespace ds::kern
