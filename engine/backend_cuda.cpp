@@ -1033,7 +1033,7 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
   const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
   // The fused kernel where cells are at least 8 rows tall (its warps fold runs of entries in registers); smaller
-  // cells favour the chunked map kernels (H100, 1024 x 1024 grid, bench/results/latest/s15_views_*: 1.6 vs 1.9 ms
+  // cells favour the chunked map kernels (H100, 1024 x 1024 grid, bench/results/latest/s15_views_* at commit af6a061: 1.6 vs 1.9 ms
   // at 1K tokens, 2.1 vs 2.5 ms at 4K; 4.8 vs 3.4 ms at 8K, 68 vs 6.9 ms at 32K).
   if (fused_views_ && fused_map_queries(p) && out.q1 - out.q0 >= 8 * int64_t(out.rows)) {
     timed("attn_view", out.layer, [&] {

@@ -362,6 +362,6 @@ TEST(TokenizerSpeed, OneMegabyteLlama3) {
   EXPECT_GT(out["tokens"].get<size_t>(), 100000u);
   std::printf("[ tokenizer ] llama3-style BPE: %.1f MB/s (%.0f ms for %zu bytes)\n", out["mb_per_s"].get<double>(),
               out["ms"].get<double>(), out["bytes"].get<size_t>());
-  // Speed itself is a benchmark (diffscope-bench --tokenizer, bench/results/), not a timed assertion: this test
+  // Speed itself is a benchmark (diffscope-bench --tokenizer, bench/RESULTS.md), not a timed assertion: this test
   // only checks that the benchmark runs on a real 1 MiB input.
 }
