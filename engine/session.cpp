@@ -124,7 +124,7 @@ std::string Session::nonfinite_logits() const {
 }
 
 int Session::stale_from() const {
-  if (ids_dirty_ || !has_result_) return 0;
+  if (ids_dirty_ || !has_result_ || hooks_dirty_) return 0;
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
   for (int l = 0; l < L; ++l)
@@ -140,6 +140,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel) {
   const int from = want_all ? 0 : stale_from();
   if (from == L && !logits_stale_) return L;
   ForwardRequest req;
+  req.hooks = hooks_;
   req.ids = ids_;
   req.lambda = lam;
   req.from_layer = from;
@@ -159,6 +160,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel) {
   }
   has_result_ = true;
   ids_dirty_ = false;
+  hooks_dirty_ = false;
   logits_stale_ = false;
   ran_lambda_ = lam;
   // Maps of layer l depend only on layers < l: those up to `from` stay valid.
@@ -166,6 +168,26 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel) {
   for (int l = from + 1; l < L; ++l) maps_cache_[size_t(l)] = LayerMaps{};
   if (from == 0) maps_cache_[0] = LayerMaps{};
   return from;
+}
+
+void Session::set_watch_max_abs_hidden(bool on) {
+  if (on == watching_max_abs_hidden()) return;
+  if (on) {
+    auto h = std::make_shared<fwd::Hooks>();
+    h->add(fwd::max_abs_hidden_hook());
+    hooks_ = std::move(h);
+    hooks_dirty_ = true;  // layers that earlier runs left were not read
+  } else {
+    hooks_ = nullptr;
+  }
+}
+
+std::vector<float> Session::max_abs_hidden() const {
+  if (!hooks_) throw Error("max_abs_hidden: the reader is off; HINT: turn it on (set_watch_max_abs_hidden) and run");
+  if (!has_result_ || hooks_dirty_) throw Error("max_abs_hidden: no run since the reader was turned on");
+  std::vector<float> v = backend_->layer_max_abs();
+  if (v.size() != size_t(cfg_.layers)) throw Error("max_abs_hidden: the last forward ran without the reader");
+  return v;
 }
 
 const LayerMaps& Session::maps(int layer) {
@@ -300,6 +322,7 @@ int32_t Session::generate_step() {
   req.ids = ids_;
   req.ids.push_back(id);
   req.lambda = ran_lambda_;
+  req.hooks = hooks_;
   req.append_from = n;
   req.logits_on_demand = greedy;
   try {

@@ -56,7 +56,7 @@ class Session {
   const std::vector<int32_t>& ids() const { return ids_; }
   const std::vector<TokenSpan>& tokens() const { return spans_; }  // display labels (from ids when no text)
 
-  // Lambda (DiffLlama only; no-ops report 0 for Llama).
+  // Lambda (differential families; no-ops report 0 for the others and for layers without attention).
   double model_lambda(int layer) const;
   double effective_lambda(int layer) const;
   const LambdaControl& lambda_control() const { return lam_; }
@@ -109,6 +109,14 @@ class Session {
   std::vector<TopToken> top_k(int k) const;
   std::vector<float> next_token_logprobs() const;  // [vocab]
 
+  // The paper's Table 5 reader (forward.h max_abs_hidden_hook): while on, every forward also keeps per layer the
+  // largest |hidden state| of the layer's output over the sequence (the prompt and every generated position). Turning
+  // it on makes the next run() start from layer 0 (earlier runs were not read).
+  void set_watch_max_abs_hidden(bool on);
+  bool watching_max_abs_hidden() const { return hooks_ != nullptr; }
+  // [L] for the current result; throws ds::Error when the reader is off or has not run since it was turned on.
+  std::vector<float> max_abs_hidden() const;
+
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);
   std::string token_label(int position) const;
@@ -130,6 +138,8 @@ class Session {
   bool has_result_ = false;
   bool ids_dirty_ = true;
   std::vector<float> ran_lambda_;  // [L] lambda of the last run
+  std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's readers (null: none)
+  bool hooks_dirty_ = false;                 // hooks changed since the last run: the next one starts at layer 0
   std::vector<LayerMaps> maps_cache_;
   bool logits_stale_ = false;  // the backend was cut back: the next run() recomputes the last position's logits
   // generation

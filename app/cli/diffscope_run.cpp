@@ -159,9 +159,11 @@ void check_full_dump_size(ds::Session& s, const Args& a) {
                    "ask --rows and/or --view instead (the dump then holds those alone)");
 }
 
-// --stats FILE.json: every layer's per-head statistics (engine/map_query.h has the definitions).
+// --stats FILE.json: every attention layer's per-head statistics (engine/map_query.h has the definitions), and every
+// layer's largest |hidden state| over the sequence (the paper's Table 5; forward.h max_abs_hidden_hook).
 void write_stats(ds::Session& s, const std::string& path) {
   const ds::ModelConfig& c = s.config();
+  const std::vector<float> max_abs = s.max_abs_hidden();
   nlohmann::json layers = nlohmann::json::array();
   for (int64_t l64 : c.map_layers()) {  // layers with attention
     const int l = int(l64);
@@ -176,10 +178,12 @@ void write_stats(ds::Session& s, const std::string& path) {
       heads.push_back(o);
     }
     layers.push_back({{"layer", l}, {"kind", ds::layer_kind_name(c.kind(l))},
-                      {"lambda", c.is_diff() ? s.effective_lambda(l) : 0.0}, {"heads", heads}});
+                      {"lambda", c.is_diff() ? s.effective_lambda(l) : 0.0},
+                      {"max_abs_hidden", max_abs.at(size_t(l))}, {"heads", heads}});
   }
   nlohmann::json j{{"model", s.model_dir()}, {"backend", s.backend().name()}, {"tokens", s.ids().size()},
-                   {"differential", c.is_diff()}, {"layers", layers}};
+                   {"differential", c.is_diff()}, {"layers", layers},
+                   {"max_abs_hidden", max_abs}};  // every layer, attention or not
   ds::write_file_safely(path, j.dump(1) + "\n", "the statistics");
 }
 
@@ -224,6 +228,7 @@ int run(const Args& a) {
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
   if (full_maps) check_full_dump_size(*s, a);
+  if (!a.stats.empty()) s->set_watch_max_abs_hidden(true);  // the Table 5 reader: "max_abs_hidden" per layer
   s->run(full_maps && a.generate == 0);
   if (const std::string bad = s->nonfinite_logits(); !bad.empty()) throw ds::Error(bad);
   const double prefill_ms = s->result().ms;

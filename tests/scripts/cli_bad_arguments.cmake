@@ -57,7 +57,7 @@ if(NOT EXISTS ${T}/s.json)
   message(FATAL_ERROR "--stats wrote no file")
 endif()
 file(READ ${T}/s.json stats)
-if(NOT stats MATCHES "\"entropy1\"" OR NOT stats MATCHES "\"max_logit2\"")
+if(NOT stats MATCHES "\"entropy1\"" OR NOT stats MATCHES "\"max_logit2\"" OR NOT stats MATCHES "\"max_abs_hidden\": [0-9]")
   message(FATAL_ERROR "--stats lacks the statistics:\n${stats}")
 endif()
 # Generation: bad values are refused with one line; a good run prints the continuation, and --json has
