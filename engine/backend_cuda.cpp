@@ -21,6 +21,7 @@
 #include <map>
 #include <thread>
 
+#include "env.h"
 #include "kernels/attn_fwd_generic.h"
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
@@ -106,9 +107,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   DS_CUBLAS_CHECK(cublasLtCreate(&lh));
   lt_.reset(lh);
   lt_ws_ = DeviceBuffer(kLtWorkspace, "cuBLASLt workspace");
-  if (const char* at = std::getenv("DS_GEMM_AUTOTUNE")) autotune_ = std::strcmp(at, "0") != 0;
-  if (const char* g = std::getenv("DS_DECODE_GEMV")) decode_gemv_ = std::strcmp(g, "0") != 0;
-  if (const char* f = std::getenv("DS_SWIGLU_FUSED")) fused_swiglu_ = std::strcmp(f, "0") != 0;
+  autotune_ = env_switch("DS_GEMM_AUTOTUNE", true);
+  decode_gemv_ = env_switch("DS_DECODE_GEMV", true);
+  fused_swiglu_ = env_switch("DS_SWIGLU_FUSED", true);
+  initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
 }
@@ -648,8 +650,7 @@ void CudaBackend::gemm_launch(const GemmPlan& p, const GemmArgs& g) {
   // reports as uninitialised. Under DS_CUDA_INITCHECK_MARK_GEMM the output is zeroed first (cuBLAS then
   // overwrites it) whenever the GEMM does not read it back, which leaves initcheck to judge our own kernels.
   // Diagnostics only: off in normal runs.
-  static const bool mark = std::getenv("DS_CUDA_INITCHECK_MARK_GEMM") != nullptr;
-  if (mark && (g.beta == 0.f || c != g.y))
+  if (initcheck_mark_ && (g.beta == 0.f || c != g.y))
     DS_CUDA_CHECK(cudaMemset2DAsync(g.y, size_t(ld_y(g)) * elem_y(g), 0, size_t(g.out_f) * elem_y(g),
                                     size_t(g.tokens), stream()));
   if (p.lt) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "engine/env.h"
 #include "engine/error.h"
 
 namespace ds::gui {
@@ -67,8 +68,12 @@ void Worker::set_streaming(bool on) {
 template <class F>
 void Worker::traced(const char* stage, F&& f) {
   static const bool on = [] {
-    const char* e = std::getenv("DS_GUI_TRACE");
-    return e && *e && std::string(e) != "0";
+    try {
+      return env_switch("DS_GUI_TRACE", false);
+    } catch (const Error& e) {  // the GUI goes on without the trace, saying why
+      std::fprintf(stderr, "diffscope: %s; the stage trace stays off\n", e.what());
+      return false;
+    }
   }();
   if (!on) {
     f();
