@@ -1,11 +1,14 @@
-// The model families diffscope opens, as rows of one table. Every family is the same decoder (embedding, L blocks
-// of pre-RMSNorm rotary attention and a gated MLP, final RMSNorm, LM head) plus a few options; a row names its
-// config.json identity, its tensor names, and those options. The config parser, the checkpoint validator, both
-// backends, the GUI's labels, the CLI and export read the row instead of testing for a family.
+// The model families diffscope opens, as rows of one table. Every family is one decoder (embedding; per layer a
+// pre-norm mixer -- attention, plain or differential, full, sliding-window or cross-layer; Mamba-1; a gated memory
+// unit -- and a pre-norm gated MLP; final norm; LM head) written once in engine/forward.cpp, plus the options below;
+// a row names its config.json identity, its tensor names, and those options. The config parser, the checkpoint
+// validator, the forward's blocks and ops, the GUI's labels, the CLI and export read the row instead of testing for a
+// family; each option is read in one block or one op (forward.h says which).
 //
 // Adding a family: add a row to kArchTable (arch.cpp) and an Arch value; if it needs an op the options below do not
-// describe, add the option here, its CPU code (engine/backend_cpu.cpp), its kernel (kernels/), a float64 reference
-// in tools/ and fixtures in tests/fixtures/ (CONTRIBUTING.md, "A new model family").
+// describe, add the option here, its block or op in engine/forward.cpp, the op on both backends (backend_cpu.cpp,
+// backend_cuda_ops.cpp with its kernel in kernels/), a float64 reference in tools/ and fixtures in tests/fixtures/
+// (CONTRIBUTING.md, "A new model family").
 #pragma once
 #include <string>
 #include <vector>

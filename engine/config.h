@@ -34,7 +34,7 @@ const char* layer_kind_name(LayerKind k);  // "attention", "sliding window", "cr
 
 struct ModelConfig {
   Arch arch = Arch::DiffLlama;  // the architecture table's row (arch.h)
-  std::string model_type;     // "diffllama" / "llama" / "motif"
+  std::string model_type;     // config.json's model_type ("diffllama", "llama", "motif", "phi4flash", ...)
   int64_t hidden = 0;         // hidden_size
   int64_t layers = 0;         // num_hidden_layers
   int64_t heads = 0;          // query heads as the kernels see them; differential models have heads/2 differential
