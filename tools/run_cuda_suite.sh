@@ -37,7 +37,15 @@ if [ "${1:-}" = pack ]; then
   # The previous commit's benchmark, for an A/B of the attention kernels in one run (bench_prev).
   if [ -n "${PREV_BUILD:-}" ] && [ -x "$PREV_BUILD/diffscope-bench" ]; then
     cp "$PREV_BUILD/diffscope-bench" /tmp/ds_pack/bin/diffscope-bench-prev
+    git -C "$PREV_BUILD/.." rev-parse --short HEAD > /tmp/ds_pack/bin/COMMIT_PREV 2>/dev/null || true
   fi
+  # PACK_ONLY="a b": only these binaries (the device's carry is 64 MiB with the tree); STRIP=1 strips them.
+  if [ -n "${PACK_ONLY:-}" ]; then
+    for f in /tmp/ds_pack/bin/*; do
+      case " $PACK_ONLY COMMIT COMMIT_PREV " in *" $(basename "$f") "*) ;; *) rm -f "$f";; esac
+    done
+  fi
+  [ "${STRIP:-0}" = 1 ] && strip /tmp/ds_pack/bin/diffscope* 2>/dev/null
   # OpenBLAS and its Fortran runtime (5 MB of the 64 MiB carry limit) only serve the CPU backend, which the GPU
   # machine runs on tiny fixtures alone: tools/cblas_standin.c takes their place.
   gcc -O2 -shared -fPIC -o /tmp/ds_pack/lib/libopenblas.so.0 -Wl,-soname,libopenblas.so.0 tools/cblas_standin.c
@@ -83,7 +91,7 @@ else
 fi
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
-CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*:ScanRowMassCuda.*'
+CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*:ScanRowMassCuda.*:ForwardHooks.*:EnvSwitch.*'
 
 if has env; then
   log "## environment ($(date -u +%FT%TZ))"
@@ -330,6 +338,37 @@ if has sanitize; then
   timeout 200 "$CS" --tool synccheck --error-exitcode 9 "$T" --gtest_filter='Impl/FusedAttention.*:CudaKernels.Maps*:CudaKernels.FusedMapView*:CudaKernels.Mamba*:CudaKernels.GemmSwiglu*:CudaKernels.GemmSiluMul*:CudaKernels.Generic*:CudaKernels.RmsNorm*' >>"$OUT/sanitize.log" 2>&1
   log "synccheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tail -3 | tee -a "$SUMMARY"
   unset DS_CUDA_TEST_SMALL
+fi
+
+# The one forward (engine/forward.h) on the device: memcheck and racecheck on the hook reader's kernel and on a
+# prompt + decoding steps of every family through the CUDA ops (ForwardHooks.*), and a SambaY fixture.
+if has sanitize_forward; then
+  log "## compute-sanitizer on the forward's ops and the max|hidden| reader"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  F='ForwardHooks.*:Fixtures/FixtureCuda.MatchesTransformers/phi4flash_L8_mha_f32:Fixtures/FixtureCuda.MatchesTransformers/motif_mha_d32_f32'
+  DS_CUDA_TEST_SMALL=1 timeout 240 "$CS" --tool memcheck --error-exitcode 9 "$T" --gtest_filter="$F" >"$OUT/sanitize_forward.log" 2>&1
+  log "memcheck exit $?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize_forward.log" | tail -4 | tee -a "$SUMMARY"
+  DS_CUDA_TEST_SMALL=1 timeout 120 "$CS" --tool racecheck --error-exitcode 9 "$T" --gtest_filter='ForwardHooks.MaxAbsKernel' >>"$OUT/sanitize_forward.log" 2>&1
+  log "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize_forward.log" | tail -3 | tee -a "$SUMMARY"
+fi
+
+# The previous commit's benchmark binary (PREV_BUILD at pack time) against this one, alternating (prev, this, prev,
+# this) per section in one call: "speed unchanged" for a restructuring. AB_SECTIONS (default: the whole-model
+# sections), AB_REPEAT (10). Every row's timings (keys ending in "ms") are compared best of the runs; rows go to
+# forward_ab.json, the table to the summary.
+if has forward_ab && [ -x "$DS/bin/diffscope-bench-prev" ]; then
+  log "## previous commit ($(cat "$DS/bin/COMMIT_PREV" 2>/dev/null)) vs this one, alternating"
+  for sec in ${AB_SECTIONS:-model table7 motif phi4flash decode views}; do
+    for i in 1 2; do
+      for who in prev this; do
+        b="$DS/bin/diffscope-bench"; [ $who = prev ] && b="$DS/bin/diffscope-bench-prev"
+        timeout ${AB_TIMEOUT:-150} "$b" --backend cuda --only $sec --repeat ${AB_REPEAT:-10} --warmup-ms ${AB_WARMUP_MS:-500} \
+          --json "$OUT/ab_${sec}_${who}_$i.json" >"$OUT/ab_${sec}_${who}_$i.log" 2>&1
+        echo "$sec $who #$i exit $?" >> "$OUT/ab_exits.txt"
+      done
+    done
+  done
+  python3 tools/ab_compare.py "$OUT" | tee -a "$SUMMARY"
 fi
 
 if has views; then
