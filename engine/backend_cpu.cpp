@@ -212,7 +212,6 @@ class CpuBackend final : public Backend {
       conv(t.down, w.down);
     }
     if (cfg_.spec().rotary) inv_freq_ = rope_inv_freq(cfg_);
-    measure_peak();
   }
 
   int64_t max_tokens() const override {
@@ -264,9 +263,9 @@ class CpuBackend final : public Backend {
     }
     // The readers' slots: layers that run start over (a prompt), a decoding step adds its rows to what they hold.
     if (req.hooks && !req.hooks->empty()) {
-      if (s == 0) max_abs_.resize(size_t(L), std::numeric_limits<float>::quiet_NaN());
-      for (int64_t l = from; l < L && s == 0; ++l) max_abs_[size_t(l)] = std::numeric_limits<float>::quiet_NaN();
-    } else if (s == 0 && from == 0) {
+      if (max_abs_.size() != size_t(L) || (s == 0 && from == 0)) max_abs_.assign(size_t(L), -1.f);
+      for (int64_t l = from; l < L && s == 0; ++l) max_abs_[size_t(l)] = -1.f;
+    } else {
       max_abs_.clear();
     }
     out.maps.assign(size_t(L), {});
@@ -305,7 +304,12 @@ class CpuBackend final : public Backend {
     tokens_ = n;  // the sequence (a decoding step ran its last position only)
   }
 
-  std::vector<float> layer_max_abs() const override { return max_abs_; }
+  std::vector<float> layer_max_abs() const override {
+    std::vector<float> v = max_abs_;
+    for (float& x : v)
+      if (x < 0) x = std::numeric_limits<float>::quiet_NaN();  // no reader filled it
+    return v;
+  }
 
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
@@ -479,12 +483,13 @@ class CpuBackend final : public Backend {
     for (const auto& [name, s] : stats_) p.kernels.push_back({name, s.count, s.total, s.mn, s.mx});
     p.forward_ms = forward_ms_;
     p.tokens = tokens_;
+    if (peak_tflops_ <= 0) measure_peak();  // once, when a profile is first asked for (not every session needs it)
     p.peak_tflops = peak_tflops_;
     return p;
   }
 
  private:
-  void measure_peak() {
+  void measure_peak() const {
     // A 1024^3 SGEMM, best of 6: the CPU's matrix rate, the profiler's "peak" on this backend. Large enough that the
     // small per-head products of a forward stay below it (a 384^3 probe read ~10% low); six tries because the GUI
     // loads a model while its window is drawn on the same cores (best of three at 768^3 read half the rate there,
@@ -857,9 +862,12 @@ class CpuBackend final : public Backend {
       const View x = view(in);
       float mx = 0.f;
       for (int64_t r = 0; r < x.rows; ++r)
-        for (int64_t i = 0; i < x.cols; ++i) mx = std::max(mx, std::fabs(x.p[r * x.ld + i]));
-      float& v = b_.max_abs_.at(size_t(slot));
-      v = std::isnan(v) ? mx : std::max(v, mx);
+        for (int64_t i = 0; i < x.cols; ++i) {
+          const float a = std::fabs(x.p[r * x.ld + i]);
+          mx = std::isnan(a) || std::isnan(mx) ? std::numeric_limits<float>::quiet_NaN() : std::max(mx, a);
+        }
+      float& v = b_.max_abs_.at(size_t(slot));  // -1: no value yet; a NaN from the stream stays
+      v = std::isnan(v) || std::isnan(mx) ? std::numeric_limits<float>::quiet_NaN() : std::max(v, mx);
     }
 
     bool cancelled() override { return !recompute_ && b_.poll_cancel(); }
@@ -966,14 +974,15 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> ids_;
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
-  std::vector<float> max_abs_;  // [L] the max_abs readers' slots (NaN: no value), empty when no hook ran
+  std::vector<float> max_abs_;  // [L] the max_abs readers' slots (-1: no value), empty when the last forward had no hooks
   int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
   int implicit_layer_ = -1;  // Mamba layer whose scan inputs implicit_in_ holds (-1: none; reset by every forward)
   MambaInputs implicit_in_;
   std::vector<float> qk_q_;
   std::map<std::string, KernelStat> stats_;
   std::vector<HeadTiming> head_times_;
-  double forward_ms_ = 0, peak_tflops_ = 0;
+  double forward_ms_ = 0;
+  mutable double peak_tflops_ = 0;  // measured by the first profile()
   int64_t tokens_ = 0;
 };
 

@@ -136,24 +136,22 @@ cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int
 }
 
 namespace {
+// max that keeps a NaN (fmaxf drops it)
+__device__ __forceinline__ float max_nan(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
+
 __global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_t ld, int64_t rows, int cols,
                                                           unsigned int* slot) {
   float m = 0.f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int c = int(blockIdx.x) * THREADS + int(threadIdx.x); c < cols; c += int(gridDim.x) * THREADS) {
-      const float v = fabsf(x[r * ld + c]);
-      m = v != v ? v : fmaxf(m, v);  // fmaxf drops a NaN: keep it
+      m = max_nan(m, fabsf(x[r * ld + c]));
     }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, m, o);
-    m = v != v ? v : fmaxf(m, v);
-  }
+  for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ float warp_max[THREADS / 32];
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < THREADS / 32; ++w) m = warp_max[w] != warp_max[w] ? warp_max[w] : fmaxf(m, warp_max[w]);
-    m = warp_max[0] != warp_max[0] ? warp_max[0] : fmaxf(m, warp_max[0]);
+    for (int w = 1; w < THREADS / 32; ++w) m = max_nan(m, warp_max[w]);
     atomicMax(slot, __float_as_uint(fabsf(m)));
   }
 }

@@ -101,7 +101,7 @@ fi
 
 if has tests; then
   log "## CUDA tests"
-  timeout 300 "$T" --gtest_filter="$CUDA_FILTER" --gtest_output=json:"$OUT/cuda_tests.json" >"$OUT/tests.log" 2>&1
+  timeout 420 "$T" --gtest_filter="$CUDA_FILTER" --gtest_output=json:"$OUT/cuda_tests.json" >"$OUT/tests.log" 2>&1
   log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|NOTE" "$OUT/tests.log" | tee -a "$SUMMARY"
   grep -B2 -A6 "Failure" "$OUT/tests.log" | head -80 | tee -a "$SUMMARY"
 fi
