@@ -15,15 +15,7 @@
 #include "error.h"
 #include "kernels/argmax.h"
 #include "kernels/attn_decode.h"
-#include "kernels/elementwise.h"
-#include "kernels/embedding.h"
-#include "kernels/gemv.h"
-#include "kernels/layernorm.h"
-#include "kernels/mamba_scan.h"
-#include "kernels/polynorm.h"
-#include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 
 namespace ds::cuda {
 

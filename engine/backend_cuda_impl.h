@@ -1,5 +1,7 @@
-// The CUDA backend's class, shared by backend_cuda.cpp (the Backend implementation), backend_cuda_upload.cpp
-// (weights to the device) and backend_cuda_bench.cpp (benchmarks that need batches and random weights).
+// The CUDA backend's class, shared by its units (backend_cuda.cpp: memory, caches, runs; backend_cuda_ops.cpp: the
+// forward's operations; backend_cuda_decode.cpp: the decoding step; backend_cuda_maps.cpp: map queries;
+// backend_cuda_gemm.cpp: GEMM plans; backend_cuda_upload.cpp: weights) and by the CUDA benchmarks and tests, which
+// need batches, random weights and the backend's switches.
 //
 // Device state, for a model with L layers, hidden size E, H query heads, Hkv kv heads, head_dim d,
 // W = (H + 2 Hkv) d, intermediate I, and T = batch x n tokens:
@@ -244,6 +246,9 @@ class CudaBackend final : public Backend {
   // The layers from `from` on (fwd::run_layers through ForwardOps) for `batch` sequences of n.
   void run_layers(int batch, int64_t n, const std::vector<float>& lambda, int from, bool last_rows_only,
                   bool gemms_only);
+  // fwd::mamba_inputs of Mamba layer `layer` over the last forward's cached input (a batch-1 run of last_n_
+  // positions), from a zero conv state: scratch32 holds [x | z] then dt, act u, xdbl [dt_raw | B | C].
+  void run_mamba_inputs(int layer);
   // The decoding step's kernels for all layers and the logits (captured into the step's graph).
   void decode_launches();
   void grow_activations(int64_t need);  // room for `need` positions, keeping every cached row

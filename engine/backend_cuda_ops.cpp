@@ -54,13 +54,15 @@ const char* gemv_name(fwd::Weight w) {
 
 class CudaBackend::ForwardOps final : public fwd::Ops {
  public:
-  // A prompt: `batch` sequences of n tokens.
-  ForwardOps(CudaBackend& b, int batch, int64_t n, bool gemms_only)
-      : b_(b), c_(b.cfg_), decode_(false), batch_(batch), n_(n), T_(int64_t(batch) * n), gemms_only_(gemms_only),
-        win_first_(0), win_count_(T_) {}
+  // A prompt: `batch` sequences of n tokens. recompute: a map query's recomputation of part of a block from a layer's
+  // cached input (fwd::mamba_inputs): no state written, nothing profiled.
+  ForwardOps(CudaBackend& b, int batch, int64_t n, bool gemms_only, bool recompute = false)
+      : b_(b), c_(b.cfg_), decode_(false), recompute_(recompute), batch_(batch), n_(n), T_(int64_t(batch) * n),
+        gemms_only_(gemms_only), win_first_(0), win_count_(T_) {}
   // A decoding step (the Decoder's buffers, position and length in its ctl).
   explicit ForwardOps(CudaBackend& b)
-      : b_(b), c_(b.cfg_), decode_(true), batch_(1), n_(1), T_(1), gemms_only_(false), win_first_(0), win_count_(1) {}
+      : b_(b), c_(b.cfg_), decode_(true), recompute_(false), batch_(1), n_(1), T_(1), gemms_only_(false), win_first_(0),
+        win_count_(1) {}
   // Rows::New of Stream(L), Normed(L) and Logits as `count` rows from token `first` (the all-logits chunks).
   void set_window(int64_t first, int64_t count) { win_first_ = first, win_count_ = count; }
 
@@ -152,14 +154,14 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     // product never reaches device memory). Same rounding as the two kernels below; DS_SWIGLU_FUSED=0 keeps those.
     if (!decode_ && !gemms_only_ && b_.fused_swiglu_ && x.rows >= kFusedSwigluRows) {
       if (swiglu && kern::gemm_swiglu_sm90_supported(static_cast<const bf16*>(x.p), x.ld, wt, x.rows, int(E), int(I))) {
-        return b_.timed("gemm_gate_up_swiglu", l, [&] {
+        return mark("gemm_gate_up_swiglu", l, [&] {
           DS_CUDA_CHECK(kern::launch_gemm_swiglu_sm90(static_cast<const bf16*>(x.p), x.ld, wt, static_cast<bf16*>(y.p),
                                                       x.rows, int(E), int(I), b_.stream()));
         });
       }
       if (silu_memory && out_f % 256 == 0 &&
           kern::gemm_swiglu_sm90_supported(static_cast<const bf16*>(x.p), x.ld, wt, x.rows, int(E), int(out_f / 2))) {
-        return b_.timed("gemm_in_proj_gate", l, [&] {
+        return mark("gemm_in_proj_gate", l, [&] {
           DS_CUDA_CHECK(kern::launch_gemm_silu_mul_sm90(static_cast<const bf16*>(x.p), x.ld, wt, memory, out_f,
                                                         static_cast<bf16*>(y.p), x.rows, int(E), int(out_f),
                                                         b_.stream()));
@@ -188,7 +190,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
         g.spare = spare.get(), g.spare_bytes = spare.bytes();
       }
     }
-    b_.gemm(decode_ && !b_.decode_profile_ ? nullptr : fwd::gemm_name(op.w), l, g);
+    b_.gemm((decode_ && !b_.decode_profile_) || recompute_ ? nullptr : fwd::gemm_name(op.w), l, g);
     if (gemms_only_) return;
     after_product(l, gated, swiglu, silu_memory, swiglu ? static_cast<bf16*>(g.y) : gu, y, memory, x.rows, out_f);
   }
@@ -246,7 +248,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
         DS_CUDA_CHECK(kern::launch_causal_conv_silu_state(
             static_cast<const bf16*>(xz.p) + bi * n_ * 2 * di, 2 * di, w.conv_w.as<float>(), w.conv_b.as<float>(),
             int(c_.d_conv), static_cast<bf16*>(u.p) + bi * n_ * di, di, n_, int(di), nullptr,
-            batch_ == 1 ? b_.conv_state(l) : nullptr, b_.stream()));
+            batch_ == 1 && !recompute_ ? b_.conv_state(l) : nullptr, b_.stream()));
       });
   }
 
@@ -311,8 +313,11 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
   // when its launches are profiled.
   template <class F>
   void step(const char* name, int l, F&& f) {
-    if (gemms_only_) return;
-    b_.timed_if(decode_ ? b_.decode_profile_ : b_.profiling_, name, l, f);
+    if (!gemms_only_) mark(name, l, f);
+  }
+  template <class F>
+  void mark(const char* name, int l, F&& f) {
+    b_.timed_if(recompute_ ? false : decode_ ? b_.decode_profile_ : b_.profiling_, name, l, f);
   }
 
   // The pending RMSNorm run as a kernel (its consumer is not a GEMV).
@@ -389,7 +394,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
 
   CudaBackend& b_;
   const ModelConfig& c_;
-  bool decode_;
+  bool decode_, recompute_;
   int batch_;
   int64_t n_, T_;
   bool gemms_only_;
@@ -406,6 +411,11 @@ void CudaBackend::run_layers(int batch, int64_t n, const std::vector<float>& lam
   plan.lambda = lambda.data();
   plan.hooks = gemms_only ? nullptr : hooks_.get();
   fwd::run_layers(cfg_, ops, plan);
+}
+
+void CudaBackend::run_mamba_inputs(int layer) {
+  ForwardOps ops(*this, 1, last_n_, false, true);
+  fwd::mamba_inputs(cfg_, ops, layer);
 }
 
 void CudaBackend::final_logits(int batch, int64_t n) {
