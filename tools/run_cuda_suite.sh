@@ -359,6 +359,7 @@ fi
 if has forward_ab && [ -x "$DS/bin/diffscope-bench-prev" ]; then
   log "## previous commit ($(cat "$DS/bin/COMMIT_PREV" 2>/dev/null)) vs this one, alternating"
   for sec in ${AB_SECTIONS:-model table7 motif phi4flash decode views}; do
+    if [ -n "${AB_DEADLINE:-}" ] && [ $SECONDS -gt $AB_DEADLINE ]; then log "$sec: skipped (AB_DEADLINE)"; continue; fi
     for i in 1 2; do
       for who in prev this; do
         b="$DS/bin/diffscope-bench"; [ $who = prev ] && b="$DS/bin/diffscope-bench-prev"
