@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Old binary against new from tools/run_cuda_suite.sh forward_ab: every row of every section's JSON, matched by its
-identifying fields, each timing (a key ending in "ms") as the best of the runs of each binary, and new / old."""
+identifying fields, each timing (a key with an "ms" word) as the best of the runs of each binary, and new / old."""
 import glob, json, os, sys
 
 out = sys.argv[1]
 ID_KEYS = ("name", "label", "model", "kind", "what", "n", "batch", "prompt", "tokens", "grid", "step")
 
+def timing(k):  # "ms", "wall_ms", "ms_per_token", "gpu_ms_per_step" (not "warmup_ms", a setting)
+    return "ms" in k.split("_") and k != "warmup_ms"
+
 def rows(x, path=""):
     if isinstance(x, dict):
-        if any(k.endswith("ms") and isinstance(v, (int, float)) for k, v in x.items()):
+        if any(timing(k) and isinstance(v, (int, float)) for k, v in x.items()):
             yield path, x
         for k, v in x.items():
             if k != "kernels":
@@ -28,7 +31,7 @@ for f in sorted(glob.glob(os.path.join(out, "ab_*_*_*.json"))):
     for path, r in rows(data):
         ident = tuple((k, r[k]) for k in ID_KEYS if k in r and not isinstance(r[k], (dict, list)))
         for k, v in r.items():
-            if k.endswith("ms") and isinstance(v, (int, float)) and v > 0:
+            if timing(k) and isinstance(v, (int, float)) and v > 0:
                 best.setdefault((sec, path, ident, k), {}).setdefault(who, []).append(v)
 
 res = []
