@@ -4,6 +4,7 @@
 #include "silu.cuh"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace ds::kern {
 namespace {
@@ -139,13 +140,21 @@ namespace {
 // max that keeps a NaN (fmaxf drops it)
 __device__ __forceinline__ float max_nan(float a, float b) { return a != a ? a : b != b ? b : fmaxf(a, b); }
 
+// A grid of a few blocks per SM striding over rows x cols (float4 where every row allows), one atomic per block.
+template <int V>
 __global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_t ld, int64_t rows, int cols,
                                                           unsigned int* slot) {
+  const int64_t per_row = cols / V, total = rows * per_row;
   float m = 0.f;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int c = int(blockIdx.x) * THREADS + int(threadIdx.x); c < cols; c += int(gridDim.x) * THREADS) {
+  for (int64_t i = int64_t(blockIdx.x) * THREADS + threadIdx.x; i < total; i += int64_t(gridDim.x) * THREADS) {
+    const int64_t r = i / per_row, c = (i - r * per_row) * V;
+    if constexpr (V == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + r * ld + c);
+      m = max_nan(max_nan(m, fabsf(v.x)), max_nan(fabsf(v.y), max_nan(fabsf(v.z), fabsf(v.w))));
+    } else {
       m = max_nan(m, fabsf(x[r * ld + c]));
     }
+  }
   for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ float warp_max[THREADS / 32];
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
@@ -160,9 +169,15 @@ __global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_
 cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
   if (rows < 0 || cols < 0 || ld < cols || !slot || (rows > 0 && cols > 0 && !x)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
-  const unsigned gx = unsigned(std::min<int64_t>((cols + THREADS - 1) / THREADS, 8));
-  const unsigned gy = unsigned(std::min<int64_t>(rows, 2048));
-  max_abs_kernel<<<dim3(gx, gy), THREADS, 0, stream>>>(x, ld, rows, cols, reinterpret_cast<unsigned int*>(slot));
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return cudaGetLastError();
+  const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t items = rows * (vec ? cols / 4 : cols);
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((items + THREADS - 1) / THREADS, 4 * sms)));
+  auto* s = reinterpret_cast<unsigned int*>(slot);
+  if (vec) max_abs_kernel<4><<<grid, THREADS, 0, stream>>>(x, ld, rows, cols, s);
+  else max_abs_kernel<1><<<grid, THREADS, 0, stream>>>(x, ld, rows, cols, s);
   return cudaGetLastError();
 }
 

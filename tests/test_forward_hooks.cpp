@@ -179,6 +179,16 @@ TEST(ForwardHooks, MaxAbsKernel) {
     ASSERT_EQ(ds::kern::launch_max_abs(dx.as<float>(), ld, rows, cols, bigger.as<float>(), nullptr), cudaSuccess);
     EXPECT_EQ(double(to_host<float>(bigger, 1)[0]), double(float(want) * 2.f));
   }
+  {  // an address that is not 16-byte aligned: the scalar path
+    std::vector<float> y(256);
+    for (float& v : y) v = nd(rng);
+    double want = 0;
+    for (int i = 1; i < 1 + 3 * 64; ++i) want = std::max(want, std::fabs(double(y[size_t(i)])));
+    auto dy = to_device(y);
+    auto slot = to_device(std::vector<float>{0.f});
+    ASSERT_EQ(ds::kern::launch_max_abs(dy.as<float>() + 1, 64, 3, 64, slot.as<float>(), nullptr), cudaSuccess);
+    EXPECT_EQ(double(to_host<float>(slot, 1)[0]), want) << "unaligned";
+  }
   std::vector<float> x(64, 1.f);
   x[17] = std::numeric_limits<float>::quiet_NaN();
   auto dx = to_device(x);

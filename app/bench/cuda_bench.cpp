@@ -254,6 +254,9 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
     const double ms_reader =
         time_events(b.stream(), 2, warm_ms, repeat, [&](int) { b.run(ids.data(), B, n, lam, 0, true, true); });
     b.set_hooks(nullptr);
+    // What the reader needs beyond its kernels: the last layer on every row (o_proj and the MLP), timed alone.
+    const double ms_all_rows =
+        time_events(b.stream(), 2, warm_ms, repeat, [&](int) { b.run(ids.data(), B, n, lam, 0, true, false); });
     std::vector<double> wall;
     for (int i = 0; i < std::max(3, repeat / 2); ++i) {
       const auto t0 = Clock::now();
@@ -279,10 +282,13 @@ json bench_model_prefill(CudaBackend& b, int repeat, int warm_ms, const std::str
     for (const KernelTiming& k : b.profile().kernels)
       kernels.push_back({{"name", k.name}, {"count", k.count}, {"total_ms", k.total_ms}});
     const double toks = double(n) * B / ms * 1e3;
-    std::printf("%-34s %6d %5d %10.3f %10.3f %12.0f   with the max|hidden| reader %.3f ms (%+.2f%%)\n",
-                label.c_str(), n, B, ms, median(wall), toks, ms_reader, 100.0 * (ms_reader / ms - 1.0));
+    std::printf("%-34s %6d %5d %10.3f %10.3f %12.0f   last layer on every row %.3f ms (%+.2f%%), with the "
+                "max|hidden| reader %.3f ms (%+.2f%% over every row)\n",
+                label.c_str(), n, B, ms, median(wall), toks, ms_all_rows, 100.0 * (ms_all_rows / ms - 1.0), ms_reader,
+                100.0 * (ms_reader / ms_all_rows - 1.0));
     rows.push_back({{"name", label}, {"n", n}, {"batch", B}, {"ms", ms}, {"wall_ms", median(wall)},
-                    {"tok_s", toks}, {"ms_max_abs_reader", ms_reader}, {"kernels", kernels}});
+                    {"tok_s", toks}, {"ms_all_rows", ms_all_rows}, {"ms_max_abs_reader", ms_reader},
+                    {"kernels", kernels}});
   }
   return rows;
 }
