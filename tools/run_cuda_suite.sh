@@ -340,6 +340,13 @@ if has sanitize; then
   unset DS_CUDA_TEST_SMALL
 fi
 
+# Chosen benchmark sections alone (BENCH_ONLY="model decode", BENCH_REPEAT): rows to bench_only.json.
+if has bench_only; then
+  log "## diffscope-bench --only ${BENCH_ONLY:-model}"
+  timeout 400 "$DS/bin/diffscope-bench" --backend cuda --only ${BENCH_ONLY:-model} --repeat ${BENCH_REPEAT:-20} \
+    --json "$OUT/bench_only.json" 2>&1 | tee -a "$SUMMARY" | tail -20
+fi
+
 # The one forward (engine/forward.h) on the device: memcheck and racecheck on the hook reader's kernel and on a
 # prompt + decoding steps of every family through the CUDA ops (ForwardHooks.*), and a SambaY fixture.
 if has sanitize_forward; then
