@@ -285,17 +285,29 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
                                           b_.dec_->ctl.as<int32_t>() + 1, di * 2, b_.stream()));
   }
 
+  // Readers' reductions wait for the end of the forward (finish()): the stream rows they read are not written again,
+  // and consecutive layers' sites (hidden's rows a layer apart, the same shape) then take one launch.
   void max_abs(fwd::Ref in, int slot) override {
     const View x = view(in);
     if (!x.f32) throw Error("internal: max_abs reads f32 activations (the residual stream)");
     if (slot < 0 || slot >= int(c_.layers)) throw Error("internal: max_abs slot " + std::to_string(slot));
     const int cols = int(in.t == fwd::Act::Stream ? c_.hidden : x.ld);
-    step("max_abs", slot, [&] {
-      DS_CUDA_CHECK(kern::launch_max_abs(static_cast<const float*>(x.p), x.ld, x.rows, cols,
-                                         b_.max_abs_.as<float>() + slot, b_.stream()));
-    });
+    const float* p = static_cast<const float*>(x.p);
+    MaxRun& r = max_run_;
+    const bool extends = r.count > 0 && r.ld == x.ld && r.rows == x.rows && r.cols == cols && slot == r.slot + r.count &&
+                         (r.count == 1 ? p > r.x : p == r.x + r.count * r.stride);
+    if (extends) {
+      if (r.count == 1) r.stride = p - r.x;
+      ++r.count;
+    } else {
+      flush_max_abs();
+      r = {p, 0, x.ld, x.rows, cols, slot, 1};
+    }
     b_.max_abs_read_[size_t(slot)] = 1;
   }
+
+  // The readers' pending reductions (call after the last layer, before anything reuses the stream's buffers).
+  void finish() { flush_max_abs(); }
 
  private:
   struct View {
@@ -303,6 +315,20 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     int64_t rows = 0, ld = 0;
     bool f32 = false;
   };
+  struct MaxRun {  // consecutive max_abs sites: count tensors `stride` floats apart into slots slot..slot + count - 1
+    const float* x = nullptr;
+    int64_t stride = 0, ld = 0, rows = 0;
+    int cols = 0, slot = 0, count = 0;
+  };
+  void flush_max_abs() {
+    MaxRun& r = max_run_;
+    if (r.count == 0) return;
+    step("max_abs", r.slot, [&] {
+      DS_CUDA_CHECK(kern::launch_max_abs_many(r.x, r.stride, r.count, r.ld, r.rows, r.cols,
+                                              b_.max_abs_.as<float>() + r.slot, b_.stream()));
+    });
+    r = {};
+  }
   struct Pending {
     const float* src = nullptr;  // the f32 stream row
     const float* w = nullptr;    // the norm's weight
@@ -400,6 +426,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
   bool gemms_only_;
   int64_t win_first_, win_count_;
   Pending pending_;
+  MaxRun max_run_;
 };
 
 void CudaBackend::run_layers(int batch, int64_t n, const std::vector<float>& lambda, int from, bool last_rows_only,
@@ -411,6 +438,7 @@ void CudaBackend::run_layers(int batch, int64_t n, const std::vector<float>& lam
   plan.lambda = lambda.data();
   plan.hooks = gemms_only ? nullptr : hooks_.get();
   fwd::run_layers(cfg_, ops, plan);
+  ops.finish();
 }
 
 void CudaBackend::run_mamba_inputs(int layer) {
@@ -450,6 +478,7 @@ void CudaBackend::decode_launches() {
   plan.lambda = last_lambda_.data();
   plan.hooks = hooks_.get();
   fwd::run_layers(cfg_, ops, plan);
+  ops.finish();
   // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32,
   // the step's rows E apart, hidden's cap x E apart.
   timed_if(decode_profile_, "store_rows", L, [&] {

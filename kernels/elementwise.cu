@@ -142,8 +142,10 @@ __device__ __forceinline__ float max_nan(float a, float b) { return a != a ? a :
 
 // A grid of a few blocks per SM striding over rows x cols (float4 where every row allows), one atomic per block.
 template <int V>
-__global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_t ld, int64_t rows, int cols,
-                                                          unsigned int* slot) {
+__global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_t layer_stride, int64_t ld,
+                                                          int64_t rows, int cols, unsigned int* slot) {
+  x += int64_t(blockIdx.y) * layer_stride;
+  slot += blockIdx.y;
   const int64_t per_row = cols / V, total = rows * per_row;
   float m = 0.f;
   for (int64_t i = int64_t(blockIdx.x) * THREADS + threadIdx.x; i < total; i += int64_t(gridDim.x) * THREADS) {
@@ -166,19 +168,27 @@ __global__ void __launch_bounds__(THREADS) max_abs_kernel(const float* x, int64_
 }
 }  // namespace
 
-cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
-  if (rows < 0 || cols < 0 || ld < cols || !slot || (rows > 0 && cols > 0 && !x)) return cudaErrorInvalidValue;
-  if (rows == 0 || cols == 0) return cudaSuccess;
+cudaError_t launch_max_abs_many(const float* x, int64_t layer_stride, int count, int64_t ld, int64_t rows, int cols,
+                                float* slot, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld < cols || count < 0 || count > 65535 || !slot || (rows > 0 && cols > 0 && !x))
+    return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0 || count == 0) return cudaSuccess;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return cudaGetLastError();
-  const bool vec = cols % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec = cols % 4 == 0 && ld % 4 == 0 && layer_stride % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int64_t items = rows * (vec ? cols / 4 : cols);
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((items + THREADS - 1) / THREADS, 4 * sms)));
+  const int64_t per_tensor = std::max<int64_t>(1, (4 * int64_t(sms) + count - 1) / count);
+  const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>((items + THREADS - 1) / THREADS, per_tensor))),
+                  unsigned(count));
   auto* s = reinterpret_cast<unsigned int*>(slot);
-  if (vec) max_abs_kernel<4><<<grid, THREADS, 0, stream>>>(x, ld, rows, cols, s);
-  else max_abs_kernel<1><<<grid, THREADS, 0, stream>>>(x, ld, rows, cols, s);
+  if (vec) max_abs_kernel<4><<<grid, THREADS, 0, stream>>>(x, layer_stride, ld, rows, cols, s);
+  else max_abs_kernel<1><<<grid, THREADS, 0, stream>>>(x, layer_stride, ld, rows, cols, s);
   return cudaGetLastError();
+}
+
+cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
+  return launch_max_abs_many(x, 0, 1, ld, rows, cols, slot, stream);
 }
 
 }  // namespace ds::kern

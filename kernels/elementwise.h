@@ -31,5 +31,9 @@ cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int
 // the float's bits (non-negative floats order as their bits; a NaN in x wins over every number). *slot must start
 // non-negative (0). One launch per reader site: the Table 5 reader (forward.h max_abs_hidden_hook).
 cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream);
+// The same for `count` tensors of one shape layer_stride elements apart, tensor i into slot[i], in one launch (the
+// reader's sites of a whole forward: every layer's output in the stream [L + 1][cap][E]).
+cudaError_t launch_max_abs_many(const float* x, int64_t layer_stride, int count, int64_t ld, int64_t rows, int cols,
+                                float* slot, cudaStream_t stream);
 
 }  // namespace ds::kern

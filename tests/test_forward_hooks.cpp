@@ -179,6 +179,26 @@ TEST(ForwardHooks, MaxAbsKernel) {
     ASSERT_EQ(ds::kern::launch_max_abs(dx.as<float>(), ld, rows, cols, bigger.as<float>(), nullptr), cudaSuccess);
     EXPECT_EQ(double(to_host<float>(bigger, 1)[0]), double(float(want) * 2.f));
   }
+  {  // several tensors a stride apart in one launch (the reader's sites of a whole forward), each into its own slot
+    const int count = 5, rows = 33, cols = 256, ld = 260;
+    const int64_t stride = int64_t(rows) * ld + 12;
+    std::vector<float> y(size_t(stride) * count);
+    for (float& v : y) v = nd(rng);
+    auto dy = to_device(y);
+    std::vector<float> start(count, 0.f);
+    start[2] = 1e9f;  // an earlier larger value stays
+    auto slots = to_device(start);
+    ASSERT_EQ(ds::kern::launch_max_abs_many(dy.as<float>(), stride, count, ld, rows, cols, slots.as<float>(), nullptr),
+              cudaSuccess);
+    const std::vector<float> got = to_host<float>(slots, count);
+    for (int t = 0; t < count; ++t) {
+      double want = t == 2 ? 1e9 : 0.0;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c)
+          want = std::max(want, std::fabs(double(y[size_t(t * stride + int64_t(r) * ld + c)])));
+      EXPECT_EQ(double(got[size_t(t)]), want) << "tensor " << t;
+    }
+  }
   {  // an address that is not 16-byte aligned: the scalar path
     std::vector<float> y(256);
     for (float& v : y) v = nd(rng);
