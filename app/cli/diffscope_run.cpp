@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "app/cli/run_args.h"
 #include "engine/session.h"
+#include "engine/session_sweep.h"
 #include "engine/input_limits.h"
 #include "engine/safe_write.h"
 
@@ -226,6 +227,15 @@ int run(const Args& a) {
     s->set_lambda_override(l, v);
   }
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
+  std::optional<ds::LambdaSweepRequest> sweep;
+  if (a.sweep) {  // the same: a sweep the model cannot do is refused before the forward
+    sweep = ds::LambdaSweepRequest{a.sweep->layer, a.sweep->from, a.sweep->to, a.sweep->steps, a.sweep->head, -1};
+    try {
+      ds::check_lambda_sweep(*s, *sweep);
+    } catch (const ds::Error& e) {
+      throw ArgError(std::string("--sweep: ") + e.what());
+    }
+  }
   const bool full_maps = !a.dump.empty() && !a.view && a.rows.empty();
   if (full_maps) check_full_dump_size(*s, a);
   if (!a.stats.empty()) s->set_watch_max_abs_hidden(true);  // the Table 5 reader: "max_abs_hidden" per layer
@@ -281,6 +291,17 @@ int run(const Args& a) {
     if (full_maps) s->run(true);  // every position's logits, for --dump
   }
   const auto top = s->top_k(a.top_k);
+  nlohmann::json sweep_json;
+  if (sweep) {
+    const ds::LambdaSweep sw = ds::run_lambda_sweep(*s, *sweep);
+    nlohmann::json pts = nlohmann::json::array();
+    for (const ds::LambdaSweepPoint& p : sw.points)
+      pts.push_back({{"lambda", p.lambda}, {"logprob", p.logprob}, {"entropy_diff", p.entropy}});
+    std::vector<int> heads;
+    for (int h = sw.head < 0 ? 0 : sw.head; h < (sw.head < 0 ? int(c.view_heads()) : sw.head + 1); ++h) heads.push_back(h);
+    sweep_json = {{"layer", sw.layer}, {"lambda", sw.current_lambda}, {"token", sw.token}, {"token_text", sw.token_text},
+                  {"heads", heads}, {"points", pts}};
+  }
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -302,12 +323,26 @@ int run(const Args& a) {
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));
       j["lambda"] = lam;
     }
-    std::cout << j.dump() << '\n';
+    if (sweep) j["sweep"] = sweep_json;
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   } else {
     if (!top.empty()) std::printf("\n  rank       id      prob     logit  token\n");
     for (size_t i = 0; i < top.size(); ++i)
       std::printf("  %4zu %8d  %8.5f  %8.3f  %s\n", i + 1, top[i].id, top[i].prob, top[i].logit,
                   nlohmann::json(top[i].text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    if (sweep) {
+      std::printf("\nlambda sweep of layer %d (lambda %.4f): log p(%s) and the difference entropy%s\n",
+                  sweep_json["layer"].get<int>(), sweep_json["lambda"].get<double>(),
+                  sweep_json["token_text"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(),
+                  sweep->head < 0 ? " (mean over heads)" : (" of head " + std::to_string(sweep->head)).c_str());
+      std::printf("  %10s %12s %12s\n", "lambda", "log p", "entropy");
+      for (const auto& p : sweep_json["points"]) {
+        double e = 0;
+        for (double x : p["entropy_diff"]) e += x;
+        e /= double(std::max<size_t>(1, p["entropy_diff"].size()));
+        std::printf("  %10.4f %12.5f %12.5f\n", p["lambda"].get<double>(), p["logprob"].get<double>(), e);
+      }
+    }
   }
   if (!a.stats.empty()) {
     write_stats(*s, a.stats);

@@ -43,6 +43,10 @@ const char* kUsage =
     "  --rect Q0:Q1,K0:K1     the view's rectangle of query rows x key columns (default: the whole map)\n"
     "  --stats FILE.json      per attention layer and head: entropies, first-token mass, negative mass, max |logit|;\n"
     "                         per layer max_abs_hidden, the largest |hidden state| of its output (paper Table 5)\n"
+    "  --sweep L,FROM,TO,STEPS lambda sweep of layer L: for STEPS values from FROM to TO, the next token's log p\n"
+    "                         (a re-run from L per value) and each head's difference entropy; a table, or\n"
+    "                         \"sweep\" in the --json output\n"
+    "  --sweep-head H         the sweep's entropy of view head H only\n"
     "  --tokenizer FILE       tokenizer.json or tokenizer.model (with --tokenize-jsonl)\n"
     "  --tokenize-jsonl FILE  for each line {\"text\": ...} print {\"ids\": [...]} (no special tokens added)\n"
     "  --add-special          with --tokenize-jsonl: add the tokenizer's special tokens (e.g. BOS)\n"
@@ -167,6 +171,26 @@ Args parse_args(int argc, const char* const* argv) {
       rect = b;
     } else if (k == "--stats") {
       a.stats = value(i);
+    } else if (k == "--sweep") {
+      const std::string v = value(i);
+      std::vector<std::string> f;
+      for (size_t p = 0;;) {
+        const size_t c = v.find(',', p);
+        f.push_back(v.substr(p, c == std::string::npos ? std::string::npos : c - p));
+        if (c == std::string::npos) break;
+        p = c + 1;
+      }
+      if (f.size() != 4) throw ArgError("--sweep: expected LAYER,FROM,TO,STEPS (e.g. 3,-0.5,1.5,17), got '" + v + "'");
+      SweepArgs sw;
+      sw.layer = int(parse_int(f[0], "--sweep layer"));
+      sw.from = parse_double(f[1], "--sweep from");
+      sw.to = parse_double(f[2], "--sweep to");
+      const long long steps = parse_int(f[3], "--sweep steps");
+      if (steps < 2 || steps > 1000) throw ArgError("--sweep: steps must be 2 to 1000, not " + f[3]);
+      sw.steps = int(steps);
+      a.sweep = sw;
+    } else if (k == "--sweep-head") {
+      a.sweep_head = int(parse_int(value(i), "--sweep-head"));
     } else if (k == "--backend") {
       a.backend = value(i);
       try {
@@ -248,6 +272,8 @@ Args parse_args(int argc, const char* const* argv) {
     if (rect) a.view->q0 = (*rect)[0], a.view->q1 = (*rect)[1], a.view->k0 = (*rect)[2], a.view->k1 = (*rect)[3];
   }
   if ((a.view || !a.rows.empty()) && a.dump.empty()) throw ArgError("--rows and --view write into --dump FILE");
+  if (a.sweep_head && !a.sweep) throw ArgError("--sweep-head goes with --sweep L,FROM,TO,STEPS");
+  if (a.sweep && a.sweep_head) a.sweep->head = *a.sweep_head;
   if (a.sampling_given && a.generate == 0)
     throw ArgError("--temperature, --sample-top-k, --top-p, --seed and --ignore-eos go with --generate N");
   return a;

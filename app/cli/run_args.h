@@ -24,11 +24,19 @@ struct ViewArgs {
   int64_t q0 = 0, q1 = -1, k0 = 0, k1 = -1;  // -1: to the end
 };
 
+// --sweep L,FROM,TO,STEPS (engine/session_sweep.h), --sweep-head H (default: every view head).
+struct SweepArgs {
+  int layer = 0, steps = 0, head = -1;
+  double from = 0, to = 0;
+};
+
 struct Args {
   std::string model, prompt, dump, tokenizer, tokenize_jsonl, backend = "auto";
   std::string prompt_file, token_ids_file, stats;  // files read / written by run(), not by the parser
   std::vector<int64_t> rows;                        // --rows positions (negative: from the end)
   std::optional<ViewArgs> view;
+  std::optional<SweepArgs> sweep;
+  std::optional<int> sweep_head;
   std::optional<std::vector<int32_t>> ids;
   bool have_prompt = false, json = false, help = false;
   bool add_special = false, decode = false;  // --tokenize-jsonl options

@@ -10,9 +10,11 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "engine/env.h"
 #include "engine/error.h"
+#include "engine/session_sweep.h"
 
 namespace ds::gui {
 
@@ -706,78 +708,46 @@ void Worker::run_sweep(const Request& r) {
     if (cur && cur->complete && cur->result_seq == result_seq_ && cur->layer == layer && cur->head == head)
       return;
   }
-  auto sw = std::make_shared<Sweep>();
-  sw->result_seq = result_seq_;
-  sw->layer = layer;
-  sw->head = head;
-  sw->current_lambda = session_->effective_lambda(layer);
-  const auto top = session_->top_k(1);
-  if (top.empty())
+  if (session_->top_k(1).empty())
     return;
-  sw->token = top[0].id;
-  sw->token_text = top[0].text;
-
-  // The entropy of |A1 - lambda*A2| needs no re-run: the maps of `layer` do not depend on its own lambda, so every
-  // point's statistics come from the current maps in one pass (Backend::entropy_sweep) and the curve is published
-  // whole. The log-probability of the next token does need a run from `layer` per point: those fill in afterwards,
-  // coarse to fine (ends, middle, quarters, ...), each published as it comes, and a newer request stops them.
-  const double lo = std::min(-0.5, sw->current_lambda - 0.25), hi = std::max(1.5, sw->current_lambda + 0.25);
-  const int points = std::max(3, r.sweep_points);
-  std::vector<float> lams;
-  for (int i = 0; i < points; ++i)
-    lams.push_back(float(lo + (hi - lo) * i / (points - 1)));
-  const std::vector<double> ent = session_->backend().entropy_sweep(layer, head, lams);
-  for (int i = 0; i < points; ++i)
-    sw->points.push_back({double(lams[size_t(i)]), std::numeric_limits<double>::quiet_NaN(), ent.at(size_t(i))});
-  if (superseded())
-    return;  // picked up again on the next step
-  {
-    auto partial = std::make_shared<Sweep>(*sw);
-    publish([&](Snapshot& s) { s.sweep = partial; });
-  }
-  std::vector<int> order;  // coarse to fine: the ends, then every stride-th point, the stride halving down to 1
-  std::vector<char> queued(size_t(points), 0);
-  for (int stride = points - 1;; stride = std::max(1, stride / 2)) {
-    for (int i = 0; i < points; i += stride)
-      if (!queued[size_t(i)])
-        queued[size_t(i)] = 1, order.push_back(i);
-    if (stride == 1)
-      break;
-  }
-  const std::optional<double> saved = layer < int(session_->lambda_control().override_.size())
-                                          ? session_->lambda_control().override_[layer]
-                                          : std::nullopt;
-  publish([](Snapshot& s) { s.running = true; });
-  bool aborted = false, moved_on = false;
-  try {
-    for (int i : order) {
-      if (superseded()) {
-        aborted = true;
-        break;
-      }
-      SweepPoint& pt = sw->points[size_t(i)];
-      session_->set_lambda_override(layer, pt.lambda);
-      try {
-        session_->run(false, [this, &r] { return lambda_superseded(r); });
-      } catch (const Cancelled&) {
-        aborted = moved_on = true;
-        break;
-      }
-      pt.logprob = double(session_->next_token_logprobs()[size_t(sw->token)]);
-      auto partial = std::make_shared<Sweep>(*sw);
-      publish([&](Snapshot& s) { s.sweep = partial; });
-    }
-  } catch (...) {
-    session_->set_lambda_override(layer, saved);  // never leave the sweep's lambda behind
-    throw;
-  }
-  // Bring the session back to the state the UI shows (a run from `layer` with the user's lambda). When the user has
-  // moved lambda on, that run is the next request's (the session knows which layers are stale).
-  session_->set_lambda_override(layer, saved);
-  if (moved_on)
+  // The engine's sweep (engine/session_sweep.h): the head's entropies in one pass, published whole; the next token's
+  // log-probability per value coarse to fine, each published as it comes. A newer request stops it between values
+  // (the session is then run back to the user's lambda); a lambda the user has moved on from cancels the run inside
+  // a value, and the next request's run brings the session back.
+  LambdaSweepRequest q;
+  q.layer = layer;
+  q.head = head;
+  std::tie(q.from, q.to) = default_sweep_range(session_->effective_lambda(layer));
+  q.steps = std::max(3, r.sweep_points);
+  const uint64_t seq = result_seq_;
+  auto to_gui = [&](const LambdaSweep& e) {
+    auto sw = std::make_shared<Sweep>();
+    sw->result_seq = seq;
+    sw->layer = e.layer;
+    sw->head = head;
+    sw->token = e.token;
+    sw->token_text = e.token_text;
+    sw->current_lambda = e.current_lambda;
+    for (const LambdaSweepPoint& p : e.points) sw->points.push_back({p.lambda, p.logprob, p.entropy.at(0)});
+    sw->complete = e.end == LambdaSweep::End::Complete;
+    return sw;
+  };
+  bool first = true;
+  LambdaSweepHooks hooks;
+  hooks.progress = [&](const LambdaSweep& e) {
+    auto partial = to_gui(e);
+    publish([&](Snapshot& s) {
+      s.sweep = partial;
+      if (!first) s.running = true;
+    });
+    first = false;
+  };
+  hooks.stop = [this] { return superseded(); };
+  hooks.cancel = [this, &r] { return lambda_superseded(r); };
+  const LambdaSweep done = run_lambda_sweep(*session_, q, hooks);
+  if (done.end == LambdaSweep::End::Cancelled)
     return;
-  session_->run();
-  sw->complete = !aborted;
+  auto sw = to_gui(done);
   publish([&](Snapshot& s) { s.sweep = sw; });
 }
 

@@ -86,3 +86,10 @@ expect_exit(2 "ask --rows and/or --view instead" --model ${T}/longpos --token-id
 if(EXISTS ${T}/full.safetensors)
   message(FATAL_ERROR "the refused dump was written")
 endif()
+# The lambda sweep: refused before the forward when the model cannot do it, and in the --json output when it can.
+expect_exit(2 "--sweep: lambda sweep: layer 99 does not exist" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu
+            --sweep 99,0,1,5)
+expect_exit(2 "--sweep: expected LAYER,FROM,TO,STEPS" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --sweep 1,0,1)
+expect_exit(2 "--sweep-head goes with --sweep" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --sweep-head 1)
+expect_exit(0 "\"sweep\":{\"heads\":\\[0,1,2,3\\],\"lambda\":[-0-9.e]+,\"layer\":1,\"points\":\\[{\"entropy_diff\"" --model ${FIXTURE}
+            --token-ids 1,2,3 --backend cpu --sweep 1,0,1,4 --json)
