@@ -451,6 +451,20 @@ def case_hybrid(r):
     check(abs(hm["a1_sum"] - 26) < 1e-2 and abs(hm["a2_sum"] - 26) < 1e-2, "maps are not row-stochastic: %s" % hm)
     layers = sorted({s["layer"] for s in st["statistics"]})
     check(layers == [1, 3, 5, 7, 9, 11], "statistics of layers %s, expected the attention layers" % layers)
+    # The Table 5 reader (--max-abs-hidden; Profiler, "max |h|"): every layer's max |hidden| over the prompt, the
+    # values diffscope-run --stats writes for the same model and ids.
+    rc, st, img = r.run("hybrid_maxabs", "--model", fx, "--ids", ids, "--head", "3.0", "--max-abs-hidden")
+    check(rc == 0 and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    stats = r.path("stats.json")
+    cmd = [r.run_exe, "--backend", "cpu", "--model", fx, "--token-ids", ids, "--stats", stats]
+    print("$", " ".join(cmd), flush=True)
+    check(subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=HANG_GUARD_S, cwd=r.source).returncode == 0,
+          "diffscope-run --stats failed")
+    want = json.load(open(stats))["max_abs_hidden"]
+    got = st.get("max_abs_hidden")
+    check(got is not None and len(got) == len(want) == 12, "max_abs_hidden %s, expected %s" % (got, want))
+    check(all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) and b > 0 for a, b in zip(got, want)),
+          "GUI max_abs_hidden %s differs from diffscope-run's %s" % (got, want))
     rc, st, img = r.run("hybrid_swa", "--model", fx, "--ids", ids, "--head", "3.0")
     hm = st["head_maps"]
     check(rc == 0 and hm["kind"] == "sliding window" and hm["window"] == 6, "sliding window layer: %s" % hm)

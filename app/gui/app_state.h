@@ -81,6 +81,7 @@ struct AppState {
   std::shared_ptr<const Snapshot> snap;  // taken once per frame
   Request req;
   bool req_dirty = false;
+  bool focus_max_abs = false;  // --max-abs-hidden: the Profiler opens on its "max |h|" tab
   void submit() { req_dirty = true; }  // sent once at the end of the frame (coalesces widget drags)
   // A lambda drag is sent at once, not at the end of the frame: the worker shows the head view under the new value
   // (and stops the run of the previous one) a frame sooner; it serves only the newest request either way.

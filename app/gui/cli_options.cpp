@@ -31,6 +31,7 @@ const char* cli_usage() {
          "  --top-p P              sample from the smallest set of tokens whose probability reaches P (default 1)\n"
          "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
+         "  --max-abs-hidden       read each layer's largest |hidden state| (Profiler, max |h|; paper Table 5)\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
          "  --scan FILE.jsonl      scan a corpus once the model has run its first prompt (Corpus panel; with\n"
@@ -172,6 +173,8 @@ CliOptions parse_cli(int argc, char** argv) {
       o.seed = uint64_t(v);
     } else if (a == "--ignore-eos") {
       o.ignore_eos = true;
+    } else if (a == "--max-abs-hidden") {
+      o.max_abs_hidden = true;
     } else if (a == "--regenerate-lambda-scale") {
       o.regenerate_scale = parse_number(need(i, a), a);
     } else if (a == "--scan") {

@@ -269,6 +269,8 @@ nlohmann::json session_json(const AppState& st) {
                   {"attention_tflops", attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0.0},
                   {"kernels", kernels},
                   {"heads", heads}};
+  if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)
+    j["max_abs_hidden"] = r.max_abs_hidden;
   if (const auto& sw = st.snap->sweep) {
     json pts = json::array();
     for (const auto& pt : sw->points)

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   if (opt.seed)
     st.gen.sampling.seed = *opt.seed;
   st.gen.stop_at_eos = !opt.ignore_eos;
+  st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
   if (opt.generate > 0)
     st.gen.max_new = st.pending_generate = opt.generate;
   st.pending_regenerate_scale = opt.regenerate_scale;

@@ -149,6 +149,34 @@ void head_table(AppState& st, const Profile& p) {
 
 }  // namespace
 
+// The Table 5 reader (engine/forward.h's hook point, Session::max_abs_hidden): off by default, since turning it on
+// re-runs every layer once; then every run shows each layer's largest |hidden state| as bars.
+static void max_abs_tab(AppState& st, const RunResult& r) {
+  if (ImGui::Checkbox("Read each layer's largest |hidden state|", &st.req.max_abs_hidden))
+    st.submit();
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("The paper's Table 5 (activation outliers): max |h| of every layer's output over the sequence,\n"
+                      "reduced on the device during the forward. Turning it on re-runs every layer once.");
+  if (!st.req.max_abs_hidden)
+    return empty_state("Off. Turn it on to see where the residual stream's outliers grow, layer by layer.");
+  const std::vector<float>& v = r.max_abs_hidden;
+  if (v.empty())
+    return empty_state("Waiting for a run with the reader on.");
+  float top = 0;
+  int top_l = 0;
+  for (size_t l = 0; l < v.size(); ++l)
+    if (v[l] > top)
+      top = v[l], top_l = int(l);
+  ImGui::Text("largest: %s at layer %d", fmt_value(top).c_str(), top_l);
+  ImGui::PlotHistogram("##maxabs", v.data(), int(v.size()), 0, nullptr, 0.f, top * 1.05f,
+                       ImVec2(ImGui::GetContentRegionAvail().x, std::max(60.f, ImGui::GetContentRegionAvail().y - 4)));
+  if (ImGui::IsItemHovered()) {
+    const float x = (ImGui::GetMousePos().x - ImGui::GetItemRectMin().x) / std::max(1.f, ImGui::GetItemRectSize().x);
+    const int l = std::clamp(int(x * float(v.size())), 0, int(v.size()) - 1);
+    ImGui::SetTooltip("layer %d: max |h| = %s", l, fmt_value(v[size_t(l)]).c_str());
+  }
+}
+
 void draw_profiler_panel(AppState& st) {
   if (!begin_panel(st, "Profiler", &st.show_profiler, Slot::Profiler))
     return end_panel();
@@ -213,6 +241,12 @@ void draw_profiler_panel(AppState& st) {
     }
     if (ImGui::BeginTabItem("Heads")) {
       head_table(st, p);
+      ImGui::EndTabItem();
+    }
+    const ImGuiTabItemFlags sel = st.focus_max_abs ? ImGuiTabItemFlags_SetSelected : 0;
+    st.focus_max_abs = false;
+    if (ImGui::BeginTabItem("max |h|", nullptr, sel)) {
+      max_abs_tab(st, r);
       ImGui::EndTabItem();
     }
     ImGui::EndTabBar();

@@ -107,6 +107,7 @@ struct RunResult {
   int first_layer = 0;  // first layer the run recomputed
   double run_ms = 0;    // wall time of Session::run
   Profile profile;
+  std::vector<float> max_abs_hidden;  // [L] with the Table 5 reader on (Session::max_abs_hidden), else empty
 };
 
 struct SweepPoint {

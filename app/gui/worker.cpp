@@ -219,6 +219,11 @@ void Worker::step(const Request& r) {
   } catch (const std::exception& e) {
     report_error(e.what());
   }
+  bool reader_on = false;  // the Table 5 reader turned on: the next run covers every layer
+  if (r.max_abs_hidden != session_->watching_max_abs_hidden()) {
+    session_->set_watch_max_abs_hidden(r.max_abs_hidden);
+    reader_on = r.max_abs_hidden;
+  }
   if (lambda_changed && session_->generating())
     cur_.lambda_moved = true;  // the next steps run under the new lambda (generate_step re-runs from that layer)
   if (session_->ids().empty())
@@ -238,7 +243,7 @@ void Worker::step(const Request& r) {
   }
   if (lambda_changed && !prompt_ok && !ids_changed && !streaming_)
     traced("preview_head", [&] { preview_head(r); });
-  if (prompt_ok || lambda_changed || ids_changed || !session_->has_result()) {
+  if (prompt_ok || lambda_changed || ids_changed || reader_on || !session_->has_result()) {
     bool done = true;
     traced("run", [&] { done = run_and_publish(prompt_ok || ids_changed, &r); });
     if (!done)
@@ -411,6 +416,12 @@ void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, in
     res->lambda.push_back(session_->effective_lambda(l));
   res->control = session_->lambda_control();
   res->profile = session_->backend().profile();
+  if (session_->watching_max_abs_hidden()) {
+    try {
+      res->max_abs_hidden = session_->max_abs_hidden();
+    } catch (const Error&) {  // not read since it was turned on: the next run fills it
+    }
+  }
 
   // The overview keeps the layers this run did not recompute (their inputs and lambda are unchanged) when it
   // described the previous result; the rest is computed again by summarize().

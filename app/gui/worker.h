@@ -43,6 +43,7 @@ struct Request {
   int64_t row = -1;  // the row view's query position (negative counts from the end: -1 = the last token)
   bool overview = true;  // per-layer statistics and thumbnails for every layer
   bool sweep = true;     // lambda sweep of the selected layer
+  bool max_abs_hidden = false;  // the Table 5 reader: every layer's largest |hidden state| (RunResult::max_abs_hidden)
   int sweep_points = 17;
   // Generation: the newest command (see GenCommand) and the options a Start or a first Step uses.
   uint64_t gen_seq = 0;
