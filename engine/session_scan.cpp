@@ -69,6 +69,8 @@ std::vector<size_t> char_to_byte(const std::string& s) {
 
 double ratio(double part, double total) { return total != 0.0 && std::isfinite(total) ? part / total : kNaN; }
 
+}  // namespace
+
 Fractions fractions_of(const RowMass& m, bool differential) {
   Fractions f;
   const auto total = [&](int i) { return m.answer[i] + m.sink[i] + m.context[i]; };
@@ -96,6 +98,8 @@ Fractions fractions_of(const RowMass& m, bool differential) {
   f.context_diff_abs = ratio(m.context[MASS_ABS_D], ta);
   return f;
 }
+
+namespace {
 
 // Mean of each fraction over entries, NaN entries left out (NaN when none is finite).
 struct MeanAcc {
@@ -375,84 +379,115 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   return results_.back();
 }
 
-nlohmann::json Run::report() const {
+RunReport Run::report() const {
   const ModelConfig& c = s_.config();
-  const bool diff = differential();
-  nlohmann::json o;
-  o["label"] = opt_.label;
-  o["model"] = s_.model_dir();
-  o["architecture"] = arch_spec(c.arch).architecture;
-  o["differential"] = diff;
-  o["backend"] = s_.backend().name();
-  o["lambda_scale"] = opt_.lambda_scale;
-  o["prompts"] = results_.size();
-  int64_t tokens = 0, with_target = 0, correct = 0;
+  RunReport o;
+  o.label = opt_.label;
+  o.model = s_.model_dir();
+  o.architecture = arch_spec(c.arch).architecture;
+  o.differential = differential();
+  o.backend = s_.backend().name();
+  o.lambda_scale = opt_.lambda_scale;
+  o.prompts = int64_t(results_.size());
   MeanAcc mean;
   for (const PromptResult& r : results_) {
-    tokens += r.tokens;
-    with_target += r.has_target;
-    correct += r.has_target && r.correct;
+    o.tokens += r.tokens;
+    o.with_target += r.has_target;
+    o.correct += r.has_target && r.correct;
     mean.add(r.mean);
   }
-  o["tokens"] = tokens;
-  o["with_target"] = with_target;
-  o["correct"] = correct;
-  o["accuracy"] = with_target ? nlohmann::json(double(correct) / double(with_target)) : nlohmann::json(nullptr);
-  o["mean"] = fractions_json(mean.mean(), diff);
-  // Per layer and head: means over prompts.
-  nlohmann::json layers = nlohmann::json::array();
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    nlohmann::json heads = nlohmann::json::array();
+  o.accuracy = o.with_target ? double(o.correct) / double(o.with_target) : kNaN;
+  o.mean = mean.mean();
+  for (size_t li = 0; li < layers_.size(); ++li) {  // per layer and head: means over prompts
+    LayerReport lr{layers_[li], layer_kind_name(c.kind(layers_[li])), {}};
     for (int64_t h = 0; h < Run::heads(); ++h) {
       MeanAcc acc;
       for (const PromptResult& r : results_) acc.add(r.heads[li][size_t(h)]);
-      nlohmann::json hj = fractions_json(acc.mean(), diff);
-      hj["head"] = h;
-      heads.push_back(std::move(hj));
+      lr.heads.push_back(acc.mean());
     }
-    layers.push_back({{"layer", layers_[li]}, {"kind", layer_kind_name(c.kind(layers_[li]))}, {"heads", heads}});
+    o.layers.push_back(std::move(lr));
   }
-  o["layers"] = std::move(layers);
-  // Groups by the tags "length" and "depth".
-  nlohmann::json groups = nlohmann::json::object();
-  for (const char* key : {"length", "depth"}) {
+  for (const char* key : {"length", "depth"}) {  // groups by the tags "length" and "depth"
     std::vector<nlohmann::json> values;
     for (const PromptResult& r : results_)
       if (r.tags.contains(key) && std::find(values.begin(), values.end(), r.tags[key]) == values.end())
         values.push_back(r.tags[key]);
     if (values.empty()) continue;
     std::sort(values.begin(), values.end());  // numbers before strings, each in order
-    nlohmann::json arr = nlohmann::json::array();
+    std::vector<GroupReport> arr;
     for (const nlohmann::json& v : values) {
       MeanAcc acc;
-      int64_t n = 0, wt = 0, ok = 0;
+      GroupReport g;
+      g.value = v;
+      int64_t wt = 0, ok = 0;
       for (const PromptResult& r : results_)
         if (r.tags.contains(key) && r.tags[key] == v) {
-          ++n;
+          ++g.prompts;
           acc.add(r.mean);
           wt += r.has_target;
           ok += r.has_target && r.correct;
         }
-      arr.push_back({{"value", v},
-                     {"prompts", n},
-                     {"accuracy", wt ? nlohmann::json(double(ok) / double(wt)) : nlohmann::json(nullptr)},
-                     {"mean", fractions_json(acc.mean(), diff)}});
+      g.accuracy = wt ? double(ok) / double(wt) : kNaN;
+      g.mean = acc.mean();
+      arr.push_back(std::move(g));
     }
-    groups[key] = std::move(arr);
+    o.groups.emplace_back(key, std::move(arr));
+  }
+  for (const PromptResult& r : results_) {
+    PromptResult p = r;
+    p.heads.clear();
+    o.per_prompt.push_back(std::move(p));
+  }
+  return o;
+}
+
+nlohmann::json run_report_json(const RunReport& r) {
+  const bool diff = r.differential;
+  nlohmann::json o;
+  o["label"] = r.label;
+  o["model"] = r.model;
+  o["architecture"] = r.architecture;
+  o["differential"] = diff;
+  o["backend"] = r.backend;
+  o["lambda_scale"] = r.lambda_scale;
+  o["prompts"] = r.prompts;
+  o["tokens"] = r.tokens;
+  o["with_target"] = r.with_target;
+  o["correct"] = r.correct;
+  o["accuracy"] = num(r.accuracy);
+  o["mean"] = fractions_json(r.mean, diff);
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerReport& l : r.layers) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (size_t h = 0; h < l.heads.size(); ++h) {
+      nlohmann::json hj = fractions_json(l.heads[h], diff);
+      hj["head"] = h;
+      heads.push_back(std::move(hj));
+    }
+    layers.push_back({{"layer", l.layer}, {"kind", l.kind}, {"heads", heads}});
+  }
+  o["layers"] = std::move(layers);
+  nlohmann::json groups = nlohmann::json::object();
+  for (const auto& [key, arr] : r.groups) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const GroupReport& g : arr)
+      a.push_back({{"value", g.value}, {"prompts", g.prompts}, {"accuracy", num(g.accuracy)},
+                   {"mean", fractions_json(g.mean, diff)}});
+    groups[key] = std::move(a);
   }
   o["groups"] = std::move(groups);
   nlohmann::json per = nlohmann::json::array();
-  for (const PromptResult& r : results_) {
-    nlohmann::json pj{{"line", r.line},
-                      {"tokens", r.tokens},
-                      {"answer", {r.answer_begin, r.answer_end}},
-                      {"tags", r.tags},
-                      {"mean", fractions_json(r.mean, diff)},
-                      {"ms", r.ms}};
-    if (r.has_target) {
-      pj["target"] = r.target;
-      pj["output"] = r.output;
-      pj["correct"] = r.correct;
+  for (const PromptResult& p : r.per_prompt) {
+    nlohmann::json pj{{"line", p.line},
+                      {"tokens", p.tokens},
+                      {"answer", {p.answer_begin, p.answer_end}},
+                      {"tags", p.tags},
+                      {"mean", fractions_json(p.mean, diff)},
+                      {"ms", p.ms}};
+    if (p.has_target) {
+      pj["target"] = p.target;
+      pj["output"] = p.output;
+      pj["correct"] = p.correct;
     }
     per.push_back(std::move(pj));
   }
@@ -476,49 +511,55 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p, co
 // ---------------------------------------------------------------------------------------------------------------
 // the report
 
-nlohmann::json make_report(const std::vector<const Run*>& runs, const std::string& input,
-                           const std::vector<LineError>& skipped, bool complete, double elapsed_s) {
+Report make_report(const std::vector<const Run*>& runs, const std::string& input, const std::vector<LineError>& skipped,
+                   bool complete, double elapsed_s) {
   if (runs.empty() || runs.size() > 2) throw Error("a report holds one run, or two to compare");
-  nlohmann::json o{{"tool", "diffscope-scan"}, {"input", input}, {"complete", complete}, {"elapsed_s", elapsed_s}};
+  Report r{input, complete, elapsed_s, skipped, runs[0]->report(), std::nullopt};
+  if (runs.size() == 2) r.compare = runs[1]->report();
+  return r;
+}
+
+nlohmann::json report_json(const Report& r) {
+  nlohmann::json o{{"tool", "diffscope-scan"}, {"input", r.input}, {"complete", r.complete}, {"elapsed_s", r.elapsed_s}};
   nlohmann::json sk = nlohmann::json::array();
-  for (const LineError& e : skipped) sk.push_back({{"line", e.line}, {"error", e.error}});
+  for (const LineError& e : r.skipped) sk.push_back({{"line", e.line}, {"error", e.error}});
   o["skipped"] = std::move(sk);
-  o.update(runs[0]->report());
-  if (runs.size() == 2) o["compare"] = runs[1]->report();
+  o.update(run_report_json(r.run));
+  if (r.compare) o["compare"] = run_report_json(*r.compare);
   return o;
 }
 
-void write_json_atomic(const nlohmann::json& report, const std::string& path) {
-  write_file_safely(path, report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the report");
+void write_json_atomic(const Report& report, const std::string& path) {
+  write_file_safely(path, report_json(report).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                    "the report");
 }
 
-void write_csv(const nlohmann::json& report, const std::string& path) {
+void write_csv(const Report& report, const std::string& path) {
   std::ostringstream s;
   s << "label,layer,head";
   for (int i = 0; i < kNumFractions; ++i) s << ',' << kFractionKeys[i];
   s << '\n';
-  const auto run_rows = [&](const nlohmann::json& run) {
-    std::string label = run.value("label", "");
+  const auto run_rows = [&](const RunReport& run) {
     std::string quoted = "\"";
-    for (char ch : label) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    for (char ch : run.label) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
     quoted += '"';
-    for (const nlohmann::json& l : run.at("layers"))
-      for (const nlohmann::json& h : l.at("heads")) {
-        s << quoted << ',' << l.at("layer").get<int>() << ',' << h.at("head").get<int>();
+    for (const LayerReport& l : run.layers)
+      for (size_t h = 0; h < l.heads.size(); ++h) {
+        s << quoted << ',' << l.layer << ',' << h;
         for (int i = 0; i < kNumFractions; ++i) {
           s << ',';
-          const auto it = h.find(kFractionKeys[i]);
-          if (it != h.end() && it->is_number()) {
+          const double v = fraction(l.heads[h], i);
+          if (fraction_applies(i, run.differential) && std::isfinite(v)) {
             char buf[32];
-            std::snprintf(buf, sizeof buf, "%.9g", it->get<double>());
+            std::snprintf(buf, sizeof buf, "%.9g", v);
             s << buf;
           }
         }
         s << '\n';
       }
   };
-  run_rows(report);
-  if (report.contains("compare")) run_rows(report["compare"]);
+  run_rows(report.run);
+  if (report.compare) run_rows(*report.compare);
   write_file_safely(path, s.str(), "the CSV");
 }
 

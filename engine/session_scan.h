@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ double& fraction(Fractions& f, int i);
 double fraction(const Fractions& f, int i);
 // Whether key i exists for a differential / plain model (plain: answer1, sink1, context1 only).
 bool fraction_applies(int i, bool differential);
+// A row's masses (map_query.h row_mass_of) as fractions of each map's row total (the scan's rule; the GUI's row view
+// shows the same numbers).
+Fractions fractions_of(const RowMass& m, bool differential);
 
 struct PromptResult {
   int line = 0;
@@ -123,7 +127,7 @@ class Run {
   Session& session() { return s_; }
   const RunOptions& options() const { return opt_; }
   // The run's part of the report (see make_report).
-  nlohmann::json report() const;
+  struct RunReport report() const;
 
  private:
   Session& s_;
@@ -138,8 +142,43 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p,
               const std::function<bool()>& cancelled = nullptr);
 
 // ---------------------------------------------------------------------------------------------------------------
-// the report
+// the report: a struct from the engine to the CLI, the GUI and the plot; JSON only at the file boundary
 
+struct GroupReport {                 // the prompts whose tag "length" or "depth" has one value
+  nlohmann::json value;              // the tag's value (a number or a string)
+  int64_t prompts = 0;
+  double accuracy = 0;               // NaN without targets
+  Fractions mean;
+};
+struct LayerReport {
+  int layer = 0;
+  std::string kind;                  // layer_kind_name
+  std::vector<Fractions> heads;      // [view head]: means over prompts
+};
+struct RunReport {
+  std::string label, model, architecture, backend;
+  bool differential = false;
+  double lambda_scale = 1.0;
+  int64_t prompts = 0, tokens = 0, with_target = 0, correct = 0;
+  double accuracy = 0;               // NaN without targets
+  Fractions mean;                    // over layers, heads and prompts
+  std::vector<LayerReport> layers;   // the attention layers
+  std::vector<std::pair<std::string, std::vector<GroupReport>>> groups;  // "length", "depth" where lines have them
+  std::vector<PromptResult> per_prompt;  // in scan order (their per-head fractions left out)
+};
+struct Report {
+  std::string input;
+  bool complete = false;
+  double elapsed_s = 0;
+  std::vector<LineError> skipped;
+  RunReport run;
+  std::optional<RunReport> compare;  // the second run of a comparison (same prompts, same order)
+};
+
+// Throws ds::Error unless there are one or two runs.
+Report make_report(const std::vector<const Run*>& runs, const std::string& input, const std::vector<LineError>& skipped,
+                   bool complete, double elapsed_s);
+// The report file's JSON:
 // {"tool": "diffscope-scan", "input": path, "complete": bool, "skipped": [{"line", "error"}], "elapsed_s",
 //  then the first run's keys:
 //    "label", "model", "architecture", "differential", "backend", "lambda_scale",
@@ -150,12 +189,12 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p,
 //    "per_prompt": [{"line", "tokens", "answer": [b, e), "tags", "mean": {...}, "target", "output", "correct", "ms"}]
 //  and "compare": {the second run's keys} when there is one}.
 // Fraction values that are NaN are written as null.
-nlohmann::json make_report(const std::vector<const Run*>& runs, const std::string& input,
-                           const std::vector<LineError>& skipped, bool complete, double elapsed_s);
-// Writes `report` to `path` atomically (engine/safe_write.h: a temporary renamed over it), so an interrupted scan
-// leaves a valid report. Throws ds::Error naming the file.
-void write_json_atomic(const nlohmann::json& report, const std::string& path);
+nlohmann::json report_json(const Report& r);
+nlohmann::json run_report_json(const RunReport& r);
+// Writes the report's JSON to `path` atomically (engine/safe_write.h: a temporary renamed over it), so an
+// interrupted scan leaves a valid report. Throws ds::Error naming the file.
+void write_json_atomic(const Report& report, const std::string& path);
 // CSV: one row per (run, layer, head): label,layer,head,<fraction keys> (empty cells where a key does not apply).
-void write_csv(const nlohmann::json& report, const std::string& path);
+void write_csv(const Report& report, const std::string& path);
 
 }  // namespace ds::scan

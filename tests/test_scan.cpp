@@ -320,7 +320,14 @@ TEST(ScanReport, ShapeGroupsCompareAndFiles) {
     rd.scan(p);
     rl.scan(p);
   }
-  const nlohmann::json r = ds::scan::make_report({&rd, &rl}, "in.jsonl", {{9, "not valid JSON"}}, true, 1.5);
+  const ds::scan::Report rep = ds::scan::make_report({&rd, &rl}, "in.jsonl", {{9, "not valid JSON"}}, true, 1.5);
+  // The typed report and its JSON (the file boundary) say the same.
+  EXPECT_EQ(rep.run.prompts, 4);
+  ASSERT_TRUE(rep.compare.has_value());
+  EXPECT_FALSE(rep.compare->differential);
+  EXPECT_EQ(rep.run.per_prompt.size(), 4u);
+  EXPECT_TRUE(rep.run.per_prompt[0].heads.empty()) << "the report leaves the per-head fractions out";
+  const nlohmann::json r = ds::scan::report_json(rep);
   EXPECT_EQ(r["tool"], "diffscope-scan");
   EXPECT_EQ(r["prompts"], 4);
   EXPECT_EQ(r["label"], "diff");
@@ -346,17 +353,17 @@ TEST(ScanReport, ShapeGroupsCompareAndFiles) {
   EXPECT_EQ(r["per_prompt"][3]["answer"], nlohmann::json({2, 7}));
 
   const std::string dir = ::testing::TempDir();
-  ds::scan::write_json_atomic(r, dir + "/scan_report.json");
+  ds::scan::write_json_atomic(rep, dir + "/scan_report.json");
   EXPECT_FALSE(std::filesystem::exists(dir + "/scan_report.json.partial"));
   std::ifstream in(dir + "/scan_report.json");
   EXPECT_EQ(nlohmann::json::parse(in), r);
-  ds::scan::write_csv(r, dir + "/scan_report.csv");
+  ds::scan::write_csv(rep, dir + "/scan_report.csv");
   std::ifstream csv(dir + "/scan_report.csv");
   std::string line;
   int lines = 0;
   while (std::getline(csv, line)) ++lines;
   EXPECT_EQ(lines, 1 + int(d->config().layers * d->config().view_heads() + l->config().layers * l->config().view_heads()));
-  EXPECT_THROW(ds::scan::write_json_atomic(r, dir + "/no/such/dir/r.json"), ds::Error);
+  EXPECT_THROW(ds::scan::write_json_atomic(rep, dir + "/no/such/dir/r.json"), ds::Error);
 }
 
 }  // namespace

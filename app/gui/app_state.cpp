@@ -57,6 +57,7 @@ bool overview_mode_needs_a2(OverviewMode m) {
          m == OverviewMode::MaxLogit2;
 }
 
+// The engine's rule (map_query.h row_mass_of, session_scan.h fractions_of): the numbers a corpus scan reports.
 Fractions12 row_fractions(const RowMaps& rm, int head, int64_t begin, int64_t end) {
   Fractions12 f;
   f.fill(NAN);
@@ -65,23 +66,10 @@ Fractions12 row_fractions(const RowMaps& rm, int head, int64_t begin, int64_t en
     return f;
   const float* a1 = rm.rows.a1.data() + size_t(head) * size_t(n);
   const float* a2 = rm.differential && !rm.rows.a2.empty() ? rm.rows.a2.data() + size_t(head) * size_t(n) : nullptr;
-  // [map][part]: maps A1, A2, D, |D|; parts answer, sink, context (session_scan.cpp's fractions_of).
-  double m[4][3] = {};
-  for (int64_t k = 0; k <= q; ++k) {
-    const int part = k >= begin && k < end ? 0 : k == 0 ? 1 : 2;
-    const double x1 = a1[k], x2 = a2 ? a2[k] : 0.0, d = x1 - rm.lambda * x2;
-    m[0][part] += x1;
-    m[1][part] += x2;
-    m[2][part] += d;
-    m[3][part] += std::fabs(d);
-  }
-  const auto total = [&](int map) { return m[map][0] + m[map][1] + m[map][2]; };
-  const auto ratio = [](double part, double t) { return t != 0.0 && std::isfinite(t) ? part / t : NAN; };
-  const double ta = total(3), td = std::fabs(total(2)) > 1e-6 * std::max(1.0, ta) ? total(2) : 0.0;
-  const double tot[4] = {total(0), total(1), td, ta};
-  for (int map = 0; map < (a2 ? 4 : 1); ++map)
-    for (int part = 0; part < 3; ++part)
-      f[size_t(part * 4 + map)] = ratio(m[map][part], tot[map]);
+  const ds::scan::Fractions fr =
+      ds::scan::fractions_of(row_mass_of(a1, a2, q, float(rm.lambda), begin, end), a2 != nullptr);
+  for (int i = 0; i < ds::scan::kNumFractions; ++i)
+    f[size_t(i)] = ds::scan::fraction(fr, i);
   return f;
 }
 
@@ -330,7 +318,7 @@ bool AppState::open_scan_prompt(int row, std::string* why) {
     msg += buf;
   }
   // A prompt of a scan of another model (the twin, say) opens too; the numbers of the report are that model's.
-  const std::string scanned = rep.json.value("model", std::string());
+  const std::string scanned = rep.report.run.model;
   std::error_code ec;
   if (!scanned.empty() && !fs::equivalent(scanned, snap->model->dir, ec))
     msg += " (scanned with " + (fs::path(scanned).filename().empty() ? fs::path(scanned).parent_path() : fs::path(scanned)).filename().string() + ")";
@@ -357,7 +345,7 @@ static bool save_scan_file(const AppState& st, const std::string& path, std::str
     return false;
   }
   try {
-    write(sc->report->json, path);
+    write(sc->report->report, path);
   } catch (const std::exception& e) {
     if (why)
       *why = e.what();
@@ -367,11 +355,13 @@ static bool save_scan_file(const AppState& st, const std::string& path, std::str
 }
 
 bool AppState::save_scan_report(const std::string& path, std::string* why) const {
-  return save_scan_file(*this, path, why, "no report to save yet: scan a corpus first", ds::scan::write_json_atomic);
+  return save_scan_file(*this, path, why, "no report to save yet: scan a corpus first",
+                        [](const ds::scan::Report& r, const std::string& p) { ds::scan::write_json_atomic(r, p); });
 }
 
 bool AppState::save_scan_plot(const std::string& path, std::string* why) const {
-  return save_scan_file(*this, path, why, "no report to plot yet: scan a corpus first", ds::scan::write_plot_png);
+  return save_scan_file(*this, path, why, "no report to plot yet: scan a corpus first",
+                        [](const ds::scan::Report& r, const std::string& p) { ds::scan::write_plot_png(r, p); });
 }
 
 const GenerateOptions* AppState::last_generate_options() const {

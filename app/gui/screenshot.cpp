@@ -67,7 +67,7 @@ static nlohmann::json scan_json(const AppState& st) {
             {"done", sc->done},
             {"elapsed_s", sc->elapsed_s},
             {"skipped", skipped},
-            {"report", sc->report ? sc->report->json : json(nullptr)},
+            {"report", sc->report ? ds::scan::report_json(sc->report->report) : json(nullptr)},
             {"view", st.scan_view},
             {"fraction", ds::scan::kFractionKeys[std::clamp(st.scan_part * 4 + st.scan_map, 0, ds::scan::kNumFractions - 1)]}};
   j["heatmap_rect"] = st.show_corpus && sc->report ? rect_json(st.scan_heat_rect) : json(nullptr);

@@ -198,7 +198,7 @@ struct ScanRunView {
 };
 
 struct ScanReport {
-  nlohmann::json json;  // make_report's: what Save report writes and Save plot draws
+  ds::scan::Report report;  // make_report's: what Save report writes and Save plot draws
   bool complete = false;
   ScanRunView run;
   bool has_compare = false;

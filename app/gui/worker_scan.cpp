@@ -20,89 +20,63 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace sc = ds::scan;
 
-Fractions12 fractions_from(const nlohmann::json& o) {
-  Fractions12 f;
-  f.fill(NAN);
-  if (!o.is_object())
-    return f;
+Fractions12 fractions_from(const sc::Fractions& f) {
+  Fractions12 out;
   for (int i = 0; i < sc::kNumFractions; ++i)
-    if (const auto it = o.find(sc::kFractionKeys[i]); it != o.end() && it->is_number())
-      f[size_t(i)] = it->get<double>();
-  return f;
-}
-
-double number_or_nan(const nlohmann::json& o, const char* key) {
-  const auto it = o.find(key);
-  return it != o.end() && it->is_number() ? it->get<double>() : NAN;
-}
-
-int64_t integer_or(const nlohmann::json& o, const char* key, int64_t fallback) {
-  const auto it = o.find(key);
-  return it != o.end() && it->is_number() ? it->get<int64_t>() : fallback;
-}
-
-std::string string_or(const nlohmann::json& o, const char* key) {
-  const auto it = o.find(key);
-  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+    out[size_t(i)] = sc::fraction(f, i);
+  return out;
 }
 
 std::string tag_text(const nlohmann::json& v) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
-// One run's part of the report (make_report's keys) as plain numbers.
-ScanRunView run_view(const nlohmann::json& j) {
+// One run of the report as the Corpus panel shows it.
+ScanRunView run_view(const sc::RunReport& j) {
   ScanRunView v;
-  v.label = string_or(j, "label");
-  v.lambda_scale = number_or_nan(j, "lambda_scale");
-  v.differential = j.value("differential", true);
-  v.prompts = integer_or(j, "prompts", 0);
-  v.tokens = integer_or(j, "tokens", 0);
-  v.with_target = integer_or(j, "with_target", 0);
-  v.correct = integer_or(j, "correct", 0);
-  v.accuracy = number_or_nan(j, "accuracy");
-  v.mean = fractions_from(j.value("mean", nlohmann::json::object()));
-  const nlohmann::json layers = j.value("layers", nlohmann::json::array());
-  for (const auto& l : layers) {
-    v.layers.push_back(int(integer_or(l, "layer", -1)));
-    v.heads = std::max(v.heads, int(l.value("heads", nlohmann::json::array()).size()));
+  v.label = j.label;
+  v.lambda_scale = j.lambda_scale;
+  v.differential = j.differential;
+  v.prompts = j.prompts;
+  v.tokens = j.tokens;
+  v.with_target = j.with_target;
+  v.correct = j.correct;
+  v.accuracy = j.accuracy;
+  v.mean = fractions_from(j.mean);
+  for (const sc::LayerReport& l : j.layers) {
+    v.layers.push_back(l.layer);
+    v.heads = std::max(v.heads, int(l.heads.size()));
   }
   Fractions12 none;
   none.fill(NAN);
   v.cells.assign(v.layers.size() * size_t(v.heads), none);
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const nlohmann::json heads = layers[li].value("heads", nlohmann::json::array());
-    for (size_t h = 0; h < heads.size(); ++h)
-      v.cells[li * size_t(v.heads) + h] = fractions_from(heads[h]);
-  }
-  if (const auto g = j.find("groups"); g != j.end() && g->is_object())
-    for (const char* key : {"length", "depth"})
-      if (const auto arr = g->find(key); arr != g->end() && arr->is_array())
-        for (const auto& e : *arr) {
-          ScanRunView::Group gr;
-          gr.key = key;
-          gr.value = e.contains("value") ? tag_text(e["value"]) : "";
-          gr.prompts = integer_or(e, "prompts", 0);
-          gr.accuracy = number_or_nan(e, "accuracy");
-          gr.mean = fractions_from(e.value("mean", nlohmann::json::object()));
-          v.groups.push_back(std::move(gr));
-        }
-  for (const auto& p : j.value("per_prompt", nlohmann::json::array())) {
-    ScanRunView::Row r;
-    r.line = int(integer_or(p, "line", 0));
-    r.tokens = integer_or(p, "tokens", 0);
-    if (const auto a = p.find("answer"); a != p.end() && a->is_array() && a->size() == 2) {
-      r.answer_begin = (*a)[0].is_number() ? (*a)[0].get<int64_t>() : 0;
-      r.answer_end = (*a)[1].is_number() ? (*a)[1].get<int64_t>() : 0;
+  for (size_t li = 0; li < j.layers.size(); ++li)
+    for (size_t h = 0; h < j.layers[li].heads.size(); ++h)
+      v.cells[li * size_t(v.heads) + h] = fractions_from(j.layers[li].heads[h]);
+  for (const auto& [key, arr] : j.groups)
+    for (const sc::GroupReport& e : arr) {
+      ScanRunView::Group gr;
+      gr.key = key;
+      gr.value = tag_text(e.value);
+      gr.prompts = e.prompts;
+      gr.accuracy = e.accuracy;
+      gr.mean = fractions_from(e.mean);
+      v.groups.push_back(std::move(gr));
     }
-    r.mean = fractions_from(p.value("mean", nlohmann::json::object()));
-    if (const auto c = p.find("correct"); c != p.end() && c->is_boolean())
-      r.correct = c->get<bool>() ? 1 : 0;
-    r.target = string_or(p, "target");
-    r.output = string_or(p, "output");
-    r.ms = number_or_nan(p, "ms");
-    if (const auto t = p.find("tags"); t != p.end() && t->is_object())
-      for (auto it = t->begin(); it != t->end(); ++it)
+  for (const sc::PromptResult& p : j.per_prompt) {
+    ScanRunView::Row r;
+    r.line = p.line;
+    r.tokens = p.tokens;
+    r.answer_begin = p.answer_begin;
+    r.answer_end = p.answer_end;
+    r.mean = fractions_from(p.mean);
+    if (p.has_target)
+      r.correct = p.correct ? 1 : 0;
+    r.target = p.has_target ? p.target : "";
+    r.output = p.has_target ? p.output : "";
+    r.ms = p.ms;
+    if (p.tags.is_object())
+      for (auto it = p.tags.begin(); it != p.tags.end(); ++it)
         r.tags += (r.tags.empty() ? "" : " ") + it.key() + "=" + tag_text(it.value());
     v.rows.push_back(std::move(r));
   }
@@ -184,12 +158,12 @@ void Worker::run_scan(const Request& r) {
   for (const auto& run : runs) views.push_back(run.get());
   const auto make_report = [&](bool complete) {
     auto rep = std::make_shared<ScanReport>();
-    rep->json = sc::make_report(views, o.path, *skipped, complete, elapsed());
+    rep->report = sc::make_report(views, o.path, *skipped, complete, elapsed());
     rep->complete = complete;
-    rep->run = run_view(rep->json);
-    if (const auto c = rep->json.find("compare"); c != rep->json.end()) {
+    rep->run = run_view(rep->report.run);
+    if (rep->report.compare) {
       rep->has_compare = true;
-      rep->compare = run_view(*c);
+      rep->compare = run_view(*rep->report.compare);
     }
     return std::shared_ptr<const ScanReport>(std::move(rep));
   };

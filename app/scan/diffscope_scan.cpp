@@ -250,18 +250,17 @@ int scan(const Args& a) {
     std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n",
                  runs[0]->results().size(), a.out.c_str());
   }
-  const nlohmann::json report = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
+  const ds::scan::Report report = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
   if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
   if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
-  for (const auto& r : runs) {
-    const nlohmann::json j = r->report();
-    const nlohmann::json& m = j["mean"];
-    const bool d = r->differential();
-    const auto get = [&](const char* k) { return m.contains(k) && m[k].is_number() ? m[k].get<double>() : NAN; };
-    std::printf("%-28s prompts %zu  answer %.4f  context %.4f  sink %.4f%s", r->options().label.c_str(),
-                r->results().size(), get(d ? "answer_diff" : "answer1"), get(d ? "context_diff" : "context1"),
-                get(d ? "sink_diff" : "sink1"), d ? " (A1 - lambda*A2)" : " (softmax)");
-    if (j["accuracy"].is_number()) std::printf("  accuracy %.3f", j["accuracy"].get<double>());
+  for (const ds::scan::RunReport* r : {&report.run, report.compare ? &*report.compare : nullptr}) {
+    if (!r) continue;
+    const ds::scan::Fractions& m = r->mean;
+    const bool d = r->differential;
+    std::printf("%-28s prompts %lld  answer %.4f  context %.4f  sink %.4f%s", r->label.c_str(), (long long)r->prompts,
+                d ? m.answer_diff : m.answer1, d ? m.context_diff : m.context1, d ? m.sink_diff : m.sink1,
+                d ? " (A1 - lambda*A2)" : " (softmax)");
+    if (std::isfinite(r->accuracy)) std::printf("  accuracy %.3f", r->accuracy);
     std::printf("\n");
   }
   if (interrupted) return kExitInterrupted;

@@ -108,19 +108,6 @@ std::vector<double> ticks_in(double lo, double hi, double step) {
   return t;
 }
 
-// The JSON number at key, or NaN (absent, null, not a number).
-double num(const json& o, const char* key) {
-  if (!o.is_object()) return kNaN;
-  auto it = o.find(key);
-  if (it == o.end() || !it->is_number()) return kNaN;
-  return it->get<double>();
-}
-std::string str(const json& o, const char* key) {
-  if (!o.is_object()) return {};
-  auto it = o.find(key);
-  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 // Text cairo can show: valid UTF-8 (invalid bytes become '?', which would otherwise put the context in an error
 // state), control characters as spaces.
 std::string clean_text(const std::string& s) {
@@ -180,73 +167,46 @@ struct RunData {
 
 constexpr const char* kGroupKeys[2] = {"depth", "length"};
 
-RunData read_run(const json& r, int index, const std::string& path) {
-  const std::string where = index == 0 ? "the report" : "the report's \"compare\" run";
-  if (!r.is_object()) fail_file(path, where + " is not a JSON object (not a diffscope-scan report)");
-  auto mean_it = r.find("mean");
-  if (mean_it == r.end() || !mean_it->is_object())
-    fail_file(path, where + " has no \"mean\" object (not a diffscope-scan report)");
-  auto layers_it = r.find("layers");
-  if (layers_it == r.end() || !layers_it->is_array())
-    fail_file(path, where + " has no \"layers\" array (not a diffscope-scan report)");
-  const json& mean = *mean_it;
-
+RunData read_run(const RunReport& r, int index) {
   RunData d;
   d.color = kRunColors[index];
-  auto diff_it = r.find("differential");
-  d.differential = diff_it != r.end() && diff_it->is_boolean() ? diff_it->get<bool>() : mean.contains("answer_diff");
+  d.differential = r.differential;
   d.answer_key = d.differential ? "answer_diff" : "answer1";
-  d.answer = num(mean, d.differential ? "answer_diff" : "answer1");
-  d.context = num(mean, d.differential ? "context_diff" : "context1");
-  d.sink = num(mean, d.differential ? "sink_diff" : "sink1");
+  d.answer = d.differential ? r.mean.answer_diff : r.mean.answer1;
+  d.context = d.differential ? r.mean.context_diff : r.mean.context1;
+  d.sink = d.differential ? r.mean.sink_diff : r.mean.sink1;
+  const auto answer_of = [&](const Fractions& f) { return d.differential ? f.answer_diff : f.answer1; };
 
-  std::string model = str(r, "model");
+  std::string model = r.model;
   while (model.size() > 1 && model.back() == '/') model.pop_back();
   if (auto slash = model.rfind('/'); slash != std::string::npos && slash + 1 < model.size())
     model = model.substr(slash + 1);
-  d.label = str(r, "label");
+  d.label = r.label;
   if (d.label.empty()) d.label = model;
   if (d.label.empty()) d.label = "run " + std::to_string(index + 1);
   d.label = clean_text(d.label);
 
   std::vector<std::string> parts;
-  if (std::string arch = str(r, "architecture"); !arch.empty()) parts.push_back(arch);
-  double ls = num(r, "lambda_scale");
+  if (!r.architecture.empty()) parts.push_back(r.architecture);
+  const double ls = r.lambda_scale;
   if (d.differential)
     parts.push_back(std::isfinite(ls) && ls != 1 ? "differential, \xCE\xBB \xC3\x97 " + fmt_number(ls)
                                                  : std::string("differential"));
   else
     parts.push_back("plain softmax attention");
-  double prompts = num(r, "prompts");
-  if (std::isfinite(prompts)) parts.push_back(fmt_number(prompts) + (prompts == 1 ? " prompt" : " prompts"));
-  double acc = num(r, "accuracy"), correct = num(r, "correct"), with_target = num(r, "with_target");
-  if (std::isfinite(acc)) {
-    std::string a = "accuracy " + printf_str("%.1f%%", acc > 1.0001 ? acc : acc * 100);
-    if (std::isfinite(correct) && std::isfinite(with_target))
-      a += " (" + fmt_number(correct) + "/" + fmt_number(with_target) + ")";
-    parts.push_back(a);
-  } else {
+  parts.push_back(fmt_number(double(r.prompts)) + (r.prompts == 1 ? " prompt" : " prompts"));
+  if (std::isfinite(r.accuracy))
+    parts.push_back("accuracy " + printf_str("%.1f%%", r.accuracy * 100) + " (" + fmt_number(double(r.correct)) + "/" +
+                    fmt_number(double(r.with_target)) + ")");
+  else
     parts.push_back("no targets");
-  }
   for (size_t i = 0; i < parts.size(); ++i) d.subtitle += (i ? "  \xC2\xB7  " : "") + parts[i];
   d.subtitle = clean_text(d.subtitle);
 
-  for (const json& layer : *layers_it) {
-    double ln = num(layer, "layer");
-    d.layer_names.push_back(std::isfinite(ln) ? fmt_number(ln) : std::to_string(d.layer_names.size()));
+  for (const LayerReport& layer : r.layers) {
+    d.layer_names.push_back(fmt_number(double(layer.layer)));
     std::vector<double> row;
-    auto heads_it = layer.is_object() ? layer.find("heads") : layer.end();
-    if (layer.is_object() && heads_it != layer.end() && heads_it->is_array()) {
-      size_t order = 0;
-      for (const json& h : *heads_it) {
-        double hn = num(h, "head");
-        size_t pos =
-            std::isfinite(hn) && hn >= 0 && hn < 4096 && hn == std::floor(hn) ? static_cast<size_t>(hn) : order;
-        ++order;
-        if (row.size() <= pos) row.resize(pos + 1, kNaN);
-        row[pos] = num(h, d.answer_key);
-      }
-    }
+    for (const Fractions& h : layer.heads) row.push_back(answer_of(h));
     d.heads = std::max<int>(d.heads, static_cast<int>(row.size()));
     d.cells.push_back(std::move(row));
   }
@@ -259,14 +219,11 @@ RunData read_run(const json& r, int index, const std::string& path) {
     d.layer_mean.push_back(n ? sum / n : kNaN);
   }
 
-  auto groups_it = r.find("groups");
-  if (groups_it != r.end() && groups_it->is_object()) {
-    for (int g = 0; g < 2; ++g) {
-      auto it = groups_it->find(kGroupKeys[g]);
-      if (it == groups_it->end() || !it->is_array()) continue;
-      for (const json& e : *it) {
-        if (!e.is_object() || !e.contains("value")) continue;
-        const json& v = e["value"];
+  for (int g = 0; g < 2; ++g) {
+    for (const auto& [key, arr] : r.groups) {
+      if (key != kGroupKeys[g]) continue;
+      for (const GroupReport& e : arr) {
+        const json& v = e.value;
         GroupPoint p;
         if (v.is_number()) {
           p.numeric = true;
@@ -276,15 +233,14 @@ RunData read_run(const json& r, int index, const std::string& path) {
         } else {
           p.label = clean_text(v.is_string() ? v.get<std::string>() : v.dump());
         }
-        auto m = e.find("mean");
-        p.answer = m != e.end() ? num(*m, d.answer_key) : kNaN;
-        p.accuracy = num(e, "accuracy");
+        p.answer = answer_of(e.mean);
+        p.accuracy = e.accuracy;
         d.groups[g].push_back(std::move(p));
       }
-      if (std::all_of(d.groups[g].begin(), d.groups[g].end(), [](const GroupPoint& p) { return p.numeric; }))
-        std::stable_sort(d.groups[g].begin(), d.groups[g].end(),
-                         [](const GroupPoint& a, const GroupPoint& b) { return a.x < b.x; });
     }
+    if (std::all_of(d.groups[g].begin(), d.groups[g].end(), [](const GroupPoint& p) { return p.numeric; }))
+      std::stable_sort(d.groups[g].begin(), d.groups[g].end(),
+                       [](const GroupPoint& a, const GroupPoint& b) { return a.x < b.x; });
   }
   return d;
 }
@@ -779,10 +735,10 @@ cairo_status_t append_png(void* closure, const unsigned char* data, unsigned int
 
 }  // namespace
 
-void write_plot_png(const nlohmann::json& report, const std::string& path) {
+void write_plot_png(const Report& report, const std::string& path) {
   std::vector<RunData> runs;
-  runs.push_back(read_run(report, 0, path));
-  if (auto it = report.find("compare"); it != report.end() && !it->is_null()) runs.push_back(read_run(*it, 1, path));
+  runs.push_back(read_run(report.run, 0));
+  if (report.compare) runs.push_back(read_run(*report.compare, 1));
   const double n = static_cast<double>(runs.size());
   const bool one = runs.size() == 1;
   const double content_w = kWidth - 2 * kMargin, half_w = (content_w - kRunGap) / 2;
@@ -843,13 +799,12 @@ void write_plot_png(const nlohmann::json& report, const std::string& path) {
   c.text(kMargin, 42, "Corpus scan: where the last prompt token attends", kText);
   {
     std::vector<std::pair<std::string, Rgb>> parts;
-    std::string input = clean_text(str(report, "input"));
+    std::string input = clean_text(report.input);
     if (!input.empty()) parts.push_back({"input " + input, kMuted});
-    if (const auto sk = report.find("skipped"); sk != report.end() && sk->is_array() && !sk->empty())
-      parts.push_back({std::to_string(sk->size()) + (sk->size() == 1 ? " line skipped" : " lines skipped"), kMuted});
-    if (double e = num(report, "elapsed_s"); std::isfinite(e)) parts.push_back({printf_str("%.1f s", e), kMuted});
-    if (const auto co = report.find("complete"); co != report.end() && co->is_boolean() && !co->get<bool>())
-      parts.push_back({"incomplete: the scan was interrupted", kWarn});
+    if (const size_t sk = report.skipped.size())
+      parts.push_back({std::to_string(sk) + (sk == 1 ? " line skipped" : " lines skipped"), kMuted});
+    if (std::isfinite(report.elapsed_s)) parts.push_back({printf_str("%.1f s", report.elapsed_s), kMuted});
+    if (!report.complete) parts.push_back({"incomplete: the scan was interrupted", kWarn});
     if (runs.size() == 2) parts.push_back({runs[0].label + " vs " + runs[1].label, kMuted});
     c.font(13);
     double x = kMargin;
