@@ -61,7 +61,7 @@ inline double attn_flops(bool diff, int64_t view_heads_count, int64_t d, int64_t
   return per_head * double(view_heads_count) * double(batch);
 }
 
-// Pooled views (engine/map_query.h): an extent of E cells pooled into B blocks; block b covers offsets
+// Pooled views (engine/core/map_query.h): an extent of E cells pooled into B blocks; block b covers offsets
 // floor(b E / B) .. floor((b + 1) E / B) - 1, and offset r falls in block floor(((r + 1) B - 1) / E).
 DS_HD int view_block(int64_t r, int64_t E, int B) { return int(((r + 1) * int64_t(B) - 1) / E); }
 DS_HD int64_t view_block_start(int b, int64_t E, int B) { return int64_t(b) * E / B; }

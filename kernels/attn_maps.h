@@ -35,7 +35,7 @@ cudaError_t launch_attn_stats_reduce(const float* row_stats, int heads, int n, d
 cudaError_t launch_attn_row_mass(const float* maps, int heads, int nmaps, int n, int q, float lambda, int a0, int a1,
                                  double* out, cudaStream_t stream);
 
-// A pooled view's rectangle and grid (engine/map_query.h has the rules): query rows [q0, q1), keys [k0, k1),
+// A pooled view's rectangle and grid (engine/core/map_query.h has the rules): query rows [q0, q1), keys [k0, k1),
 // rows x cols blocks, max or mean, D = A1 - lambda A2.
 struct ViewPoolArgs {
   int64_t q0, q1, k0, k1;

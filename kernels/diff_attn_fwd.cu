@@ -981,7 +981,7 @@ __device__ __forceinline__ int block_of_8(int64_t rb, int64_t lo, int64_t hi, in
   return b == view_block(rb + 7 - lo, hi - lo, blocks) ? b : -1;
 }
 
-// A pooled view (engine/map_query.h) of view head `head`: the CTAs take the query tiles of the rectangle; pass 2
+// A pooled view (engine/core/map_query.h) of view head `head`: the CTAs take the query tiles of the rectangle; pass 2
 // visits the key tiles that meet its columns. A warp pools its 16 x 64 part of a tile by runs: while its 8 or 16
 // rows lie in one grid row and successive 8-column blocks in one grid column, each lane folds its entries in
 // registers, and a run ends with one warp reduction and one atomic per map (a 32 x 32 cell of a 32K-token view:

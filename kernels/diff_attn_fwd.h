@@ -27,7 +27,7 @@ cudaError_t launch_attn_mma(const AttnParams& p, int schedule, cudaStream_t stre
 // visited) and read K from p.kv when it is set.
 int attn_row_stats_smem(int d);
 cudaError_t launch_attn_row_stats(const AttnParams& p, float* row_stats, cudaStream_t stream);
-// A pooled view of view head `head` (rectangle, grid and pooling in v; engine/map_query.h has the rules) by the
+// A pooled view of view head `head` (rectangle, grid and pooling in v; engine/core/map_query.h has the rules) by the
 // same two passes, folded into the accumulators a1, a2, diff [v.rows x v.cols] (attn_maps.h: zeroed first, values
 // after launch_attn_view_finish). Same conditions as launch_attn_row_stats; a2 may be null for plain heads.
 cudaError_t launch_attn_map_view(const AttnParams& p, const ViewPoolArgs& v, int head, float* a1, float* a2, float* diff,

@@ -1,4 +1,4 @@
-// The implicit attention of one channel of a Mamba-1 scan (engine/map_query.h, "implicit attention", has the math),
+// The implicit attention of one channel of a Mamba-1 scan (engine/core/map_query.h, "implicit attention", has the math),
 // pooled into a view's grid on the device: one channel's step sizes and their prefix sums, then every cell of the
 // grid from its block of entries, so nothing n x n exists anywhere.
 #pragma once

@@ -1,4 +1,4 @@
-// PolyNorm-gated MLP activation (Motif; engine/arch.h, MlpAct::PolyNorm) of the fused gate/up projection:
+// PolyNorm-gated MLP activation (Motif; engine/core/arch.h, MlpAct::PolyNorm) of the fused gate/up projection:
 // out = (w0 N(g^3) + w1 N(g^2) + w2 N(g) + b) * up, N(z) = z / sqrt(mean(z^2) + eps) over the row's I gate values.
 // bf16 in (the GEMM's rounding of gate and up, as in a bf16 transformers model), f32 arithmetic, bf16 out.
 #pragma once

@@ -14,7 +14,7 @@ among equal logits, as ds::Sampler does); EOS never stops it. The reference is i
                         transformers' eager path upcasts RMSNorm and softmax to float32 (meant for half-precision
                         inputs); with float64 inputs that would round them to float32, so this script runs those two
                         in float64 (same formulas). The rotary angles stay as transformers computes them (float32
-                        position * inv_freq: part of the model as transformers defines it, and what engine/rope.h
+                        position * inv_freq: part of the model as transformers defines it, and what engine/core/rope.h
                         reproduces), as does DiffLlama's lambda (float32 sum of lambda_q . lambda_k).
     motif               tools/motif_reference.py (float64 numpy)
     phi4flash           tools/phi4flash_reference.py (float64 numpy)

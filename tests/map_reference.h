@@ -1,4 +1,4 @@
-// Float64 references for the map queries (engine/map_query.h), built from a layer's full maps: what a pooled view,
+// Float64 references for the map queries (engine/core/map_query.h), built from a layer's full maps: what a pooled view,
 // a row or a head's statistics must be; and the float64 attention itself (maps and outputs) from Q, K and V, with a
 // sliding window and K/V from a separate buffer (kernels/attn_params.h). Written from the definitions, independently
 // of the engine's pooling code and of the kernels.
@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "engine/backend.h"
+#include "engine/core/backend.h"
 #include "kernels/attn_heads.h"
 
 namespace dstest {

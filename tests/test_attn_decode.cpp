@@ -24,8 +24,8 @@ TEST(AttnDecode, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no 
 #include <string>
 #include <vector>
 
-#include "engine/backend_cuda_memory.h"
-#include "engine/dtype.h"
+#include "engine/cuda/detail/backend_cuda_memory.h"
+#include "engine/core/dtype.h"
 #include "kernels/attn_decode.h"
 #include "test_cuda_util.h"
 

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/session.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

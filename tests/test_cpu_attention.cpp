@@ -1,4 +1,4 @@
-// The CPU backend's tiled attention (engine/backend_cpu_attention.h) against a float64 reference written from the
+// The CPU backend's tiled attention (engine/cpu/detail/backend_cpu_attention.h) against a float64 reference written from the
 // definition: causal (optionally sliding-window) softmax(q k^T scale) V, and for differential heads
 // softmax(q0 k0^T) [V0 | V1] - lambda softmax(q1 k1^T) [V0 | V1]. Fresh random inputs, output poisoned first, shapes
 // that leave partial tiles, query rows starting past 0 (decoding), windows that cut tiles, and several threads.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend_cpu_attention.h"
+#include "engine/cpu/detail/backend_cpu_attention.h"
 
 namespace {
 

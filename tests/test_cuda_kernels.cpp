@@ -27,11 +27,11 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include <utility>
 #include <vector>
 
-#include "engine/backend_cuda_memory.h"
+#include "engine/cuda/detail/backend_cuda_memory.h"
 #include "test_cuda_util.h"
-#include "engine/config.h"
-#include "engine/dtype.h"
-#include "engine/rope.h"
+#include "engine/core/config.h"
+#include "engine/core/dtype.h"
+#include "engine/core/rope.h"
 #include "kernels/attn_dispatch.h"
 #include "map_reference.h"
 #include "kernels/attn_maps.h"
@@ -584,7 +584,7 @@ TEST(CudaKernels, MapsAndStatisticsMatchFloat64) {
   }
 }
 
-// The fused view kernel (launch_attn_map_view) against float64 maps pooled by the definition (engine/map_query.h):
+// The fused view kernel (launch_attn_map_view) against float64 maps pooled by the definition (engine/core/map_query.h):
 // long enough (n = 700) that grid cells span many 8 x 8 blocks (runs folded in registers) while rectangle edges and
 // small cells take the per-element path; max and mean; differential and plain heads. ex2.approx and f32 sums: 2e-5.
 

@@ -23,14 +23,14 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include <random>
 
 #include "app/bench/synthetic_model.h"
-#include "engine/backend.h"
-#include "engine/backend_cuda.h"
-#include "engine/backend_cuda_impl.h"
-#include "engine/error.h"
-#include "engine/model.h"
+#include "engine/core/backend.h"
+#include "engine/cuda/backend_cuda.h"
+#include "engine/cuda/detail/backend_cuda_impl.h"
+#include "engine/core/error.h"
+#include "engine/core/model.h"
 #include "kernels/gemm_swiglu_sm90.h"
 #include "map_reference.h"
-#include "engine/session.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 #include "test_cuda_util.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend_cuda_memory.h"
+#include "engine/cuda/detail/backend_cuda_memory.h"
 
 inline bool device_present(std::string* why) {
   int count = 0;

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/session.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 namespace {

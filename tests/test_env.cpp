@@ -1,12 +1,12 @@
-// The DS_* on/off switches (engine/env.h): 0 and 1, the default when unset or empty, and any other value refused
+// The DS_* on/off switches (engine/core/env.h): 0 and 1, the default when unset or empty, and any other value refused
 // with the variable's name (DS_DECODE_GEMV and DS_SWIGLU_FUSED used to take anything that was not "0" as on).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "engine/env.h"
-#include "engine/error.h"
+#include "engine/core/env.h"
+#include "engine/core/error.h"
 
 TEST(EnvSwitch, ZeroOneDefaultAndRefusal) {
   const char* name = "DS_TEST_ENV_SWITCH";

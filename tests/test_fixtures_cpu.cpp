@@ -5,9 +5,9 @@
 // and GMU layers) have no maps in the fixtures and none from the engine.
 #include <gtest/gtest.h>
 
-#include "engine/config.h"
-#include "engine/rope.h"
-#include "engine/session.h"
+#include "engine/core/config.h"
+#include "engine/core/rope.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The one forward's hook points (engine/forward.h) through their first reader, the paper's Table 5 statistic: per
+// The one forward's hook points (engine/core/forward.h) through their first reader, the paper's Table 5 statistic: per
 // layer the largest |hidden state| of the layer's output over the sequence (Session::max_abs_hidden). Checked on
 // every family and both backends against the layer outputs the same backend hands out (ForwardResult::hidden, read
 // here in double): after a prompt, after a lambda change that re-runs only the upper layers, and after generated
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/forward.h"
-#include "engine/session.h"
+#include "engine/core/forward.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 #ifdef DS_HAVE_CUDA

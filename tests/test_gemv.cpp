@@ -23,8 +23,8 @@ TEST(Gemv, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no CUDA b
 #include <string>
 #include <vector>
 
-#include "engine/backend_cuda_memory.h"
-#include "engine/dtype.h"
+#include "engine/cuda/detail/backend_cuda_memory.h"
+#include "engine/core/dtype.h"
 #include "kernels/gemv.h"
 #include "kernels/rmsnorm.h"
 #include "test_cuda_util.h"

@@ -1,4 +1,4 @@
-// Generation (engine/session.h, ForwardRequest::append_from) checked against the engine's own full forward: every
+// Generation (engine/session/session.h, ForwardRequest::append_from) checked against the engine's own full forward: every
 // cached decoding step's logits equal a forward over the whole sequence so far, on every family (DiffLlama, Llama,
 // Motif, Phi-4-mini-flash) and on both backends; cutting back to the prompt and generating again, a lambda change in
 // the middle of a generation, rows/statistics of generated positions, stopping (EOS, max, context), and the sampler
@@ -12,12 +12,12 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
-#include "engine/sampling.h"
-#include "engine/session.h"
+#include "engine/core/sampling.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 #ifdef DS_HAVE_CUDA
-#include "engine/backend_cuda_impl.h"
+#include "engine/cuda/detail/backend_cuda_impl.h"
 #include "kernels/argmax.h"
 #include "test_cuda_util.h"
 #endif

@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
-#include "engine/session.h"
+#include "engine/core/safetensors.h"
+#include "engine/session/session.h"
 #include "test_util.h"
 
 #ifdef DS_HAVE_CUDA

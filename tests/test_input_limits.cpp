@@ -1,4 +1,4 @@
-// Hardening round 2 (engine/input_limits.h): nesting limits on every JSON, files read only when regular and within
+// Hardening round 2 (engine/core/input_limits.h): nesting limits on every JSON, files read only when regular and within
 // a size limit, and the GUI's settings validated key by key. Each refusal is one line naming the file, and comes at
 // once whatever the input's size (a 50 MB nest of arrays is refused at its 65th level).
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/error.h"
-#include "engine/input_limits.h"
-#include "engine/session.h"
-#include "engine/session_scan.h"
+#include "engine/core/error.h"
+#include "engine/core/input_limits.h"
+#include "engine/session/session.h"
+#include "engine/session/session_scan.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// The lambda sweep (engine/session_sweep.h), which the GUI's sweep plot, diffscope-run --sweep and the Python module
+// The lambda sweep (engine/session/session_sweep.h), which the GUI's sweep plot, diffscope-run --sweep and the Python module
 // share: each point's log-probability equals a fresh session's forward with that lambda on the layer, each entropy
 // equals that forward's own head statistics, the session's lambda and result come back unchanged, a stop keeps the
 // points done (the range's ends first), and requests the model cannot serve are refused by name.
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/session.h"
-#include "engine/session_sweep.h"
+#include "engine/session/session.h"
+#include "engine/session/session_sweep.h"
 #include "test_util.h"
 
 namespace {

@@ -1,11 +1,11 @@
-// Map queries on the CPU backend (engine/map_query.h): pooled views, rows and statistics against float64
+// Map queries on the CPU backend (engine/core/map_query.h): pooled views, rows and statistics against float64
 // references built from the full maps, on the transformers fixtures (differential MHA and GQA, Llama, a one-token
 // prompt) and with lambda overrides; and the CLI's flags write them.
 #include <gtest/gtest.h>
 
 #include <atomic>
 
-#include "engine/session.h"
+#include "engine/session/session.h"
 #include "map_reference.h"
 #include "test_util.h"
 

@@ -5,8 +5,8 @@
 
 #include <map>
 
-#include "engine/config.h"
-#include "engine/session.h"
+#include "engine/core/config.h"
+#include "engine/session/session.h"
 #include "map_reference.h"
 #include "test_util.h"
 

@@ -1,12 +1,12 @@
-// engine/safe_write.h: every file the tools write goes through one writer that never loses a file.
+// engine/core/safe_write.h: every file the tools write goes through one writer that never loses a file.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 
-#include "engine/error.h"
-#include "engine/safe_write.h"
+#include "engine/core/error.h"
+#include "engine/core/safe_write.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

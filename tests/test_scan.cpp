@@ -1,4 +1,4 @@
-// Corpus scans (engine/session_scan.h): the row masses against sums of the transformers fixtures' maps (float64),
+// Corpus scans (engine/session/session_scan.h): the row masses against sums of the transformers fixtures' maps (float64),
 // the CUDA device reduction against the same backend's rows, the corpus reader's line errors, the answer span's
 // mapping from characters to tokens, the greedy-answer check, interruption, and the report's shape.
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <fstream>
 #include <random>
 
-#include "engine/session.h"
-#include "engine/session_scan.h"
+#include "engine/session/session.h"
+#include "engine/session/session_scan.h"
 #include "test_util.h"
 
 #ifdef DS_HAVE_CUDA

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "app/bench/tokenizer_bench.h"
-#include "engine/error.h"
-#include "engine/tokenizer.h"
+#include "engine/core/error.h"
+#include "engine/core/tokenizer.h"
 
 namespace fs = std::filesystem;
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
-#include "engine/safetensors.h"
+#include "engine/core/safetensors.h"
 
 namespace dstest {
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Checks that the engine's libraries depend in one direction only: core <- cpu, cuda <- engine (the session layer).
 
-Two checks, both against the rule CMakeLists.txt states for which file goes to which layer:
+Three checks, against the rule CMakeLists.txt states (a library is a folder: engine/core, engine/cpu, engine/cuda with
+kernels/, engine/session; a header in a library's detail/ folder is private to it):
   includes  no engine/ or kernels/ file includes a header of a layer above its own
+  private   no program (app/, but the kernel benchmarks app/bench/cuda_* and cpu_bench_attention, which time the
+            kernels themselves) includes a private header (engine/*/detail/, a kernels/ header that needs CUDA)
   symbols   (given the built static libraries) no library needs a symbol that only a library above it defines
 A header in kernels/ that needs no CUDA (no CUDA header, directly or through the headers it includes) counts as
 core: it holds conventions both backends share and compiles on the host too (kernels/attn_heads.h).
@@ -47,40 +50,53 @@ def needs_cuda(rel, seen=None):
 
 
 def layer_of(rel):
-    """The layer of a file, by the naming rule of CMakeLists.txt; None for files outside the engine and kernels."""
-    d, name = os.path.split(rel)
-    if d == "kernels":
-        return "core" if name.endswith(".h") and not needs_cuda(rel) else "cuda"
-    if d != "engine":
+    """The layer of a file by its folder; None for files outside the engine and kernels."""
+    parts = rel.split("/")
+    if parts[0] == "kernels":
+        return "core" if rel.endswith(".h") and not needs_cuda(rel) else "cuda"
+    if parts[0] != "engine" or len(parts) < 3:
         return None
-    stem = name.split(".")[0]
-    if stem.startswith("backend_cpu"):
-        return "cpu"
-    if stem.startswith("backend_cuda"):
-        return "cuda"
-    if stem.startswith("session") or stem.startswith("backends") or stem.endswith("_unavailable"):
-        return "engine"
-    return "core"
+    return {"core": "core", "cpu": "cpu", "cuda": "cuda", "session": "engine"}.get(parts[1])
+
+
+def engine_files(src):
+    for d in ("engine/core", "engine/cpu", "engine/cuda", "engine/session", "kernels"):
+        for sub in ("", "/detail"):
+            folder = os.path.join(src, d + sub)
+            if os.path.isdir(folder):
+                for name in sorted(os.listdir(folder)):
+                    if re.search(r"\.(h|cpp|cu|cuh|inc)$", name):
+                        yield f"{d}{sub}/{name}"
+
+
+def check_private(src):
+    bad = []
+    for root, _, names in os.walk(os.path.join(src, "app")):
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(root, name), src)
+            if not re.search(r"\.(h|cpp)$", name) or re.match(r"app/bench/(cuda_|cpu_bench_attention)", rel):
+                continue
+            for kind, inc in includes(rel):
+                cuda_kernel = inc.startswith("kernels/") and layer_of(inc) == "cuda"
+                if kind == '"' and (re.match(r"engine/[^/]+/detail/", inc) or cuda_kernel):
+                    bad.append(f"{rel} (a program) includes the private header {inc}")
+    return bad
 
 
 def check_includes(src):
     bad = []
-    for d in ("engine", "kernels"):
-        for name in sorted(os.listdir(os.path.join(src, d))):
-            rel = f"{d}/{name}"
-            if not re.search(r"\.(h|cpp|cu|cuh)$", name):
+    for rel in engine_files(src):
+        mine = layer_of(rel)
+        for kind, inc in includes(rel):
+            if kind != '"':
                 continue
-            mine = layer_of(rel)
-            for kind, inc in includes(rel):
-                if kind != '"':
-                    continue
-                target = resolve(rel, inc)
-                theirs = layer_of(target)
-                if theirs is None or not os.path.exists(os.path.join(src, target)):
-                    continue
-                # Sideways (cpu <-> cuda) is as wrong as upwards: neither backend may know the other.
-                if LEVEL[theirs] > LEVEL[mine] or (LEVEL[theirs] == LEVEL[mine] and theirs != mine):
-                    bad.append(f"{rel} ({mine}) includes {target} ({theirs})")
+            target = resolve(rel, inc)
+            theirs = layer_of(target)
+            if theirs is None or not os.path.exists(os.path.join(src, target)):
+                continue
+            # Sideways (cpu <-> cuda) is as wrong as upwards: neither backend may know the other.
+            if LEVEL[theirs] > LEVEL[mine] or (LEVEL[theirs] == LEVEL[mine] and theirs != mine):
+                bad.append(f"{rel} ({mine}) includes {target} ({theirs})")
     return bad
 
 
@@ -126,7 +142,7 @@ def main():
     unknown = set(libs) - set(LEVEL)
     if unknown:
         ap.error(f"unknown layer(s) {sorted(unknown)}: use {sorted(LEVEL)}")
-    bad = check_includes(a.source) + (check_symbols(libs) if libs else [])
+    bad = check_includes(a.source) + check_private(a.source) + (check_symbols(libs) if libs else [])
     for b in bad:
         print("layering:", b)
     verdict = f"FAILED, {len(bad)} arrow(s) point up or sideways" if bad else "every arrow points down"

@@ -347,7 +347,7 @@ if has bench_only; then
     --json "$OUT/bench_only.json" 2>&1 | tee -a "$SUMMARY" | tail -20
 fi
 
-# The one forward (engine/forward.h) on the device: memcheck and racecheck on the hook reader's kernel and on a
+# The one forward (engine/core/forward.h) on the device: memcheck and racecheck on the hook reader's kernel and on a
 # prompt + decoding steps of every family through the CUDA ops (ForwardHooks.*), and a SambaY fixture.
 if has sanitize_forward; then
   log "## compute-sanitizer on the forward's ops and the max|hidden| reader"

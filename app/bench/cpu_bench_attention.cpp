@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "app/bench/bench_median.h"
-#include "engine/backend_cpu_attention.h"
+#include "engine/cpu/detail/backend_cpu_attention.h"
 #include "kernels/attn_heads.h"
 
 namespace ds {

@@ -1,5 +1,5 @@
 // diffscope-bench --backend cpu --only attention (cpu_bench_attention.cpp): the CPU backend's tiled attention
-// (engine/backend_cpu_attention.h) timed alone, one layer's causal differential attention over all view heads on the
+// (engine/cpu/detail/backend_cpu_attention.h) timed alone, one layer's causal differential attention over all view heads on the
 // thread pool, as CpuBackend's attention_block runs it, at two DiffLlama head shapes (the bundled demo model's and
 // kajuma/DiffLlama-0.3B-handcut's) and 1K / 3K / 8K tokens. Reported against two yardsticks measured in the same run:
 // this machine's OpenBLAS sgemm rate (the CPU's practical f32 matrix peak) and PyTorch's CPU

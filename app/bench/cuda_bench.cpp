@@ -20,8 +20,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "engine/backend_cuda_impl.h"
-#include "engine/model.h"
+#include "engine/cuda/detail/backend_cuda_impl.h"
+#include "engine/core/model.h"
 #include "kernels/attn_dispatch.h"
 #include "kernels/attn_heads.h"
 #include "kernels/fill.h"
@@ -436,7 +436,7 @@ json bench_mamba(CudaBackend& b, int repeat, int warm_ms) {
   return rows;
 }
 
-// Long prompts through the map queries (engine/map_query.h): for each length, the forward, a 1024 x 1024 max-pooled
+// Long prompts through the map queries (engine/core/map_query.h): for each length, the forward, a 1024 x 1024 max-pooled
 // view of one head of the middle layer (three maps), every layer's statistics, and a lambda change of the middle
 // layer followed by next-token probabilities, the view and that layer's statistics; the process's peak RSS after
 // each length (nothing n x n reaches the host, so it must not grow like n^2). Up to 32K, the view is also timed on

@@ -19,7 +19,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/backend_cuda_memory.h"
+#include "engine/cuda/detail/backend_cuda_memory.h"
 #include "kernels/attn_decode.h"
 #include "kernels/fill.h"
 

@@ -8,8 +8,8 @@
 #include <random>
 
 #include "app/bench/cuda_bench_decode.h"
-#include "engine/backend_cuda_impl.h"
-#include "engine/sampling.h"
+#include "engine/cuda/detail/backend_cuda_impl.h"
+#include "engine/core/sampling.h"
 
 namespace ds {
 namespace {

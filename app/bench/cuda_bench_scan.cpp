@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <random>
 
-#include "engine/backend_cuda_impl.h"
+#include "engine/cuda/detail/backend_cuda_impl.h"
 
 namespace ds {
 namespace {

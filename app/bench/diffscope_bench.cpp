@@ -23,9 +23,9 @@
 #include "app/bench/cpu_bench_attention.h"
 #include "app/bench/cuda_bench.h"
 #include "app/bench/synthetic_model.h"
-#include "engine/error.h"
-#include "engine/safe_write.h"
-#include "engine/session.h"
+#include "engine/core/error.h"
+#include "engine/core/safe_write.h"
+#include "engine/session/session.h"
 #if __has_include("app/bench/tokenizer_bench.h")
 #include "app/bench/tokenizer_bench.h"
 #define DS_HAVE_TOKENIZER_BENCH 1

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/safetensors.h"
+#include "engine/core/dtype.h"
+#include "engine/core/safetensors.h"
 
 namespace ds {
 

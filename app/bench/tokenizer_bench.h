@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/tokenizer.h"
+#include "engine/core/tokenizer.h"
 
 // ~`bytes` bytes of mixed text, the same for every call.
 inline std::string make_tokenizer_bench_text(size_t bytes) {

@@ -1,4 +1,4 @@
-// diffscope-run: run a prompt through a checkpoint of a family in engine/arch.h, print the next-token candidates,
+// diffscope-run: run a prompt through a checkpoint of a family in engine/core/arch.h, print the next-token candidates,
 // optionally dump logits, maps and lambdas to a safetensors file. Also a scripted tokenizer (--tokenize-jsonl).
 //
 // Exit codes: 0 ok, 2 bad arguments, 3 unusable model or input file (one line on stderr each).
@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "app/cli/run_args.h"
-#include "engine/session.h"
-#include "engine/session_sweep.h"
-#include "engine/input_limits.h"
-#include "engine/safe_write.h"
+#include "engine/session/session.h"
+#include "engine/session/session_sweep.h"
+#include "engine/core/input_limits.h"
+#include "engine/core/safe_write.h"
 
 namespace {
 
@@ -160,7 +160,7 @@ void check_full_dump_size(ds::Session& s, const Args& a) {
                    "ask --rows and/or --view instead (the dump then holds those alone)");
 }
 
-// --stats FILE.json: every attention layer's per-head statistics (engine/map_query.h has the definitions), and every
+// --stats FILE.json: every attention layer's per-head statistics (engine/core/map_query.h has the definitions), and every
 // layer's largest |hidden state| over the sequence (the paper's Table 5; forward.h max_abs_hidden_hook).
 void write_stats(ds::Session& s, const std::string& path) {
   const ds::ModelConfig& c = s.config();

@@ -5,8 +5,8 @@
 #include <climits>
 #include <cmath>
 
-#include "engine/backends.h"
-#include "engine/error.h"
+#include "engine/session/backends.h"
+#include "engine/core/error.h"
 
 namespace ds::cli {
 

@@ -16,7 +16,7 @@ struct ArgError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// --view L.H with its grid, pooling and optional rectangle (engine/map_query.h).
+// --view L.H with its grid, pooling and optional rectangle (engine/core/map_query.h).
 struct ViewArgs {
   int layer = 0, head = 0;
   int rows = 256, cols = 256;
@@ -24,7 +24,7 @@ struct ViewArgs {
   int64_t q0 = 0, q1 = -1, k0 = 0, k1 = -1;  // -1: to the end
 };
 
-// --sweep L,FROM,TO,STEPS (engine/session_sweep.h), --sweep-head H (default: every view head).
+// --sweep L,FROM,TO,STEPS (engine/session/session_sweep.h), --sweep-head H (default: every view head).
 struct SweepArgs {
   int layer = 0, steps = 0, head = -1;
   double from = 0, to = 0;
@@ -43,7 +43,7 @@ struct Args {
   int top_k = 5, threads = 0;
   std::vector<std::pair<int, double>> lambdas;
   std::optional<double> lambda_scale;
-  // generation (engine/session.h): --generate N, sampling options, --ignore-eos
+  // generation (engine/session/session.h): --generate N, sampling options, --ignore-eos
   int generate = 0;
   double temperature = 0.0, top_p = 1.0;
   int sample_top_k = 0;

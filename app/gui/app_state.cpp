@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "app/scan/plot.h"
-#include "engine/input_limits.h"
+#include "app/plot/plot.h"
+#include "engine/core/input_limits.h"
 
 namespace ds::gui {
 
@@ -146,7 +146,7 @@ void AppState::run_prompt() {
   submit();
 }
 
-// The engine's reader (engine/input_limits.h), as the CLI reads it: a regular file within the limit, one trailing
+// The engine's reader (engine/core/input_limits.h), as the CLI reads it: a regular file within the limit, one trailing
 // line end dropped.
 bool read_prompt_file(const std::string& path, std::string& text, std::string* why) {
   try {

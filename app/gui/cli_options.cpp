@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "engine/error.h"
-#include "engine/session_scan.h"
+#include "engine/core/error.h"
+#include "engine/session/session_scan.h"
 
 namespace ds::gui {
 

@@ -1,6 +1,6 @@
 // Exporters. See export.h.
 #include "export.h"
-#include "engine/safe_write.h"
+#include "engine/core/safe_write.h"
 
 #include <GL/gl.h>
 #include <stb_image_write.h>

@@ -1,4 +1,4 @@
-// Turns a pooled view of an attention map (rows x cols cells over a rectangle of tokens, engine/map_query.h) into
+// Turns a pooled view of an attention map (rows x cols cells over a rectangle of tokens, engine/core/map_query.h) into
 // RGBA pixels: colour scale chosen from the visible cells, blocks that lie wholly in the causal upper triangle
 // painted in a neutral "masked" colour. CPU only; the caller uploads the pixels to a GlTexture.
 #pragma once
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "colormap.h"
-#include "engine/map_query.h"
+#include "engine/core/map_query.h"
 
 namespace ds::gui {
 

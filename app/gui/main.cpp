@@ -13,7 +13,7 @@
 
 #include "app_state.h"
 #include "cli_options.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "export.h"
 #include "panels.h"
 #include "screenshot.h"

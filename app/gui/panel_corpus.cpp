@@ -1,4 +1,4 @@
-// Corpus panel: corpus analysis in the window (engine/session_scan.h, the same measures and report as
+// Corpus panel: corpus analysis in the window (engine/session/session_scan.h, the same measures and report as
 // diffscope-scan). A JSONL file of prompts, each with its answer span, runs through the model on the worker (one
 // run, or two at two lambda scales to compare); for the last prompt token of each prompt, per layer and head, the
 // attention mass on the answer span, on position 0 (the sink) and on the rest (the context), for A1, A2 and

@@ -149,7 +149,7 @@ void head_table(AppState& st, const Profile& p) {
 
 }  // namespace
 
-// The Table 5 reader (engine/forward.h's hook point, Session::max_abs_hidden): off by default, since turning it on
+// The Table 5 reader (engine/core/forward.h's hook point, Session::max_abs_hidden): off by default, since turning it on
 // re-runs every layer once; then every run shows each layer's largest |hidden state| as bars.
 static void max_abs_tab(AppState& st, const RunResult& r) {
   if (ImGui::Checkbox("Read each layer's largest |hidden state|", &st.req.max_abs_hidden))

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/safe_write.h"
+#include "engine/core/safe_write.h"
 #include "export.h"
 #include "theme.h"
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/input_limits.h"
-#include "engine/safe_write.h"
+#include "engine/core/input_limits.h"
+#include "engine/core/safe_write.h"
 
 namespace ds::gui {
 

@@ -12,14 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/backend.h"
-#include "engine/config.h"
-#include "engine/session.h"
-#include "engine/session_scan.h"
+#include "engine/core/backend.h"
+#include "engine/core/config.h"
+#include "engine/session/session.h"
+#include "engine/session/session_scan.h"
 
 namespace ds::gui {
 
-// Per-head statistics are the engine's (ds::HeadStats in engine/map_query.h, from Backend::head_stats): one
+// Per-head statistics are the engine's (ds::HeadStats in engine/core/map_query.h, from Backend::head_stats): one
 // definition for the GUI, the CLI and the tests. Map-2 fields are NaN for plain (Llama) heads.
 
 // Miniature of one head's maps for the overview grid: the whole map mean-pooled by the engine (map_view).
@@ -152,7 +152,7 @@ struct Generation {
   double tokens_per_s() const { return step_ms > 0 ? 1e3 * double(now.ids.size()) / step_ms : 0.0; }
 };
 
-// [SECTION] corpus analysis (engine/session_scan.h): the scan the worker runs, its progress and its report.
+// [SECTION] corpus analysis (engine/session/session_scan.h): the scan the worker runs, its progress and its report.
 
 // What a scan runs with (the Corpus panel's options; diffscope-scan's flags of the same names).
 struct ScanOptions {

@@ -12,9 +12,9 @@
 #include <string>
 #include <tuple>
 
-#include "engine/env.h"
-#include "engine/error.h"
-#include "engine/session_sweep.h"
+#include "engine/core/env.h"
+#include "engine/core/error.h"
+#include "engine/session/session_sweep.h"
 
 namespace ds::gui {
 
@@ -721,7 +721,7 @@ void Worker::run_sweep(const Request& r) {
   }
   if (session_->top_k(1).empty())
     return;
-  // The engine's sweep (engine/session_sweep.h): the head's entropies in one pass, published whole; the next token's
+  // The engine's sweep (engine/session/session_sweep.h): the head's entropies in one pass, published whole; the next token's
   // log-probability per value coarse to fine, each published as it comes. A newer request stops it between values
   // (the session is then run back to the user's lambda); a lambda the user has moved on from cancels the run inside
   // a value, and the next request's run brings the session back.

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/session.h"
+#include "engine/session/session.h"
 #include "snapshot.h"
 
 namespace ds::gui {

@@ -1,4 +1,4 @@
-// The corpus scan on the engine thread (Request::scan_seq; engine/session_scan.h): every prompt of a JSONL file
+// The corpus scan on the engine thread (Request::scan_seq; engine/session/session_scan.h): every prompt of a JSONL file
 // through ds::scan::Run, one or two runs (the second at another lambda scale of the same model), progress published
 // as prompts finish and the report (make_report) re-made every so often and at the end, read out of its JSON into
 // plain numbers (ScanRunView) for the Corpus panel. Stop (Request::scan_stop_seq) ends the scan between prompts, or
@@ -10,7 +10,7 @@
 #include <exception>
 #include <filesystem>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "worker.h"
 
 namespace ds::gui {

@@ -1,4 +1,4 @@
-// diffscope-scan: noise cancellation measured over a corpus (engine/session_scan.h has the measures and the report).
+// diffscope-scan: noise cancellation measured over a corpus (engine/session/session_scan.h has the measures and the report).
 //
 //   diffscope-scan --model DIR --input PROMPTS.jsonl --out REPORT.json [--backend auto|cpu|cuda[:N]] [--csv FILE]
 //                  [--plot FILE.png] [--compare-model DIR2] [--compare-lambda-scale S] ...
@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "app/scan/plot.h"
-#include "engine/error.h"
-#include "engine/session.h"
-#include "engine/session_scan.h"
-#include "engine/safe_write.h"
+#include "app/plot/plot.h"
+#include "engine/core/error.h"
+#include "engine/session/session.h"
+#include "engine/session/session_scan.h"
+#include "engine/core/safe_write.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 // Fuzz config.json parsing, including the size checks that guard buffer sizes.
 #include <string>
 
-#include "engine/config.h"
-#include "engine/error.h"
+#include "engine/core/config.h"
+#include "engine/core/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

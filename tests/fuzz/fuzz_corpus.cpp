@@ -2,8 +2,8 @@
 // answer spans, targets and tags. A bad line must become a skipped line, never a crash.
 #include <string>
 
-#include "engine/error.h"
-#include "engine/session_scan.h"
+#include "engine/core/error.h"
+#include "engine/session/session_scan.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,9 +1,9 @@
-// Fuzz the prompt and token-ids file readers the CLI and the GUI share (engine/input_limits.h) and the ids parser.
+// Fuzz the prompt and token-ids file readers the CLI and the GUI share (engine/core/input_limits.h) and the ids parser.
 #include <string>
 
 #include "app/cli/run_args.h"
-#include "engine/error.h"
-#include "engine/input_limits.h"
+#include "engine/core/error.h"
+#include "engine/core/input_limits.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

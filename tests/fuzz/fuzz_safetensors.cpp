@@ -1,6 +1,6 @@
 // Fuzz the safetensors header validation and tensor reads.
-#include "engine/error.h"
-#include "engine/safetensors.h"
+#include "engine/core/error.h"
+#include "engine/core/safetensors.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

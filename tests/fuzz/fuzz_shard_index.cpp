@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/error.h"
-#include "engine/safetensors.h"
+#include "engine/core/error.h"
+#include "engine/core/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::filesystem::path dir = [] {

@@ -2,8 +2,8 @@
 #include <string>
 #include <string_view>
 
-#include "engine/error.h"
-#include "engine/tokenizer.h"
+#include "engine/core/error.h"
+#include "engine/core/tokenizer.h"
 
 #ifndef DS_SOURCE_DIR
 #define DS_SOURCE_DIR "."

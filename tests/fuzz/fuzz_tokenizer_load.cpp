@@ -1,6 +1,6 @@
 // Fuzz tokenizer.json loading; whatever loads must also encode and decode a mixed string without trouble.
-#include "engine/error.h"
-#include "engine/tokenizer.h"
+#include "engine/core/error.h"
+#include "engine/core/tokenizer.h"
 #include <unistd.h>
 
 #include <fstream>

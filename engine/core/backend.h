@@ -1,0 +1,135 @@
+// The interface every compute backend implements (CPU and CUDA). The session drives it layer-range by
+// layer-range: a lambda change re-runs from the first changed layer, reusing the cached inputs of earlier layers.
+// This header belongs to the core library: the backends implement it, and each one's own header (backend_cpu.h,
+// backend_cuda.h) says how to make one; backends.h chooses between them.
+//
+// Shapes: n = tokens, L = layers, Hv = view heads (differential heads for DiffLlama, query heads for Llama).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/forward.h"
+#include "engine/core/map_query.h"
+#include "engine/core/model.h"
+
+namespace ds {
+
+using ProgressFn = std::function<void(double fraction, const std::string& what)>;
+
+struct ForwardRequest {
+  std::vector<int32_t> ids;      // [n]
+  std::vector<float> lambda;     // [L] lambda each DiffLlama layer uses (ignored for Llama)
+  int from_layer = 0;            // > 0: layers below reuse the previous call's activations (same ids required)
+  // > 0: decoding. ids[0, append_from) are the previous call's ids, already run (its length must be append_from and
+  // lambda the same); only positions [append_from, n) run, through every layer, reading the cached keys and values
+  // (and recurrent state) of the earlier ones. The logits are the last position's. from_layer must be 0.
+  int64_t append_from = 0;
+  bool all_logits = false;       // logits for every position [n, vocab], else only the last [1, vocab]
+  std::vector<uint8_t> want_maps;  // [L] (or empty = none): fill ForwardResult::maps for these layers
+  bool keep_hidden = false;      // fill ForwardResult::hidden (tests)
+  // Decoding (append_from > 0) may leave the logits where they were computed: ForwardResult::logits then stays
+  // empty, ForwardResult::argmax holds the greedy choice, and Backend::fetch_logits brings the logits when asked.
+  // A backend that computes on the host fills the logits anyway.
+  bool logits_on_demand = false;
+  // Polled between layers and between pieces of a layer's work (a prompt's forward only, append_from = 0): when it
+  // returns true the backend stops and throws ForwardCancelled (error.h) with the first layer it did not finish;
+  // the layers below it hold this request's results, so the next forward may start there (from_layer). A backend
+  // whose layers take milliseconds may ignore it. The GUI stops a re-run whose lambda the user has moved on from.
+  std::function<bool()> cancel;
+  // Readers and writers at the forward's hook points (forward.h). Null or empty: none, at no cost. A decoding step
+  // must bring the hooks its prompt ran with.
+  std::shared_ptr<const fwd::Hooks> hooks;
+};
+
+struct LayerMaps {
+  int64_t heads = 0, n = 0;
+  std::vector<float> a1;  // [Hv, n, n] post-softmax map 1 (Llama: the only map)
+  std::vector<float> a2;  // [Hv, n, n] post-softmax map 2 (empty for Llama)
+  bool empty() const { return a1.empty(); }
+};
+
+struct ForwardResult {
+  int64_t n = 0;
+  int64_t logit_rows = 0;            // n or 1
+  std::vector<float> logits;         // [logit_rows, vocab]; empty when left on the device (logits_on_demand)
+  int32_t argmax = -1;               // with logits left on the device: the first largest last-row logit's id
+  std::vector<LayerMaps> maps;       // [L]; entries empty where not requested
+  std::vector<std::vector<float>> hidden;  // [L+1][n, hidden]: input of layer l; [L] = last layer's output
+  double ms = 0;                     // wall time of this forward
+};
+
+// Timing of the last forward, for the profiler panel. Attention time per (layer, head) is measured by the
+// backend; FLOPs follow kernels/attn_heads.h (12 n^2 d per differential head, 4 n^2 d per plain head, halved for causal).
+struct HeadTiming {
+  int layer = 0, head = 0;
+  double ms = 0;
+  double flops = 0;
+};
+struct KernelTiming {
+  std::string name;
+  int64_t count = 0;
+  double total_ms = 0, min_ms = 0, max_ms = 0;
+};
+struct Profile {
+  std::vector<HeadTiming> heads;
+  std::vector<KernelTiming> kernels;
+  double forward_ms = 0;
+  int64_t tokens = 0;
+  double peak_tflops = 0;  // measured matrix peak of the device (0 = unknown)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // shown to the user: "CPU (OpenBLAS, 2 threads)", "CUDA: NVIDIA H200"
+  virtual std::string kind() const = 0;  // "cpu" or "cuda"
+  // Take the weights. The Model may be destroyed afterwards.
+  virtual void load(const Model& model, const ProgressFn& progress) = 0;
+  virtual void forward(const ForwardRequest& req, ForwardResult& out) = 0;
+  // Maps of one layer for the last forward, computed on demand from cached activations. O(n^2): small prompts
+  // (the CLI's --dump, tests); everything else uses the queries below.
+  virtual void layer_maps(int layer, LayerMaps& out) = 0;
+  // Queries on the last forward's maps (map_query.h), O(n) or O(view) in host memory and transfers.
+  virtual void map_view(const ViewRequest& req, MapView& out) = 0;
+  virtual void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) = 0;  // resolved positions
+  // [view heads]. lambda: the lambda the difference's statistics use (default: the layer's in the last forward); a
+  // layer's maps do not depend on its own lambda, so another value needs no new forward (the GUI's lambda sweep).
+  virtual std::vector<HeadStats> head_stats(int layer, std::optional<float> lambda = std::nullopt) = 0;
+  // HeadStats::entropy_diff of view head `head` under each of `lambdas` (the GUI's lambda sweep), from the last
+  // forward's maps: no new forward, since a layer's maps do not depend on its own lambda. This default asks
+  // head_stats once per value; a backend may answer in one pass over the head's rows.
+  virtual std::vector<double> entropy_sweep(int layer, int head, const std::vector<float>& lambdas) {
+    std::vector<double> out;
+    for (float lam : lambdas) out.push_back(double(head_stats(layer, lam).at(size_t(head)).entropy_diff));
+    return out;
+  }
+  // Row q of every view head of `layer` split into a key span, the sink and the rest (map_query.h), [view heads];
+  // O(heads) back from the device.
+  virtual std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) = 0;
+  // The implicit attention of one channel (req.head) of a Mamba layer's scan for the last forward, pooled as a view
+  // (map_query.h, "implicit attention"); recomputed from the layer's cached input, O(view) back to the host.
+  virtual void mamba_view(const ViewRequest& req, MapView& out) = 0;
+  // Row q of the same map, exact (keys 0..q, no pooling), into row [q + 1]; the layer's scan inputs are recomputed
+  // once for the whole row, O(n) back to the host. The GUI's row view of a Mamba channel.
+  virtual void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) = 0;
+  virtual Profile profile() const = 0;
+  // Largest prompt this backend can run for the loaded model (memory), for the limit check before a run.
+  virtual int64_t max_tokens() const = 0;
+  // Drops positions >= n of the last forward (generation back to its prompt) when every cached layer can: the next
+  // forward may then reuse layers (from_layer) or append to the first n ids. false: a layer keeps state that cannot
+  // be cut (Mamba's recurrent state); nothing changed, and the caller runs the n ids again.
+  virtual bool truncate(int64_t n) = 0;
+  // The last forward's logits when it left them on the device (ForwardRequest::logits_on_demand); else nothing.
+  virtual void fetch_logits(ForwardResult& out) { (void)out; }
+  // [L]: the largest |hidden state| of each layer's output over the sequence, from the last forwards' max_abs
+  // readers (fwd::max_abs_hidden_hook; NaN for a layer none read); empty when the last forward had no hooks.
+  virtual std::vector<float> layer_max_abs() const = 0;
+  // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
+  virtual int64_t device_memory_used() const { return -1; }
+};
+
+}  // namespace ds

@@ -1,0 +1,128 @@
+// The forward pass written once (forward.h): the blocks of every layer kind as sequences of operations.
+#include "engine/core/forward.h"
+
+#include "engine/core/error.h"
+
+namespace ds::fwd {
+
+const char* gemm_name(Weight w) {
+  static const char* const names[] = {"gemm_qkv",     "gemm_q",      "gemm_o",       "gemm_gate_up",  "gemm_down",
+                                      "gemm_in_proj", "gemm_x_proj", "gemm_dt_proj", "gemm_out_proj", "gemm_lm_head"};
+  return names[int(w)];
+}
+
+bool Hooks::needs_all_rows() const {
+  for (const Hook& h : hooks_)
+    if (h.all_rows) return true;
+  return false;
+}
+
+void Hooks::call(HookPoint at, int layer, Ref tensor, Ops& ops) const {
+  for (const Hook& h : hooks_)
+    if (h.at == at && (h.layer < 0 || h.layer == layer)) h.fn(ops, HookSite{at, layer, tensor});
+}
+
+Hook max_abs_hidden_hook() {
+  return Hook{HookPoint::BlockOut, -1, [](Ops& ops, const HookSite& s) { ops.max_abs(s.tensor, s.layer); }, true};
+}
+
+namespace {
+
+// One hook point: nothing but a test of an empty vector when no hook is registered.
+inline void at(const Hooks* hooks, HookPoint p, int layer, Ref t, Ops& ops) {
+  if (hooks && !hooks->empty()) hooks->call(p, layer, t, ops);
+}
+
+// Self-attention (full, sliding window or cross-layer): pre-norm, projections (a cross-attention layer projects its
+// queries only and reads its KV source's keys and values), RoPE, attention, o_proj with the residual add.
+void attention_block(const ModelConfig& cfg, Ops& ops, int l, float lambda, Rows rows, const Hooks* hooks) {
+  ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
+  const bool cross = cfg.kind(l) == LayerKind::CrossAttention;
+  ops.linear({l, cross ? Weight::Q : Weight::Qkv, {Act::Normed, l}, {Act::Qkv, l}});
+  ops.rope(l);
+  ops.attention(l, lambda, rows);
+  at(hooks, HookPoint::HeadOut, l, {Act::Attn, l, rows}, ops);
+  ops.linear({l, Weight::O, {Act::Attn, l, rows}, {Act::Stream, l + 1, rows}, Epilogue::Residual, {Act::Stream, l, rows}});
+}
+
+// Mamba-1 (docs/models/phi4flash.md section 4): [x | z] = in_proj(norm(h)); u = silu(conv(x)); [dt_raw | B | C] =
+// x_proj(u); dt = dt_proj(dt_raw); y = scan(u, dt, B, C) + D u, gated by silu(z); h += out_proj(y). Every row runs
+// (the scan runs along the sequence); the memory layer also keeps the ungated y.
+void mamba_block(const ModelConfig& cfg, Ops& ops, int l) {
+  mamba_inputs(cfg, ops, l);
+  ops.scan(l, cfg.kind(l) == LayerKind::Memory);
+  ops.linear({l, Weight::OutProj, {Act::Mixed, l}, {Act::Stream, l + 1}, Epilogue::Residual, {Act::Stream, l}});
+}
+
+// Gated memory unit (section 5): h += out_proj(silu(in_proj(norm(h))) * memory).
+void gmu_block(Ops& ops, int l) {
+  ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
+  ops.linear({l, Weight::InProj, {Act::Normed, l}, {Act::Mixed, l}, Epilogue::SiluMemory});
+  ops.linear({l, Weight::OutProj, {Act::Mixed, l}, {Act::Stream, l + 1}, Epilogue::Residual, {Act::Stream, l}});
+}
+
+// The MLP: h += down(act(gate(norm(h))) * up(norm(h))), in place on Stream(l + 1).
+void mlp_block(Ops& ops, int l, Rows rows) {
+  const Ref h{Act::Stream, l + 1, rows};
+  ops.norm(l, Norm::PostMixer, h, {Act::Normed, l, rows});
+  ops.linear({l, Weight::GateUp, {Act::Normed, l, rows}, {Act::Mlp, l, rows}, Epilogue::GatedAct});
+  ops.linear({l, Weight::Down, {Act::Mlp, l, rows}, h, Epilogue::Residual, h});
+}
+
+}  // namespace
+
+void queries(const ModelConfig&, Ops& ops, int l) {
+  ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
+  ops.linear({l, Weight::Q, {Act::Normed, l}, {Act::Qkv, l}});
+  ops.rope(l);
+}
+
+void mamba_inputs(const ModelConfig&, Ops& ops, int l) {
+  ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
+  ops.linear({l, Weight::InProj, {Act::Normed, l}, {Act::Xz, l}});
+  ops.conv(l);
+  ops.linear({l, Weight::XProj, {Act::U, l}, {Act::Xdbl, l}});
+  ops.linear({l, Weight::DtProj, {Act::Xdbl, l}, {Act::Dt, l}});
+}
+
+void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only, const Hooks* hooks) {
+  const Rows rows = last_only ? Rows::Last : Rows::New;
+  at(hooks, HookPoint::BlockIn, l, {Act::Stream, l}, ops);
+  Rows mixed = Rows::New;  // the rows the mixer leaves in Stream(l + 1)
+  switch (cfg.kind(l)) {
+    case LayerKind::Mamba:
+    case LayerKind::Memory: mamba_block(cfg, ops, l); break;
+    case LayerKind::Gmu: gmu_block(ops, l); break;
+    default:
+      attention_block(cfg, ops, l, lambda, rows, hooks);
+      mixed = rows;
+  }
+  at(hooks, HookPoint::MixerOut, l, {Act::Stream, l + 1, mixed}, ops);
+  if (ops.cancelled()) throw ForwardCancelled(l);
+  mlp_block(ops, l, rows);
+  at(hooks, HookPoint::BlockOut, l, {Act::Stream, l + 1, rows}, ops);
+}
+
+bool last_rows_only(const Plan& plan) {
+  return plan.last_rows_only && !(plan.hooks && plan.hooks->needs_all_rows());
+}
+
+void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan) {
+  const int L = int(cfg.layers);
+  if (plan.from_layer == 0) ops.embed();
+  const bool last_only = last_rows_only(plan);
+  for (int l = plan.from_layer; l < L; ++l) {
+    if (ops.cancelled()) throw ForwardCancelled(l);
+    const float lam = cfg.is_diff() && cfg.has_maps(l) && plan.lambda ? plan.lambda[l] : 0.f;
+    layer(cfg, ops, l, lam, last_only && l == L - 1, plan.hooks);
+    if (ops.cancelled()) throw ForwardCancelled(l);  // the layer stopped halfway: it and those above are stale
+  }
+}
+
+void logits(const ModelConfig& cfg, Ops& ops, Rows rows) {
+  const int L = int(cfg.layers);
+  ops.norm(L, Norm::Final, {Act::Stream, L, rows}, {Act::Normed, L, rows});
+  ops.linear({-1, Weight::LmHead, {Act::Normed, L, rows}, {Act::Logits, L, rows}});
+}
+
+}  // namespace ds::fwd

@@ -1,0 +1,23 @@
+// The CUDA backend (library diffscope_cuda): how to make one, and what it offers beyond the Backend interface
+// (backend.h): the profiling switch. In a build without CUDA the
+// session layer's cuda_unavailable.cpp stands in: make_cuda_backend() throws and cuda_backend_available() says why.
+// `b` below must come from make_cuda_backend() (ds::Error otherwise).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/backend.h"
+
+namespace ds {
+
+// The CUDA backend on GPU `device` (0 = the first); every entry point of it runs on that device, whichever thread
+// calls it. Throws ds::Error saying why when CUDA is not compiled in or no usable device is present.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+bool cuda_backend_available(std::string* why_not, int device = 0);
+
+// Profiling (CUDA events per kernel, %globaltimer per attention block) is on by default; it costs a few
+// microseconds of launch time per kernel. Off: profile() reports only forward_ms.
+void cuda_set_profiling(Backend& b, bool on);
+
+}  // namespace ds

@@ -1,0 +1,363 @@
+// The CUDA backend's map queries (backend.h; map_query.h defines them): full maps of small prompts, views pooled on
+// the device, rows, per-head statistics and row masses, all recomputed from the cached post-RoPE Q/K/V of the last
+// forward in chunks of rows, and the implicit attention of a Mamba channel. O(view) or O(rows) back to the host.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "engine/cuda/detail/backend_cuda_impl.h"
+#include "engine/core/error.h"
+#include "kernels/attn_fwd_generic.h"
+#include "kernels/attn_maps.h"
+#include "kernels/diff_attn_fwd.h"
+#include "kernels/mamba_implicit.h"
+
+namespace ds::cuda {
+
+namespace {
+constexpr size_t kMapBudget = size_t(256) << 20;  // device bytes for one chunk of maps
+
+// One query row's statistics as the kernels write them (kernels/attn_maps.h, MAP_*), into the accumulator.
+void add_row_stats(StatsAccumulator& acc, const float* st) {
+  acc.add_terms(st[kern::MAP_ENTROPY1], st[kern::MAP_ENTROPY2], st[kern::MAP_ENTROPY_DIFF], st[kern::MAP_FIRST1],
+                st[kern::MAP_FIRST2], st[kern::MAP_FIRST_DIFF], st[kern::MAP_NEG_MASS], st[kern::MAP_DIFF_MIN],
+                st[kern::MAP_DIFF_MAX], st[kern::MAP_MAX_LOGIT1], st[kern::MAP_MAX_LOGIT2]);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// maps and statistics
+
+void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>* stats, std::optional<float> lambda) {
+  if (!has_run_) throw Error("CUDA backend: no forward has run yet, so there are no maps to show");
+  const int L = int(cfg_.layers);
+  if (layer < 0 || layer >= L)
+    throw Error("layer " + std::to_string(layer) + " out of range (the model has " + std::to_string(L) + ")");
+  const int64_t n = last_n_;
+  const int Hv = view_heads();
+  const int nmaps = cfg_.is_diff() ? 2 : 1;
+  kern::AttnParams p = layer_params(layer);
+  if (lambda && p.diff) p.lambda = *lambda;
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
+  if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+  const size_t st_bytes = size_t(Hv) * size_t(rpc) * kern::MAP_NSTAT * 4;
+  if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+  if (out) {
+    out->heads = Hv;
+    out->n = n;
+    out->a1.resize(size_t(Hv) * size_t(n * n));
+    if (nmaps == 2) out->a2.resize(size_t(Hv) * size_t(n * n));
+    else out->a2.clear();
+  }
+  std::vector<StatsAccumulator> acc(static_cast<size_t>(Hv));
+  std::vector<float> host_st(size_t(Hv) * size_t(rpc) * kern::MAP_NSTAT);
+  float* buf = map_buf_.as<float>();
+  for (int64_t r0 = 0; r0 < n; r0 += rpc) {
+    const int rows = int(std::min(rpc, n - r0));
+    timed("attn_maps", layer, [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream()));
+    });
+    if (out)
+      for (int h = 0; h < Hv; ++h) {
+        DS_CUDA_CHECK(cudaMemcpyAsync(out->a1.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
+                                      buf + (size_t(h) * nmaps + 0) * size_t(rows) * size_t(n),
+                                      size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
+        if (nmaps == 2)
+          DS_CUDA_CHECK(cudaMemcpyAsync(out->a2.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
+                                        buf + (size_t(h) * nmaps + 1) * size_t(rows) * size_t(n),
+                                        size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
+      }
+    if (stats) {
+      DS_CUDA_CHECK(cudaMemcpyAsync(host_st.data(), map_stats_.get(), size_t(Hv) * size_t(rows) * kern::MAP_NSTAT * 4,
+                                    cudaMemcpyDeviceToHost, stream()));
+      sync();
+      for (int h = 0; h < Hv; ++h)
+        for (int r = 0; r < rows; ++r) {
+          const float* st = host_st.data() + (size_t(h) * size_t(rows) + size_t(r)) * kern::MAP_NSTAT;
+          add_row_stats(acc[size_t(h)], st);
+        }
+    }
+  }
+  sync();
+  if (stats) {
+    stats->clear();
+    for (int h = 0; h < Hv; ++h) stats->push_back(acc[size_t(h)].finish(nmaps == 2));
+  }
+}
+
+void CudaBackend::layer_maps(int layer, LayerMaps& out) {
+  const DeviceGuard on(device_);
+  compute_maps(layer, &out, nullptr);
+}
+
+// Statistics without maps: the fused two-pass kernel (tensor cores) where it runs, else the map kernels in chunks.
+// Either way the per-row terms, [view heads][n][MAP_NSTAT], come to the host and StatsAccumulator reduces them.
+std::vector<HeadStats> CudaBackend::head_stats(int layer, std::optional<float> lambda) {
+  const DeviceGuard on(device_);
+  kern::AttnParams p = layer_params(layer);
+  if (lambda && p.diff) p.lambda = *lambda;
+  const int Hv = view_heads();
+  std::vector<HeadStats> out;
+  if (!fused_map_queries(p)) {
+    compute_maps(layer, nullptr, &out, lambda);
+    return out;
+  }
+  const int64_t n = last_n_;
+  const size_t st_bytes = size_t(Hv) * size_t(n) * kern::MAP_NSTAT * 4;
+  if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+  if (stats_sum_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 8)
+    stats_sum_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 8, "attention statistics sums");
+  timed("attn_stats", layer, [&] {
+    DS_CUDA_CHECK(kern::launch_attn_row_stats(p, map_stats_.as<float>(), stream()));
+    DS_CUDA_CHECK(kern::launch_attn_stats_reduce(map_stats_.as<float>(), Hv, int(n), stats_sum_.as<double>(), stream()));
+  });
+  std::vector<double> sums(size_t(Hv) * kern::MAP_NSTAT);
+  DS_CUDA_CHECK(cudaMemcpyAsync(sums.data(), stats_sum_.get(), sums.size() * 8, cudaMemcpyDeviceToHost, stream()));
+  sync();
+  for (int h = 0; h < Hv; ++h) {
+    const double* t = sums.data() + size_t(h) * kern::MAP_NSTAT;
+    StatsAccumulator acc;
+    acc.add_sums(t[kern::MAP_ENTROPY1], t[kern::MAP_ENTROPY2], t[kern::MAP_ENTROPY_DIFF], t[kern::MAP_FIRST1],
+                 t[kern::MAP_FIRST2], t[kern::MAP_FIRST_DIFF], t[kern::MAP_NEG_MASS], float(t[kern::MAP_DIFF_MIN]),
+                 float(t[kern::MAP_DIFF_MAX]), float(t[kern::MAP_MAX_LOGIT1]), float(t[kern::MAP_MAX_LOGIT2]), n);
+    out.push_back(acc.finish(cfg_.is_diff()));
+  }
+  return out;
+}
+
+// The two-pass tensor-core kernels for statistics and views (kernels/diff_attn_fwd.h): head_dim 64 or 128, H even,
+// sm_80+ with room for their shared memory; elsewhere the map kernels run in chunks of rows.
+bool CudaBackend::fused_map_queries(const kern::AttnParams& p) const {
+  return (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) && attn_dev_.cc >= 80 &&
+         kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
+}
+
+kern::AttnParams CudaBackend::layer_params(int layer) const {
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  if (layer < 0 || layer >= int(cfg_.layers))
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+                " layers)");
+  if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
+  return layer_attn(layer, last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
+}
+
+// The view is pooled on the device (the fused two-pass kernel, or the map kernels in chunks) and finished there
+// (means, decoded signed maxima): only the grid comes back.
+void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  const int L = int(cfg_.layers), Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
+  const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
+  prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out, /*zero=*/false);
+  kern::AttnParams p = layer_params(out.layer);
+  if (p.diff) p.lambda = out.lambda;  // req.lambda, where given
+  const size_t cells = size_t(out.rows) * size_t(out.cols);
+  if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
+  float* g1 = view_buf_.as<float>();
+  float* g2 = g1 + cells;
+  float* gd = g2 + cells;
+  DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
+  const kern::ViewPoolArgs va{out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, out.lambda};
+  // The fused kernel where cells are at least 8 rows tall (its warps fold runs of entries in registers); smaller
+  // cells favour the chunked map kernels (H100, 1024 x 1024 grid, bench/results/latest/s15_views_* at commit af6a061: 1.6 vs 1.9 ms
+  // at 1K tokens, 2.1 vs 2.5 ms at 4K; 4.8 vs 3.4 ms at 8K, 68 vs 6.9 ms at 32K).
+  if (fused_views_ && fused_map_queries(p) && out.q1 - out.q0 >= 8 * int64_t(out.rows)) {
+    timed("attn_view", out.layer, [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_view(p, va, out.head, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
+    });
+  } else {  // one head's full probability rows in chunks (the softmax needs whole rows), each pooled on the device
+    const int64_t n = last_n_;
+    const size_t row_bytes = size_t(nmaps) * size_t(n) * 4;
+    const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(out.q1 - out.q0, int64_t(kMapBudget / row_bytes)));
+    if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+    const size_t st_bytes = size_t(rpc) * kern::MAP_NSTAT * 4;
+    if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+    float* buf = map_buf_.as<float>();
+    for (int64_t r0 = out.q0; r0 < out.q1; r0 += rpc) {
+      const int rows = int(std::min(rpc, out.q1 - r0));
+      timed("attn_view", out.layer, [&] {
+        DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, buf, stream(), out.head, 1));
+        DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(r0), rows, buf, map_stats_.as<float>(), stream(), 1));
+        DS_CUDA_CHECK(kern::launch_attn_map_pool(buf, nmaps, rows, int(n), int(r0), va, g1, g2, gd, stream()));
+      });
+    }
+  }
+  DS_CUDA_CHECK(kern::launch_attn_view_finish(va, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
+  if (nmaps == 2) {
+    copy_to_host({{out.a1.data(), g1, cells * 4}, {out.a2.data(), g2, cells * 4}, {out.diff.data(), gd, cells * 4}});
+  } else {
+    copy_to_host({{out.a1.data(), g1, cells * 4}, {out.diff.data(), gd, cells * 4}});
+  }
+}
+
+// Channel c of Mamba layer l: the scan's inputs of the layer again (as mamba_forward makes them, from the layer's
+// cached input and a zero conv state, into the forward's scratch buffers), then the channel's steps and their prefix
+// sums. The returned pointers stay valid until the next forward or implicit-attention query.
+CudaBackend::ImplicitInputs CudaBackend::implicit_inputs(int l, int c) {
+  const int64_t n = last_n_, di = cfg_.d_inner, R = cfg_.dt_rank, S = cfg_.d_state, XD = R + 2 * S;
+  const LayerWeights& w = layers_[size_t(l)];
+  const size_t steps_bytes = size_t(n) * (4 + 8);
+  if (implicit_buf_.bytes() < steps_bytes) implicit_buf_ = DeviceBuffer(steps_bytes, "implicit attention steps");
+  double* cum = implicit_buf_.as<double>();
+  float* delta = reinterpret_cast<float*>(cum + n);
+  run_mamba_inputs(l);  // the Mamba block's first ops again over the layer's cached input: xdbl, dt
+  const bf16* dt = act_.scratch32.as<bf16>() + n * 2 * di;
+  const bf16* xdbl = act_.xdbl.as<bf16>();
+  DS_CUDA_CHECK(kern::launch_mamba_channel_steps(dt, di, c, w.dt_b.as<float>(), n, delta, cum, stream()));
+  return {delta, cum, xdbl + R, xdbl + R + S, XD, w.a_neg.as<float>() + size_t(c) * size_t(S), int(S)};
+}
+
+void CudaBackend::implicit_grid(const ImplicitInputs& in, const kern::ViewPoolArgs& va, float* grid) {
+  DS_CUDA_CHECK(kern::launch_mamba_implicit_view(in.delta, in.cum, in.B, in.C, in.ld_bc, in.A, in.S, va, grid, stream()));
+}
+
+// Only the pooled grid comes back.
+void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  prepare_mamba_view(req, cfg_, last_n_, out, /*zero=*/false);
+  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
+  const size_t cells = size_t(out.rows) * size_t(out.cols);
+  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  timed("mamba_view", out.layer, [&] {
+    const ImplicitInputs in = implicit_inputs(out.layer, out.head);
+    implicit_grid(in, {out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f},
+                  view_buf_.as<float>());
+  });
+  copy_to_host({{out.diff.data(), view_buf_.get(), cells * 4}});
+  out.a1 = out.diff;
+}
+
+// The row as one 1 x (q + 1) grid: one cell per key.
+void CudaBackend::mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) {
+  const DeviceGuard on(device_);
+  if (!has_run_) throw Error("no maps: run a prompt first");
+  check_mamba_row(layer, channel, q, cfg_, last_n_);
+  if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
+  const size_t cells = size_t(q + 1);
+  if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  timed("mamba_view", layer, [&] {
+    implicit_grid(implicit_inputs(layer, channel), {q, q + 1, 0, q + 1, 1, int(q + 1), false, 0.f},
+                  view_buf_.as<float>());
+  });
+  row.resize(cells);
+  copy_to_host({{row.data(), view_buf_.get(), cells * 4}});
+}
+
+// Device -> pageable host memory. cudaMemcpy to pageable memory stages through the driver's buffers at a fraction
+// of the link's speed, and one thread's memcpy out of pinned memory is slower than the link: every piece (<= 1 MB)
+// is copied into pinned staging at once, each with an event, and up to 4 threads move the pieces into place as
+// they land. Rounds of at most 64 MB.
+void CudaBackend::copy_to_host(std::initializer_list<HostCopy> copies) {
+  constexpr size_t kPiece = size_t(1) << 20, kRound = size_t(64) << 20;
+  struct Piece {
+    char* dst;
+    const char* src;
+    size_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const HostCopy& c : copies)
+    for (size_t o = 0; o < c.bytes; o += kPiece)
+      pieces.push_back({static_cast<char*>(c.dst) + o, static_cast<const char*>(c.src) + o, std::min(kPiece, c.bytes - o)});
+  for (size_t first = 0; first < pieces.size();) {
+    size_t last = first, staged = 0;
+    while (last < pieces.size() && staged + pieces[last].bytes <= kRound) staged += pieces[last++].bytes;
+    if (host_stage_.bytes() < staged) host_stage_ = PinnedBuffer(staged);
+    while (stage_ev_.size() < last - first) stage_ev_.emplace_back();
+    std::vector<char*> at(last - first);
+    size_t off = 0;
+    for (size_t i = first; i < last; ++i) {
+      at[i - first] = host_stage_.as<char>() + off;
+      off += pieces[i].bytes;
+      DS_CUDA_CHECK(cudaMemcpyAsync(at[i - first], pieces[i].src, pieces[i].bytes, cudaMemcpyDeviceToHost, stream()));
+      DS_CUDA_CHECK(cudaEventRecord(stage_ev_[i - first].get(), stream()));
+    }
+    const size_t count = last - first, workers = std::min<size_t>(4, count);
+    std::vector<std::string> errors(workers);
+    auto work = [&](size_t w) {
+      try {
+        for (size_t i = w; i < count; i += workers) {
+          DS_CUDA_CHECK(cudaEventSynchronize(stage_ev_[i].get()));
+          std::memcpy(pieces[first + i].dst, at[i], pieces[first + i].bytes);
+        }
+      } catch (const std::exception& e) {
+        errors[w] = e.what();
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      for (size_t w = 1; w < workers; ++w) threads.emplace_back(work, w);
+      work(0);
+    }  // joined
+    for (const std::string& e : errors)
+      if (!e.empty()) throw Error(e);
+    first = last;
+  }
+}
+
+// One launch pair per position, every head at once; each row comes back whole (heads x maps x n floats).
+void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) {
+  const DeviceGuard on(device_);
+  const kern::AttnParams p = layer_params(layer);
+  const int64_t n = last_n_, Hv = view_heads();
+  const int nmaps = cfg_.is_diff() ? 2 : 1;
+  prepare_rows(layer, Hv, n, nmaps == 2, positions, out);
+  const size_t P = out.positions.size();
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  if (map_buf_.bytes() < row_bytes) map_buf_ = DeviceBuffer(row_bytes, "attention maps");
+  if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)
+    map_stats_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 4, "attention map statistics");
+  float* buf = map_buf_.as<float>();
+  for (size_t i = 0; i < P; ++i) {
+    const int q = int(out.positions[i]);
+    timed("attn_rows", layer, [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, q, 1, buf, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, q, 1, buf, map_stats_.as<float>(), stream()));
+    });
+    for (int64_t h = 0; h < Hv; ++h)
+      for (int m = 0; m < nmaps; ++m) {  // synchronous: buf is reused by the next position
+        float* dst = (m == 0 ? out.a1.data() : out.a2.data()) + (size_t(h) * P + i) * size_t(n);
+        copy_to_host({{dst, buf + (size_t(h) * nmaps + size_t(m)) * size_t(n), size_t(n) * 4}});
+      }
+  }
+}
+
+// The row as map_rows computes it, then reduced per head on the device: 12 f64 per head come back.
+std::vector<RowMass> CudaBackend::row_mass(int layer, int64_t q, int64_t a0, int64_t a1) {
+  const DeviceGuard on(device_);
+  const kern::AttnParams p = layer_params(layer);
+  const int64_t n = last_n_, Hv = view_heads();
+  check_row_mass(q, n, a0, a1);
+  const int nmaps = cfg_.is_diff() ? 2 : 1;
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  if (map_buf_.bytes() < row_bytes) map_buf_ = DeviceBuffer(row_bytes, "attention maps");
+  if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)
+    map_stats_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 4, "attention map statistics");
+  if (stats_sum_.bytes() < size_t(Hv) * 12 * 8) stats_sum_ = DeviceBuffer(size_t(Hv) * 12 * 8, "row mass sums");
+  float* buf = map_buf_.as<float>();
+  timed("attn_row_mass", layer, [&] {
+    DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(q), 1, buf, stream()));
+    DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(q), 1, buf, map_stats_.as<float>(), stream()));
+    DS_CUDA_CHECK(kern::launch_attn_row_mass(buf, int(Hv), nmaps, int(n), int(q), p.diff ? p.lambda : 0.f, int(a0),
+                                             int(a1), stats_sum_.as<double>(), stream()));
+  });
+  std::vector<double> sums(size_t(Hv) * 12);
+  DS_CUDA_CHECK(cudaMemcpyAsync(sums.data(), stats_sum_.get(), sums.size() * 8, cudaMemcpyDeviceToHost, stream()));
+  sync();
+  std::vector<RowMass> out(static_cast<size_t>(Hv));
+  for (size_t h = 0; h < size_t(Hv); ++h)
+    for (int m = 0; m < MASS_NMAPS; ++m) {
+      out[h].answer[m] = sums[h * 12 + size_t(m)];
+      out[h].sink[m] = sums[h * 12 + 4 + size_t(m)];
+      out[h].context[m] = sums[h * 12 + 8 + size_t(m)];
+    }
+  return out;
+}
+
+}  // namespace ds::cuda

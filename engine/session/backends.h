@@ -1,0 +1,30 @@
+// Choosing a backend by name (session layer, library diffscope_engine): the one place that knows every backend,
+// so that the core and the backends never refer to each other or upwards.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/core/backend.h"
+
+namespace ds {
+
+// Which backend, and for CUDA which GPU. BackendChoice::Auto / Cpu / Cuda are the choices on device 0.
+struct BackendChoice {
+  enum class Kind { Auto, Cpu, Cuda };
+  Kind kind = Kind::Auto;
+  int device = 0;  // CUDA device index (Auto and Cuda)
+  static const BackendChoice Auto, Cpu, Cuda;
+  bool operator==(const BackendChoice&) const = default;
+};
+inline constexpr BackendChoice BackendChoice::Auto{BackendChoice::Kind::Auto, 0};
+inline constexpr BackendChoice BackendChoice::Cpu{BackendChoice::Kind::Cpu, 0};
+inline constexpr BackendChoice BackendChoice::Cuda{BackendChoice::Kind::Cuda, 0};
+
+// "cpu" | "cuda" | "cuda:N" (GPU N) | "auto"; throws ds::Error naming the value on anything else.
+BackendChoice parse_backend_choice(const std::string& s);
+
+// Auto: CUDA when a usable device is present in a build with CUDA, else the CPU. Cuda: throws ds::Error saying
+// why when that cannot be had. cpu_threads: 0 = all cores.
+std::unique_ptr<Backend> make_backend(BackendChoice choice, int cpu_threads = 0);
+
+}  // namespace ds

@@ -1,0 +1,161 @@
+// The one object the GUI, the CLI, the tests and the benchmarks drive: a loaded model on a backend, its
+// tokenizer, the prompt, the lambda controls and the latest results. Not thread-safe: the GUI owns it on its
+// worker thread.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/backend.h"
+#include "engine/session/backends.h"
+#include "engine/core/error.h"
+#include "engine/core/sampling.h"
+#include "engine/core/tokenizer.h"
+
+namespace ds {
+
+// Per layer: the checkpoint's lambda, that lambda times the global scale, or an absolute override.
+struct LambdaControl {
+  double scale = 1.0;                          // applies to layers without an override
+  std::vector<std::optional<double>> override_;  // [L]
+};
+
+struct TopToken {
+  int32_t id;
+  float prob;
+  float logit;
+  std::string text;
+};
+
+struct GenerateOptions {
+  int max_new = 64;            // tokens to generate at most
+  SamplingOptions sampling;    // greedy by default
+  bool stop_at_eos = true;     // stop after the model's end-of-sequence token (config / generation_config)
+};
+
+enum class StopReason { None, Eos, MaxTokens, ContextFull, Stopped };
+const char* stop_reason_name(StopReason r);  // "", "eos", "max_tokens", "context_full", "stopped"
+
+class Session {
+ public:
+  // Loads config + weights, validates, uploads to the backend. Throws ds::Error; nothing half-made survives.
+  static std::unique_ptr<Session> open(const std::string& model_dir, BackendChoice backend,
+                                       const ProgressFn& progress = nullptr, int cpu_threads = 0);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::string& model_dir() const { return dir_; }
+  Backend& backend() { return *backend_; }
+  const Tokenizer* tokenizer() const { return tok_.get(); }
+  const std::string& tokenizer_error() const { return tok_error_; }  // why there is no tokenizer, if any
+
+  // Prompt. Text needs a tokenizer; ids are checked against the vocabulary and max_position_embeddings.
+  void set_prompt(const std::string& text);
+  void set_ids(const std::vector<int32_t>& ids);
+  const std::vector<int32_t>& ids() const { return ids_; }
+  const std::vector<TokenSpan>& tokens() const { return spans_; }  // display labels (from ids when no text)
+
+  // Lambda (differential families; no-ops report 0 for the others and for layers without attention).
+  double model_lambda(int layer) const;
+  double effective_lambda(int layer) const;
+  const LambdaControl& lambda_control() const { return lam_; }
+  void set_lambda_scale(double s);
+  void set_lambda_override(int layer, std::optional<double> value);
+  void reset_lambda();
+
+  // Run what is stale: everything after a prompt change, or from the first layer whose lambda changed.
+  // Returns the first layer that was recomputed (L when nothing had to run).
+  // cancel (optional): polled during a re-run of a prompt that has run before (a lambda change); when it returns true
+  // the run stops, throws ds::Cancelled, and the next run() goes on from the first layer it did not finish.
+  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr);
+  // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
+  // up to it are those of the next run already: a lambda change shows in them before the run.
+  int stale_from() const;
+  const ForwardResult& result() const {  // logits included (fetched now if a greedy step left them on the device)
+    ensure_logits();
+    return res_;
+  }
+  bool has_result() const { return has_result_; }
+  // Non-empty when the last position's logits hold NaN or Inf (non-finite weights, or a lambda so large that the
+  // model overflows): the one-line reason. Every front end shows it instead of a plausible-looking top-k.
+  std::string nonfinite_logits() const;
+
+  // Generation. The sequence is the prompt and the tokens generated after it: ids(), tokens(), maps, rows and
+  // statistics cover both, and run() after a lambda change re-runs the whole sequence from the changed layer.
+  // begin_generation drops an earlier continuation (back to the prompt: the backend cuts its caches where it can,
+  // else the prompt runs again), runs what is stale and seeds the sampler; each generate_step then picks the next
+  // token from the last position's distribution, appends it and runs only that position (the KV cache), under
+  // the lambda in force at that moment. Throws ds::Error for bad options; stops (StopReason) at EOS, max_new, or
+  // when the model's positions or the backend's memory are full.
+  void begin_generation(const GenerateOptions& o);
+  int32_t generate_step();  // the appended id; -1 (and nothing appended) when generation has stopped
+  bool generating() const { return gen_active_; }
+  StopReason stop_reason() const { return stop_; }
+  void stop_generation();   // the user stopped it: keeps what was generated
+  // Goes on after a stop (the user's, or max_new) for up to `more` tokens with the same options and sampler stream;
+  // false (nothing changed) when nothing was generated, a generation is running, or it ended at EOS or full context.
+  bool continue_generation(int more);
+  void clear_generation();  // back to the prompt alone
+  // begin_generation, then generate_step until it stops or on_token(id) returns false.
+  std::vector<int32_t> generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token = nullptr);
+  int64_t prompt_length() const { return prompt_len_; }
+  std::vector<int32_t> generated() const;  // ids after the prompt
+  std::string generated_text() const;      // their decoded text (needs a tokenizer; else "")
+  bool is_generated(int64_t position) const { return position >= prompt_len_; }
+  const std::vector<int32_t>& eos_ids() const { return eos_; }
+
+  // Next-token distribution at the last position.
+  std::vector<TopToken> top_k(int k) const;
+  std::vector<float> next_token_logprobs() const;  // [vocab]
+
+  // The paper's Table 5 reader (forward.h max_abs_hidden_hook): while on, every forward also keeps per layer the
+  // largest |hidden state| of the layer's output over the sequence (the prompt and every generated position). Turning
+  // it on makes the next run() start from layer 0 (earlier runs were not read).
+  void set_watch_max_abs_hidden(bool on);
+  bool watching_max_abs_hidden() const { return hooks_ != nullptr; }
+  // [L] for the current result; throws ds::Error when the reader is off or has not run since it was turned on.
+  std::vector<float> max_abs_hidden() const;
+
+  // Maps of a layer for the current result (cached until the next run).
+  const LayerMaps& maps(int layer);
+  std::string token_label(int position) const;
+
+ private:
+  Session() = default;
+  std::string dir_;
+  ModelConfig cfg_;
+  std::vector<double> model_lambda_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string tok_error_;
+  std::vector<int32_t> ids_;
+  std::vector<TokenSpan> spans_;
+  LambdaControl lam_;
+  // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
+  mutable ForwardResult res_;
+  void ensure_logits() const;
+  bool has_result_ = false;
+  bool ids_dirty_ = true;
+  std::vector<float> ran_lambda_;  // [L] lambda of the last run
+  std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's readers (null: none)
+  bool hooks_dirty_ = false;                 // hooks changed since the last run: the next one starts at layer 0
+  std::vector<LayerMaps> maps_cache_;
+  bool logits_stale_ = false;  // the backend was cut back: the next run() recomputes the last position's logits
+  // generation
+  int64_t prompt_len_ = 0;
+  std::vector<int32_t> eos_;
+  GenerateOptions gen_opt_;
+  Sampler sampler_;
+  bool gen_active_ = false;
+  int gen_count_ = 0;
+  int64_t gen_cap_ = 0;  // positions the backend had memory for when the generation began
+  StopReason stop_ = StopReason::None;
+  void set_stop(StopReason r) {
+    stop_ = r;
+    gen_active_ = false;
+  }
+  std::vector<float> run_lambda() const;  // [L] effective lambda of every layer
+};
+
+}  // namespace ds
