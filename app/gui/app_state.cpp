@@ -101,7 +101,7 @@ std::vector<int32_t> AppState::parse_prompt_ids(std::string* why) const {
     cur.clear();
     return true;
   };
-  for (char c : prompt_ids) {
+  for (char c : prompt.ids) {
     if (std::isdigit(static_cast<unsigned char>(c))) {
       cur += c;
     } else if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
@@ -129,7 +129,7 @@ void AppState::run_prompt() {
     notify("A corpus scan is running: the prompt can run when it has finished (or Stop it in the Corpus panel).", true);
     return;
   }
-  if (ids_mode) {
+  if (prompt.ids_mode) {
     std::string why;
     auto ids = parse_prompt_ids(&why);
     if (ids.empty()) {
@@ -140,7 +140,7 @@ void AppState::run_prompt() {
     req.ids = std::move(ids);
   } else {
     req.use_ids = false;
-    req.text = prompt_text;
+    req.text = prompt.text;
   }
   ++req.prompt_seq;
   submit();
@@ -163,9 +163,9 @@ bool AppState::open_prompt_file(const std::string& path, std::string* why) {
   std::string text;
   if (!read_prompt_file(path, text, why))
     return false;
-  prompt_text = std::move(text);
-  prompt_path = path;
-  ids_mode = false;
+  prompt.text = std::move(text);
+  prompt.path = path;
+  prompt.ids_mode = false;
   if (snap && snap->model)
     run_prompt();
   return true;
@@ -235,18 +235,18 @@ void AppState::start_scan() {
     show_error("no model loaded: open a model first, then scan a corpus");
     return;
   }
-  if (scan_opts.path.empty()) {
+  if (corpus.opts.path.empty()) {
     notify("Type the path of a JSONL corpus first (one JSON object a line).", true);
     return;
   }
-  req.scan = scan_opts;
-  req.scan.stop_after = scan_stop_after;
+  req.scan = corpus.opts;
+  req.scan.stop_after = corpus.stop_after;
   req.scan_stop_base = req.scan_stop_seq;
   ++req.scan_seq;
-  answer_mark.reset();
-  scan_open_row = -1;
-  if (!scan_opts.compare && scan_view != 0)
-    scan_view = 0;
+  corpus.answer_mark.reset();
+  corpus.open_row = -1;
+  if (!corpus.opts.compare && corpus.view != 0)
+    corpus.view = 0;
   if (!show_corpus)
     raise_corpus = true;
   show_corpus = true;
@@ -287,17 +287,17 @@ bool AppState::open_scan_prompt(int row, std::string* why) {
   if (p->is_text && !snap->model->has_tokenizer)
     return fail("line " + std::to_string(r.line) + " is text, and this model has no tokenizer");
   if (p->is_text) {
-    prompt_text = p->text;
-    ids_mode = false;
+    prompt.text = p->text;
+    prompt.ids_mode = false;
   } else {
-    prompt_ids.clear();
+    prompt.ids.clear();
     for (size_t k = 0; k < p->ids.size(); ++k)
-      prompt_ids += (k ? ", " : "") + std::to_string(p->ids[k]);
-    ids_mode = true;
+      prompt.ids += (k ? ", " : "") + std::to_string(p->ids[k]);
+    prompt.ids_mode = true;
   }
   // The lambda the prompt was scanned with (the compare run's when the panel shows it), without per-layer
   // overrides: then the row view's answer mass is the scan's.
-  const double scale = scan_view == 1 && rep.has_compare ? sc->options.compare_scale : sc->options.lambda_scale;
+  const double scale = corpus.view == 1 && rep.has_compare ? sc->options.compare_scale : sc->options.lambda_scale;
   bool lambda_moved = req.lambda.scale != scale;
   for (auto& o : req.lambda.override_) {
     lambda_moved |= o.has_value();
@@ -306,9 +306,9 @@ bool AppState::open_scan_prompt(int row, std::string* why) {
   req.lambda.scale = scale;
   run_prompt();
   select_row(r.tokens - 1);
-  answer_mark = AnswerMark{req.use_ids, req.use_ids ? std::string() : req.text, req.use_ids ? req.ids : std::vector<int32_t>{},
+  corpus.answer_mark = AnswerMark{req.use_ids, req.use_ids ? std::string() : req.text, req.use_ids ? req.ids : std::vector<int32_t>{},
                            r.line, r.tokens, r.answer_begin, r.answer_end};
-  scan_open_row = i;
+  corpus.open_row = i;
   char buf[200];
   std::snprintf(buf, sizeof buf, "Opened line %d: %lld tokens, answer span %lld..%lld", r.line, (long long)r.tokens,
                 (long long)r.answer_begin, (long long)r.answer_end - 1);
@@ -327,10 +327,10 @@ bool AppState::open_scan_prompt(int row, std::string* why) {
 }
 
 const AppState::AnswerMark* AppState::answer_span() const {
-  if (!answer_mark || !snap || !snap->result || req.use_ids != answer_mark->use_ids ||
-      (req.use_ids ? req.ids != answer_mark->ids : req.text != answer_mark->text))
+  if (!corpus.answer_mark || !snap || !snap->result || req.use_ids != corpus.answer_mark->use_ids ||
+      (req.use_ids ? req.ids != corpus.answer_mark->ids : req.text != corpus.answer_mark->text))
     return nullptr;
-  return snap->result->prompt_len == answer_mark->tokens ? &*answer_mark : nullptr;
+  return snap->result->prompt_len == corpus.answer_mark->tokens ? &*corpus.answer_mark : nullptr;
 }
 
 // The scan's report through `write` (a writer of session_scan.h or plot.h that throws naming the file); `none`:
@@ -511,9 +511,9 @@ void AppState::absorb_snapshot() {
     if (!first_model)
       view = HeadView{};  // the first model keeps the view --view asked for
     if (!m.has_tokenizer) {
-      ids_mode = true;
-      if (prompt_ids.empty())
-        prompt_ids = default_ids(m.cfg.vocab);
+      prompt.ids_mode = true;
+      if (prompt.ids.empty())
+        prompt.ids = default_ids(m.cfg.vocab);
     }
     run_prompt();
   }
@@ -564,39 +564,39 @@ void AppState::absorb_snapshot() {
   }
   // --scan FILE: once the model is in and the worker has served its first prompt (run or refused); then
   // --scan-report, --scan-plot and --scan-open when the scan has finished.
-  if (pending_scan && snap->model && seen_model_seq == snap->model->seq && !snap->loading && !req_dirty && worker &&
+  if (corpus.pending && snap->model && seen_model_seq == snap->model->seq && !snap->loading && !req_dirty && worker &&
       worker->idle()) {
-    scan_opts.path = *pending_scan;
-    pending_scan.reset();
+    corpus.opts.path = *corpus.pending;
+    corpus.pending.reset();
     start_scan();
   }
   const auto& sc = snap->scan;
   if (req.scan_seq != 0 && sc && sc->seq == req.scan_seq && !sc->running &&
-      (pending_scan_open || !pending_scan_report.empty() || !pending_scan_plot.empty())) {
+      (corpus.pending_open || !corpus.pending_report.empty() || !corpus.pending_plot.empty())) {
     std::string why;
     if (!sc->report) {  // the scan could not run: its error is on screen already
-      pending_scan_open.reset();
-      pending_scan_report.clear();
-      pending_scan_plot.clear();
+      corpus.pending_open.reset();
+      corpus.pending_report.clear();
+      corpus.pending_plot.clear();
     }
-    if (!pending_scan_report.empty()) {
-      if (save_scan_report(pending_scan_report, &why))
-        notify("Wrote " + pending_scan_report);
+    if (!corpus.pending_report.empty()) {
+      if (save_scan_report(corpus.pending_report, &why))
+        notify("Wrote " + corpus.pending_report);
       else
         show_error("--scan-report: " + why);
-      pending_scan_report.clear();
+      corpus.pending_report.clear();
     }
-    if (!pending_scan_plot.empty()) {
-      if (save_scan_plot(pending_scan_plot, &why))
-        notify("Wrote " + pending_scan_plot);
+    if (!corpus.pending_plot.empty()) {
+      if (save_scan_plot(corpus.pending_plot, &why))
+        notify("Wrote " + corpus.pending_plot);
       else
         show_error("--scan-plot: " + why);
-      pending_scan_plot.clear();
+      corpus.pending_plot.clear();
     }
-    if (pending_scan_open) {
-      if (!open_scan_prompt(*pending_scan_open, &why))
+    if (corpus.pending_open) {
+      if (!open_scan_prompt(*corpus.pending_open, &why))
         show_error("--scan-open: " + why);
-      pending_scan_open.reset();
+      corpus.pending_open.reset();
     }
   }
 }

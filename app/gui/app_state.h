@@ -75,6 +75,40 @@ struct PanelRect {
   float x = 0, y = 0, w = 0, h = 0;  // framebuffer pixels, origin top left
 };
 
+// The prompt panel's own state.
+struct PromptPanelState {
+  std::string text, ids;
+  bool ids_mode = false;
+  std::string path;        // File > Open prompt...: the path field
+  bool open_popup = false;  // open the popup next frame
+  bool focus = false;
+};
+
+// The Corpus panel's own state (the scan itself runs on the worker, worker_scan.cpp).
+struct CorpusPanelState {
+  ScanOptions opts;  // the panel's file and options (path, lambda scale, compare)
+  bool focus_path = false;
+  std::optional<std::string> pending;  // --scan FILE: started once the first prompt of the first model ran
+  std::optional<int> pending_open;     // --scan-open K: open the K-th prompt once the scan has finished
+  std::string pending_report, pending_plot;  // --scan-report / --scan-plot: saved once it has finished
+  int stop_after = 0;   // --scan-stop-after N (tests): the worker stops after N prompts
+  int view = 0;         // what the panel shows: 0 the first run, 1 the compare run, 2 their difference
+  int open_row = -1;    // the report row opened in the views (-1: none)
+  int part = 0;         // heatmap and table: 0 answer, 1 sink, 2 context
+  int map = 2;          // 0 A1, 1 A2, 2 A1 - lambda*A2, 3 |A1 - lambda*A2| (plain models: A1)
+  PanelRect heat_rect;  // last frame's layer x head heatmap (framebuffer pixels; state JSON)
+  // The answer span of the prompt opened from a scan, marked in the token list, the row view and the head view
+  // while that prompt is the one on screen.
+  struct AnswerMark {
+    bool use_ids = false;  // the prompt as it was sent (Request::use_ids / text / ids): the mark holds while the
+    std::string text;      // prompt on screen is this one
+    std::vector<int32_t> ids;
+    int line = 0;                            // its corpus line
+    int64_t tokens = 0, begin = 0, end = 0;  // prompt length and the span [begin, end), token positions
+  };
+  std::optional<AnswerMark> answer_mark;
+};
+
 struct AppState {
   // --- engine link
   Worker* worker = nullptr;
@@ -115,12 +149,8 @@ struct AppState {
   int64_t asked_row_extra = 0;  // --generate N: the row may name one of the N positions to come
   std::optional<std::array<int64_t, 4>> asked_view;
 
-  // --- prompt panel
-  std::string prompt_text, prompt_ids;
-  bool ids_mode = false;
-  std::string prompt_path;        // File > Open prompt...: the path field
-  bool open_prompt_popup = false;  // open the popup next frame
-  bool focus_prompt = false;
+  // --- prompt panel (panel_prompt.cpp)
+  PromptPanelState prompt;
 
   // --- generation (panel_generate.cpp): what Generate and Step use
   // max new tokens, top-k, top-p, seed, stop at EOS; the temperature comes from the two fields below
@@ -137,27 +167,7 @@ struct AppState {
   bool generation_started = false;  // --generate was sent (the screenshot waits for it to finish)
 
   // --- corpus analysis (panel_corpus.cpp; the scan runs on the worker, worker_scan.cpp)
-  ScanOptions scan_opts;            // the Corpus panel's file and options (path, lambda scale, compare)
-  bool focus_scan_path = false;
-  std::optional<std::string> pending_scan;  // --scan FILE: started once the first prompt of the first model ran
-  std::optional<int> pending_scan_open;     // --scan-open K: open the K-th prompt once the scan has finished
-  std::string pending_scan_report, pending_scan_plot;  // --scan-report / --scan-plot: saved once it has finished
-  int scan_stop_after = 0;                  // --scan-stop-after N (tests): the worker stops after N prompts
-  int scan_view = 0;                        // what the panel shows: 0 the first run, 1 the compare run, 2 their difference
-  int scan_open_row = -1;                   // the report row opened in the views (-1: none)
-  int scan_part = 0;                        // heatmap and table: 0 answer, 1 sink, 2 context
-  int scan_map = 2;                         // 0 A1, 1 A2, 2 A1 - lambda*A2, 3 |A1 - lambda*A2| (plain models: A1)
-  PanelRect scan_heat_rect;                 // last frame's layer x head heatmap (framebuffer pixels; state JSON)
-  // The answer span of the prompt opened from a scan, marked in the token list, the row view and the head view
-  // while that prompt is the one on screen.
-  struct AnswerMark {
-    bool use_ids = false;  // the prompt as it was sent (Request::use_ids / text / ids): the mark holds while the
-    std::string text;      // prompt on screen is this one
-    std::vector<int32_t> ids;
-    int line = 0;                            // its corpus line
-    int64_t tokens = 0, begin = 0, end = 0;  // prompt length and the span [begin, end), token positions
-  };
-  std::optional<AnswerMark> answer_mark;
+  CorpusPanelState corpus;
 
   // --- selection and views
   int layer = 0, head = 0;
@@ -211,6 +221,7 @@ struct AppState {
   // Opens row `row` of the scan's report (negative counts from the end) in the views: its prompt (text or ids) at
   // the lambda it was scanned with, the row view on its last token, the answer span marked. False with *why.
   bool open_scan_prompt(int row, std::string* why);
+  using AnswerMark = CorpusPanelState::AnswerMark;
   const AnswerMark* answer_span() const;  // answer_mark when the result on screen is that prompt's
   bool save_scan_report(const std::string& path, std::string* why) const;  // JSON (write_json_atomic)
   bool save_scan_plot(const std::string& path, std::string* why) const;    // PNG (write_plot_png)

@@ -48,7 +48,7 @@ void on_drop(GLFWwindow* w, int count, const char** paths) {
   fs::path p(paths[0]);
   std::error_code ec;
   if (!fs::is_directory(p, ec) && p.extension() == ".jsonl") {  // a corpus: into the Corpus panel's path field
-    st->scan_opts.path = p.string();
+    st->corpus.opts.path = p.string();
     st->raise_corpus = !st->show_corpus;
     st->show_corpus = true;
     return;
@@ -137,12 +137,12 @@ int main(int argc, char** argv) {
 
   auto worker = std::make_unique<Worker>([] { glfwPostEmptyEvent(); }, backend, opt.threads);
   st.worker = worker.get();
-  st.prompt_text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
-  st.prompt_path = opt.prompt_file;
+  st.prompt.text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
+  st.prompt.path = opt.prompt_file;
   if (opt.ids) {
-    st.ids_mode = true;
+    st.prompt.ids_mode = true;
     for (size_t i = 0; i < opt.ids->size(); ++i)
-      st.prompt_ids += (i ? ", " : "") + std::to_string((*opt.ids)[i]);
+      st.prompt.ids += (i ? ", " : "") + std::to_string((*opt.ids)[i]);
   }
   if (opt.layer >= 0) {
     st.layer = st.req.layer = opt.layer;
@@ -180,27 +180,27 @@ int main(int argc, char** argv) {
   }
   // --scan: the Corpus panel's options; the scan starts once the first prompt ran (AppState::absorb_snapshot).
   if (!opt.scan.empty()) {
-    st.pending_scan = opt.scan;
-    st.scan_opts.path = opt.scan;
+    st.corpus.pending = opt.scan;
+    st.corpus.opts.path = opt.scan;
     st.show_corpus = true;
   }
   if (opt.scan_lambda_scale)
-    st.scan_opts.lambda_scale = *opt.scan_lambda_scale;
+    st.corpus.opts.lambda_scale = *opt.scan_lambda_scale;
   if (opt.scan_compare) {
-    st.scan_opts.compare = true;
-    st.scan_opts.compare_scale = *opt.scan_compare;
+    st.corpus.opts.compare = true;
+    st.corpus.opts.compare_scale = *opt.scan_compare;
   }
   if (opt.scan_max_answer)
-    st.scan_opts.max_answer_tokens = *opt.scan_max_answer;
-  st.pending_scan_open = opt.scan_open;
-  st.pending_scan_report = opt.scan_report;
-  st.pending_scan_plot = opt.scan_plot;
-  st.scan_stop_after = opt.scan_stop_after;
+    st.corpus.opts.max_answer_tokens = *opt.scan_max_answer;
+  st.corpus.pending_open = opt.scan_open;
+  st.corpus.pending_report = opt.scan_report;
+  st.corpus.pending_plot = opt.scan_plot;
+  st.corpus.stop_after = opt.scan_stop_after;
   if (opt.scan_view >= 0)
-    st.scan_view = opt.scan_view;
+    st.corpus.view = opt.scan_view;
   if (opt.scan_fraction >= 0) {
-    st.scan_part = opt.scan_fraction / 4;
-    st.scan_map = opt.scan_fraction % 4;
+    st.corpus.part = opt.scan_fraction / 4;
+    st.corpus.map = opt.scan_fraction % 4;
   }
   st.req.sweep = st.settings.sweep;
   const std::string model = !opt.model.empty() ? opt.model : default_model(st.assets_dir);

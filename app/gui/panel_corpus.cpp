@@ -92,22 +92,8 @@ std::string fmt_scale(double s) {
   return buf;
 }
 
-float button_w(const char* label) {
-  return ImGui::CalcTextSize(label, nullptr, true).x + ImGui::GetStyle().FramePadding.x * 2;
-}
 
-// SameLine when an item `w` wide still fits on this line, else a new line.
-void same_line_if_fits(float w) {
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  ImGui::SameLine();
-  if (ImGui::GetCursorScreenPos().x + w > right)
-    ImGui::NewLine();
-}
 
-void tooltip_if_hovered(const char* text) {
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("%s", text);
-}
 
 // What the panel shows: the first run, the compare run, or the compare run minus the first.
 struct Shown {
@@ -169,32 +155,32 @@ void controls(AppState& st, const ModelInfo& m) {
   const ImGuiStyle& style = ImGui::GetStyle();
   const float buttons = button_w("Start") + button_w("Stop") + 2 * style.ItemSpacing.x;
   ImGui::SetNextItemWidth(std::max(160.0f, std::min(ImGui::GetContentRegionAvail().x - buttons, 560.0f)));
-  if (st.focus_scan_path) {
+  if (st.corpus.focus_path) {
     ImGui::SetKeyboardFocusHere();
-    st.focus_scan_path = false;
+    st.corpus.focus_path = false;
   }
   ImGui::BeginDisabled(running);
   const bool enter = ImGui::InputTextWithHint("##corpus", "corpus.jsonl (or drop a .jsonl file on the window)",
-                                              &st.scan_opts.path, ImGuiInputTextFlags_EnterReturnsTrue);
+                                              &st.corpus.opts.path, ImGuiInputTextFlags_EnterReturnsTrue);
   ImGui::EndDisabled();
-  tooltip_if_hovered("A JSONL file, one prompt a line:\n"
-                     "  {\"text\": \"...\", \"answer\": [begin, end)}   character offsets into the text\n"
-                     "  {\"ids\": [...], \"answer\": [begin, end)}     token positions\n"
-                     "optional \"target\": the answer the model should give greedily (text or ids);\n"
-                     "other keys are kept as tags (\"length\" and \"depth\" group the report).\n"
-                     "Bad lines are listed with their line numbers and skipped.");
+  item_tooltip("A JSONL file, one prompt a line:\n"
+               "  {\"text\": \"...\", \"answer\": [begin, end)}   character offsets into the text\n"
+               "  {\"ids\": [...], \"answer\": [begin, end)}     token positions\n"
+               "optional \"target\": the answer the model should give greedily (text or ids);\n"
+               "other keys are kept as tags (\"length\" and \"depth\" group the report).\n"
+               "Bad lines are listed with their line numbers and skipped.");
   ImGui::SameLine();
-  ImGui::BeginDisabled(running || st.scan_opts.path.empty() || m.seq == 0 || st.snap->loading);
+  ImGui::BeginDisabled(running || st.corpus.opts.path.empty() || m.seq == 0 || st.snap->loading);
   if (ImGui::Button("Start") || (enter && !running))
     st.start_scan();
   ImGui::EndDisabled();
-  tooltip_if_hovered("Scan every prompt of the file (the views wait until it ends; the prompt on screen then runs again)");
+  item_tooltip("Scan every prompt of the file (the views wait until it ends; the prompt on screen then runs again)");
   ImGui::SameLine();
   ImGui::BeginDisabled(!running);
   if (ImGui::Button("Stop"))
     st.stop_scan();
   ImGui::EndDisabled();
-  tooltip_if_hovered("Stop between prompts: the report keeps the prompts done so far");
+  item_tooltip("Stop between prompts: the report keeps the prompts done so far");
 
   // Options: lambda scale, a second run to compare, the answer length.
   ImGui::BeginDisabled(running);
@@ -204,37 +190,37 @@ void controls(AppState& st, const ModelInfo& m) {
   ImGui::Text("%s x", st.lam());
   ImGui::SameLine(0, style.ItemInnerSpacing.x);
   ImGui::SetNextItemWidth(num_w);
-  if (ImGui::InputDouble("##scan_scale", &st.scan_opts.lambda_scale, 0, 0, "%.2f") && !std::isfinite(st.scan_opts.lambda_scale))
-    st.scan_opts.lambda_scale = 1.0;
-  tooltip_if_hovered(diff ? "Every differential layer's lambda times this during the scan (1: the model's own;\n"
-                            "0: plain softmax attention A1). Per-layer overrides are not used."
-                          : "A plain (Llama) model has no lambda");
+  if (ImGui::InputDouble("##scan_scale", &st.corpus.opts.lambda_scale, 0, 0, "%.2f") && !std::isfinite(st.corpus.opts.lambda_scale))
+    st.corpus.opts.lambda_scale = 1.0;
+  item_tooltip(diff ? "Every differential layer's lambda times this during the scan (1: the model's own;\n"
+               "0: plain softmax attention A1). Per-layer overrides are not used."
+               : "A plain (Llama) model has no lambda");
   const float cmp_w = ImGui::GetFrameHeight() + ImGui::CalcTextSize("compare at x").x + num_w + 3 * style.ItemInnerSpacing.x;
   same_line_if_fits(cmp_w);
-  ImGui::Checkbox("##scan_compare", &st.scan_opts.compare);
-  tooltip_if_hovered("A second run of the same model at another lambda scale, prompt by prompt: the report\n"
-                     "holds both (its \"compare\" run) and the panel shows either, or their difference");
+  ImGui::Checkbox("##scan_compare", &st.corpus.opts.compare);
+  item_tooltip("A second run of the same model at another lambda scale, prompt by prompt: the report\n"
+               "holds both (its \"compare\" run) and the panel shows either, or their difference");
   ImGui::SameLine(0, style.ItemInnerSpacing.x);
   ImGui::TextUnformatted("compare at x");
   ImGui::SameLine(0, style.ItemInnerSpacing.x);
-  ImGui::BeginDisabled(!st.scan_opts.compare);
+  ImGui::BeginDisabled(!st.corpus.opts.compare);
   ImGui::SetNextItemWidth(num_w);
-  if (ImGui::InputDouble("##scan_compare_scale", &st.scan_opts.compare_scale, 0, 0, "%.2f") &&
-      !std::isfinite(st.scan_opts.compare_scale))
-    st.scan_opts.compare_scale = 0.0;
+  if (ImGui::InputDouble("##scan_compare_scale", &st.corpus.opts.compare_scale, 0, 0, "%.2f") &&
+      !std::isfinite(st.corpus.opts.compare_scale))
+    st.corpus.opts.compare_scale = 0.0;
   ImGui::EndDisabled();
   ImGui::EndDisabled();
   if (!diff)
-    st.scan_opts.compare = false;
+    st.corpus.opts.compare = false;
   same_line_if_fits(ImGui::CalcTextSize("answer <= 000 tokens").x + num_w);
   ImGui::AlignTextToFramePadding();
   ImGui::TextUnformatted("answer \xe2\x89\xa4");
   ImGui::SameLine(0, style.ItemInnerSpacing.x);
   ImGui::SetNextItemWidth(ImGui::CalcTextSize("0000").x + style.FramePadding.x * 2);
-  int max_answer = st.scan_opts.max_answer_tokens;
+  int max_answer = st.corpus.opts.max_answer_tokens;
   if (ImGui::InputInt("##scan_answer", &max_answer, 0, 0))
-    st.scan_opts.max_answer_tokens = std::clamp(max_answer, 1, 100000);
-  tooltip_if_hovered("Greedy tokens generated at most after each prompt to check its \"target\"");
+    st.corpus.opts.max_answer_tokens = std::clamp(max_answer, 1, 100000);
+  item_tooltip("Greedy tokens generated at most after each prompt to check its \"target\"");
   ImGui::SameLine(0, style.ItemInnerSpacing.x);
   ImGui::TextUnformatted("tokens");
   ImGui::EndDisabled();
@@ -302,7 +288,7 @@ void status_line(AppState& st, const ScanState& sc) {
   } else if (!sc.error.empty()) {
     ImGui::AlignTextToFramePadding();
     ImGui::TextColored(warn, "%s", sc.error.c_str());
-    tooltip_if_hovered(sc.error.c_str());
+    item_tooltip(sc.error.c_str());
   } else if (sc.stopped) {
     ImGui::AlignTextToFramePadding();
     ImGui::TextColored(warn, "stopped after %d of %d prompts in %.1f s: the report keeps the %d done", sc.tried,
@@ -340,14 +326,14 @@ void status_line(AppState& st, const ScanState& sc) {
     g_save_report.why.clear();
     g_save_report.open = true;
   }
-  tooltip_if_hovered(sc.running ? "The report so far (\"complete\": false)" : "The report as JSON");
+  item_tooltip(sc.running ? "The report so far (\"complete\": false)" : "The report as JSON");
   ImGui::SameLine();
   if (ImGui::Button("Save plot...")) {
     g_save_plot.path = st.export_path("scan", "png");
     g_save_plot.why.clear();
     g_save_plot.open = true;
   }
-  tooltip_if_hovered("Answer / context / sink bars, the layer x head heatmaps and the groups, as PNG");
+  item_tooltip("Answer / context / sink bars, the layer x head heatmaps and the groups, as PNG");
   ImGui::EndDisabled();
 }
 
@@ -360,21 +346,20 @@ void summary(AppState& st, const ScanState& sc, const Shown& sh) {
     // Which run the summary, the heatmap and the output column show.
     const std::string a = std::string(st.lam()) + " " + fmt_scale(rep.run.lambda_scale) + "##first";
     const std::string b = std::string(st.lam()) + " " + fmt_scale(rep.compare.lambda_scale) + "##compare";
-    ImGui::RadioButton(a.c_str(), &st.scan_view, 0);
+    ImGui::RadioButton(a.c_str(), &st.corpus.view, 0);
     ImGui::SameLine();
-    ImGui::RadioButton(b.c_str(), &st.scan_view, 1);
+    ImGui::RadioButton(b.c_str(), &st.corpus.view, 1);
     ImGui::SameLine();
-    ImGui::RadioButton("difference", &st.scan_view, 2);
-    tooltip_if_hovered("The second run minus the first");
+    ImGui::RadioButton("difference", &st.corpus.view, 2);
+    item_tooltip("The second run minus the first");
   }
   const ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
-  fraction_table("##means", "mean", flags, st, sh, diff, [&](int idx) { return sh.mean(idx); }, st.scan_part,
-                 st.scan_map);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Attention of the last prompt token, as a fraction of its row, averaged over layers, heads\n"
-                      "and prompts: on the answer span, on position 0 (the sink), on every other key (the context).\n"
-                      "A1 - %s*A2: the part of the row's sum; |A1 - %s*A2|: the part of its absolute sum.",
-                      st.lam(), st.lam());
+  fraction_table("##means", "mean", flags, st, sh, diff, [&](int idx) { return sh.mean(idx); }, st.corpus.part,
+                 st.corpus.map);
+  item_tooltip("Attention of the last prompt token, as a fraction of its row, averaged over layers, heads\n"
+               "and prompts: on the answer span, on position 0 (the sink), on every other key (the context).\n"
+               "A1 - %s*A2: the part of the row's sum; |A1 - %s*A2|: the part of its absolute sum.",
+               st.lam(), st.lam());
   // Prompts, tokens, accuracy.
   if (sh.diff()) {
     ImGui::Text("%lld prompts   accuracy %s \xe2\x86\x92 %s", (long long)rep.run.prompts, fmt_pct(rep.run.accuracy).c_str(),
@@ -388,7 +373,7 @@ void summary(AppState& st, const ScanState& sc, const Shown& sh) {
       ImGui::TextDisabled("no targets: no accuracy");
   }
   // Groups by length and depth: the shown fraction and the accuracy per value.
-  const int idx = fraction_index(st.scan_part, diff ? st.scan_map : 0);
+  const int idx = fraction_index(st.corpus.part, diff ? st.corpus.map : 0);
   for (const char* key : {"length", "depth"}) {
     std::vector<size_t> at;
     for (size_t i = 0; i < r.groups.size(); ++i)
@@ -403,7 +388,7 @@ void summary(AppState& st, const ScanState& sc, const Shown& sh) {
       continue;
     ImGui::TableSetupColumn(key);
     ImGui::TableSetupColumn("prompts");
-    ImGui::TableSetupColumn((std::string(k_parts[st.scan_part]) + " " + short_map_name(st.scan_map, diff)).c_str());
+    ImGui::TableSetupColumn((std::string(k_parts[st.corpus.part]) + " " + short_map_name(st.corpus.map, diff)).c_str());
     ImGui::TableSetupColumn("accuracy");
     ImGui::TableHeadersRow();
     for (size_t i : at) {
@@ -442,7 +427,7 @@ void summary(AppState& st, const ScanState& sc, const Shown& sh) {
           ImGui::TextColored(dim, "line %d", e.line);
           ImGui::SameLine();
           ImGui::TextUnformatted(e.error.c_str());
-          tooltip_if_hovered(e.error.c_str());
+          item_tooltip(e.error.c_str());
         }
     }
   }
@@ -455,26 +440,26 @@ void heatmap(AppState& st, const Shown& sh, ImVec2 size) {
   const ImGuiStyle& style = ImGui::GetStyle();
   // Which fraction: the part (answer / sink / context) and the map.
   ImGui::SetNextItemWidth(ImGui::CalcTextSize("context").x + ImGui::GetFrameHeight() + style.FramePadding.x * 2);
-  ImGui::Combo("##part", &st.scan_part, k_parts, 3);
+  ImGui::Combo("##part", &st.corpus.part, k_parts, 3);
   if (diff) {
     ImGui::SameLine();
-    const std::string cur = map_name(st, st.scan_map, true);
+    const std::string cur = map_name(st, st.corpus.map, true);
     ImGui::SetNextItemWidth(ImGui::CalcTextSize("|A1 - lambda*A2|").x + ImGui::GetFrameHeight());
     if (ImGui::BeginCombo("##map", cur.c_str())) {
       for (int m = 0; m < 4; ++m)
-        if (ImGui::Selectable(map_name(st, m, true).c_str(), m == st.scan_map))
-          st.scan_map = m;
+        if (ImGui::Selectable(map_name(st, m, true).c_str(), m == st.corpus.map))
+          st.corpus.map = m;
       ImGui::EndCombo();
     }
   } else {
-    st.scan_map = 0;
+    st.corpus.map = 0;
   }
   ImGui::SameLine();
   ImGui::AlignTextToFramePadding();
   ImGui::TextDisabled("per head");
 
   const int L = int(r.layers.size()), H = r.heads;
-  const int idx = fraction_index(st.scan_part, st.scan_map);
+  const int idx = fraction_index(st.corpus.part, st.corpus.map);
   if (L == 0 || H == 0)
     return;
   // Colours: a fraction of a probability row from 0 to the largest head; signed quantities (the difference's
@@ -487,7 +472,7 @@ void heatmap(AppState& st, const Shown& sh, ImVec2 size) {
   if (!(hi >= lo))
     lo = 0, hi = 1;
   ColorScale sc;
-  sc.diverging = sh.diff() || (st.scan_map == 2 && lo < 0);
+  sc.diverging = sh.diff() || (st.corpus.map == 2 && lo < 0);
   if (sc.diverging) {
     sc.hi = float(std::max({std::fabs(lo), std::fabs(hi), 1e-6}));
     sc.lo = -sc.hi;
@@ -542,7 +527,7 @@ void heatmap(AppState& st, const Shown& sh, ImVec2 size) {
     }
   }
   const ImVec2 grid1(grid0.x + H * cell_w, grid0.y + L * cell_h);
-  st.scan_heat_rect = PanelRect{grid0.x * st.fb_scale, grid0.y * st.fb_scale, (grid1.x - grid0.x) * st.fb_scale,
+  st.corpus.heat_rect = PanelRect{grid0.x * st.fb_scale, grid0.y * st.fb_scale, (grid1.x - grid0.x) * st.fb_scale,
                                 (grid1.y - grid0.y) * st.fb_scale};
   draw_colorbar(dl, ImVec2(grid1.x + 10, grid0.y), ImVec2(grid1.x + 24, grid1.y), cm, sc, text);
   // Hover: every fraction of the head; click: open it in the head view.
@@ -583,7 +568,7 @@ void prompt_table(AppState& st, const ScanState& sc, const Shown& sh, ImVec2 siz
   const ScanRunView& a = rep.run;
   const bool cmp = rep.has_compare;
   const bool diff = a.differential;
-  const int idx = fraction_index(st.scan_part, diff ? st.scan_map : 0);
+  const int idx = fraction_index(st.corpus.part, diff ? st.corpus.map : 0);
   bool tags = false;
   for (const auto& r : a.rows)
     tags |= !r.tags.empty();
@@ -594,7 +579,7 @@ void prompt_table(AppState& st, const ScanState& sc, const Shown& sh, ImVec2 siz
                                 ImGuiTableFlags_Resizable | ImGuiTableFlags_Hideable;
   if (!ImGui::BeginTable("##prompts", C_COUNT, flags, size))
     return;
-  const std::string value = std::string(k_parts[st.scan_part]) + " " + short_map_name(st.scan_map, diff);
+  const std::string value = std::string(k_parts[st.corpus.part]) + " " + short_map_name(st.corpus.map, diff);
   const std::string va = cmp ? value + " " + fmt_scale(a.lambda_scale) : value;
   const std::string vb = cmp ? value + " " + fmt_scale(rep.compare.lambda_scale) : "";
   // Fixed widths that fit the header and the widest value (the sort arrow included).
@@ -684,7 +669,7 @@ void prompt_table(AppState& st, const ScanState& sc, const Shown& sh, ImVec2 siz
       char label[32];
       std::snprintf(label, sizeof label, "%d##row", i);
       ImGui::PushID(i);
-      if (ImGui::Selectable(label, i == st.scan_open_row, ImGuiSelectableFlags_SpanAllColumns | ImGuiSelectableFlags_AllowItemOverlap)) {
+      if (ImGui::Selectable(label, i == st.corpus.open_row, ImGuiSelectableFlags_SpanAllColumns | ImGuiSelectableFlags_AllowItemOverlap)) {
         std::string why;
         if (!st.open_scan_prompt(i, &why))
           st.notify(why, true);
@@ -772,8 +757,8 @@ void draw_corpus_panel(AppState& st) {
   }
   const ScanReport& rep = *sc.report;
   if (!rep.has_compare)
-    st.scan_view = 0;
-  Shown sh{&rep, st.scan_view};
+    st.corpus.view = 0;
+  Shown sh{&rep, st.corpus.view};
   if (rep.run.prompts == 0) {  // nothing to average yet: the lines skipped so far, with their reasons
     ImGui::BeginChild("##skipped_only", ImVec2(0, 0), false);
     if (sc.skipped)

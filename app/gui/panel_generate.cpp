@@ -166,21 +166,8 @@ void continuation_text(const char* id, const std::string& text, ImU32 col, int m
   ImGui::PopStyleColor();
 }
 
-// SameLine when an item `w` wide still fits on this line, else a new line (narrow panels wrap their rows).
-void same_line_if_fits(float w) {
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  ImGui::SameLine();
-  if (ImGui::GetCursorScreenPos().x + w > right)
-    ImGui::NewLine();
-}
 
-float button_w(const char* label) {
-  return ImGui::CalcTextSize(label).x + ImGui::GetStyle().FramePadding.x * 2;
-}
 
-float checkbox_w(const char* label) {
-  return ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x + ImGui::CalcTextSize(label).x;
-}
 
 // Two rows: how much and when to stop, greedy or sampling; then the sampling parameters (disabled for greedy).
 void options_controls(AppState& st, const ModelInfo& m, bool locked) {
@@ -189,8 +176,7 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
   int max_new = st.gen.max_new;
   if (ImGui::InputInt("max new", &max_new, 0, 0))
     st.gen.max_new = std::clamp(max_new, 1, int(std::min<int64_t>(m.cfg.max_positions, 1000000)));
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Tokens to generate at most (fewer when the model's context fills up)");
+  item_tooltip("Tokens to generate at most (fewer when the model's context fills up)");
   same_line_if_fits(checkbox_w("stop at EOS"));
   ImGui::BeginDisabled(m.eos_ids.empty());
   ImGui::Checkbox("stop at EOS", &st.gen.stop_at_eos);
@@ -207,10 +193,9 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
   }
   same_line_if_fits(checkbox_w("sample"));
   ImGui::Checkbox("sample", &st.gen_sample);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Off: greedy, always the most likely token.\n"
-                      "On: draw each token from the distribution (temperature, top-k, top-p) with a seeded\n"
-                      "generator: the same seed gives the same continuation");
+  item_tooltip("Off: greedy, always the most likely token.\n"
+               "On: draw each token from the distribution (temperature, top-k, top-p) with a seeded\n"
+               "generator: the same seed gives the same continuation");
   ImGui::BeginDisabled(!st.gen_sample);
   // Four fields of equal width after their labels.
   const float inner = ImGui::GetStyle().ItemInnerSpacing.x, gap = ImGui::GetStyle().ItemSpacing.x;
@@ -228,23 +213,20 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
   ImGui::SetNextItemWidth(field);
   if (ImGui::SliderFloat("temp", &temp, 0.05f, 2.0f, "%.2f"))
     st.gen_temperature = std::max(0.01, double(temp));
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Temperature: below 1 sharpens the distribution, above 1 flattens it");
+  item_tooltip("Temperature: below 1 sharpens the distribution, above 1 flattens it");
   ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
   int top_k = st.gen.sampling.top_k;
   if (ImGui::DragInt("top-k", &top_k, 0.5f, 0, int(std::min<int64_t>(m.cfg.vocab, INT32_MAX)), top_k ? "%d" : "all"))
     st.gen.sampling.top_k = std::max(0, top_k);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Sample from the k most likely tokens only (0: all)");
+  item_tooltip("Sample from the k most likely tokens only (0: all)");
   if (!two_rows)
     ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
   float top_p = float(st.gen.sampling.top_p);
   if (ImGui::SliderFloat("top-p", &top_p, 0.01f, 1.0f, "%.2f"))
     st.gen.sampling.top_p = std::clamp(double(top_p), 0.01, 1.0);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Then the smallest set of tokens whose probability reaches p (1: all)");
+  item_tooltip("Then the smallest set of tokens whose probability reaches p (1: all)");
   ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
   int seed = int(std::min<uint64_t>(st.gen.sampling.seed, INT32_MAX));

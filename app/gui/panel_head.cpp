@@ -173,8 +173,7 @@ void toolbar(AppState& st, const ModelInfo& m) {
   ImGui::SetNextItemWidth(110);
   if (implicit) {  // one of its scan's channels
     ImGui::SliderInt("channel", &head, 0, int(m.cfg.d_inner) - 1);
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("Channel of the layer's selective scan (Ctrl+click to type one)");
+    item_tooltip("Channel of the layer's selective scan (Ctrl+click to type one)");
   } else {
     ImGui::SliderInt("head", &head, 0, int(m.cfg.view_heads()) - 1);
   }
@@ -188,8 +187,7 @@ void toolbar(AppState& st, const ModelInfo& m) {
     ImGui::SetNextItemWidth(90);
     const char* cmaps[] = {"viridis", "magma"};
     ImGui::Combo("##cmap", &st.settings.seq_cmap, cmaps, 2);
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
+    item_tooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
   }
   ImGui::SameLine();
   ImGui::SetNextItemWidth(70);
@@ -197,29 +195,25 @@ void toolbar(AppState& st, const ModelInfo& m) {
   const char* pools[] = {"max", "mean"};
   if (ImGui::Combo("##pool", &pool, pools, 2))
     st.settings.mean_pool = pool == 1;
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip(
-        "When the visible map has more tokens than the panel has pixels, each cell pools a block of tokens:\n"
-        "max shows the block's largest value (its largest magnitude for the difference), so a single strong\n"
-        "key stays visible; mean shows the block's average (masked cells count as 0).");
+  item_tooltip(
+               "When the visible map has more tokens than the panel has pixels, each cell pools a block of tokens:\n"
+               "max shows the block's largest value (its largest magnitude for the difference), so a single strong\n"
+               "key stays visible; mean shows the block's average (masked cells count as 0).");
   ImGui::SameLine();
   ImGui::Checkbox("log", &st.settings.log_scale);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Log colour scale (Ctrl+L); symmetric log for the difference");
+  item_tooltip("Log colour scale (Ctrl+L); symmetric log for the difference");
   ImGui::SameLine();
   ImGui::Checkbox("hide first token", &st.settings.hide_first);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Hide key 0, the attention sink, so the rest of the map gets the colour range (Ctrl+H)");
+  item_tooltip("Hide key 0, the attention sink, so the rest of the map gets the colour range (Ctrl+H)");
   if (m.cfg.is_diff() && !implicit) {
     ImGui::SameLine();
     ImGui::Checkbox("link A1/A2 scale", &st.settings.link_scales);
   }
   ImGui::SameLine();
   ImGui::Checkbox("robust range", &st.settings.robust_range);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip(
-        "Colour range up to the 99.5th percentile of the visible cells (brighter cells clamp, marked on the\n"
-        "colour bar); off: up to the largest cell. The cell of query 0 never sets the range (it is always 1).");
+  item_tooltip(
+               "Colour range up to the 99.5th percentile of the visible cells (brighter cells clamp, marked on the\n"
+               "colour bar); off: up to the largest cell. The cell of query 0 never sets the range (it is always 1).");
   ImGui::SameLine();
   if (ImGui::SmallButton("reset view"))
     st.view = HeadView{};

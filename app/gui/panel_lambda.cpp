@@ -65,10 +65,9 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   ImGui::SetNextItemWidth(ImGui::GetContentRegionAvail().x - ImGui::CalcTextSize("global scale").x - 8);
   if (ImGui::SliderFloat("global scale", &scale, -1.0f, 3.0f, "x %.3f"))
     st.set_lambda_scale(scale);
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip(
-        "Multiplies every layer's checkpoint lambda (layers without an override).\n"
-        "0 turns every layer into plain softmax attention. Ctrl+click to type a value.");
+  item_tooltip(
+               "Multiplies every layer's checkpoint lambda (layers without an override).\n"
+               "0 turns every layer into plain softmax attention. Ctrl+click to type a value.");
   if (ImGui::Button("reset (Ctrl+R)"))
     st.reset_lambda();
   ImGui::SameLine();
@@ -108,8 +107,7 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
       lc.override_[l] = fixed ? std::optional<double>(effective) : std::nullopt;
       st.submit();
     }
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("Override: this layer keeps its own value, whatever the scale");
+    item_tooltip("Override: this layer keeps its own value, whatever the scale");
     ImGui::TableNextColumn();
     float v = float(effective);
     ImGui::SetNextItemWidth(-1);

@@ -74,24 +74,6 @@ void end_panel() {
   ImGui::End();
 }
 
-void empty_state(const char* text) {
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const float wrap = std::max(120.0f, std::min(avail.x - 20, 520.0f));
-  const ImVec2 ts = ImGui::CalcTextSize(text, nullptr, false, wrap);
-  const ImVec2 cur = ImGui::GetCursorPos();
-  ImGui::SetCursorPos(
-      ImVec2(cur.x + std::max(0.0f, (avail.x - ts.x) * 0.5f), cur.y + std::max(0.0f, (avail.y - ts.y) * 0.4f)));
-  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(theme_colors().text_dim));
-  ImGui::PushTextWrapPos(ImGui::GetCursorPos().x + wrap);
-  ImGui::TextUnformatted(text);
-  ImGui::PopTextWrapPos();
-  ImGui::PopStyleColor();
-}
 
-void section_title(const char* text) {
-  ImGui::Spacing();
-  ImGui::TextUnformatted(text);
-  ImGui::Separator();
-}
 
 }  // namespace ds::gui

@@ -68,7 +68,7 @@ void handle_shortcuts(AppState& st) {
   if (ctrl_key(GLFW_KEY_O))
     st.focus_path = st.show_model = true;
   if (ctrl_key(GLFW_KEY_O, true))
-    st.open_prompt_popup = true;
+    st.prompt.open_popup = true;
   if (ctrl_key(GLFW_KEY_ENTER) && !io.WantTextInput)
     st.run_prompt();
   if (ctrl_key(GLFW_KEY_R))
@@ -120,9 +120,9 @@ void handle_shortcuts(AppState& st) {
 
 // File > Open prompt...: a path field (there is no native file dialog); the file's text becomes the prompt and runs.
 static void open_prompt_popup(AppState& st) {
-  if (st.open_prompt_popup) {
+  if (st.prompt.open_popup) {
     ImGui::OpenPopup("Open prompt");
-    st.open_prompt_popup = false;
+    st.prompt.open_popup = false;
   }
   if (!ImGui::BeginPopupModal("Open prompt", nullptr, ImGuiWindowFlags_AlwaysAutoResize))
     return;
@@ -131,11 +131,11 @@ static void open_prompt_popup(AppState& st) {
     ImGui::SetKeyboardFocusHere();
   ImGui::SetNextItemWidth(520);
   const bool enter =
-      ImGui::InputTextWithHint("##path", "/path/to/prompt.txt", &st.prompt_path, ImGuiInputTextFlags_EnterReturnsTrue);
+      ImGui::InputTextWithHint("##path", "/path/to/prompt.txt", &st.prompt.path, ImGuiInputTextFlags_EnterReturnsTrue);
   static std::string why;
   if (ImGui::Button("Open") || enter) {
     why.clear();
-    if (st.open_prompt_file(st.prompt_path, &why))
+    if (st.open_prompt_file(st.prompt.path, &why))
       ImGui::CloseCurrentPopup();
   }
   ImGui::SameLine();
@@ -156,9 +156,9 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::MenuItem("Open model...", "Ctrl+O"))
       st.focus_path = st.show_model = true;
     if (ImGui::MenuItem("Open prompt...", "Ctrl+Shift+O"))
-      st.open_prompt_popup = true;
+      st.prompt.open_popup = true;
     if (ImGui::MenuItem("Scan corpus...")) {  // the Corpus panel, its file field focused
-      st.raise_corpus = st.focus_scan_path = true;
+      st.raise_corpus = st.corpus.focus_path = true;
       st.show_corpus = true;
     }
     if (ImGui::BeginMenu("Recent models", !st.settings.recent.empty())) {
@@ -213,7 +213,7 @@ void draw_menu_bar(AppState& st) {
                         st.can_generate() && st.snap->gen && !st.snap->gen->now.empty()))
       st.clear_generation();
     ImGui::Separator();
-    if (ImGui::MenuItem("Scan corpus", nullptr, false, !st.scanning() && !st.scan_opts.path.empty() && st.snap->model))
+    if (ImGui::MenuItem("Scan corpus", nullptr, false, !st.scanning() && !st.corpus.opts.path.empty() && st.snap->model))
       st.start_scan();
     if (ImGui::MenuItem("Stop the scan", nullptr, false, st.scanning()))
       st.stop_scan();

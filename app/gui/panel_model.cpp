@@ -18,8 +18,7 @@ static void info_row(const char* key, const std::string& value) {
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().text_dim), "%s", key);
   ImGui::TableNextColumn();
   ImGui::TextWrapped("%s", value.c_str());
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("%s", value.c_str());
+  item_tooltip("%s", value.c_str());
 }
 
 static std::string human_count(double v) {
@@ -48,8 +47,7 @@ static void error_banner(AppState& st) {
     st.error_line.clear();
   ImGui::SameLine();
   ImGui::TextUnformatted(st.error_line.c_str());
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("%s", st.error_line.c_str());
+  item_tooltip("%s", st.error_line.c_str());
   ImGui::EndChild();
   ImGui::PopStyleColor(2);
 }
@@ -77,8 +75,7 @@ void draw_model_panel(AppState& st) {
   ImGui::SameLine();
   if (ImGui::ArrowButton("##recent", ImGuiDir_Down))
     ImGui::OpenPopup("recent");
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Recent models");
+  item_tooltip("Recent models");
   if (ImGui::BeginPopup("recent")) {
     if (st.settings.recent.empty())
       ImGui::TextDisabled("No recent models yet.");

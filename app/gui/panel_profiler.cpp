@@ -154,9 +154,8 @@ void head_table(AppState& st, const Profile& p) {
 static void max_abs_tab(AppState& st, const RunResult& r) {
   if (ImGui::Checkbox("Read each layer's largest |hidden state|", &st.req.max_abs_hidden))
     st.submit();
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("The paper's Table 5 (activation outliers): max |h| of every layer's output over the sequence,\n"
-                      "reduced on the device during the forward. Turning it on re-runs every layer once.");
+  item_tooltip("The paper's Table 5 (activation outliers): max |h| of every layer's output over the sequence,\n"
+               "reduced on the device during the forward. Turning it on re-runs every layer once.");
   if (!st.req.max_abs_hidden)
     return empty_state("Off. Turn it on to see where the residual stream's outliers grow, layer by layer.");
   const std::vector<float>& v = r.max_abs_hidden;

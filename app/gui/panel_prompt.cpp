@@ -72,8 +72,7 @@ static void top_k_table(const RunResult& r) {
     ImGui::TableNextColumn();
     const std::string lab = token_label(t.text, 24);
     ImGui::Text("%s", lab.c_str());
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("id %d\n\"%s\"", t.id, t.text.c_str());
+    item_tooltip("id %d\n\"%s\"", t.id, t.text.c_str());
     ImGui::TableNextColumn();
     char p[32];
     std::snprintf(p, sizeof p, "%.3f", t.prob);
@@ -98,15 +97,15 @@ void draw_prompt_panel(AppState& st) {
     ImGui::TextWrapped("This model has no tokenizer.json: type token ids from 0 to %lld, separated by commas.",
                        (long long)m.cfg.vocab - 1);
   }
-  std::string& buf = st.ids_mode ? st.prompt_ids : st.prompt_text;
-  if (st.focus_prompt) {
+  std::string& buf = st.prompt.ids_mode ? st.prompt.ids : st.prompt.text;
+  if (st.prompt.focus) {
     ImGui::SetKeyboardFocusHere();
-    st.focus_prompt = false;
+    st.prompt.focus = false;
   }
   const float box_h = ImGui::GetTextLineHeight() * 5 + 8;
   if (ImGui::InputTextMultiline("##prompt", &buf, ImVec2(-1, box_h), ImGuiInputTextFlags_EnterReturnsTrue)) {
     st.run_prompt();  // Ctrl+Enter (plain Enter types a new line)
-    st.focus_prompt = true;
+    st.prompt.focus = true;
   }
   ImGui::BeginDisabled(s.loading || st.scanning());
   if (ImGui::Button("Run"))
@@ -117,7 +116,7 @@ void draw_prompt_panel(AppState& st) {
                                     : "Run the prompt (Ctrl+Enter)");
   ImGui::SameLine();
   ImGui::BeginDisabled(!m.has_tokenizer);
-  ImGui::Checkbox("token ids", &st.ids_mode);
+  ImGui::Checkbox("token ids", &st.prompt.ids_mode);
   ImGui::EndDisabled();
   ImGui::SameLine();
   const int64_t n_all = s.result ? int64_t(s.result->tokens.size()) : 0;

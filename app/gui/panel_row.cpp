@@ -109,11 +109,10 @@ void draw_row_panel(AppState& st) {
       ImGui::NewLine();
     ImGui::AlignTextToFramePadding();
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().answer_mark), "%s", buf);
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("corpus line %d: the answer span's share of this row (head %d), as the corpus scan measures it:\n"
-                        "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
-                        "(the scan's heatmap averages this over prompts)",
-                        ans->line, head, st.lam());
+    item_tooltip("corpus line %d: the answer span's share of this row (head %d), as the corpus scan measures it:\n"
+                 "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
+                 "(the scan's heatmap averages this over prompts)",
+                 ans->line, head, st.lam());
   }
   const float* colour_src = st.row_color == 0 ? d.data() : (st.row_color == 1 || !a2) ? a1 : a2;
   const bool diverging = (st.row_color == 0 && rm.differential) || rm.implicit;  // M is signed

@@ -3,6 +3,7 @@
 #include <imgui.h>
 
 #include "app_state.h"
+#include "widgets.h"
 
 namespace ds::gui {
 
@@ -28,9 +29,5 @@ void draw_status(AppState& st);          // panel_status.cpp: error modal, toast
 enum class Slot { Model, Prompt, Generate, Lambda, Head, Row, Overview, Profiler, Corpus };
 bool begin_panel(AppState& st, const char* name, bool* open, Slot slot, ImGuiWindowFlags flags = 0);
 void end_panel();
-// A centred, wrapped, dimmed message for empty states ("what to do next").
-void empty_state(const char* text);
-// A small heading followed by a separator.
-void section_title(const char* text);
 
 }  // namespace ds::gui

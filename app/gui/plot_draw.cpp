@@ -52,50 +52,7 @@ void draw_colorbar(ImDrawList* dl, ImVec2 p0, ImVec2 p1, Colormap cmap, const Co
   }
 }
 
-std::string fmt_value(double v) {
-  char buf[32];
-  const double a = std::fabs(v);
-  if (v == 0)
-    return "0";
-  else if (a >= 1e4 || a < 1e-3)
-    std::snprintf(buf, sizeof buf, "%.2e", v);
-  else if (a >= 100)
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-  else if (a >= 1)
-    std::snprintf(buf, sizeof buf, "%.3g", v);
-  else
-    std::snprintf(buf, sizeof buf, "%.3f", v);
-  return buf;
-}
 
-std::string token_label(const std::string& text, size_t max_chars) {
-  std::string out;
-  size_t chars = 0;
-  bool cut = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    const bool continuation = (c & 0xC0) == 0x80;  // stays with its character
-    if (!continuation && chars >= max_chars) {
-      cut = true;
-      break;
-    }
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == ' ' && i == 0)
-      out += "\xc2\xb7";  // middle dot: the leading space of a word token
-    else
-      out += char(c);
-    if (!continuation)
-      ++chars;
-  }
-  if (cut)
-    out += "\xe2\x80\xa6";  // ellipsis
-  return out;
-}
 
 void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const Series& b, float marker_x,
                     const char* x_name) {

@@ -7,6 +7,7 @@
 #include <imgui.h>
 
 #include "colormap.h"
+#include "widgets.h"
 
 namespace ds::gui {
 
@@ -18,10 +19,6 @@ void add_text_vertical(ImDrawList* dl, ImVec2 pos, ImU32 col, const char* text);
 void draw_colorbar(ImDrawList* dl, ImVec2 p0, ImVec2 p1, Colormap cmap, const ColorScale& scale, ImU32 text_col);
 float colorbar_width();  // bar + labels
 
-// "value" with 3 significant digits, small numbers in scientific notation.
-std::string fmt_value(double v);
-// A token as a label: leading space as a middle dot, newlines and tabs escaped, cut to max_chars.
-std::string token_label(const std::string& text, size_t max_chars = 14);
 
 struct Series {
   const std::vector<float>* x;

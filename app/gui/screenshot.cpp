@@ -68,13 +68,13 @@ static nlohmann::json scan_json(const AppState& st) {
             {"elapsed_s", sc->elapsed_s},
             {"skipped", skipped},
             {"report", sc->report ? ds::scan::report_json(sc->report->report) : json(nullptr)},
-            {"view", st.scan_view},
-            {"fraction", ds::scan::kFractionKeys[std::clamp(st.scan_part * 4 + st.scan_map, 0, ds::scan::kNumFractions - 1)]}};
-  j["heatmap_rect"] = st.show_corpus && sc->report ? rect_json(st.scan_heat_rect) : json(nullptr);
+            {"view", st.corpus.view},
+            {"fraction", ds::scan::kFractionKeys[std::clamp(st.corpus.part * 4 + st.corpus.map, 0, ds::scan::kNumFractions - 1)]}};
+  j["heatmap_rect"] = st.show_corpus && sc->report ? rect_json(st.corpus.heat_rect) : json(nullptr);
   j["open"] = nullptr;
-  if (sc->report && st.scan_open_row >= 0 && size_t(st.scan_open_row) < sc->report->run.rows.size()) {
-    const auto& r = sc->report->run.rows[size_t(st.scan_open_row)];
-    j["open"] = {{"index", st.scan_open_row},
+  if (sc->report && st.corpus.open_row >= 0 && size_t(st.corpus.open_row) < sc->report->run.rows.size()) {
+    const auto& r = sc->report->run.rows[size_t(st.corpus.open_row)];
+    j["open"] = {{"index", st.corpus.open_row},
                  {"line", r.line},
                  {"tokens", r.tokens},
                  {"answer", {r.answer_begin, r.answer_end}},
@@ -98,7 +98,7 @@ bool ScreenshotDriver::ready(const AppState& st) const {
   if (st.pending_generate > 0 || st.pending_regenerate_scale)
     return false;
   // --scan (and what follows it): wait until it was started, has finished, and --scan-open's prompt was sent.
-  if (st.pending_scan || st.pending_scan_open || !st.pending_scan_report.empty() || !st.pending_scan_plot.empty() ||
+  if (st.corpus.pending || st.corpus.pending_open || !st.corpus.pending_report.empty() || !st.corpus.pending_plot.empty() ||
       st.scanning())
     return false;
   if (st.seen_model_seq != s.model->seq)
