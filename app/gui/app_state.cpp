@@ -211,8 +211,8 @@ void AppState::select_row(int64_t q) {
 }
 
 GenerateOptions AppState::gen_options() const {
-  GenerateOptions o = gen;
-  o.sampling.temperature = gen_sample ? gen_temperature : 0.0;
+  GenerateOptions o = generation.options;
+  o.sampling.temperature = generation.sample ? generation.temperature : 0.0;
   return o;
 }
 
@@ -375,10 +375,10 @@ const GenerateOptions* AppState::last_generate_options() const {
 
 namespace {
 void send_generation(AppState& st, GenCommand c, const GenerateOptions& o) {
-  st.gen_tail_steps = c == GenCommand::Step ? st.gen_tail_steps + 1 : 0;
+  st.generation.tail_steps = c == GenCommand::Step ? st.generation.tail_steps + 1 : 0;
   st.req.gen_cmd = c;
   st.req.gen = o;
-  st.req.gen_steps = std::max(1, st.gen_tail_steps);
+  st.req.gen_steps = std::max(1, st.generation.tail_steps);
   ++st.req.gen_seq;
   st.submit();
 }
@@ -550,16 +550,16 @@ void AppState::absorb_snapshot() {
   }
   // --generate N: once the first run of the first model is in, generate with the options the flags set; then,
   // with --regenerate-lambda-scale, change lambda and regenerate when that generation has stopped.
-  if (pending_generate > 0 && snap->model && snap->result && snap->result->model_seq == snap->model->seq &&
+  if (generation.pending > 0 && snap->model && snap->result && snap->result->model_seq == snap->model->seq &&
       !snap->loading) {
-    gen.max_new = pending_generate;
-    pending_generate = 0;
+    generation.options.max_new = generation.pending;
+    generation.pending = 0;
     generate();
-    generation_started = true;
-  } else if (pending_regenerate_scale && generation_started && snap->gen && !snap->gen->streaming &&
+    generation.started = true;
+  } else if (generation.pending_regenerate_scale && generation.started && snap->gen && !snap->gen->streaming &&
              !snap->gen->now.empty() && !snap->gen->now.stop_reason.empty() && worker && worker->idle()) {
-    req.lambda.scale = *pending_regenerate_scale;
-    pending_regenerate_scale.reset();
+    req.lambda.scale = *generation.pending_regenerate_scale;
+    generation.pending_regenerate_scale.reset();
     regenerate();
   }
   // --scan FILE: once the model is in and the worker has served its first prompt (run or refused); then

@@ -84,6 +84,22 @@ struct PromptPanelState {
   bool focus = false;
 };
 
+// The Generate panel's own state: what Generate and Step use.
+struct GeneratePanelState {
+  // max new tokens, top-k, top-p, seed, stop at EOS; the temperature comes from the two fields below
+  GenerateOptions options = [] {
+    GenerateOptions o;
+    o.max_new = 32;
+    return o;
+  }();
+  bool sample = false;       // sample instead of greedy
+  double temperature = 0.8;  // the temperature when sampling
+  int tail_steps = 0;        // Step commands sent since the last other generation command (Request::gen_steps)
+  int pending = 0;           // --generate N: generate N tokens once the first run is in
+  std::optional<double> pending_regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X, Regenerate
+  bool started = false;      // --generate was sent (the screenshot waits for it to finish)
+};
+
 // The Corpus panel's own state (the scan itself runs on the worker, worker_scan.cpp).
 struct CorpusPanelState {
   ScanOptions opts;  // the panel's file and options (path, lambda scale, compare)
@@ -152,19 +168,8 @@ struct AppState {
   // --- prompt panel (panel_prompt.cpp)
   PromptPanelState prompt;
 
-  // --- generation (panel_generate.cpp): what Generate and Step use
-  // max new tokens, top-k, top-p, seed, stop at EOS; the temperature comes from the two fields below
-  GenerateOptions gen = [] {
-    GenerateOptions o;
-    o.max_new = 32;
-    return o;
-  }();
-  bool gen_sample = false;       // sample instead of greedy
-  double gen_temperature = 0.8;  // the temperature when sampling
-  int gen_tail_steps = 0;        // Step commands sent since the last other generation command (Request::gen_steps)
-  int pending_generate = 0;      // --generate N: generate N tokens once the first run is in
-  std::optional<double> pending_regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X, Regenerate
-  bool generation_started = false;  // --generate was sent (the screenshot waits for it to finish)
+  // --- generation (panel_generate.cpp)
+  GeneratePanelState generation;
 
   // --- corpus analysis (panel_corpus.cpp; the scan runs on the worker, worker_scan.cpp)
   CorpusPanelState corpus;

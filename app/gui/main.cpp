@@ -152,21 +152,21 @@ int main(int argc, char** argv) {
   st.pending_scale = opt.lambda_scale;
   // Generation options from the flags (the Generate panel shows them); --generate N runs once the prompt has.
   if (opt.temperature) {
-    st.gen_sample = *opt.temperature > 0;
-    if (st.gen_sample)
-      st.gen_temperature = *opt.temperature;
+    st.generation.sample = *opt.temperature > 0;
+    if (st.generation.sample)
+      st.generation.temperature = *opt.temperature;
   }
   if (opt.top_p)
-    st.gen.sampling.top_p = *opt.top_p;
+    st.generation.options.sampling.top_p = *opt.top_p;
   if (opt.sample_top_k)
-    st.gen.sampling.top_k = *opt.sample_top_k;
+    st.generation.options.sampling.top_k = *opt.sample_top_k;
   if (opt.seed)
-    st.gen.sampling.seed = *opt.seed;
-  st.gen.stop_at_eos = !opt.ignore_eos;
+    st.generation.options.sampling.seed = *opt.seed;
+  st.generation.options.stop_at_eos = !opt.ignore_eos;
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
   if (opt.generate > 0)
-    st.gen.max_new = st.pending_generate = opt.generate;
-  st.pending_regenerate_scale = opt.regenerate_scale;
+    st.generation.options.max_new = st.generation.pending = opt.generate;
+  st.generation.pending_regenerate_scale = opt.regenerate_scale;
   if (opt.row)
     st.row = st.req.row = *opt.row;
   st.asked_row = opt.row;

@@ -173,13 +173,13 @@ void continuation_text(const char* id, const std::string& text, ImU32 col, int m
 void options_controls(AppState& st, const ModelInfo& m, bool locked) {
   ImGui::BeginDisabled(locked);
   ImGui::SetNextItemWidth(ImGui::CalcTextSize("000000").x + ImGui::GetStyle().FramePadding.x * 2);
-  int max_new = st.gen.max_new;
+  int max_new = st.generation.options.max_new;
   if (ImGui::InputInt("max new", &max_new, 0, 0))
-    st.gen.max_new = std::clamp(max_new, 1, int(std::min<int64_t>(m.cfg.max_positions, 1000000)));
+    st.generation.options.max_new = std::clamp(max_new, 1, int(std::min<int64_t>(m.cfg.max_positions, 1000000)));
   item_tooltip("Tokens to generate at most (fewer when the model's context fills up)");
   same_line_if_fits(checkbox_w("stop at EOS"));
   ImGui::BeginDisabled(m.eos_ids.empty());
-  ImGui::Checkbox("stop at EOS", &st.gen.stop_at_eos);
+  ImGui::Checkbox("stop at EOS", &st.generation.options.stop_at_eos);
   ImGui::EndDisabled();
   if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled)) {
     if (m.eos_ids.empty()) {
@@ -192,11 +192,11 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
     }
   }
   same_line_if_fits(checkbox_w("sample"));
-  ImGui::Checkbox("sample", &st.gen_sample);
+  ImGui::Checkbox("sample", &st.generation.sample);
   item_tooltip("Off: greedy, always the most likely token.\n"
                "On: draw each token from the distribution (temperature, top-k, top-p) with a seeded\n"
                "generator: the same seed gives the same continuation");
-  ImGui::BeginDisabled(!st.gen_sample);
+  ImGui::BeginDisabled(!st.generation.sample);
   // Four fields of equal width after their labels.
   const float inner = ImGui::GetStyle().ItemInnerSpacing.x, gap = ImGui::GetStyle().ItemSpacing.x;
   const float labels = ImGui::CalcTextSize("temp").x + ImGui::CalcTextSize("top-k").x +
@@ -209,29 +209,29 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
                                       ImGui::CalcTextSize("top-p").x + ImGui::CalcTextSize("seed").x);
     field = std::max(30.0f, (avail - row_labels - 2 * inner - gap) / 2);
   }
-  float temp = float(st.gen_temperature);
+  float temp = float(st.generation.temperature);
   ImGui::SetNextItemWidth(field);
   if (ImGui::SliderFloat("temp", &temp, 0.05f, 2.0f, "%.2f"))
-    st.gen_temperature = std::max(0.01, double(temp));
+    st.generation.temperature = std::max(0.01, double(temp));
   item_tooltip("Temperature: below 1 sharpens the distribution, above 1 flattens it");
   ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
-  int top_k = st.gen.sampling.top_k;
+  int top_k = st.generation.options.sampling.top_k;
   if (ImGui::DragInt("top-k", &top_k, 0.5f, 0, int(std::min<int64_t>(m.cfg.vocab, INT32_MAX)), top_k ? "%d" : "all"))
-    st.gen.sampling.top_k = std::max(0, top_k);
+    st.generation.options.sampling.top_k = std::max(0, top_k);
   item_tooltip("Sample from the k most likely tokens only (0: all)");
   if (!two_rows)
     ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
-  float top_p = float(st.gen.sampling.top_p);
+  float top_p = float(st.generation.options.sampling.top_p);
   if (ImGui::SliderFloat("top-p", &top_p, 0.01f, 1.0f, "%.2f"))
-    st.gen.sampling.top_p = std::clamp(double(top_p), 0.01, 1.0);
+    st.generation.options.sampling.top_p = std::clamp(double(top_p), 0.01, 1.0);
   item_tooltip("Then the smallest set of tokens whose probability reaches p (1: all)");
   ImGui::SameLine();
   ImGui::SetNextItemWidth(field);
-  int seed = int(std::min<uint64_t>(st.gen.sampling.seed, INT32_MAX));
+  int seed = int(std::min<uint64_t>(st.generation.options.sampling.seed, INT32_MAX));
   if (ImGui::DragInt("seed", &seed, 0.2f, 0, INT32_MAX))
-    st.gen.sampling.seed = uint64_t(std::max(0, seed));
+    st.generation.options.sampling.seed = uint64_t(std::max(0, seed));
   ImGui::EndDisabled();
   ImGui::EndDisabled();
 }

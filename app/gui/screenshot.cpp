@@ -95,7 +95,7 @@ bool ScreenshotDriver::ready(const AppState& st) const {
     return st.req.open_seq == 0;  // nothing to open: the empty state is the picture
   // --generate (and --regenerate-lambda-scale): wait until they were sent and have stopped (the worker is idle
   // only once no generation streams).
-  if (st.pending_generate > 0 || st.pending_regenerate_scale)
+  if (st.generation.pending > 0 || st.generation.pending_regenerate_scale)
     return false;
   // --scan (and what follows it): wait until it was started, has finished, and --scan-open's prompt was sent.
   if (st.corpus.pending || st.corpus.pending_open || !st.corpus.pending_report.empty() || !st.corpus.pending_plot.empty() ||
