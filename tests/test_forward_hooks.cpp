@@ -90,6 +90,10 @@ void check_reader(const std::string& f, ds::BackendChoice b, double rel, double 
   ASSERT_GT(s->ids().size(), size_t(12));
   const std::vector<float> gen = s->max_abs_hidden();
   expect_close(gen, reference(fixture(f), b, *s), gen_rel, "after generation");
+  // Back to the prompt: the values are the prompt's again, not the cut positions' (a larger max would stay).
+  s->clear_generation();
+  ASSERT_EQ(s->ids().size(), size_t(12));
+  expect_close(s->max_abs_hidden(), reference(fixture(f), b, *s), rel, "after clear_generation");
 
   s->set_watch_max_abs_hidden(false);
   EXPECT_THROW(s->max_abs_hidden(), ds::Error);
@@ -97,6 +101,29 @@ void check_reader(const std::string& f, ds::BackendChoice b, double rel, double 
 
 TEST(ForwardHooks, MaxAbsHiddenCpu) {
   for (const char* f : kFamilies) check_reader(f, ds::BackendChoice::Cpu, 0.0, 1e-5);
+}
+
+// Generation cut back to a short prompt: the slots must forget the cut positions (20 of 23 here; on at least one
+// family some layer's largest value came from them, so a stale slot would show).
+TEST(ForwardHooks, MaxAbsHiddenForgetsCutPositions) {
+  int grew_somewhere = 0;
+  for (const char* f : {"diff_llama3_f32", "llama_gqa_d32_f32", "motif_mha_d32_f32", "motif_gqa_d64_bf16_tied"}) {
+    SCOPED_TRACE(f);
+    auto s = ds::Session::open(fixture(f), ds::BackendChoice::Cpu, nullptr, 2);
+    s->set_ids({1, 5, 9});
+    s->set_watch_max_abs_hidden(true);
+    s->run();
+    const std::vector<float> prompt = s->max_abs_hidden();
+    ds::GenerateOptions g;
+    g.max_new = 20;
+    g.stop_at_eos = false;
+    s->generate(g);
+    const std::vector<float> longer = s->max_abs_hidden();
+    for (size_t l = 0; l < prompt.size(); ++l) grew_somewhere += longer[l] > prompt[l];
+    s->clear_generation();
+    EXPECT_EQ(s->max_abs_hidden(), prompt);
+  }
+  EXPECT_GT(grew_somewhere, 0) << "no layer's max came from generated positions: a stale slot would not show";
 }
 
 // The sites and order of the hook points in one forward, on a recording Ops wrapper around no backend: a layer of

@@ -270,6 +270,7 @@ void Session::clear_generation() {
   // be cut, so the prompt then runs again.
   if (has_result_ && !ids_dirty_ && backend_->truncate(prompt_len_)) logits_stale_ = true;
   else ids_dirty_ = true;
+  if (hooks_) hooks_dirty_ = true;  // the readers' slots hold the cut positions too: read the prompt again
   if (has_result_) run();
 }
 
