@@ -280,20 +280,258 @@ void hover_tooltip(const AppState& st, const HeadMaps& hm, int64_t q, int64_t k)
 
 }  // namespace
 
-void draw_head_panel(AppState& st) {
-  char title[160];
-  const auto& hp = st.snap->head;
-  const ModelConfig* mc = st.snap->model ? &st.snap->model->cfg : nullptr;
+namespace {
+
+// Where the maps sit this frame: the label band, the side of each map, and what the axes are labelled with.
+struct MapsLayout {
+  ImVec2 origin;
+  float label_w = 0, S = 0, cbw = 0, gap = 14, title_h = 0, lh = 0;
+  int maps = 1;
+  int64_t n = 0, gen_from = 0, step = 1;
+  bool token_labels = false;
+  ImVec2 p0(int i) const { return ImVec2(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h); }
+};
+float sx(const Frame& f, const ImVec2& p0, double k) { return p0.x + float((k - f.klo) * f.ppt); }
+float sy(const Frame& f, const ImVec2& p0, double q) { return p0.y + float((q - f.qlo) * f.ppt); }
+ImVec2 img_end(const Frame& f, const ImVec2& p0) { return ImVec2(p0.x + float(f.vk * f.ppt), p0.y + float(f.vq * f.ppt)); }
+
+// The panel's title: the layer and head, and on hybrids what kind of layer it is.
+void head_title(const Snapshot& s, char* title, size_t size) {
+  const auto& hp = s.head;
+  const ModelConfig* mc = s.model ? &s.model->cfg : nullptr;
   if (hp && mc && hp->implicit)  // a Mamba layer: one channel of its scan
-    std::snprintf(title, sizeof title, "Head  L%d channel %d  %s, implicit attention###Head", hp->layer, hp->head,
+    std::snprintf(title, size, "Head  L%d channel %d  %s, implicit attention###Head", hp->layer, hp->head,
                   mc->layer_label(hp->layer).c_str());
   else if (hp && mc && mc->spec().schedule != Schedule::Uniform)  // hybrids: say what kind of attention the layer has
-    std::snprintf(title, sizeof title, "Head  L%d.H%d  %s###Head", hp->layer, hp->head,
-                  mc->layer_label(hp->layer).c_str());
+    std::snprintf(title, size, "Head  L%d.H%d  %s###Head", hp->layer, hp->head, mc->layer_label(hp->layer).c_str());
   else if (hp)
-    std::snprintf(title, sizeof title, "Head  L%d.H%d###Head", hp->layer, hp->head);
+    std::snprintf(title, size, "Head  L%d.H%d###Head", hp->layer, hp->head);
   else
-    std::snprintf(title, sizeof title, "Head###Head");
+    std::snprintf(title, size, "Head###Head");
+}
+
+// The three maps' titles (A1 or the implicit map, A2 with its noise group, the difference with lambda).
+struct MapTitles {
+  char diff[96], a2[96] = "A2", m[96];
+  const char* of[3];
+};
+void map_titles(const AppState& st, const HeadMaps& hm, MapTitles& t) {
+  const std::string lam = st.lam();
+  std::snprintf(t.diff, sizeof t.diff, "A1 - %s*A2   (%s = %.3f)", lam.c_str(), lam.c_str(), hm.lambda);
+  // Grouped differential attention: the noise map A2 is shared by the group's signal heads; say which.
+  const int64_t gr = st.snap->model ? st.snap->model->cfg.noise_group : 1;
+  if (gr > 1) {
+    const int64_t g = hm.head / gr;
+    std::snprintf(t.a2, sizeof t.a2, "A2: noise head of group %lld, shared by heads %lld-%lld", (long long)g,
+                  (long long)(g * gr), (long long)(g * gr + gr - 1));
+  }
+  std::snprintf(t.m, sizeof t.m, "M: implicit attention of channel %d (signed, unnormalised)", hm.head);
+  t.of[0] = hm.implicit ? t.m : hm.differential ? "A1" : "A (softmax)";
+  t.of[1] = t.a2;
+  t.of[2] = t.diff;
+}
+
+// Map i: its image over the hatched background, the window edge, the generated and answer marks, its colour bar.
+void draw_map_image(AppState& st, const HeadMaps& hm, const MapsLayout& L, const Frame& f, int i, const char* title) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ThemeColors& tc = theme_colors();
+  const HeadTextures& T = st.head_tex;
+  const MapView& mv = hm.view;
+  const int64_t n = L.n;
+  const ImVec2 p0 = L.p0(i), img1 = img_end(f, p0);
+  dl->AddText(ImVec2(p0.x, L.origin.y), ImGui::GetColorU32(ImGuiCol_Text), title);
+  // Hatch behind the image: masked cells are transparent, and so is what a new view has not filled in yet.
+  dl->PushClipRect(p0, img1, true);
+  for (float t = -(img1.y - p0.y); t < img1.x - p0.x; t += 7.0f)
+    dl->AddLine(ImVec2(p0.x + t, img1.y), ImVec2(p0.x + t + (img1.y - p0.y), p0.y), tc.masked, 1.0f);
+  if (T.tex[i].valid())
+    dl->AddImage(T.tex[i].im_id(), ImVec2(sx(f, p0, double(mv.k0)), sy(f, p0, double(mv.q0))),
+                 ImVec2(sx(f, p0, double(mv.k1)), sy(f, p0, double(mv.q1))));
+  if (hm.window > 0 && hm.window < n) {  // the sliding window's far edge: row q sees keys q - w + 1 .. q
+    const double w = double(hm.window);
+    dl->AddLine(ImVec2(sx(f, p0, 0.0), sy(f, p0, w - 1)), ImVec2(sx(f, p0, double(n) - w + 1), sy(f, p0, double(n))),
+                tc.grid, 1.5f);
+  }
+  dl->PopClipRect();
+  dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(img1.x + 1, img1.y + 1), tc.grid);
+  // Generated positions: a bar along the key axis under the map and along the query axis left of it.
+  if (L.gen_from < n) {
+    const float kx0 = std::max(p0.x, sx(f, p0, double(L.gen_from))), kx1 = std::min(img1.x, sx(f, p0, double(n)));
+    if (kx1 > kx0)
+      dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(kx1, img1.y + 4), tc.generated_mark);
+    const float qy0 = std::max(p0.y, sy(f, p0, double(L.gen_from))), qy1 = std::min(img1.y, sy(f, p0, double(n)));
+    if (i == 0 && qy1 > qy0)
+      dl->AddRectFilled(ImVec2(p0.x - 4, qy0), ImVec2(p0.x - 1, qy1), tc.generated_mark);
+  }
+  // The answer span of a prompt opened from a corpus scan: a bar along the key axis.
+  if (const AppState::AnswerMark* ans = st.answer_span(); ans && ans->begin < n) {
+    const float kx0 = std::max(p0.x, sx(f, p0, double(ans->begin))),
+                kx1 = std::min(img1.x, sx(f, p0, double(std::min(ans->end, n))));
+    if (kx1 > kx0)
+      dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(std::max(kx1, kx0 + 2), img1.y + 4), tc.answer_mark);
+  }
+  st.map_rects[i] =
+      PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
+  draw_colorbar(dl, ImVec2(p0.x + L.S + 6, p0.y), ImVec2(p0.x + L.S + 20, img1.y),
+                i == 2 || hm.implicit ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap), T.meta[i].scale,
+                ImGui::GetColorU32(ImGuiCol_Text));
+}
+
+// The cell under the mouse and what the mouse did to the view over map i: wheel zooms around the cursor, drag pans,
+// click locks the cursor (and moves the row view there), double-click resets. True when the view changed.
+bool map_interaction(AppState& st, const MapsLayout& L, const Frame& f, int i, int64_t& hover_q, int64_t& hover_k,
+                     bool view_changed) {
+  ImGuiIO& io = ImGui::GetIO();
+  const int64_t n = L.n;
+  const ImVec2 p0 = L.p0(i), img1 = img_end(f, p0);
+  ImGui::SetCursorScreenPos(p0);
+  ImGui::PushID(i);
+  ImGui::InvisibleButton("map", ImVec2(std::max(img1.x - p0.x, 1.0f), std::max(img1.y - p0.y, 1.0f)));
+  ImGui::PopID();
+  bool changed = false;
+  if (ImGui::IsItemHovered() && !view_changed) {
+    const double tk = f.klo + (io.MousePos.x - p0.x) / f.ppt, tq = f.qlo + (io.MousePos.y - p0.y) / f.ppt;
+    if (tk >= f.kf && tq >= 0 && tk < double(n) && tq < double(n)) {
+      hover_k = int64_t(tk);
+      hover_q = int64_t(tq);
+    }
+    if (io.MouseWheel != 0) {
+      // Keep the token under the mouse where it is.
+      const double span = std::clamp(f.span / std::pow(1.25, double(io.MouseWheel)), std::min(4.0, double(n)),
+                                     double(n));
+      const double dx = (io.MousePos.x - p0.x) / f.ppt, dy = (io.MousePos.y - p0.y) / f.ppt;
+      const double scale = span / f.span;
+      st.view.span = span;
+      st.view.ck = tk - dx * scale + std::min(span, double(n - f.kf)) / 2;
+      st.view.cq = tq - dy * scale + std::min(span, double(n)) / 2;
+      changed = true;
+    }
+    if (ImGui::IsMouseDoubleClicked(0)) {
+      st.view = HeadView{};
+      changed = true;
+    }
+  }
+  if (ImGui::IsItemActive() && ImGui::IsMouseDragging(0, 2.0f) && !view_changed && !changed) {
+    st.view.span = f.span;
+    st.view.ck = f.klo + f.vk / 2 - io.MouseDelta.x / f.ppt;
+    st.view.cq = f.qlo + f.vq / 2 - io.MouseDelta.y / f.ppt;
+    changed = true;
+  }
+  if (ImGui::IsItemDeactivated() && io.MouseDragMaxDistanceSqr[0] < 9 && hover_q >= 0) {
+    if (st.view.locked && st.view.lock_q == hover_q && st.view.lock_k == hover_k) {
+      st.view.locked = false;
+    } else {
+      st.view.locked = true;
+      st.view.lock_q = hover_q;
+      st.view.lock_k = hover_k;
+      st.select_row(hover_q);  // the row view follows the clicked query
+    }
+  }
+  return changed;
+}
+
+// Key labels under map i, and query labels left of the first map: every token's text when a token is taller than
+// a line, else positions at round steps.
+void map_labels(const MapsLayout& L, const Frame& f, int i, int64_t hover_q, int64_t hover_k) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ThemeColors& tc = theme_colors();
+  const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text);
+  const ImVec2 p0 = L.p0(i), img1 = img_end(f, p0);
+  const float lh = L.lh;
+  char num[32];
+  dl->PushClipRect(ImVec2(p0.x - lh, img1.y), ImVec2(img1.x + lh, img1.y + L.label_w + 2), true);
+  for (int64_t k = int64_t(std::ceil(f.klo / double(L.step))) * L.step; double(k) < f.klo + f.vk; k += L.step) {
+    const float x = sx(f, p0, double(k) + (L.token_labels ? 0.5 : 0.0));
+    const ImU32 col = k == hover_k ? tc.selection : text_col;
+    if (L.token_labels) {
+      add_text_vertical(dl, ImVec2(x, img1.y + 4), col, label_at(k).c_str());
+    } else {
+      std::snprintf(num, sizeof num, "%lld", (long long)k);
+      dl->AddLine(ImVec2(x, img1.y), ImVec2(x, img1.y + 3), tc.grid);
+      add_text_vertical(dl, ImVec2(x, img1.y + 5), col, num);
+    }
+  }
+  dl->PopClipRect();
+  if (i != 0)
+    return;
+  dl->PushClipRect(ImVec2(L.origin.x, p0.y - lh), ImVec2(p0.x, img1.y + lh), true);
+  for (int64_t q = int64_t(std::ceil(f.qlo / double(L.step))) * L.step; double(q) < f.qlo + f.vq; q += L.step) {
+    const float y = sy(f, p0, double(q) + (L.token_labels ? 0.5 : 0.0));
+    std::string t;
+    if (L.token_labels) {
+      t = label_at(q);
+    } else {
+      std::snprintf(num, sizeof num, "%lld", (long long)q);
+      t = num;
+      dl->AddLine(ImVec2(p0.x - 3, y), ImVec2(p0.x, y), tc.grid);
+    }
+    const float w = ImGui::CalcTextSize(t.c_str()).x;
+    dl->AddText(ImVec2(p0.x - 6 - w, y - lh * 0.5f), q == hover_q ? tc.selection : text_col, t.c_str());
+  }
+  dl->PopClipRect();
+}
+
+// The cursor in every map: the hovered cell (the pooled block under the mouse), else the locked token.
+void draw_cursor(const HeadMaps& hm, const MapsLayout& L, const Frame& f, int64_t cq, int64_t ck) {
+  if (cq < 0 || cq >= L.n || ck >= L.n)
+    return;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ThemeColors& tc = theme_colors();
+  int64_t r0 = cq, r1 = cq + 1, c0 = ck, c1 = ck + 1;
+  if (hm.contains(cq, ck)) {
+    const int i = hm.row_of(cq), j = hm.col_of(ck);
+    r0 = hm.row_start(i), r1 = hm.row_start(i + 1), c0 = hm.col_start(j), c1 = hm.col_start(j + 1);
+  }
+  for (int i = 0; i < L.maps; ++i) {
+    const ImVec2 p0 = L.p0(i), img1 = img_end(f, p0);
+    dl->PushClipRect(p0, img1, true);
+    const ImU32 faint = (tc.cursor & 0x00ffffffu) | 0x50000000u;
+    const float ymid = sy(f, p0, double(cq) + 0.5), xmid = sx(f, p0, double(ck) + 0.5);
+    dl->AddLine(ImVec2(p0.x, ymid), ImVec2(img1.x, ymid), faint);
+    dl->AddLine(ImVec2(xmid, p0.y), ImVec2(xmid, img1.y), faint);
+    dl->AddRect(ImVec2(sx(f, p0, double(c0)) - 1, sy(f, p0, double(r0)) - 1),
+                ImVec2(std::max(sx(f, p0, double(c1)), sx(f, p0, double(c0)) + 2) + 1,
+                       std::max(sy(f, p0, double(r1)), sy(f, p0, double(r0)) + 2) + 1),
+                tc.cursor, 0, 0, 2);
+    dl->PopClipRect();
+  }
+}
+
+// Footer: the cursor cell's values, or the view's resolution and how to interact.
+void head_footer(const AppState& st, const HeadMaps& hm, int64_t cq, int64_t ck, bool hovering, bool pending) {
+  const MapView& mv = hm.view;
+  char res[160];
+  if (hm.exact())
+    std::snprintf(res, sizeof res, "%lld x %lld tokens, one cell per token", (long long)(mv.q1 - mv.q0),
+                  (long long)(mv.k1 - mv.k0));
+  else
+    std::snprintf(res, sizeof res, "%lld x %lld tokens in %d x %d cells (%s)", (long long)(mv.q1 - mv.q0),
+                  (long long)(mv.k1 - mv.k0), mv.rows, mv.cols, pool_name(mv.pool));
+  if (cq >= 0 && hm.contains(cq, ck) && ck <= cq) {
+    const int i = hm.row_of(cq), j = hm.col_of(ck);
+    const size_t at = size_t(i) * size_t(mv.cols) + size_t(j);
+    const char* tag = st.view.locked && !hovering ? "[locked] " : "";
+    if (hm.implicit)
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   M %+.4g%s", tag, (long long)cq, label_at(cq).c_str(), (long long)ck,
+                  label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
+    else if (hm.differential)
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A1 %.4f   A2 %.4f   A1 - %s*A2 %+.4f%s", tag, (long long)cq,
+                  label_at(cq).c_str(), (long long)ck, label_at(ck).c_str(), mv.a1[at], mv.a2[at], st.lam(),
+                  mv.diff[at], hm.exact() ? "" : "   (pooled cell)");
+    else
+      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A %.4f%s", tag, (long long)cq, label_at(cq).c_str(),
+                  (long long)ck, label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
+  } else {
+    ImGui::TextDisabled("%s%s   |   wheel: zoom   drag: pan   click: lock cursor + row view   double-click: reset", res,
+                        pending ? "   updating..." : "");
+  }
+}
+
+}  // namespace
+
+void draw_head_panel(AppState& st) {
+  char title[160];
+  head_title(*st.snap, title, sizeof title);
   if (!begin_panel(st, title, &st.show_head, Slot::Head,
                    ImGuiWindowFlags_NoScrollbar | ImGuiWindowFlags_NoScrollWithMouse))
     return end_panel();
@@ -313,34 +551,35 @@ void draw_head_panel(AppState& st) {
   const MapView& mv = hm.view;
   update_labels(s.result);
   rebuild_textures(st);
-  const HeadTextures& T = st.head_tex;
 
-  const int maps = hm.differential ? 3 : 1;
-  const float lh = ImGui::GetTextLineHeight();
+  MapsLayout L;
+  L.maps = hm.differential ? 3 : 1;
+  L.lh = ImGui::GetTextLineHeight();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const int64_t n = int64_t(s.result->tokens.size());
-  const int64_t gen_from = s.result->prompt_len > 0 ? s.result->prompt_len : n;  // first generated position
+  L.n = int64_t(s.result->tokens.size());
+  L.gen_from = s.result->prompt_len > 0 ? s.result->prompt_len : L.n;  // first generated position
   // Token text labels need a wider band than positions; use them when a token is at least a line tall.
   char digits[32];
-  std::snprintf(digits, sizeof digits, "%lld", (long long)n);
+  std::snprintf(digits, sizeof digits, "%lld", (long long)L.n);
   const float num_w = std::clamp(ImGui::CalcTextSize(digits).x + 12, 28.0f, 110.0f);
   const float tok_w = std::clamp(std::max(g_labels.max_w, ImGui::CalcTextSize(digits).x) + 8, 28.0f, 110.0f);
-  const float cbw = colorbar_width(), gap = 14;
-  const float title_h = lh + 6, footer_h = lh + 8;
+  L.cbw = colorbar_width();
+  L.title_h = L.lh + 6;
+  const float footer_h = L.lh + 8;
   auto side = [&](float lw) {
-    return std::floor(std::min((avail.x - lw - maps * (cbw + gap)) / maps, avail.y - title_h - lw - footer_h));
+    return std::floor(std::min((avail.x - lw - L.maps * (L.cbw + L.gap)) / L.maps, avail.y - L.title_h - lw - footer_h));
   };
-  const double span_now = st.view.span > 0 ? std::min(st.view.span, double(n)) : double(n);
-  const bool token_labels = side(tok_w) / span_now >= lh + 1;
-  const float label_w = token_labels ? tok_w : num_w;
-  const float S = side(label_w);
-  if (S < 48 || n < 1) {
+  const double span_now = st.view.span > 0 ? std::min(st.view.span, double(L.n)) : double(L.n);
+  L.token_labels = side(tok_w) / span_now >= L.lh + 1;
+  L.label_w = L.token_labels ? tok_w : num_w;
+  L.S = side(L.label_w);
+  if (L.S < 48 || L.n < 1) {
     empty_state("Make this panel larger to see the maps.");
     return end_panel();
   }
   // The rectangle this frame shows; the worker is asked for it when it changes.
-  Frame f = make_frame(st.view, n, st.settings.hide_first ? 1 : 0, S);
-  const ViewRequest want = frame_request(f, S * st.fb_scale, st.settings.mean_pool);
+  Frame f = make_frame(st.view, L.n, st.settings.hide_first ? 1 : 0, L.S);
+  const ViewRequest want = frame_request(f, L.S * st.fb_scale, st.settings.mean_pool);
   if (!same_request(want, st.req.view)) {
     st.req.view = want;
     st.submit();
@@ -352,154 +591,20 @@ void draw_head_panel(AppState& st) {
                            r.rows = mv.rows, r.cols = mv.cols, r.pool = mv.pool;
                            return r;
                          }()));
+  L.origin = ImGui::GetCursorScreenPos();
+  L.step = L.token_labels ? 1 : nice_step((L.lh + 2) / float(f.ppt));
 
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ThemeColors& tc = theme_colors();
-  const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text);
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  ImGuiIO& io = ImGui::GetIO();
-  const float ppt = float(f.ppt);
-  auto sx = [&](const ImVec2& p0, double k) { return p0.x + float((k - f.klo) * f.ppt); };
-  auto sy = [&](const ImVec2& p0, double q) { return p0.y + float((q - f.qlo) * f.ppt); };
-
-  // Labels: every token's text when a token is taller than a line, else positions at round steps.
-  const int64_t step = token_labels ? 1 : nice_step((lh + 2) / ppt);
-
+  MapTitles titles;
+  map_titles(st, hm, titles);
   int64_t hover_q = -1, hover_k = -1;
-  const std::string lam = st.lam();
-  char diff_title[96];
-  std::snprintf(diff_title, sizeof diff_title, "A1 - %s*A2   (%s = %.3f)", lam.c_str(), lam.c_str(), hm.lambda);
-  // Grouped differential attention: the noise map A2 is shared by the group's signal heads; say which.
-  char a2_title[96] = "A2";
-  const int64_t gr = st.snap->model ? st.snap->model->cfg.noise_group : 1;
-  if (gr > 1) {
-    const int64_t g = hm.head / gr;
-    std::snprintf(a2_title, sizeof a2_title, "A2: noise head of group %lld, shared by heads %lld-%lld", (long long)g,
-                  (long long)(g * gr), (long long)(g * gr + gr - 1));
-  }
-  char m_title[96];
-  std::snprintf(m_title, sizeof m_title, "M: implicit attention of channel %d (signed, unnormalised)", hm.head);
-  const char* titles[3] = {hm.implicit ? m_title : hm.differential ? "A1" : "A (softmax)", a2_title, diff_title};
   bool view_changed = false;
-  for (int i = 0; i < maps; ++i) {
-    const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
-    const ImVec2 img1(p0.x + float(f.vk * f.ppt), p0.y + float(f.vq * f.ppt));
-    dl->AddText(ImVec2(p0.x, origin.y), text_col, titles[i]);
-    // Hatch behind the image: masked cells are transparent, and so is what a new view has not filled in yet.
-    dl->PushClipRect(p0, img1, true);
-    for (float t = -(img1.y - p0.y); t < img1.x - p0.x; t += 7.0f)
-      dl->AddLine(ImVec2(p0.x + t, img1.y), ImVec2(p0.x + t + (img1.y - p0.y), p0.y), tc.masked, 1.0f);
-    if (T.tex[i].valid())
-      dl->AddImage(T.tex[i].im_id(), ImVec2(sx(p0, double(mv.k0)), sy(p0, double(mv.q0))),
-                   ImVec2(sx(p0, double(mv.k1)), sy(p0, double(mv.q1))));
-    if (hm.window > 0 && hm.window < n) {  // the sliding window's far edge: row q sees keys q - w + 1 .. q
-      const double w = double(hm.window);
-      dl->AddLine(ImVec2(sx(p0, 0.0), sy(p0, w - 1)), ImVec2(sx(p0, double(n) - w + 1), sy(p0, double(n))),
-                  tc.grid, 1.5f);
-    }
-    dl->PopClipRect();
-    dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(img1.x + 1, img1.y + 1), tc.grid);
-    // Generated positions: a bar along the key axis under the map and along the query axis left of it.
-    if (gen_from < n) {
-      const float kx0 = std::max(p0.x, sx(p0, double(gen_from))), kx1 = std::min(img1.x, sx(p0, double(n)));
-      if (kx1 > kx0)
-        dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(kx1, img1.y + 4), tc.generated_mark);
-      const float qy0 = std::max(p0.y, sy(p0, double(gen_from))), qy1 = std::min(img1.y, sy(p0, double(n)));
-      if (i == 0 && qy1 > qy0)
-        dl->AddRectFilled(ImVec2(p0.x - 4, qy0), ImVec2(p0.x - 1, qy1), tc.generated_mark);
-    }
-    // The answer span of a prompt opened from a corpus scan: a bar along the key axis.
-    if (const AppState::AnswerMark* ans = st.answer_span(); ans && ans->begin < n) {
-      const float kx0 = std::max(p0.x, sx(p0, double(ans->begin))), kx1 = std::min(img1.x, sx(p0, double(std::min(ans->end, n))));
-      if (kx1 > kx0)
-        dl->AddRectFilled(ImVec2(kx0, img1.y + 1), ImVec2(std::max(kx1, kx0 + 2), img1.y + 4), tc.answer_mark);
-    }
-    st.map_rects[i] =
-        PanelRect{p0.x * st.fb_scale, p0.y * st.fb_scale, (img1.x - p0.x) * st.fb_scale, (img1.y - p0.y) * st.fb_scale};
-    draw_colorbar(dl, ImVec2(p0.x + S + 6, p0.y), ImVec2(p0.x + S + 20, img1.y),
-                  i == 2 || hm.implicit ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap), T.meta[i].scale,
-                  text_col);
-
-    // Interaction: wheel zooms around the cursor, drag pans, click locks the cursor, double-click resets.
-    ImGui::SetCursorScreenPos(p0);
-    ImGui::PushID(i);
-    ImGui::InvisibleButton("map", ImVec2(std::max(img1.x - p0.x, 1.0f), std::max(img1.y - p0.y, 1.0f)));
-    ImGui::PopID();
-    const bool hovered = ImGui::IsItemHovered();
-    if (hovered && !view_changed) {
-      const double tk = f.klo + (io.MousePos.x - p0.x) / f.ppt, tq = f.qlo + (io.MousePos.y - p0.y) / f.ppt;
-      if (tk >= f.kf && tq >= 0 && tk < double(n) && tq < double(n)) {
-        hover_k = int64_t(tk);
-        hover_q = int64_t(tq);
-      }
-      if (io.MouseWheel != 0) {
-        // Keep the token under the mouse where it is.
-        const double span = std::clamp(f.span / std::pow(1.25, double(io.MouseWheel)), std::min(4.0, double(n)),
-                                       double(n));
-        const double dx = (io.MousePos.x - p0.x) / f.ppt, dy = (io.MousePos.y - p0.y) / f.ppt;
-        const double scale = span / f.span;
-        st.view.span = span;
-        st.view.ck = tk - dx * scale + std::min(span, double(n - f.kf)) / 2;
-        st.view.cq = tq - dy * scale + std::min(span, double(n)) / 2;
-        view_changed = true;
-      }
-      if (ImGui::IsMouseDoubleClicked(0)) {
-        st.view = HeadView{};
-        view_changed = true;
-      }
-    }
-    if (ImGui::IsItemActive() && ImGui::IsMouseDragging(0, 2.0f) && !view_changed) {
-      st.view.span = f.span;
-      st.view.ck = f.klo + f.vk / 2 - io.MouseDelta.x / f.ppt;
-      st.view.cq = f.qlo + f.vq / 2 - io.MouseDelta.y / f.ppt;
-      view_changed = true;
-    }
-    if (ImGui::IsItemDeactivated() && io.MouseDragMaxDistanceSqr[0] < 9 && hover_q >= 0) {
-      if (st.view.locked && st.view.lock_q == hover_q && st.view.lock_k == hover_k) {
-        st.view.locked = false;
-      } else {
-        st.view.locked = true;
-        st.view.lock_q = hover_q;
-        st.view.lock_k = hover_k;
-        st.select_row(hover_q);  // the row view follows the clicked query
-      }
-    }
-
-    // Key labels under the map, query labels left of the first map.
-    char num[32];
-    dl->PushClipRect(ImVec2(p0.x - lh, img1.y), ImVec2(img1.x + lh, img1.y + label_w + 2), true);
-    for (int64_t k = int64_t(std::ceil(f.klo / double(step))) * step; double(k) < f.klo + f.vk; k += step) {
-      const float x = sx(p0, double(k) + (token_labels ? 0.5 : 0.0));
-      const ImU32 col = k == hover_k ? tc.selection : text_col;
-      if (token_labels) {
-        add_text_vertical(dl, ImVec2(x, img1.y + 4), col, label_at(k).c_str());
-      } else {
-        std::snprintf(num, sizeof num, "%lld", (long long)k);
-        dl->AddLine(ImVec2(x, img1.y), ImVec2(x, img1.y + 3), tc.grid);
-        add_text_vertical(dl, ImVec2(x, img1.y + 5), col, num);
-      }
-    }
-    dl->PopClipRect();
-    if (i == 0) {
-      dl->PushClipRect(ImVec2(origin.x, p0.y - lh), ImVec2(p0.x, img1.y + lh), true);
-      for (int64_t q = int64_t(std::ceil(f.qlo / double(step))) * step; double(q) < f.qlo + f.vq; q += step) {
-        const float y = sy(p0, double(q) + (token_labels ? 0.5 : 0.0));
-        std::string t;
-        if (token_labels) {
-          t = label_at(q);
-        } else {
-          std::snprintf(num, sizeof num, "%lld", (long long)q);
-          t = num;
-          dl->AddLine(ImVec2(p0.x - 3, y), ImVec2(p0.x, y), tc.grid);
-        }
-        const float w = ImGui::CalcTextSize(t.c_str()).x;
-        dl->AddText(ImVec2(p0.x - 6 - w, y - lh * 0.5f), q == hover_q ? tc.selection : text_col, t.c_str());
-      }
-      dl->PopClipRect();
-    }
+  for (int i = 0; i < L.maps; ++i) {
+    draw_map_image(st, hm, L, f, i, titles.of[i]);
+    view_changed |= map_interaction(st, L, f, i, hover_q, hover_k, view_changed);
+    map_labels(L, f, i, hover_q, hover_k);
   }
   if (view_changed)
-    f = make_frame(st.view, n, st.settings.hide_first ? 1 : 0, S);  // the cursor below uses the new frame
+    f = make_frame(st.view, L.n, st.settings.hide_first ? 1 : 0, L.S);  // the cursor below uses the new frame
   if (hover_q >= 0) {
     st.view.hover_q = hover_q;
     st.view.hover_k = hover_k;
@@ -507,59 +612,11 @@ void draw_head_panel(AppState& st) {
   } else {
     st.view.hover_q = st.view.hover_k = -1;
   }
-
-  // Cursor in all three maps: the hovered cell (the pooled block under the mouse), else the locked token.
   const int64_t cq = hover_q >= 0 ? hover_q : (st.view.locked ? st.view.lock_q : -1);
   const int64_t ck = hover_q >= 0 ? hover_k : (st.view.locked ? st.view.lock_k : -1);
-  if (cq >= 0 && cq < n && ck < n) {
-    int64_t r0 = cq, r1 = cq + 1, c0 = ck, c1 = ck + 1;
-    if (hm.contains(cq, ck)) {
-      const int i = hm.row_of(cq), j = hm.col_of(ck);
-      r0 = hm.row_start(i), r1 = hm.row_start(i + 1), c0 = hm.col_start(j), c1 = hm.col_start(j + 1);
-    }
-    for (int i = 0; i < maps; ++i) {
-      const ImVec2 p0(origin.x + label_w + i * (S + cbw + gap), origin.y + title_h);
-      const ImVec2 img1(p0.x + float(f.vk * f.ppt), p0.y + float(f.vq * f.ppt));
-      dl->PushClipRect(p0, img1, true);
-      const ImU32 faint = (tc.cursor & 0x00ffffffu) | 0x50000000u;
-      const float ymid = sy(p0, double(cq) + 0.5), xmid = sx(p0, double(ck) + 0.5);
-      dl->AddLine(ImVec2(p0.x, ymid), ImVec2(img1.x, ymid), faint);
-      dl->AddLine(ImVec2(xmid, p0.y), ImVec2(xmid, img1.y), faint);
-      dl->AddRect(ImVec2(sx(p0, double(c0)) - 1, sy(p0, double(r0)) - 1),
-                  ImVec2(std::max(sx(p0, double(c1)), sx(p0, double(c0)) + 2) + 1,
-                         std::max(sy(p0, double(r1)), sy(p0, double(r0)) + 2) + 1),
-                  tc.cursor, 0, 0, 2);
-      dl->PopClipRect();
-    }
-  }
-
-  // Footer: the cursor cell's values, or the view's resolution and how to interact.
-  ImGui::SetCursorScreenPos(ImVec2(origin.x, origin.y + title_h + S + label_w + 4));
-  char res[160];
-  if (hm.exact())
-    std::snprintf(res, sizeof res, "%lld x %lld tokens, one cell per token", (long long)(mv.q1 - mv.q0),
-                  (long long)(mv.k1 - mv.k0));
-  else
-    std::snprintf(res, sizeof res, "%lld x %lld tokens in %d x %d cells (%s)", (long long)(mv.q1 - mv.q0),
-                  (long long)(mv.k1 - mv.k0), mv.rows, mv.cols, pool_name(mv.pool));
-  if (cq >= 0 && hm.contains(cq, ck) && ck <= cq) {
-    const int i = hm.row_of(cq), j = hm.col_of(ck);
-    const size_t at = size_t(i) * size_t(mv.cols) + size_t(j);
-    const char* tag = st.view.locked && hover_q < 0 ? "[locked] " : "";
-    if (hm.implicit)
-      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   M %+.4g%s", tag, (long long)cq, label_at(cq).c_str(), (long long)ck,
-                  label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
-    else if (hm.differential)
-      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A1 %.4f   A2 %.4f   A1 - %s*A2 %+.4f%s", tag, (long long)cq,
-                  label_at(cq).c_str(), (long long)ck, label_at(ck).c_str(), mv.a1[at], mv.a2[at], st.lam(),
-                  mv.diff[at], hm.exact() ? "" : "   (pooled cell)");
-    else
-      ImGui::Text("%sq %lld \"%s\"  k %lld \"%s\"   A %.4f%s", tag, (long long)cq, label_at(cq).c_str(),
-                  (long long)ck, label_at(ck).c_str(), mv.a1[at], hm.exact() ? "" : "   (pooled cell)");
-  } else {
-    ImGui::TextDisabled("%s%s   |   wheel: zoom   drag: pan   click: lock cursor + row view   double-click: reset", res,
-                        pending ? "   updating..." : "");
-  }
+  draw_cursor(hm, L, f, cq, ck);
+  ImGui::SetCursorScreenPos(ImVec2(L.origin.x, L.origin.y + L.title_h + L.S + L.label_w + 4));
+  head_footer(st, hm, cq, ck, hover_q >= 0, pending);
   end_panel();
 }
 
