@@ -44,40 +44,50 @@ void plot_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t cou
 
 }  // namespace
 
-void draw_row_panel(AppState& st) {
-  char title[96];
-  const auto& rp = st.snap->row;
-  const int64_t P = st.snap->result && st.snap->result->prompt_len > 0 ? st.snap->result->prompt_len : INT64_MAX;
-  if (rp && st.snap->result && rp->implicit)
-    std::snprintf(title, sizeof title, "Row  query %lld%s, L%d channel %d (implicit attention)###Row", (long long)rp->q,
-                  rp->q >= P ? " (generated)" : "", rp->layer, rp->channel);
-  else if (rp && st.snap->result)
-    std::snprintf(title, sizeof title, "Row  query %lld%s, L%d.H%d###Row", (long long)rp->q,
-                  rp->q >= P ? " (generated)" : "", rp->layer, st.head);
-  else
-    std::snprintf(title, sizeof title, "Row###Row");
-  if (!begin_panel(st, title, &st.show_row, Slot::Row))
-    return end_panel();
-  const Snapshot& s = *st.snap;
-  if (!s.model || !s.result || !rp || rp->result_seq != s.result->seq) {
-    empty_state(s.result ? "Computing..." : "Run a prompt; then click a row of the head view to see that token's attention.");
-    return end_panel();
-  }
-  const RowMaps& rm = *rp;
-  const RunResult& r = *s.result;
-  const int64_t n = rm.rows.n, q = rm.q, count = q + 1;  // keys 0..q (later keys are masked)
-  const int head = std::clamp(st.head, 0, int(rm.rows.heads) - 1);
-  const float* a1 = rm.rows.a1.data() + size_t(head) * size_t(n);
-  const float* a2 = rm.differential ? rm.rows.a2.data() + size_t(head) * size_t(n) : nullptr;
-  std::vector<float> d(static_cast<size_t>(count));
-  for (int64_t k = 0; k < count; ++k)
-    d[size_t(k)] = a2 ? float(a1[k] - rm.lambda * a2[k]) : a1[k];
+namespace {
 
-  // Header: the query and what colours the text.
-  const std::string qlab = TokenFlow::label(r, q);
-  if (q >= P)
+// The row on screen: one head's attention of query q over keys 0..q, and the difference under the layer's lambda.
+struct RowData {
+  const RunResult* r = nullptr;
+  const RowMaps* rm = nullptr;
+  int64_t q = 0, count = 0, P = INT64_MAX;  // P: the first generated position
+  int head = 0;
+  const float* a1 = nullptr;
+  const float* a2 = nullptr;  // null for plain heads and Mamba channels
+  std::vector<float> d;       // A1 - lambda A2 (A1 alone without A2)
+  std::string diff_name;      // "A1 - lambda*A2" with the panel's lambda glyph
+};
+
+void row_title(const Snapshot& s, int head, char* title, size_t size) {
+  const auto& rp = s.row;
+  const int64_t P = s.result && s.result->prompt_len > 0 ? s.result->prompt_len : INT64_MAX;
+  if (rp && s.result && rp->implicit)
+    std::snprintf(title, size, "Row  query %lld%s, L%d channel %d (implicit attention)###Row", (long long)rp->q,
+                  rp->q >= P ? " (generated)" : "", rp->layer, rp->channel);
+  else if (rp && s.result)
+    std::snprintf(title, size, "Row  query %lld%s, L%d.H%d###Row", (long long)rp->q, rp->q >= P ? " (generated)" : "",
+                  rp->layer, head);
+  else
+    std::snprintf(title, size, "Row###Row");
+}
+
+// One key's values, in the plot's and the text's tooltips.
+void key_values(const AppState& st, const RowData& row, int64_t k) {
+  ImGui::Text("key %lld \"%s\"", (long long)k, TokenFlow::label(*row.r, k).c_str());
+  if (row.a2)
+    ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", row.a1[k], row.a2[k], st.lam(), row.d[size_t(k)]);
+  else
+    ImGui::Text(row.rm->implicit ? "M %+.5g" : "A %.5f", row.a1[k]);
+}
+
+// Header: the query, what colours the text, and for a prompt opened from a corpus scan the answer span's share.
+void row_header(AppState& st, const RowData& row, const AppState::AnswerMark* ans) {
+  const RowMaps& rm = *row.rm;
+  const int64_t q = row.q;
+  const std::string qlab = TokenFlow::label(*row.r, q);
+  if (q >= row.P)
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().generated_mark), "query %lld \"%s\", generated #%lld",
-                       (long long)q, qlab.c_str(), (long long)(q - P + 1));
+                       (long long)q, qlab.c_str(), (long long)(q - row.P + 1));
   else
     ImGui::Text("query %lld \"%s\"", (long long)q, qlab.c_str());
   ImGui::SameLine();
@@ -86,112 +96,102 @@ void draw_row_panel(AppState& st) {
   ImGui::SameLine();
   ImGui::TextDisabled("| colour text by");
   ImGui::SameLine();
-  const char* names[3] = {"A1 - lambda*A2", "A1", "A2"};
-  char diff_name[48];
-  std::snprintf(diff_name, sizeof diff_name, "A1 - %s*A2", st.lam());
-  names[0] = diff_name;
+  const char* names[3] = {row.diff_name.c_str(), "A1", "A2"};
   if (!rm.differential)
     st.row_color = 1, names[1] = rm.implicit ? "M" : "A";
   ImGui::SetNextItemWidth(130);
   ImGui::Combo("##rowcol", &st.row_color, names, rm.differential ? 3 : 2);
-  // A prompt opened from a corpus scan: this head's answer mass in this row, as the scan measures it.
-  const AppState::AnswerMark* ans = rm.implicit ? nullptr : st.answer_span();
-  if (ans && ans->begin <= q) {
-    const Fractions12 f = row_fractions(rm, head, ans->begin, ans->end);
-    char buf[160];
-    if (rm.differential)
-      std::snprintf(buf, sizeof buf, "answer %lld..%lld: A1 %.3f  A2 %.3f  D %.3f", (long long)ans->begin,
-                    (long long)ans->end - 1, f[0], f[1], f[2]);
-    else
-      std::snprintf(buf, sizeof buf, "answer %lld..%lld: %.3f", (long long)ans->begin, (long long)ans->end - 1, f[0]);
-    ImGui::SameLine();
-    if (ImGui::GetCursorScreenPos().x + ImGui::CalcTextSize(buf).x > ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x)
-      ImGui::NewLine();
-    ImGui::AlignTextToFramePadding();
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().answer_mark), "%s", buf);
-    item_tooltip("corpus line %d: the answer span's share of this row (head %d), as the corpus scan measures it:\n"
-                 "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
-                 "(the scan's heatmap averages this over prompts)",
-                 ans->line, head, st.lam());
-  }
-  const float* colour_src = st.row_color == 0 ? d.data() : (st.row_color == 1 || !a2) ? a1 : a2;
-  const bool diverging = (st.row_color == 0 && rm.differential) || rm.implicit;  // M is signed
+  if (!ans || ans->begin > q)
+    return;
+  const Fractions12 f = row_fractions(rm, row.head, ans->begin, ans->end);
+  char buf[160];
+  if (rm.differential)
+    std::snprintf(buf, sizeof buf, "answer %lld..%lld: A1 %.3f  A2 %.3f  D %.3f", (long long)ans->begin,
+                  (long long)ans->end - 1, f[0], f[1], f[2]);
+  else
+    std::snprintf(buf, sizeof buf, "answer %lld..%lld: %.3f", (long long)ans->begin, (long long)ans->end - 1, f[0]);
+  same_line_if_fits(ImGui::CalcTextSize(buf).x);
+  ImGui::AlignTextToFramePadding();
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().answer_mark), "%s", buf);
+  item_tooltip("corpus line %d: the answer span's share of this row (head %d), as the corpus scan measures it:\n"
+               "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
+               "(the scan's heatmap averages this over prompts)",
+               ans->line, row.head, st.lam());
+}
 
+// The row over key positions: A1, A2 and the difference, the answer span shaded, the key under the mouse.
+void row_plot(const AppState& st, const RowData& row, const AppState::AnswerMark* ans, float plot_w, float plot_h) {
+  const RowMaps& rm = *row.rm;
   const ThemeColors& tc = theme_colors();
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const float plot_w = avail.x >= 700 ? std::floor(avail.x * 0.42f) : avail.x;
-  const float plot_h = avail.x >= 700 ? avail.y : std::min(avail.y * 0.45f, 140.0f);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
   const float lh = ImGui::GetTextLineHeight();
-
-  // Plot over key positions.
-  {
-    const ImVec2 p0 = ImGui::GetCursorScreenPos();
-    const float left = ImGui::CalcTextSize("-0.00").x + 6;
-    const ImVec2 a(p0.x + left, p0.y + 2), b(p0.x + plot_w - 8, p0.y + plot_h - lh - 4);
-    float lo = 0, hi = 0;
-    for (int64_t k = 0; k < count; ++k) {
-      lo = std::min({lo, a1[k], a2 ? a2[k] : 0.0f, d[size_t(k)]});
-      hi = std::max({hi, a1[k], a2 ? a2[k] : 0.0f, d[size_t(k)]});
-    }
-    hi = std::max(hi, lo + 1e-6f);
-    if (b.x - a.x > 20 && b.y - a.y > 20) {
-      dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
-      if (ans && ans->begin < count) {  // the answer span's keys, shaded
-        const float x0 = a.x + float(ans->begin) / float(count) * (b.x - a.x);
-        const float x1 = a.x + float(std::min(ans->end, count)) / float(count) * (b.x - a.x);
-        dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
-      }
-      dl->AddRect(a, b, tc.grid);
-      const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
-      dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
-      if (a2)
-        plot_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
-      plot_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);
-      if (a2)
-        plot_series(dl, a, b, d.data(), count, lo, hi, tc.selection);
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.2f", hi);
-      dl->AddText(ImVec2(p0.x, a.y), text, buf);
-      std::snprintf(buf, sizeof buf, "%.2f", lo);
-      dl->AddText(ImVec2(p0.x, b.y - lh), text, buf);
-      dl->AddText(ImVec2(a.x, b.y + 2), text, "key 0");
-      std::snprintf(buf, sizeof buf, "key %lld", (long long)q);
-      dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(buf).x, b.y + 2), text, buf);
-      // Legend in the middle of the axis line.
-      float lx = a.x + ImGui::CalcTextSize("key 0").x + 16;
-      auto legend = [&](const char* name, ImU32 col) {
-        dl->AddLine(ImVec2(lx, b.y + 2 + lh * 0.5f), ImVec2(lx + 14, b.y + 2 + lh * 0.5f), col, 2.5f);
-        dl->AddText(ImVec2(lx + 18, b.y + 2), text, name);
-        lx += 18 + ImGui::CalcTextSize(name).x + 12;
-      };
-      legend(rm.differential ? "A1" : rm.implicit ? "M" : "A", tc.plot_a);
-      if (a2) {
-        legend("A2", tc.plot_b);
-        legend(diff_name, tc.selection);
-      }
-      // Hover: the key under the mouse.
-      const ImVec2 m = ImGui::GetIO().MousePos;
-      if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
-        const int64_t k = std::clamp<int64_t>(int64_t((m.x - a.x) / (b.x - a.x) * float(count)), 0, q);
-        dl->AddLine(ImVec2(m.x, a.y), ImVec2(m.x, b.y), tc.cursor);
-        ImGui::BeginTooltip();
-        ImGui::Text("key %lld \"%s\"", (long long)k, TokenFlow::label(r, k).c_str());
-        if (a2)
-          ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[k], a2[k], st.lam(), d[size_t(k)]);
-        else
-          ImGui::Text(rm.implicit ? "M %+.5g" : "A %.5f", a1[k]);
-        ImGui::EndTooltip();
-      }
-    }
-    ImGui::Dummy(ImVec2(plot_w, plot_h));
+  const int64_t count = row.count, q = row.q;
+  const float *a1 = row.a1, *a2 = row.a2;
+  const ImVec2 p0 = ImGui::GetCursorScreenPos();
+  const float left = ImGui::CalcTextSize("-0.00").x + 6;
+  const ImVec2 a(p0.x + left, p0.y + 2), b(p0.x + plot_w - 8, p0.y + plot_h - lh - 4);
+  float lo = 0, hi = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    lo = std::min({lo, a1[k], a2 ? a2[k] : 0.0f, row.d[size_t(k)]});
+    hi = std::max({hi, a1[k], a2 ? a2[k] : 0.0f, row.d[size_t(k)]});
   }
-  if (avail.x >= 700) {
-    ImGui::SameLine();
+  hi = std::max(hi, lo + 1e-6f);
+  if (b.x - a.x > 20 && b.y - a.y > 20) {
+    dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+    if (ans && ans->begin < count) {  // the answer span's keys, shaded
+      const float x0 = a.x + float(ans->begin) / float(count) * (b.x - a.x);
+      const float x1 = a.x + float(std::min(ans->end, count)) / float(count) * (b.x - a.x);
+      dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
+    }
+    dl->AddRect(a, b, tc.grid);
+    const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
+    dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
+    if (a2)
+      plot_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
+    plot_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);
+    if (a2)
+      plot_series(dl, a, b, row.d.data(), count, lo, hi, tc.selection);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", hi);
+    dl->AddText(ImVec2(p0.x, a.y), text, buf);
+    std::snprintf(buf, sizeof buf, "%.2f", lo);
+    dl->AddText(ImVec2(p0.x, b.y - lh), text, buf);
+    dl->AddText(ImVec2(a.x, b.y + 2), text, "key 0");
+    std::snprintf(buf, sizeof buf, "key %lld", (long long)q);
+    dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(buf).x, b.y + 2), text, buf);
+    // Legend in the middle of the axis line.
+    float lx = a.x + ImGui::CalcTextSize("key 0").x + 16;
+    auto legend = [&](const char* name, ImU32 col) {
+      dl->AddLine(ImVec2(lx, b.y + 2 + lh * 0.5f), ImVec2(lx + 14, b.y + 2 + lh * 0.5f), col, 2.5f);
+      dl->AddText(ImVec2(lx + 18, b.y + 2), text, name);
+      lx += 18 + ImGui::CalcTextSize(name).x + 12;
+    };
+    legend(rm.differential ? "A1" : rm.implicit ? "M" : "A", tc.plot_a);
+    if (a2) {
+      legend("A2", tc.plot_b);
+      legend(row.diff_name.c_str(), tc.selection);
+    }
+    // Hover: the key under the mouse.
+    const ImVec2 m = ImGui::GetIO().MousePos;
+    if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
+      const int64_t k = std::clamp<int64_t>(int64_t((m.x - a.x) / (b.x - a.x) * float(count)), 0, q);
+      dl->AddLine(ImVec2(m.x, a.y), ImVec2(m.x, b.y), tc.cursor);
+      ImGui::BeginTooltip();
+      key_values(st, row, k);
+      ImGui::EndTooltip();
+    }
   }
+  ImGui::Dummy(ImVec2(plot_w, plot_h));
+}
 
-  // The prompt up to the query, each token on its row's colour.
+// The prompt up to the query, each token on its value's colour; a click makes a token the query.
+void row_text(AppState& st, const Snapshot& s, const RowData& row, const AppState::AnswerMark* ans) {
+  const RowMaps& rm = *row.rm;
+  const ThemeColors& tc = theme_colors();
+  const int64_t count = row.count, q = row.q, P = row.P;
+  const float* colour_src = st.row_color == 0 ? row.d.data() : (st.row_color == 1 || !row.a2) ? row.a1 : row.a2;
+  const bool diverging = (st.row_color == 0 && rm.differential) || rm.implicit;  // M is signed
   ColorScale sc;
   sc.diverging = diverging;
   float top = 0;
@@ -202,6 +202,7 @@ void draw_row_panel(AppState& st) {
   sc.hi = std::max(top, 1e-6f);
   sc.lo = diverging ? -sc.hi : 0.0f;
   const Colormap cm = diverging ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap);
+  const RunResult& r = *row.r;
   ImGui::BeginGroup();
   const float text_w = ImGui::GetContentRegionAvail().x;
   g_flow.layout(s.result, count, text_w - ImGui::GetStyle().ScrollbarSize - 4);
@@ -213,8 +214,7 @@ void draw_row_panel(AppState& st) {
         cdl->AddRectFilled(a, b, colormap_rgba(cm, t), 2.0f);
         const bool dark_text = diverging ? std::fabs(t - 0.5f) < 0.3f : t > 0.55f;
         cdl->AddText(ImVec2(a.x + TokenFlow::pad() * 0.5f, a.y + 1),
-                     dark_text ? IM_COL32(0, 0, 0, 255) : IM_COL32(255, 255, 255, 255),
-                     TokenFlow::label(r, i).c_str());
+                     dark_text ? IM_COL32(0, 0, 0, 255) : IM_COL32(255, 255, 255, 255), TokenFlow::label(r, i).c_str());
         if (i >= P)  // a generated token: a bar along its bottom edge
           cdl->AddRectFilled(ImVec2(a.x + 1, b.y - 3), ImVec2(b.x - 1, b.y), tc.generated_mark, 1.0f);
         else if (ans && i >= ans->begin && i < ans->end)  // the answer span of a prompt opened from a scan
@@ -227,16 +227,54 @@ void draw_row_panel(AppState& st) {
   ImGui::EndGroup();
   if (hovered >= 0) {
     ImGui::BeginTooltip();
-    ImGui::Text("key %lld \"%s\"", (long long)hovered, TokenFlow::label(r, hovered).c_str());
-    if (a2)
-      ImGui::Text("A1 %.5f   A2 %.5f   A1 - %s*A2 %+.5f", a1[hovered], a2[hovered], st.lam(), d[size_t(hovered)]);
-    else
-      ImGui::Text(rm.implicit ? "M %+.5g" : "A %.5f", a1[hovered]);
+    key_values(st, row, hovered);
     ImGui::TextDisabled("click: make it the query");
     ImGui::EndTooltip();
     if (ImGui::IsMouseClicked(0))
       st.select_row(hovered);
   }
+}
+
+}  // namespace
+
+void draw_row_panel(AppState& st) {
+  char title[96];
+  row_title(*st.snap, st.head, title, sizeof title);
+  if (!begin_panel(st, title, &st.show_row, Slot::Row))
+    return end_panel();
+  const Snapshot& s = *st.snap;
+  const auto& rp = s.row;
+  if (!s.model || !s.result || !rp || rp->result_seq != s.result->seq) {
+    empty_state(s.result ? "Computing..." : "Run a prompt; then click a row of the head view to see that token's attention.");
+    return end_panel();
+  }
+  RowData row;
+  row.r = s.result.get();
+  row.rm = rp.get();
+  row.P = s.result->prompt_len > 0 ? s.result->prompt_len : INT64_MAX;
+  const RowMaps& rm = *rp;
+  const int64_t n = rm.rows.n;
+  row.q = rm.q;
+  row.count = rm.q + 1;  // keys 0..q (later keys are masked)
+  row.head = std::clamp(st.head, 0, int(rm.rows.heads) - 1);
+  row.a1 = rm.rows.a1.data() + size_t(row.head) * size_t(n);
+  row.a2 = rm.differential ? rm.rows.a2.data() + size_t(row.head) * size_t(n) : nullptr;
+  row.d.resize(size_t(row.count));
+  for (int64_t k = 0; k < row.count; ++k)
+    row.d[size_t(k)] = row.a2 ? float(row.a1[k] - rm.lambda * row.a2[k]) : row.a1[k];
+  row.diff_name = std::string("A1 - ") + st.lam() + "*A2";
+  // A prompt opened from a corpus scan: its answer span (not for a Mamba channel's map).
+  const AppState::AnswerMark* ans = rm.implicit ? nullptr : st.answer_span();
+
+  row_header(st, row, ans);
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const bool side_by_side = avail.x >= 700;
+  const float plot_w = side_by_side ? std::floor(avail.x * 0.42f) : avail.x;
+  const float plot_h = side_by_side ? avail.y : std::min(avail.y * 0.45f, 140.0f);
+  row_plot(st, row, ans, plot_w, plot_h);
+  if (side_by_side)
+    ImGui::SameLine();
+  row_text(st, s, row, ans);
   end_panel();
 }
 
