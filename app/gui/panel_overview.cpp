@@ -90,15 +90,10 @@ void rebuild_atlas(AppState& st, const Overview& r, int heads) {
 
 }  // namespace
 
-void draw_overview_panel(AppState& st) {
-  if (!begin_panel(st, "Overview", &st.show_overview, Slot::Overview))
-    return end_panel();
-  const Snapshot& s = *st.snap;
-  if (!s.model) {
-    empty_state("Open a model to see every layer and head at a glance.");
-    return end_panel();
-  }
-  const ModelConfig& cfg = s.model->cfg;
+namespace {
+
+// The mode combo (what each cell shows); the modes that need A2 only for differential models.
+void mode_combo(AppState& st, const ModelConfig& cfg) {
   int mode = int(st.ov_mode);
   ImGui::SetNextItemWidth(std::min(300.0f, ImGui::GetContentRegionAvail().x));
   if (ImGui::BeginCombo("##ovmode", overview_mode_name(st.ov_mode))) {
@@ -112,6 +107,145 @@ void draw_overview_panel(AppState& st) {
   }
   st.ov_mode = OverviewMode(mode);
   st.settings.overview_mode = mode;
+}
+
+// The colour scale a statistic's cells share: signed statistics around 0, masses from 0, entropies and logits over the
+// range the heads span (at 32K tokens every entropy is near ln n: the differences between heads must show).
+ColorScale stat_scale(const Overview& r, OverviewMode shown) {
+  ColorScale sc;
+  float lo = INFINITY, hi = -INFINITY;
+  for (const auto& l : r.layers)
+    for (const auto& h : l.heads) {
+      const float v = stat_of(h, shown);
+      if (std::isfinite(v))
+        lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+  if (!(hi >= lo))
+    lo = 0, hi = 1;
+  sc.diverging = shown == OverviewMode::FirstDiff;
+  if (sc.diverging) {
+    sc.hi = std::max(std::max(std::fabs(lo), std::fabs(hi)), 1e-12f);
+    sc.lo = -sc.hi;
+  } else {
+    const bool spread = shown == OverviewMode::EntropyA1 || shown == OverviewMode::EntropyA2 ||
+                        shown == OverviewMode::EntropyDiff || shown == OverviewMode::MaxLogit1 ||
+                        shown == OverviewMode::MaxLogit2;
+    sc.lo = spread ? lo : std::min(lo, 0.0f);
+    sc.hi = std::max(hi, sc.lo + 1e-6f * std::max(1.0f, std::fabs(sc.lo)));
+  }
+  return sc;
+}
+
+// The whole text of a band when the mouse is over it (the band may be too narrow to show it).
+void item_tooltip_rect(ImVec2 p0, ImVec2 p1, const char* text) {
+  if (ImGui::IsWindowHovered() && ImGui::IsMouseHoveringRect(p0, p1))
+    ImGui::SetTooltip("%s", text);
+}
+
+// A layer without attention (hybrids): one band naming its kind; a Mamba layer's band opens its implicit attention.
+void layer_band(AppState& st, const ModelConfig& cfg, int l, ImVec2 p0, ImVec2 p1, float cell) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float lh = ImGui::GetTextLineHeight();
+  dl->AddRectFilled(p0, p1, theme_colors().masked);
+  const std::string what =
+      cfg.layer_label(l) + (cfg.has_scan(l) ? ": implicit attention per channel (click)" : ": no attention maps");
+  if (cell >= lh + 2) {  // clipped to the band: the colour bar beside the grid must stay readable
+    dl->PushClipRect(p0, p1, true);
+    dl->AddText(ImVec2(p0.x + 6, (p0.y + p1.y - lh) * 0.5f), ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
+    dl->PopClipRect();
+  }
+  item_tooltip_rect(p0, p1, what.c_str());
+  if (cfg.has_scan(l)) {
+    ImGui::SetCursorScreenPos(p0);
+    ImGui::PushID(l);
+    if (ImGui::InvisibleButton("scan", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f))))
+      st.select_head(l, st.snap->head && st.snap->head->implicit ? st.head : 0);
+    ImGui::PopID();
+  }
+}
+
+// A head's statistics, under the mouse.
+void head_tooltip(const AppState& st, const ModelConfig& cfg, const LayerSummary& ls, int l, int h) {
+  const HeadStats& hs = ls.heads[h];
+  ImGui::BeginTooltip();
+  ImGui::Text("layer %d, head %d   (%s = %.3f)", l, h, st.lam(), ls.lambda);
+  if (cfg.spec().schedule != Schedule::Uniform)
+    ImGui::TextDisabled("%s", cfg.layer_label(l).c_str());
+  ImGui::Separator();
+  if (cfg.is_diff()) {
+    ImGui::Text("entropy A1 %.3f   A2 %.3f   |A1 - %s*A2| %.3f", hs.entropy1, hs.entropy2, st.lam(), hs.entropy_diff);
+    ImGui::Text("first-token mass A1 %.3f   A2 %.3f   diff %+.3f", hs.first1, hs.first2, hs.first_diff);
+    ImGui::Text("negative mass %.4f   diff range [%.3f, %.3f]", hs.neg_mass, hs.diff_min, hs.diff_max);
+    ImGui::Text("max |logit| map 1 %.2f   map 2 %.2f", hs.max_logit1, hs.max_logit2);
+  } else {
+    ImGui::Text("entropy %.3f   first-token mass %.3f   range [%.3f, %.3f]", hs.entropy1, hs.first1, hs.diff_min,
+                hs.diff_max);
+    ImGui::Text("max |logit| %.2f", hs.max_logit1);
+  }
+  ImGui::TextDisabled("click to open in the head view");
+  ImGui::EndTooltip();
+}
+
+// What the grid's cells show, and how.
+struct CellStyle {
+  OverviewMode shown;
+  bool maps;  // thumbnails (else a statistic's colour and value)
+  ColorScale sc;
+  Colormap cm;
+};
+
+// One head's cell: its thumbnail, or its statistic's colour with the value where the cell is large enough; the
+// selection, the hover outline and tooltip, a click opens it.
+void head_cell(AppState& st, const ModelConfig& cfg, const LayerSummary& ls, const CellStyle& cs, int l, int h,
+               ImVec2 p0, ImVec2 p1, float cell, float gap) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ThemeColors& tc = theme_colors();
+  const float lh = ImGui::GetTextLineHeight();
+  if (cs.maps && st.ov_tex.atlas.valid() && h < int(ls.thumbs.size())) {
+    const float T = float(st.ov_tex.tile), W = float(st.ov_tex.atlas.width()), Hh = float(st.ov_tex.atlas.height());
+    const float ts = float(ls.thumbs[h].size);
+    dl->AddImage(st.ov_tex.atlas.im_id(), p0, p1, ImVec2(h * T / W, l * T / Hh),
+                 ImVec2((h * T + ts) / W, (l * T + ts) / Hh));
+  } else if (cs.maps) {
+    dl->AddRectFilled(p0, p1, tc.masked);
+  } else {
+    const float v = stat_of(ls.heads[h], cs.shown);
+    dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(cs.cm, cs.sc.to_t(v)) : tc.masked);
+    if (cell >= 44 && std::isfinite(v)) {
+      const std::string t = fmt_value(v);
+      const float tw = ImGui::CalcTextSize(t.c_str()).x;
+      const float lum = cs.sc.to_t(v);
+      const ImU32 tcol = (cs.cm == Colormap::CoolWarm ? std::fabs(lum - 0.5f) < 0.3f : lum > 0.55f)
+                             ? IM_COL32(0, 0, 0, 255)
+                             : IM_COL32(255, 255, 255, 255);
+      dl->AddText(ImVec2((p0.x + p1.x - tw) * 0.5f, (p0.y + p1.y - lh) * 0.5f), tcol, t.c_str());
+    }
+  }
+  if (l == st.layer && h == st.head)
+    dl->AddRect(ImVec2(p0.x - gap, p0.y - gap), ImVec2(p1.x + gap, p1.y + gap), tc.selection, 0, 0, 2.5f);
+  ImGui::SetCursorScreenPos(p0);
+  ImGui::PushID(l * 4096 + h);
+  if (ImGui::InvisibleButton("cell", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f))))
+    st.select_head(l, h);
+  ImGui::PopID();
+  if (ImGui::IsItemHovered()) {
+    dl->AddRect(p0, p1, tc.cursor);
+    head_tooltip(st, cfg, ls, l, h);
+  }
+}
+
+}  // namespace
+
+void draw_overview_panel(AppState& st) {
+  if (!begin_panel(st, "Overview", &st.show_overview, Slot::Overview))
+    return end_panel();
+  const Snapshot& s = *st.snap;
+  if (!s.model) {
+    empty_state("Open a model to see every layer and head at a glance.");
+    return end_panel();
+  }
+  const ModelConfig& cfg = s.model->cfg;
+  mode_combo(st, cfg);
   ImGui::SameLine();
   ImGui::TextDisabled("click a head to open it");
 
@@ -125,48 +259,23 @@ void draw_overview_panel(AppState& st) {
   // A map mode without thumbnails (a long prompt) shows the entropy statistic of the same map instead of an empty grid.
   const auto has_thumbs = [](const LayerSummary& l) { return !l.thumbs.empty(); };
   const bool thumbs = std::any_of(r.layers.begin(), r.layers.end(), has_thumbs);
-  OverviewMode shown = st.ov_mode;
-  if (overview_mode_is_map(shown) && !thumbs)
-    shown = shown == OverviewMode::A2 ? OverviewMode::EntropyA2
-            : shown == OverviewMode::Diff && cfg.is_diff() ? OverviewMode::EntropyDiff : OverviewMode::EntropyA1;
-  const bool maps = overview_mode_is_map(shown);
-  if (maps)
+  CellStyle cs;
+  cs.shown = st.ov_mode;
+  if (overview_mode_is_map(cs.shown) && !thumbs)
+    cs.shown = cs.shown == OverviewMode::A2 ? OverviewMode::EntropyA2
+               : cs.shown == OverviewMode::Diff && cfg.is_diff() ? OverviewMode::EntropyDiff : OverviewMode::EntropyA1;
+  cs.maps = overview_mode_is_map(cs.shown);
+  if (cs.maps)
     rebuild_atlas(st, r, H);
-
-  // Statistic range (shared by all cells).
-  ColorScale sc;
-  const bool signed_stat = shown == OverviewMode::FirstDiff;
-  if (!maps) {
-    float lo = INFINITY, hi = -INFINITY;
-    for (const auto& l : r.layers)
-      for (const auto& h : l.heads) {
-        const float v = stat_of(h, shown);
-        if (std::isfinite(v))
-          lo = std::min(lo, v), hi = std::max(hi, v);
-      }
-    if (!(hi >= lo))
-      lo = 0, hi = 1;
-    sc.diverging = signed_stat;
-    if (signed_stat) {
-      sc.hi = std::max(std::max(std::fabs(lo), std::fabs(hi)), 1e-12f);
-      sc.lo = -sc.hi;
-    } else {
-      // Masses (first token, negative mass) start at 0; entropies and logits use the range the heads span, so that
-      // the differences between heads show (at 32K tokens every entropy is near ln n).
-      const bool spread = shown == OverviewMode::EntropyA1 || shown == OverviewMode::EntropyA2 ||
-                          shown == OverviewMode::EntropyDiff || shown == OverviewMode::MaxLogit1 ||
-                          shown == OverviewMode::MaxLogit2;
-      sc.lo = spread ? lo : std::min(lo, 0.0f);
-      sc.hi = std::max(hi, sc.lo + 1e-6f * std::max(1.0f, std::fabs(sc.lo)));
-    }
-  }
-  const Colormap cm =
-      (shown == OverviewMode::Diff || signed_stat) ? Colormap::CoolWarm : Colormap(st.settings.seq_cmap);
+  else
+    cs.sc = stat_scale(r, cs.shown);
+  cs.cm = (cs.shown == OverviewMode::Diff || cs.shown == OverviewMode::FirstDiff) ? Colormap::CoolWarm
+                                                                                  : Colormap(st.settings.seq_cmap);
 
   const float lh = ImGui::GetTextLineHeight();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float left = ImGui::CalcTextSize("L00").x + 8, top = lh + 4;
-  const float cbw = maps ? 0.0f : colorbar_width() + 10;
+  const float cbw = cs.maps ? 0.0f : colorbar_width() + 10;
   std::string note = r.note;
   if (!r.complete)
     note = "computing..." + (note.empty() ? "" : "   " + note);
@@ -189,84 +298,23 @@ void draw_overview_panel(AppState& st) {
     std::snprintf(buf, sizeof buf, "L%d", l);
     dl->AddText(ImVec2(o.x, o.y + top + l * cell + (cell - lh) * 0.5f), l == st.layer ? tc.selection : text, buf);
     const LayerSummary& ls = r.layers[l];
-    if (!cfg.has_maps(l)) {  // hybrids: one band naming the layer's kind instead of its (absent) heads
-      const ImVec2 p0(o.x + left + gap, o.y + top + l * cell + gap), p1(o.x + left + H * cell - gap, o.y + top + (l + 1) * cell - gap);
-      dl->AddRectFilled(p0, p1, tc.masked);
-      // A Mamba layer's band opens its implicit attention (channel 0) in the head view.
-      const std::string what =
-          cfg.layer_label(l) + (cfg.has_scan(l) ? ": implicit attention per channel (click)" : ": no attention maps");
-      if (cell >= lh + 2)
-        dl->AddText(ImVec2(p0.x + 6, (p0.y + p1.y - lh) * 0.5f), ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
-      if (cfg.has_scan(l)) {
-        ImGui::SetCursorScreenPos(p0);
-        ImGui::PushID(l);
-        if (ImGui::InvisibleButton("scan", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f))))
-          st.select_head(l, st.snap->head && st.snap->head->implicit ? st.head : 0);
-        ImGui::PopID();
-      }
+    if (!cfg.has_maps(l)) {
+      layer_band(st, cfg, l, ImVec2(o.x + left + gap, o.y + top + l * cell + gap),
+                 ImVec2(o.x + left + H * cell - gap, o.y + top + (l + 1) * cell - gap), cell);
       continue;
     }
     for (int h = 0; h < H; ++h) {
       const ImVec2 p0(o.x + left + h * cell + gap, o.y + top + l * cell + gap);
       const ImVec2 p1(p0.x + cell - 2 * gap, p0.y + cell - 2 * gap);
-      if (ls.heads.empty()) {
+      if (ls.heads.empty())
         dl->AddRectFilled(p0, p1, tc.masked);
-        continue;
-      }
-      if (maps && st.ov_tex.atlas.valid() && h < int(ls.thumbs.size())) {
-        const float T = float(st.ov_tex.tile), W = float(st.ov_tex.atlas.width()), Hh = float(st.ov_tex.atlas.height());
-        const float ts = float(ls.thumbs[h].size);
-        dl->AddImage(st.ov_tex.atlas.im_id(), p0, p1, ImVec2(h * T / W, l * T / Hh),
-                     ImVec2((h * T + ts) / W, (l * T + ts) / Hh));
-      } else if (maps) {
-        dl->AddRectFilled(p0, p1, tc.masked);
-      } else {
-        const float v = stat_of(ls.heads[h], shown);
-        dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(cm, sc.to_t(v)) : tc.masked);
-        if (cell >= 44 && std::isfinite(v)) {
-          const std::string t = fmt_value(v);
-          const float tw = ImGui::CalcTextSize(t.c_str()).x;
-          const float lum = sc.to_t(v);
-          const ImU32 tcol = (cm == Colormap::CoolWarm ? std::fabs(lum - 0.5f) < 0.3f : lum > 0.55f)
-                                 ? IM_COL32(0, 0, 0, 255)
-                                 : IM_COL32(255, 255, 255, 255);
-          dl->AddText(ImVec2((p0.x + p1.x - tw) * 0.5f, (p0.y + p1.y - lh) * 0.5f), tcol, t.c_str());
-        }
-      }
-      if (l == st.layer && h == st.head)
-        dl->AddRect(ImVec2(p0.x - gap, p0.y - gap), ImVec2(p1.x + gap, p1.y + gap), tc.selection, 0, 0, 2.5f);
-      ImGui::SetCursorScreenPos(p0);
-      ImGui::PushID(l * 4096 + h);
-      if (ImGui::InvisibleButton("cell", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f))))
-        st.select_head(l, h);
-      ImGui::PopID();
-      if (ImGui::IsItemHovered()) {
-        dl->AddRect(p0, p1, tc.cursor);
-        const HeadStats& hs = ls.heads[h];
-        ImGui::BeginTooltip();
-        ImGui::Text("layer %d, head %d   (%s = %.3f)", l, h, st.lam(), ls.lambda);
-        if (cfg.spec().schedule != Schedule::Uniform)
-          ImGui::TextDisabled("%s", cfg.layer_label(l).c_str());
-        ImGui::Separator();
-        if (cfg.is_diff()) {
-          ImGui::Text("entropy A1 %.3f   A2 %.3f   |A1 - %s*A2| %.3f", hs.entropy1, hs.entropy2, st.lam(),
-                      hs.entropy_diff);
-          ImGui::Text("first-token mass A1 %.3f   A2 %.3f   diff %+.3f", hs.first1, hs.first2, hs.first_diff);
-          ImGui::Text("negative mass %.4f   diff range [%.3f, %.3f]", hs.neg_mass, hs.diff_min, hs.diff_max);
-          ImGui::Text("max |logit| map 1 %.2f   map 2 %.2f", hs.max_logit1, hs.max_logit2);
-        } else {
-          ImGui::Text("entropy %.3f   first-token mass %.3f   range [%.3f, %.3f]", hs.entropy1, hs.first1,
-                      hs.diff_min, hs.diff_max);
-          ImGui::Text("max |logit| %.2f", hs.max_logit1);
-        }
-        ImGui::TextDisabled("click to open in the head view");
-        ImGui::EndTooltip();
-      }
+      else
+        head_cell(st, cfg, ls, cs, l, h, p0, p1, cell, gap);
     }
   }
-  if (!maps)
+  if (!cs.maps)
     draw_colorbar(dl, ImVec2(o.x + left + H * cell + 10, o.y + top),
-                  ImVec2(o.x + left + H * cell + 24, o.y + top + L * cell), cm, sc, text);
+                  ImVec2(o.x + left + H * cell + 24, o.y + top + L * cell), cs.cm, cs.sc, text);
   ImGui::SetCursorScreenPos(ImVec2(o.x, o.y + top + L * cell + 2));
   ImGui::Dummy(ImVec2(left + H * cell + cbw, 1));
   ImGui::EndChild();
