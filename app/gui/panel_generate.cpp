@@ -238,71 +238,191 @@ void options_controls(AppState& st, const ModelInfo& m, bool locked) {
 
 }  // namespace
 
-void draw_generate_panel(AppState& st) {
-  const Snapshot& s = *st.snap;
-  const std::shared_ptr<const Generation> gp = s.gen;
-  char title[96];
-  if (gp && gp->streaming)
-    std::snprintf(title, sizeof title, "Generate  generating...###Generate");
-  else if (gp && !gp->now.empty())
-    std::snprintf(title, sizeof title, "Generate  %zu tokens###Generate", gp->now.ids.size());
-  else
-    std::snprintf(title, sizeof title, "Generate###Generate");
-  if (!begin_panel(st, title, &st.show_generate, Slot::Generate))
-    return end_panel();
-  if (!s.model) {
-    empty_state("Open a model and run a prompt; then Generate continues it, token by token.");
-    return end_panel();
-  }
-  const ModelInfo& m = *s.model;
-  const ThemeColors& tc = theme_colors();
-  const bool streaming = gp && gp->streaming;
-  const bool active = gp && gp->active;
-  const bool have_now = gp && !gp->now.empty();
-  const bool can = st.can_generate();
+namespace {
 
-  // Actions.
+void generate_title(const Generation* gp, char* title, size_t size) {
+  if (gp && gp->streaming)
+    std::snprintf(title, size, "Generate  generating...###Generate");
+  else if (gp && !gp->now.empty())
+    std::snprintf(title, size, "Generate  %zu tokens###Generate", gp->now.ids.size());
+  else
+    std::snprintf(title, size, "Generate###Generate");
+}
+
+// Generate, Step, Stop, Clear and Regenerate, each enabled when it can act.
+void action_buttons(AppState& st, bool streaming, bool active, bool have_now) {
+  const bool can = st.can_generate();
   ImGui::BeginDisabled(!can);
   if (ImGui::Button("Generate"))
     st.generate();
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("Continue the prompt with these options, token by token (Ctrl+G)");
+  item_tooltip("Continue the prompt with these options, token by token (Ctrl+G)");
   same_line_if_fits(button_w(active ? "Step +1" : "Step"));
   if (ImGui::Button(active ? "Step +1" : "Step"))
     st.generate_step();
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip(active ? "One more token of this continuation (F10)"
-                             : "One token: begins a new continuation of the prompt (F10); Step again for the next");
+  item_tooltip("%s", active ? "One more token of this continuation (F10)"
+                            : "One token: begins a new continuation of the prompt (F10); Step again for the next");
   ImGui::EndDisabled();
   same_line_if_fits(button_w("Stop"));
   ImGui::BeginDisabled(!streaming && !active);
   if (ImGui::Button("Stop"))
     st.stop_generation();
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("Stop after the token being computed; what was generated stays (Shift+F5)");
+  item_tooltip("Stop after the token being computed; what was generated stays (Shift+F5)");
   ImGui::EndDisabled();
   same_line_if_fits(button_w("Clear"));
   ImGui::BeginDisabled(!can || !have_now);
   if (ImGui::Button("Clear"))
     st.clear_generation();
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("Back to the prompt alone (the continuation is kept as the one to compare with)");
+  item_tooltip("Back to the prompt alone (the continuation is kept as the one to compare with)");
   ImGui::EndDisabled();
   same_line_if_fits(button_w("Regenerate"));
   const GenerateOptions* last = st.last_generate_options();
   ImGui::BeginDisabled(!can || !last);
   if (ImGui::Button("Regenerate"))
     st.regenerate();
-  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("Generate again with the same options (seed included) under the current %s, and compare\n"
-                      "with the previous continuation: move %s, then Regenerate to see how the answer changes\n"
-                      "(Ctrl+Shift+G)",
-                      st.lam(), st.lam());
+  item_tooltip("Generate again with the same options (seed included) under the current %s, and compare\n"
+               "with the previous continuation: move %s, then Regenerate to see how the answer changes\n"
+               "(Ctrl+Shift+G)",
+               st.lam(), st.lam());
   ImGui::EndDisabled();
+}
 
-  options_controls(st, m, streaming);
+// Progress while streaming, then how it ended.
+void status_line(const AppState& st, const Generation& g, bool streaming, bool have_now) {
+  const ThemeColors& tc = theme_colors();
+  char status[192];
+  const double tps = g.tokens_per_s();
+  if (streaming)
+    std::snprintf(status, sizeof status, "generating... %zu / %d   %.1f tokens/s", g.now.ids.size(),
+                  g.now.options.max_new, tps);
+  else if (have_now)
+    std::snprintf(status, sizeof status, "%zu tokens   %.1f tokens/s   %s%s", g.now.ids.size(), tps,
+                  g.now.stop_reason.empty() ? "paused: Step continues" : "stop: ", stop_text(g.now.stop_reason));
+  else
+    std::snprintf(status, sizeof status, "cleared: back to the prompt (%lld tokens)", (long long)g.prompt_len);
+  ImGui::Spacing();
+  ImGui::PushStyleColor(ImGuiCol_Text, streaming ? ImGui::ColorConvertU32ToFloat4(tc.generated_mark)
+                                                 : ImGui::GetStyle().Colors[ImGuiCol_Text]);
+  ImGui::TextWrapped("%s", status);
+  ImGui::PopStyleColor();
+  if (have_now && ImGui::IsItemHovered())
+    ImGui::SetTooltip("%s\n%s", options_text(g.now.options).c_str(),
+                      lambda_text(st, g.now.lambda, g.now.lambda_moved).c_str());
+}
 
-  // Status: progress while streaming, then how it ended.
+// How many chip lines each continuation gets of the height left (the current one first, the previous one when
+// comparing), and how many lines of the current one's text.
+struct ChipShares {
+  int now_lines = 0, before_lines = 0, now_text = 0;
+};
+ChipShares share_height(const Generation& g, const ChipLayout& now_chips, const ChipLayout& before_chips, bool show_now,
+                        bool compare) {
+  ChipShares c;
+  const float line_h = chip_line_h(), tl = ImGui::GetTextLineHeightWithSpacing();
+  c.now_text = show_now ? std::min(text_lines(g.now.text), compare ? 2 : 4) : 0;
+  const float labels_h = compare ? 3 * tl + ImGui::GetStyle().ItemSpacing.y * 2 : 0;
+  const float room = ImGui::GetContentRegionAvail().y - labels_h - float(c.now_text) * ImGui::GetTextLineHeight() -
+                     3 * ImGui::GetStyle().ItemSpacing.y;
+  const int chip_lines = std::max(2, int(room / line_h));
+  c.now_lines = show_now ? now_chips.lines : 0;
+  c.before_lines = compare ? before_chips.lines : 0;
+  if (c.now_lines + c.before_lines > chip_lines) {
+    const int half = std::max(1, chip_lines / 2);
+    if (c.now_lines > half && c.before_lines > chip_lines - half)
+      c.now_lines = chip_lines - std::min(c.before_lines, half), c.before_lines = chip_lines - c.now_lines;
+    else if (c.now_lines > half)
+      c.now_lines = chip_lines - c.before_lines;
+    else
+      c.before_lines = chip_lines - c.now_lines;
+  }
+  return c;
+}
+
+// The continuation of now: clickable like the prompt's tokens (a click shows its attention row).
+void now_continuation(AppState& st, const Generation& g, const ChipLayout& chips, const ChipShares& sh, bool streaming,
+                      bool compare, int64_t row_q) {
+  const ThemeColors& tc = theme_colors();
+  const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text);
+  const int64_t P = g.prompt_len;
+  if (compare)
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.generated_mark), "now   %s",
+                       lambda_text(st, g.now.lambda, g.now.lambda_moved).c_str());
+  const int64_t hov = chip_flow("##now", chips, std::max(1, sh.now_lines), streaming, [&](int64_t i, bool h) {
+    ChipStyle cs;
+    cs.fill = h ? tc.generated_hover : tc.generated;
+    cs.text = text_col;
+    if (P + i == row_q) {
+      cs.border = tc.selection;
+      cs.border_w = 2;
+    } else if (compare && i == g.first_diff) {
+      cs.border = tc.diff_mark;
+      cs.border_w = 2;
+    }
+    return cs;
+  });
+  if (hov >= 0) {
+    ImGui::SetTooltip("generated token %lld (position %lld)\nid %d\n\"%s\"\nclick: show its attention row",
+                      (long long)hov + 1, (long long)(P + hov), g.now.ids[size_t(hov)], g.now.tokens[size_t(hov)].c_str());
+    if (ImGui::IsMouseClicked(0))
+      st.select_row(P + hov);
+  }
+  continuation_text("##now_text", g.now.text, text_col, std::max(1, sh.now_text), streaming);
+}
+
+// The previous continuation, dimmed, and where the two part.
+void before_continuation(const AppState& st, const Generation& g, const ChipLayout& chips, const ChipShares& sh,
+                         bool streaming, bool active, bool have_now) {
+  const ThemeColors& tc = theme_colors();
+  const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text), dim_col = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  const Continuation& b = *g.before;
+  ImGui::TextDisabled("before   %s%s", lambda_text(st, b.lambda, b.lambda_moved).c_str(),
+                      same_options(b.options, g.now.options) || g.now.empty() ? "" : ", other options");
+  if (ImGui::IsItemHovered() && !b.text.empty())
+    ImGui::SetTooltip("\"%s\"", b.text.c_str());
+  const int64_t hov = chip_flow("##before", chips, std::max(1, sh.before_lines), false, [&](int64_t i, bool) {
+    ChipStyle cs;
+    cs.fill = ImGui::GetColorU32(ImGuiCol_FrameBg);
+    cs.text = dim_col;
+    if (i == g.first_diff) {
+      cs.border = tc.diff_mark;
+      cs.border_w = 2;
+      cs.text = text_col;
+    }
+    return cs;
+  });
+  if (hov >= 0)
+    ImGui::SetTooltip("previous continuation, token %lld\nid %d\n\"%s\"%s%s", (long long)hov + 1, b.ids[size_t(hov)],
+                      b.tokens[size_t(hov)].c_str(), b.text.empty() ? "" : "\n\n", b.text.c_str());
+  if (have_now && g.first_diff >= 0) {
+    const size_t d = size_t(g.first_diff);
+    const std::string was = d < b.tokens.size() ? "\"" + token_label(b.tokens[d], 16) + "\"" : "(ended)";
+    const std::string is = d < g.now.tokens.size() ? "\"" + token_label(g.now.tokens[d], 16) + "\"" : "(ended)";
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.diff_mark), "differs from token %zu: %s %s %s", d + 1,
+                       was.c_str(), st.greek ? "\xe2\x86\x92" : "->", is.c_str());
+  } else if (have_now && !streaming && !active) {
+    ImGui::TextDisabled("the same %zu tokens as before", g.now.ids.size());
+  } else if (!have_now && !streaming) {
+    ImGui::TextDisabled("Generate or Regenerate to compare with this continuation.");
+  }
+}
+
+}  // namespace
+
+void draw_generate_panel(AppState& st) {
+  const Snapshot& s = *st.snap;
+  const std::shared_ptr<const Generation> gp = s.gen;
+  char title[96];
+  generate_title(gp.get(), title, sizeof title);
+  if (!begin_panel(st, title, &st.show_generate, Slot::Generate))
+    return end_panel();
+  if (!s.model) {
+    empty_state("Open a model and run a prompt; then Generate continues it, token by token.");
+    return end_panel();
+  }
+  const bool streaming = gp && gp->streaming;
+  const bool active = gp && gp->active;
+  const bool have_now = gp && !gp->now.empty();
+  action_buttons(st, streaming, active, have_now);
+  options_controls(st, *s.model, streaming);
   if (!gp || (!have_now && !streaming && !gp->before)) {
     ImGui::Spacing();
     if (!s.result)
@@ -313,112 +433,16 @@ void draw_generate_panel(AppState& st) {
     return end_panel();
   }
   const Generation& g = *gp;
-  const int64_t P = g.prompt_len;
-  const int64_t row_q = s.row ? s.row->q : -1;
-  char status[192];
-  const double tps = g.tokens_per_s();
-  if (streaming)
-    std::snprintf(status, sizeof status, "generating... %zu / %d   %.1f tokens/s", g.now.ids.size(),
-                  g.now.options.max_new, tps);
-  else if (have_now)
-    std::snprintf(status, sizeof status, "%zu tokens   %.1f tokens/s   %s%s", g.now.ids.size(), tps,
-                  g.now.stop_reason.empty() ? "paused: Step continues" : "stop: ",
-                  stop_text(g.now.stop_reason));
-  else
-    std::snprintf(status, sizeof status, "cleared: back to the prompt (%lld tokens)", (long long)P);
-  ImGui::Spacing();
-  ImGui::PushStyleColor(ImGuiCol_Text, streaming ? ImGui::ColorConvertU32ToFloat4(tc.generated_mark)
-                                                 : ImGui::GetStyle().Colors[ImGuiCol_Text]);
-  ImGui::TextWrapped("%s", status);
-  ImGui::PopStyleColor();
-  if (have_now && ImGui::IsItemHovered())
-    ImGui::SetTooltip("%s\n%s", options_text(g.now.options).c_str(),
-                      lambda_text(st, g.now.lambda, g.now.lambda_moved).c_str());
-
-  const bool compare = g.before != nullptr;
-  const ImU32 text_col = ImGui::GetColorU32(ImGuiCol_Text), dim_col = ImGui::GetColorU32(ImGuiCol_TextDisabled);
-  const bool show_now = have_now || streaming;
-  // Share the height left between the continuation's chips and text and, when comparing, the previous one's chips.
-  const float line_h = chip_line_h(), tl = ImGui::GetTextLineHeightWithSpacing();
+  status_line(st, g, streaming, have_now);
+  const bool compare = g.before != nullptr, show_now = have_now || streaming;
   const float width = chip_width();
   const ChipLayout now_chips = layout_chips(g.now.tokens, width);
   const ChipLayout before_chips = compare ? layout_chips(g.before->tokens, width) : ChipLayout{};
-  const int now_text = show_now ? std::min(text_lines(g.now.text), compare ? 2 : 4) : 0;
-  const float labels_h = compare ? 3 * tl + ImGui::GetStyle().ItemSpacing.y * 2 : 0;
-  const float room = ImGui::GetContentRegionAvail().y - labels_h - float(now_text) * ImGui::GetTextLineHeight() -
-                     3 * ImGui::GetStyle().ItemSpacing.y;
-  const int chip_lines = std::max(2, int(room / line_h));
-  int now_lines = show_now ? now_chips.lines : 0, before_lines = compare ? before_chips.lines : 0;
-  if (now_lines + before_lines > chip_lines) {
-    const int half = std::max(1, chip_lines / 2);
-    if (now_lines > half && before_lines > chip_lines - half)
-      now_lines = chip_lines - std::min(before_lines, half), before_lines = chip_lines - now_lines;
-    else if (now_lines > half)
-      now_lines = chip_lines - before_lines;
-    else
-      before_lines = chip_lines - now_lines;
-  }
-  // The continuation of now: clickable like the prompt's tokens.
-  if (show_now) {
-    if (compare)
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.generated_mark), "now   %s",
-                         lambda_text(st, g.now.lambda, g.now.lambda_moved).c_str());
-    const int64_t hov = chip_flow("##now", now_chips, std::max(1, now_lines), streaming, [&](int64_t i, bool h) {
-      ChipStyle cs;
-      cs.fill = h ? tc.generated_hover : tc.generated;
-      cs.text = text_col;
-      if (P + i == row_q) {
-        cs.border = tc.selection;
-        cs.border_w = 2;
-      } else if (compare && i == g.first_diff) {
-        cs.border = tc.diff_mark;
-        cs.border_w = 2;
-      }
-      return cs;
-    });
-    if (hov >= 0) {
-      ImGui::SetTooltip("generated token %lld (position %lld)\nid %d\n\"%s\"\nclick: show its attention row",
-                        (long long)hov + 1, (long long)(P + hov), g.now.ids[size_t(hov)],
-                        g.now.tokens[size_t(hov)].c_str());
-      if (ImGui::IsMouseClicked(0))
-        st.select_row(P + hov);
-    }
-    continuation_text("##now_text", g.now.text, text_col, std::max(1, now_text), streaming);
-  }
-  if (compare) {
-    const Continuation& b = *g.before;
-    ImGui::TextDisabled("before   %s%s", lambda_text(st, b.lambda, b.lambda_moved).c_str(),
-                        same_options(b.options, g.now.options) || g.now.empty() ? "" : ", other options");
-    if (ImGui::IsItemHovered() && !b.text.empty())
-      ImGui::SetTooltip("\"%s\"", b.text.c_str());
-    const int64_t hov = chip_flow("##before", before_chips, std::max(1, before_lines), false, [&](int64_t i, bool) {
-      ChipStyle cs;
-      cs.fill = ImGui::GetColorU32(ImGuiCol_FrameBg);
-      cs.text = dim_col;
-      if (i == g.first_diff) {
-        cs.border = tc.diff_mark;
-        cs.border_w = 2;
-        cs.text = text_col;
-      }
-      return cs;
-    });
-    if (hov >= 0)
-      ImGui::SetTooltip("previous continuation, token %lld\nid %d\n\"%s\"%s%s", (long long)hov + 1,
-                        b.ids[size_t(hov)], b.tokens[size_t(hov)].c_str(), b.text.empty() ? "" : "\n\n",
-                        b.text.c_str());
-    // Where the two part.
-    if (have_now && g.first_diff >= 0) {
-      const size_t d = size_t(g.first_diff);
-      const std::string was = d < b.tokens.size() ? "\"" + token_label(b.tokens[d], 16) + "\"" : "(ended)";
-      const std::string is = d < g.now.tokens.size() ? "\"" + token_label(g.now.tokens[d], 16) + "\"" : "(ended)";
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.diff_mark), "differs from token %zu: %s %s %s", d + 1,
-                         was.c_str(), st.greek ? "\xe2\x86\x92" : "->", is.c_str());
-    } else if (have_now && !streaming && !active) {
-      ImGui::TextDisabled("the same %zu tokens as before", g.now.ids.size());
-    } else if (!have_now && !streaming) {
-      ImGui::TextDisabled("Generate or Regenerate to compare with this continuation.");
-    }
-  }
+  const ChipShares sh = share_height(g, now_chips, before_chips, show_now, compare);
+  if (show_now)
+    now_continuation(st, g, now_chips, sh, streaming, compare, s.row ? s.row->q : -1);
+  if (compare)
+    before_continuation(st, g, before_chips, sh, streaming, active, have_now);
   end_panel();
 }
 
