@@ -291,17 +291,8 @@ int run(const Args& a) {
     if (full_maps) s->run(true);  // every position's logits, for --dump
   }
   const auto top = s->top_k(a.top_k);
-  nlohmann::json sweep_json;
-  if (sweep) {
-    const ds::LambdaSweep sw = ds::run_lambda_sweep(*s, *sweep);
-    nlohmann::json pts = nlohmann::json::array();
-    for (const ds::LambdaSweepPoint& p : sw.points)
-      pts.push_back({{"lambda", p.lambda}, {"logprob", p.logprob}, {"entropy_diff", p.entropy}});
-    std::vector<int> heads;
-    for (int h = sw.head < 0 ? 0 : sw.head; h < (sw.head < 0 ? int(c.view_heads()) : sw.head + 1); ++h) heads.push_back(h);
-    sweep_json = {{"layer", sw.layer}, {"lambda", sw.current_lambda}, {"token", sw.token}, {"token_text", sw.token_text},
-                  {"heads", heads}, {"points", pts}};
-  }
+  std::optional<ds::LambdaSweep> sw;
+  if (sweep) sw = ds::run_lambda_sweep(*s, *sweep);
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -323,24 +314,32 @@ int run(const Args& a) {
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));
       j["lambda"] = lam;
     }
-    if (sweep) j["sweep"] = sweep_json;
+    if (sw) {
+      nlohmann::json pts = nlohmann::json::array();
+      for (const ds::LambdaSweepPoint& p : sw->points)
+        pts.push_back({{"lambda", p.lambda}, {"logprob", p.logprob}, {"entropy_diff", p.entropy}});
+      std::vector<int> heads;
+      for (int h = sw->head < 0 ? 0 : sw->head; h < (sw->head < 0 ? int(c.view_heads()) : sw->head + 1); ++h)
+        heads.push_back(h);
+      j["sweep"] = {{"layer", sw->layer}, {"lambda", sw->current_lambda}, {"token", sw->token},
+                    {"token_text", sw->token_text}, {"heads", heads}, {"points", pts}};
+    }
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   } else {
     if (!top.empty()) std::printf("\n  rank       id      prob     logit  token\n");
     for (size_t i = 0; i < top.size(); ++i)
       std::printf("  %4zu %8d  %8.5f  %8.3f  %s\n", i + 1, top[i].id, top[i].prob, top[i].logit,
                   nlohmann::json(top[i].text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    if (sweep) {
-      std::printf("\nlambda sweep of layer %d (lambda %.4f): log p(%s) and the difference entropy%s\n",
-                  sweep_json["layer"].get<int>(), sweep_json["lambda"].get<double>(),
-                  sweep_json["token_text"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(),
-                  sweep->head < 0 ? " (mean over heads)" : (" of head " + std::to_string(sweep->head)).c_str());
+    if (sw) {
+      std::printf("\nlambda sweep of layer %d (lambda %.4f): log p(%s) and the difference entropy%s\n", sw->layer,
+                  sw->current_lambda,
+                  nlohmann::json(sw->token_text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(),
+                  sw->head < 0 ? " (mean over heads)" : (" of head " + std::to_string(sw->head)).c_str());
       std::printf("  %10s %12s %12s\n", "lambda", "log p", "entropy");
-      for (const auto& p : sweep_json["points"]) {
+      for (const ds::LambdaSweepPoint& p : sw->points) {
         double e = 0;
-        for (double x : p["entropy_diff"]) e += x;
-        e /= double(std::max<size_t>(1, p["entropy_diff"].size()));
-        std::printf("  %10.4f %12.5f %12.5f\n", p["lambda"].get<double>(), p["logprob"].get<double>(), e);
+        for (double x : p.entropy) e += x;
+        std::printf("  %10.4f %12.5f %12.5f\n", p.lambda, p.logprob, e / double(std::max<size_t>(1, p.entropy.size())));
       }
     }
   }

@@ -10,8 +10,8 @@
 // the projection layout (cross-layer queries only) in attention_block(), the norm kind in Ops::norm, rotary in
 // Ops::rope, the MLP activation in Ops::linear's GatedAct epilogue, the window and KV source in Ops::attention.
 //
-// Hook points (HookPoint) are named places in this forward where a caller registers a reader (an op that copies or
-// reduces a tensor on the device: Ops::max_abs) or, later, a writer; with none registered the forward tests one empty
+// Hook points (HookPoint) are named places in this forward where a caller registers a reader (ops on the tensor at the
+// site; today the device reduction Ops::max_abs) or, later, a writer; with none registered the forward tests one empty
 // vector per point and launches nothing more.
 #pragma once
 #include <cstdint>
