@@ -49,6 +49,11 @@ struct LayerMaps {
   int64_t heads = 0, n = 0;
   std::vector<float> a1;  // [Hv, n, n] post-softmax map 1 (Llama: the only map)
   std::vector<float> a2;  // [Hv, n, n] post-softmax map 2 (empty for Llama)
+  // Set by the caller of Backend::layer_maps: the maps go to this memory on the backend's CUDA device instead of a1 /
+  // a2 (which stay empty; device_out2 only for differential models). The CUDA backend only; the call returns when
+  // the memory holds the maps. (The Python module's device arrays.)
+  float* device_out1 = nullptr;
+  float* device_out2 = nullptr;
   bool empty() const { return a1.empty(); }
 };
 

@@ -25,8 +25,8 @@ void prepare_mamba_view(const ViewRequest& req, const ModelConfig& cfg, int64_t 
   if (req.layer >= 0 && req.layer < cfg.layers) {
     const LayerKind k = cfg.kind(req.layer);
     if (!cfg.has_scan(req.layer))
-      throw Error("layer " + std::to_string(req.layer) + " is a " + layer_kind_name(k) +
-                  " layer: implicit attention maps are for Mamba layers");
+      throw Error("layer " + std::to_string(req.layer) + " is " + (k == LayerKind::Attention ? "an " : "a ") +
+                  layer_kind_name(k) + " layer: implicit attention maps are for Mamba layers (their scan)");
     if (req.head < 0 || req.head >= cfg.d_inner)
       throw Error("channel " + std::to_string(req.head) + " does not exist (layer " + std::to_string(req.layer) +
                   "'s scan has " + std::to_string(cfg.d_inner) + " channels)");
@@ -72,7 +72,7 @@ void prepare_view(const ViewRequest& req, int layers, int heads, int64_t n, bool
   out.lambda = differential ? lambda : 0.f;
   const size_t cells = size_t(out.rows) * size_t(out.cols);
   for (std::vector<float>* g : {&out.a1, &out.a2, &out.diff}) {
-    const size_t want = g == &out.a2 && !differential ? 0 : cells;
+    const size_t want = (g == &out.a2 && !differential) || req.device_out ? 0 : cells;
     if (zero) {
       g->assign(want, 0.f);
     } else {
@@ -141,8 +141,19 @@ void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const 
   out.heads = heads;
   out.n = n;
   out.positions = resolve_positions(positions, n);
-  out.a1.assign(size_t(heads) * out.positions.size() * size_t(n), 0.f);
-  out.a2.assign(differential ? out.a1.size() : 0, 0.f);
+  const size_t cells = size_t(heads) * out.positions.size() * size_t(n);
+  if (out.device_out1 || out.out1) {  // the caller's memory (a1 / a2 stay empty)
+    if ((out.device_out1 ? out.device_out2 : out.out2) == nullptr && differential)
+      throw Error("map rows: no memory for map 2 of a differential model");
+    out.a1.clear(), out.a2.clear();
+    if (out.out1 && !out.device_out1) {
+      std::fill_n(out.out1, cells, 0.f);
+      if (differential) std::fill_n(out.out2, cells, 0.f);
+    }
+    return;
+  }
+  out.a1.assign(cells, 0.f);
+  out.a2.assign(differential ? cells : 0, 0.f);
 }
 
 void check_row_mass(int64_t q, int64_t n, int64_t a0, int64_t a1) {

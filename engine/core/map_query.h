@@ -36,6 +36,10 @@ struct ViewRequest {
   // The lambda of D = A1 - lambda A2; empty: the layer's lambda in the last forward. A layer's maps do not depend on
   // its own lambda, so a view under a new value needs no new forward (the GUI shows it before the run).
   std::optional<float> lambda;
+  // Non-null: the grids go to this memory on the backend's CUDA device instead of MapView's vectors (which stay
+  // empty): [3, rows, cols] = a1, a2, diff with rows and cols after capping (prepare_view says them). The CUDA
+  // backend only; the call returns when the memory holds the grids. (The Python module's device arrays.)
+  float* device_out = nullptr;
 };
 
 struct MapView {
@@ -101,10 +105,22 @@ struct MapRows {
   int64_t heads = 0, n = 0;
   std::vector<int64_t> positions;  // [P], each in [0, n)
   std::vector<float> a1, a2;       // [heads, P, n]; a2 empty for plain heads
+  // Set by the caller before the query: write the rows [heads, P, n] here instead of into a1 / a2 (which then stay
+  // empty): host memory (out1, out2), or memory on the backend's CUDA device (device_out1, device_out2; the CUDA
+  // backend only, and the call returns when the memory holds the rows). out2 / device_out2 only for differential
+  // heads. The Python module stacks several layers' rows in one array this way.
+  float* out1 = nullptr;
+  float* out2 = nullptr;
+  float* device_out1 = nullptr;
+  float* device_out2 = nullptr;
+  bool on_device() const { return device_out1 != nullptr; }
+  float* rows1() { return device_out1 ? device_out1 : out1 ? out1 : a1.data(); }
+  float* rows2() { return device_out1 ? device_out2 : out1 ? out2 : a2.data(); }
 };
 // Positions as the CLI takes them (negative counts from the end: -1 is the last token), checked against n.
 std::vector<int64_t> resolve_positions(const std::vector<int64_t>& positions, int64_t n);
-// Fills out's shape and resolved positions and sizes its rows (zeroed); throws ds::Error for a bad position.
+// Fills out's shape and resolved positions and sizes its rows (zeroed; caller memory on the host is zeroed, device
+// memory is left for the backend to fill); throws ds::Error for a bad position.
 void prepare_rows(int layer, int64_t heads, int64_t n, bool differential, const std::vector<int64_t>& positions,
                   MapRows& out);
 

@@ -40,6 +40,7 @@ extern "C" char* openblas_get_config(void);
 namespace ds {
 namespace {
 
+constexpr const char* kNoDeviceMemory = "results on a GPU (device=True) need the CUDA backend; this one runs on the CPU";
 using Clock = std::chrono::steady_clock;
 // Memory the kernel says can be given to a new allocation without swapping (MemAvailable), in bytes.
 double available_memory() {
@@ -314,6 +315,7 @@ class CpuBackend final : public Backend {
   void layer_maps(int layer, LayerMaps& out) override {
     if (layer < 0 || layer >= cfg_.layers || layer_in_.empty()) throw Error("no maps: run the model first");
     check_layer(layer);
+    if (out.device_out1) throw Error(kNoDeviceMemory);
     full_maps(layer, out);
   }
 
@@ -334,6 +336,7 @@ class CpuBackend final : public Backend {
 
   void map_view(const ViewRequest& req, MapView& out) override {
     require_run();
+    if (req.device_out) throw Error(kNoDeviceMemory);
     const int64_t n = int64_t(ids_.size());
     const bool layer_ok = req.layer >= 0 && req.layer < cfg_.layers;
     if (layer_ok) check_layer(req.layer);  // a layer without maps
@@ -379,6 +382,7 @@ class CpuBackend final : public Backend {
 
   void mamba_view(const ViewRequest& req, MapView& out) override {
     require_run();
+    if (req.device_out) throw Error(kNoDeviceMemory);
     const int64_t n = int64_t(ids_.size());
     prepare_mamba_view(req, cfg_, n, out);
     const MambaChannel ch = implicit_channel(out.layer, out.head);
@@ -403,14 +407,17 @@ class CpuBackend final : public Backend {
     require_run();
     check_layer(layer);
     const int64_t n = int64_t(ids_.size()), Hv = cfg_.view_heads();
+    if (out.on_device()) throw Error(kNoDeviceMemory);
     prepare_rows(layer, Hv, n, cfg_.is_diff(), positions, out);
     const size_t P = out.positions.size();
+    float* const r1 = out.rows1();
+    float* const r2 = out.rows2();
     for (int64_t h = 0; h < Hv; ++h)
       for (size_t i = 0; i < P; ++i) {
         const int64_t q = out.positions[i];
         head_rows(layer, int(h), q, q + 1, [&](int, int64_t, const float* a1, const float* a2, float, float) {
-          std::copy_n(a1, n, out.a1.begin() + (size_t(h) * P + i) * size_t(n));
-          if (a2) std::copy_n(a2, n, out.a2.begin() + (size_t(h) * P + i) * size_t(n));
+          std::copy_n(a1, n, r1 + (size_t(h) * P + i) * size_t(n));
+          if (a2) std::copy_n(a2, n, r2 + (size_t(h) * P + i) * size_t(n));
         });
       }
   }

@@ -817,4 +817,41 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 
 void cuda_set_profiling(Backend& b, bool on) { cuda::as_cuda(b).set_profiling(on); }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int usable = 0;
+  for (int d = 0; d < count; ++d) usable += cuda_backend_available(nullptr, d);
+  return usable;
+}
+
+DeviceFloats::~DeviceFloats() {
+  if (!data) return;
+  int before = 0;
+  if (cudaGetDevice(&before) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) {
+    cudaFree(data);
+    cudaSetDevice(before);
+  }
+  cudaGetLastError();  // a failure here (a driver shutting down) has no one to tell
+}
+
+std::shared_ptr<DeviceFloats> cuda_device_floats(size_t count, int device) {
+  std::string why;
+  if (!cuda_backend_available(&why, device)) throw Error("device memory: " + why);
+  const cuda::DeviceGuard on(device);
+  auto m = std::make_shared<DeviceFloats>();
+  m->device = device;
+  m->count = count;
+  if (cudaMalloc(&m->data, std::max<size_t>(1, count) * sizeof(float)) != cudaSuccess) {
+    cudaGetLastError();
+    m->data = nullptr;
+    throw Error("out of GPU memory: " + std::to_string(count * sizeof(float) >> 20) + " MiB on GPU " +
+                std::to_string(device) + " for the result (ask a smaller one, or device=False)");
+  }
+  return m;
+}
+
 }  // namespace ds

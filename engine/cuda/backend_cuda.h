@@ -20,4 +20,20 @@ bool cuda_backend_available(std::string* why_not, int device = 0);
 // microseconds of launch time per kernel. Off: profile() reports only forward_ms.
 void cuda_set_profiling(Backend& b, bool on);
 
+// Usable CUDA devices (compute capability 8.0 or newer); 0 in a build without CUDA or without a driver.
+int cuda_device_count();
+
+// Float memory on GPU `device` that a caller owns (the Python module's device arrays, handed out through DLPack):
+// freed when the last holder drops it, whatever became of the backend. Throws ds::Error when it cannot be had.
+struct DeviceFloats {
+  float* data = nullptr;
+  size_t count = 0;
+  int device = 0;
+  DeviceFloats() = default;
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  ~DeviceFloats();
+};
+std::shared_ptr<DeviceFloats> cuda_device_floats(size_t count, int device);
+
 }  // namespace ds

@@ -47,13 +47,18 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
   if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
   const size_t st_bytes = size_t(Hv) * size_t(rpc) * kern::MAP_NSTAT * 4;
   if (map_stats_.bytes() < st_bytes) map_stats_ = DeviceBuffer(st_bytes, "attention map statistics");
+  const bool on_device = out && out->device_out1;  // the caller's device memory (LayerMaps::device_out1)
+  if (on_device && nmaps == 2 && !out->device_out2) throw Error("layer maps: no device memory for map 2");
   if (out) {
     out->heads = Hv;
     out->n = n;
-    out->a1.resize(size_t(Hv) * size_t(n * n));
-    if (nmaps == 2) out->a2.resize(size_t(Hv) * size_t(n * n));
+    out->a1.resize(on_device ? 0 : size_t(Hv) * size_t(n * n));
+    if (nmaps == 2 && !on_device) out->a2.resize(size_t(Hv) * size_t(n * n));
     else out->a2.clear();
   }
+  float* const dst1 = on_device ? out->device_out1 : out ? out->a1.data() : nullptr;
+  float* const dst2 = on_device ? out->device_out2 : out ? out->a2.data() : nullptr;
+  const cudaMemcpyKind kind = on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
   std::vector<StatsAccumulator> acc(static_cast<size_t>(Hv));
   std::vector<float> host_st(size_t(Hv) * size_t(rpc) * kern::MAP_NSTAT);
   float* buf = map_buf_.as<float>();
@@ -65,13 +70,13 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
     });
     if (out)
       for (int h = 0; h < Hv; ++h) {
-        DS_CUDA_CHECK(cudaMemcpyAsync(out->a1.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
+        DS_CUDA_CHECK(cudaMemcpyAsync(dst1 + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
                                       buf + (size_t(h) * nmaps + 0) * size_t(rows) * size_t(n),
-                                      size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
+                                      size_t(rows) * size_t(n) * 4, kind, stream()));
         if (nmaps == 2)
-          DS_CUDA_CHECK(cudaMemcpyAsync(out->a2.data() + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
+          DS_CUDA_CHECK(cudaMemcpyAsync(dst2 + (size_t(h) * size_t(n) + size_t(r0)) * size_t(n),
                                         buf + (size_t(h) * nmaps + 1) * size_t(rows) * size_t(n),
-                                        size_t(rows) * size_t(n) * 4, cudaMemcpyDeviceToHost, stream()));
+                                        size_t(rows) * size_t(n) * 4, kind, stream()));
       }
     if (stats) {
       DS_CUDA_CHECK(cudaMemcpyAsync(host_st.data(), map_stats_.get(), size_t(Hv) * size_t(rows) * kern::MAP_NSTAT * 4,
@@ -158,8 +163,8 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   kern::AttnParams p = layer_params(out.layer);
   if (p.diff) p.lambda = out.lambda;  // req.lambda, where given
   const size_t cells = size_t(out.rows) * size_t(out.cols);
-  if (view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
-  float* g1 = view_buf_.as<float>();
+  if (!req.device_out && view_buf_.bytes() < 3 * cells * 4) view_buf_ = DeviceBuffer(3 * cells * 4, "attention view");
+  float* g1 = req.device_out ? req.device_out : view_buf_.as<float>();  // the caller's device memory, or ours
   float* g2 = g1 + cells;
   float* gd = g2 + cells;
   DS_CUDA_CHECK(cudaMemsetAsync(g1, 0, 3 * cells * 4, stream()));
@@ -189,7 +194,9 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
     }
   }
   DS_CUDA_CHECK(kern::launch_attn_view_finish(va, g1, nmaps == 2 ? g2 : nullptr, gd, stream()));
-  if (nmaps == 2) {
+  if (req.device_out) {
+    sync();  // the caller reads the memory on another stream
+  } else if (nmaps == 2) {
     copy_to_host({{out.a1.data(), g1, cells * 4}, {out.a2.data(), g2, cells * 4}, {out.diff.data(), gd, cells * 4}});
   } else {
     copy_to_host({{out.a1.data(), g1, cells * 4}, {out.diff.data(), gd, cells * 4}});
@@ -225,11 +232,16 @@ void CudaBackend::mamba_view(const ViewRequest& req, MapView& out) {
   if (last_batch_ != 1) throw Error("implicit attention maps need a forward of one sequence");
   const size_t cells = size_t(out.rows) * size_t(out.cols);
   if (view_buf_.bytes() < cells * 4) view_buf_ = DeviceBuffer(cells * 4, "attention view");
+  float* grid = req.device_out ? req.device_out : view_buf_.as<float>();  // [3, cells] there: a1, (a2), diff
   timed("mamba_view", out.layer, [&] {
     const ImplicitInputs in = implicit_inputs(out.layer, out.head);
-    implicit_grid(in, {out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f},
-                  view_buf_.as<float>());
+    implicit_grid(in, {out.q0, out.q1, out.k0, out.k1, out.rows, out.cols, out.pool == Pool::Mean, 0.f}, grid);
   });
+  if (req.device_out) {
+    DS_CUDA_CHECK(cudaMemcpyAsync(grid + 2 * cells, grid, cells * 4, cudaMemcpyDeviceToDevice, stream()));
+    sync();
+    return;
+  }
   copy_to_host({{out.diff.data(), view_buf_.get(), cells * 4}});
   out.a1 = out.diff;
 }
@@ -314,6 +326,8 @@ void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, Map
   if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)
     map_stats_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 4, "attention map statistics");
   float* buf = map_buf_.as<float>();
+  float* const dst1 = out.rows1();
+  float* const dst2 = out.rows2();
   for (size_t i = 0; i < P; ++i) {
     const int q = int(out.positions[i]);
     timed("attn_rows", layer, [&] {
@@ -322,10 +336,13 @@ void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, Map
     });
     for (int64_t h = 0; h < Hv; ++h)
       for (int m = 0; m < nmaps; ++m) {  // synchronous: buf is reused by the next position
-        float* dst = (m == 0 ? out.a1.data() : out.a2.data()) + (size_t(h) * P + i) * size_t(n);
-        copy_to_host({{dst, buf + (size_t(h) * nmaps + size_t(m)) * size_t(n), size_t(n) * 4}});
+        float* dst = (m == 0 ? dst1 : dst2) + (size_t(h) * P + i) * size_t(n);
+        const float* src = buf + (size_t(h) * nmaps + size_t(m)) * size_t(n);
+        if (out.on_device()) DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDeviceToDevice, stream()));
+        else copy_to_host({{dst, src, size_t(n) * 4}});
       }
   }
+  if (out.on_device()) sync();
 }
 
 // The row as map_rows computes it, then reduced per head on the device: 12 f64 per head come back.

@@ -17,5 +17,13 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 
 void cuda_set_profiling(Backend&, bool) {}
 
+int cuda_device_count() { return 0; }
+
+DeviceFloats::~DeviceFloats() = default;
+
+std::shared_ptr<DeviceFloats> cuda_device_floats(size_t, int) {
+  throw Error("device memory: this build has no CUDA backend (no CUDA compiler at configure time)");
+}
+
 }  // namespace ds
 #endif

@@ -132,7 +132,7 @@ int Session::stale_from() const {
   return L;
 }
 
-int Session::run(bool all_logits, const std::function<bool()>& cancel) {
+int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
@@ -145,10 +145,17 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel) {
   req.lambda = lam;
   req.from_layer = from;
   req.all_logits = all_logits;
-  if (cancel && !ids_dirty_ && has_result_) req.cancel = cancel;  // only a re-run of the same prompt stops halfway
+  const bool rerun = !ids_dirty_ && has_result_;
+  if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;
   try {
     backend_->forward(req, res_);
   } catch (const ForwardCancelled& c) {
+    if (!rerun) {  // a new prompt stopped halfway: none of it is kept, and the caches no longer hold the old one
+      has_result_ = false;
+      ids_dirty_ = true;
+      maps_cache_.clear();
+      throw;
+    }
     // Layers below c.layer ran with this lambda; from c.layer on they are stale (NaN never equals a lambda), and the
     // logits are the previous run's until the next run.
     for (int l = 0; l < L; ++l)

@@ -68,7 +68,10 @@ class Session {
   // Returns the first layer that was recomputed (L when nothing had to run).
   // cancel (optional): polled during a re-run of a prompt that has run before (a lambda change); when it returns true
   // the run stops, throws ds::Cancelled, and the next run() goes on from the first layer it did not finish.
-  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr);
+  // cancel_new_prompt: also poll it during the first run of a prompt (the Python module's Ctrl-C); a stopped first
+  // run keeps nothing (no result until the next run, which starts at layer 0). The GUI leaves it off: a prompt's
+  // first run always completes there, however often the user moves lambda meanwhile.
+  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false);
   // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
   // up to it are those of the next run already: a lambda change shows in them before the run.
   int stale_from() const;

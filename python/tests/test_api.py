@@ -1,0 +1,291 @@
+"""The module's behaviour: arrays without copies, lambda and re-runs, generation, scans, the profiler, readers."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import diffscope
+from conftest import BUILD, DEMO, ROOT, TWIN, fixture_dirs
+
+PROMPT = "records: 7274 -> ocean; 1505 -> nectar; 1104 -> lemon. question: 1505 ->"
+
+
+def test_arrays_are_the_engines_buffers(demo):
+    demo.run(PROMPT)
+    v = demo.view(3, 1, grid=(16, 16))
+    for k in ("a1", "a2", "diff"):
+        a = getattr(v, k)
+        assert a.dtype == np.float32 and a.flags.c_contiguous
+        assert a.ctypes.data == v._engine_address(k), k  # the grid the engine wrote, not a copy
+        assert getattr(v, k).ctypes.data == a.ctypes.data  # every access: the same memory
+    a1 = v.a1
+    a1[0, 0] = 123.0
+    assert v.a1[0, 0] == 123.0  # shared, not copied
+    del v
+    assert a1[0, 0] == 123.0  # the array keeps the buffer alive after its View is gone
+    r = demo.rows([-1, 0])
+    assert r.a1.ctypes.data == r._engine_address("a1") and r.a2.ctypes.data == r._engine_address("a2")
+    m = demo.maps(2)
+    assert m.a1.ctypes.data == m._engine_address("a1")
+    ids = demo.ids
+    assert ids.dtype == np.int32 and ids.flags.owndata is False  # owned by a capsule, not a NumPy copy
+
+
+def test_view_rows_shapes_and_consistency(demo):
+    demo.run(PROMPT)
+    n = demo.n
+    full = demo.view(2, 0, grid=(n, n))  # a small map comes back exact
+    m = demo.maps(2)
+    assert full.grid == (n, n) and full.rect == (0, n, 0, n)
+    np.testing.assert_allclose(full.a1, m.a1[0], atol=1e-6)
+    np.testing.assert_allclose(full.diff, m.a1[0] - full.lambda_ * m.a2[0], atol=1e-6)
+    np.testing.assert_allclose(m.diff, m.a1 - m.lambda_ * m.a2, atol=1e-7)
+    r = demo.rows(-1, layers=[2])
+    assert r.a1.shape == (1, demo.heads, 1, n) and list(r.positions) == [n - 1]
+    np.testing.assert_array_equal(r.a1[0, :, 0], m.a1[:, n - 1])
+    np.testing.assert_allclose(r.a1.sum(-1), 1.0, atol=1e-5)  # a softmax row
+    # a lambda for the view alone needs no new forward
+    v0 = demo.view(2, 0, grid=(n, n), lambda_=0.0)
+    np.testing.assert_array_equal(v0.diff, v0.a1)
+    assert demo.stale_from == demo.layers
+
+
+def test_lambda_rerun_and_reset(demo):
+    demo.run(PROMPT)
+    base = demo.logprobs().copy()
+    assert demo.lambdas.override == [None] * demo.layers
+    demo.set_lambda(4, 0.0)
+    assert demo.stale_from == 4
+    demo.run()
+    assert demo.last_run_from == 4
+    changed = demo.logprobs()
+    assert not np.array_equal(changed, base)
+    assert demo.lambdas.effective[4] == 0.0 and demo.lambdas.override[4] == 0.0
+    demo.lambda_scale = 0.5
+    assert demo.lambda_scale == 0.5
+    np.testing.assert_allclose(demo.lambdas.effective[:4], 0.5 * demo.lambdas.model[:4])
+    demo.reset_lambda()
+    demo.run()
+    np.testing.assert_array_equal(demo.logprobs(), base)
+    lp_all = demo.logprobs(all_positions=True)
+    assert lp_all.shape == (demo.n, demo.config["vocab"])
+    np.testing.assert_allclose(lp_all[-1], base, atol=1e-5)
+    np.testing.assert_allclose(np.exp(lp_all).sum(-1), 1.0, atol=1e-4)
+
+
+def test_tokens_and_top_k(demo):
+    demo.run(PROMPT)
+    toks = demo.tokens
+    assert [t.id for t in toks] == list(demo.ids)
+    raw = PROMPT.encode()
+    for t in toks:
+        if not t.special:
+            assert 0 <= t.begin < t.end <= len(raw)
+    top = demo.top_k(5)
+    assert len(top) == 5 and top[0].prob >= top[1].prob
+    lp = demo.logprobs()
+    assert top[0].id == int(np.argmax(lp))
+    np.testing.assert_allclose(np.log(top[0].prob), lp[top[0].id], atol=1e-5)
+    assert demo.decode(demo.encode("hello world", add_special=False)) == "hello world"
+
+
+def test_generate_is_a_stoppable_iterator(demo):
+    demo.run(PROMPT)
+    n0 = demo.n
+    got = []
+    for t in demo.generate(50, stop_at_eos=False):
+        got.append(t.id)
+        if len(got) == 3:
+            break
+    assert len(got) == 3 and demo.generated == got and demo.n == n0 + 3
+    assert demo.stop_reason == "stopped"
+    # the sequence covers what was generated: rows of the last generated position
+    assert demo.rows(-1).a1.shape[-1] == n0 + 3
+    demo.clear_generation()
+    assert demo.n == n0 and demo.generated == []
+    full = [t.id for t in demo.generate(5, stop_at_eos=False)]
+    assert full[:3] == got  # greedy: the same continuation
+    assert demo.stop_reason == "max_tokens"
+
+
+def test_profile_and_max_abs_hidden(demo):
+    demo.watch_max_abs_hidden(True)
+    demo.run(PROMPT)
+    p = demo.profile()
+    assert p["tokens"] == demo.n and p["forward_ms"] > 0
+    assert any(k["name"] == "attention" for k in p["kernels"])
+    assert len(p["head_ms"]) == len(p["head_layer"]) == len(p["head_head"])
+    mah = demo.max_abs_hidden()
+    assert mah.shape == (demo.layers,) and np.all(mah > 0)
+    demo.watch_max_abs_hidden(False)
+    with pytest.raises(diffscope.Error, match="reader is off"):
+        demo.max_abs_hidden()
+
+
+def test_stats_records_for_pandas(demo):
+    demo.run(PROMPT)
+    st = demo.stats()
+    recs = st.to_records()
+    assert len(recs) == len(st.layers) * st.heads
+    assert set(recs[0]) >= {"layer", "head", "entropy_diff", "max_logit2", "lambda"}
+    assert st["entropy1"].shape == (len(st.layers), st.heads)
+    with pytest.raises(KeyError):
+        st["nope"]
+    # the statistics of D under another lambda, without a new forward
+    st0 = demo.stats(layers=[3], lambda_=0.0)
+    np.testing.assert_allclose(st0["first_diff"], st0["first1"], atol=1e-6)
+
+
+def test_twin_has_one_map():
+    with diffscope.open(TWIN, backend="cpu", threads=2) as s:
+        s.run(PROMPT)
+        assert not s.differential
+        v = s.view(1, 0)
+        assert v.a2 is None and np.array_equal(v.a1, v.diff)
+        assert s.rows(-1).a2 is None
+        assert "entropy2" not in s.stats()
+        with pytest.raises(diffscope.Error, match="differential"):
+            s.set_lambda(1, 0.3)
+
+
+def test_hybrid_mamba_view():
+    fx = fixture_dirs(lambda c: c.get("model_type") == "phi4flash")[0]
+    with diffscope.open(fx, backend="cpu", threads=2) as s:
+        s.run(list(range(3, 40)))
+        kinds = s.layer_kinds
+        mamba = kinds.index("mamba") if "mamba" in kinds else kinds.index("memory")
+        v = s.mamba_view(mamba, 3, grid=(37, 37))
+        row = s.mamba_row(mamba, 3, -1)
+        assert row.shape == (37,)
+        np.testing.assert_allclose(v.a1[-1], row, rtol=1e-5, atol=1e-7)
+        assert v.a2 is None
+        with pytest.raises(diffscope.Error, match="mamba_view"):
+            s.view(mamba, 0)
+        with pytest.raises(diffscope.Error):
+            s.mamba_view(s.map_layers[0], 0)
+
+
+def _small_corpus(tmp_path, n=3):
+    lines = (ROOT / "assets/models/report/needles.jsonl").read_text().splitlines()
+    short = sorted(lines, key=len)[:n]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(short + ["{not json", ""]) + "\n")
+    return path, [json.loads(l) for l in short]
+
+
+def test_scan_equals_diffscope_scan(tmp_path):
+    corpus, prompts = _small_corpus(tmp_path)
+    exe = BUILD / "diffscope-scan"
+    out = tmp_path / "r.json"
+    subprocess.run([str(exe), "--model", str(DEMO), "--compare-model", str(TWIN), "--input", str(corpus), "--out",
+                    str(out), "--backend", "cpu", "--threads", "2"], check=True, capture_output=True)
+    want = json.loads(out.read_text())
+    seen = []
+    r = diffscope.scan(DEMO, corpus, compare=TWIN, backend="cpu", threads=2, progress=lambda d, t: seen.append((d, t)))
+    got = r.to_dict()
+
+    def strip(d):  # wall times differ
+        d = json.loads(json.dumps(d))
+        d.pop("elapsed_s", None)
+        for run in (d, d.get("compare", {})):
+            for p in run.get("per_prompt", []):
+                p.pop("ms", None)
+        return d
+
+    assert strip(got) == strip(want)
+    assert r.complete and r.run.prompts == len(prompts) and r.compare.label == "llama-demo"
+    assert len(r.skipped) == 1 and r.skipped[0]["line"] == len(prompts) + 1
+    assert seen[-1] == (len(prompts), len(prompts))
+    assert len(r.to_records()) == sum(len(l["heads"]) for run in (r.run, r.compare) for l in run.layers)
+    # the same prompts as dicts give the same numbers
+    r2 = diffscope.scan(DEMO, prompts, backend="cpu", threads=2)
+    assert r2.run.mean == r.run.mean and r2.input == "<python>"
+
+
+def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
+    """Ctrl-C (SIGINT to this process) during a long forward: KeyboardInterrupt, then the same session runs again
+    and gives what a fresh session gives. Run in a child process so that the signal reaches only it."""
+    code = f"""
+import os, signal, threading, time, sys
+import numpy as np, diffscope
+s = diffscope.open({str(DEMO)!r}, backend="cpu", threads=2)
+ids = np.arange(100, 100 + 8000, dtype=np.int32) % 4000 + 10
+s.run(ids[:64])
+def kill():
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=kill).start()
+t = time.time()
+try:
+    s.run(ids)
+    print("finished before the signal", time.time() - t)
+    sys.exit(3)
+except KeyboardInterrupt:
+    print("interrupted after", round(time.time() - t, 2), "s")
+s.run(ids[:200])
+a = s.logprobs().copy()
+with diffscope.open({str(DEMO)!r}, backend="cpu", threads=2) as f:
+    f.run(ids[:200])
+    assert np.array_equal(a, f.logprobs())
+print("usable")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    if p.returncode == 3:
+        pytest.skip("the 8000-token forward finished before the signal (a fast machine): " + p.stdout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "interrupted after" in p.stdout and "usable" in p.stdout
+
+
+def test_threads_share_a_session_safely(demo):
+    """The GIL is released during engine work: two threads on one session take turns (the session's lock)."""
+    demo.run(PROMPT)
+    want = demo.view(3, 0, grid=(8, 8)).diff.copy()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                assert np.array_equal(demo.view(3, 0, grid=(8, 8)).diff, want)
+                demo.stats(layers=[1])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
+def test_type_stubs_are_current(tmp_path):
+    """python/diffscope/_diffscope.pyi is what nanobind's stubgen makes of the built module (regenerate it with
+    `python -m nanobind.stubgen -m diffscope._diffscope -o python/diffscope/_diffscope.pyi`)."""
+    stubgen = pytest.importorskip("nanobind.stubgen")
+    out = tmp_path / "_diffscope.pyi"
+    subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "diffscope._diffscope", "-o", str(out)],
+                   check=True, env=os.environ)
+    assert out.read_text() == (ROOT / "python/diffscope/_diffscope.pyi").read_text()
+    assert "Session.view" in diffscope.View.__doc__ and "rect" in diffscope.Session.view.__doc__
+
+
+def test_rows_diff_and_token_range(demo):
+    text = "records: 7274 -> océan; 1505 -> nectar. question: 1505 ->"
+    demo.run(text)
+    r = demo.rows(-1)
+    np.testing.assert_allclose(r.diff, r.a1 - r.lambda_[:, None, None, None] * r.a2, atol=1e-7)
+    assert r.lambda_[2] == np.float32(demo.lambdas.effective[r.layers[2]])
+    b = text.index("nectar")
+    t0, t1 = demo.token_range(b, b + len("nectar"))
+    assert "nectar" in "".join(t.text for t in demo.tokens[t0:t1]).replace(" ", "")
+    b = text.index("océan")  # a character offset past a 2-byte character
+    t0, t1 = demo.token_range(b, b + 5)
+    assert "oc" in "".join(t.text for t in demo.tokens[t0:t1])
+    with pytest.raises(diffscope.Error, match="token_range"):
+        demo.token_range(5, 5)
