@@ -58,9 +58,12 @@ if(DS_BUILD_TESTS)
   if(DS_SANITIZE)
     # The interpreter is not instrumented: the sanitizers' runtime is preloaded, and leaks are not reported (the
     # interpreter keeps its objects until exit by design).
+    # libstdc++ is preloaded with it, so that ASan's interceptor of C++ throws finds the real one at start.
     execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so OUTPUT_VARIABLE asan_rt
                     OUTPUT_STRIP_TRAILING_WHITESPACE)
-    list(APPEND env "LD_PRELOAD=${asan_rt}" "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so OUTPUT_VARIABLE cxx_rt
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    list(APPEND env "LD_PRELOAD=${asan_rt} ${cxx_rt}" "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
   endif()
   set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${env}" TIMEOUT 3600)
 endif()

@@ -14,8 +14,10 @@
 #                                             Not in the default: views and peers_views (long prompts through the
 #                                             map queries, and their transformers peers), peers_attn (FD1/FD2 at
 #                                             d = 128 and 64), ncu,
-#                                             bench_noautotune, and bench_prev (the attention benchmark of the
-#                                             binary packed from PREV_COMMIT, alternating with this one).
+#                                             bench_noautotune, bench_prev (the attention benchmark of the
+#                                             binary packed from PREV_COMMIT, alternating with this one), python
+#                                             (the module's pytest suite; pack with PY_MODULE_DIR, see there) and
+#                                             python_bench (bench/python_api_bench.py).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,6 +48,11 @@ if [ "${1:-}" = pack ]; then
     done
   fi
   [ "${STRIP:-0}" = 1 ] && strip /tmp/ds_pack/bin/diffscope* 2>/dev/null
+  # PY_MODULE_DIR=DIR: the Python package with its native part built for the GPU machine's Python
+  # (tools/build_py_module_for.sh), for the python stage.
+  if [ -n "${PY_MODULE_DIR:-}" ]; then
+    mkdir -p /tmp/ds_pack/python && cp -r "$PY_MODULE_DIR" /tmp/ds_pack/python/diffscope
+  fi
   # OpenBLAS and its Fortran runtime (5 MB of the 64 MiB carry limit) only serve the CPU backend, which the GPU
   # machine runs on tiny fixtures alone: tools/cblas_standin.c takes their place.
   gcc -O2 -shared -fPIC -o /tmp/ds_pack/lib/libopenblas.so.0 -Wl,-soname,libopenblas.so.0 tools/cblas_standin.c
@@ -57,7 +64,7 @@ if [ "${1:-}" = pack ]; then
     esac
   done
   git rev-parse --short HEAD > /tmp/ds_pack/bin/COMMIT  # the GPU machine's copy of .git may be older
-  mkdir -p .dev && tar -C /tmp/ds_pack -cJf "$PACK" bin lib obj
+  mkdir -p .dev && tar -C /tmp/ds_pack -cJf "$PACK" bin lib obj $([ -d /tmp/ds_pack/python ] && echo python)
   ls -la "$PACK"
   exit 0
 fi
@@ -104,6 +111,20 @@ if has tests; then
   timeout 420 "$T" --gtest_filter="$CUDA_FILTER" --gtest_output=json:"$OUT/cuda_tests.json" >"$OUT/tests.log" 2>&1
   log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|NOTE" "$OUT/tests.log" | tee -a "$SUMMARY"
   grep -B2 -A6 "Failure" "$OUT/tests.log" | head -80 | tee -a "$SUMMARY"
+fi
+
+# The Python module (pack with PY_MODULE_DIR): its pytest suite with the GPU tests, on this machine's Python (torch
+# and CuPy are the DLPack consumers), then the API benchmark against the same calls in C++ and the transformers peer.
+if has python; then
+  log "## Python module: pytest"
+  PYTHONPATH="$DS/python" DS_BINARY_DIR="$DS/bin" MPLBACKEND=Agg timeout 400 \
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests >"$OUT/pytest.log" 2>&1
+  log "exit $?"; grep -E "passed|failed|SKIPPED|Error|FAILED" "$OUT/pytest.log" | tail -25 | tee -a "$SUMMARY"
+fi
+if has python_bench; then
+  log "## Python API benchmark"
+  PYTHONPATH="$DS/python" timeout 300 python3 bench/python_api_bench.py --backend cuda --bench "$DS/bin/diffscope-bench" \
+    --json "$OUT/python_api_bench.json" 2>&1 | tee "$OUT/python_bench.log" | tail -30 | tee -a "$SUMMARY"
 fi
 
 if has bench; then

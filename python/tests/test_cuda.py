@@ -1,0 +1,97 @@
+"""The CUDA backend through Python: device arrays (DLPack) equal the host arrays and never pass through the host,
+results agree with the CPU backend within bf16 tolerance, and with diffscope-run --backend cuda bit for bit. Each
+test skips without a GPU, saying why."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import diffscope
+from conftest import DEMO, cli, cuda_or_skip, read_safetensors
+
+PROMPT = "records: 7274 -> ocean; 1505 -> nectar; 1104 -> lemon. question: 1505 ->"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    cuda_or_skip()
+    os.environ["DS_GEMM_AUTOTUNE"] = "0"  # the same GEMM algorithms in this process and the CLI's: the same bits
+    s = diffscope.open(DEMO, backend="cuda")
+    s.run(PROMPT)
+    yield s
+    s.close()
+
+
+def test_cuda_matches_cpu(gpu):
+    with diffscope.open(DEMO, backend="cpu", threads=2) as c:
+        c.run(PROMPT)
+        assert gpu.backend_kind == "cuda" and gpu.top_k(1)[0].id == c.top_k(1)[0].id
+        assert np.abs(np.exp(gpu.logprobs()) - np.exp(c.logprobs())).max() < 0.02
+        vg, vc = gpu.view(3, 0, grid=(64, 64)), c.view(3, 0, grid=(64, 64))
+        assert np.abs(vg.diff - vc.diff).max() < 0.02
+        sg, sc = gpu.stats(), c.stats()
+        np.testing.assert_allclose(sg["entropy_diff"], sc["entropy_diff"], rtol=0.05, atol=0.02)
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed (the DLPack consumer of these checks)")
+
+
+def test_device_view_is_the_host_view_without_a_copy(gpu):
+    torch = _torch()
+    host = gpu.view(3, 1, grid=(128, 96), pool="mean")
+    dev = gpu.view(3, 1, grid=(128, 96), pool="mean", device=True)
+    assert dev.on_device and dev.grid == host.grid
+    for k in ("a1", "a2", "diff"):
+        t = torch.from_dlpack(getattr(dev, k))
+        assert t.is_cuda and t.dtype == torch.float32 and tuple(t.shape) == host.grid
+        assert t.data_ptr() == dev._engine_address("a1") + {"a1": 0, "a2": 1, "diff": 2}[k] * 128 * 96 * 4
+        assert np.array_equal(t.cpu().numpy(), getattr(host, k)), k
+    assert getattr(dev, "a1").__dlpack_device__() == (2, 0)  # kDLCUDA, GPU 0
+
+
+def test_device_rows_and_maps(gpu):
+    torch = _torch()
+    hr, dr = gpu.rows([0, -1]), gpu.rows([0, -1], device=True)
+    assert np.array_equal(torch.from_dlpack(dr.a1).cpu().numpy(), hr.a1)
+    assert np.array_equal(torch.from_dlpack(dr.a2).cpu().numpy(), hr.a2)
+    hm, dm = gpu.maps(2), gpu.maps(2, device=True)
+    a1 = torch.from_dlpack(dm.a1)
+    assert np.array_equal(a1.cpu().numpy(), hm.a1) and np.array_equal(torch.from_dlpack(dm.a2).cpu().numpy(), hm.a2)
+    del dm, dr  # the arrays keep their memory: torch's tensor still reads it
+    assert np.array_equal(a1.cpu().numpy(), hm.a1)
+    with pytest.raises(diffscope.Error, match="on the GPU"):
+        gpu.maps(2, device=True).diff
+
+
+def test_device_arrays_in_cupy(gpu):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    v = gpu.view(1, 0, grid=(32, 32), device=True)
+    assert np.array_equal(cupy.asnumpy(cupy.from_dlpack(v.diff)), gpu.view(1, 0, grid=(32, 32)).diff)
+
+
+def test_cuda_bit_for_bit_with_the_cli(gpu, tmp_path):
+    out = tmp_path / "d.safetensors"
+    os.environ["DS_GEMM_AUTOTUNE"] = "0"
+    cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cuda", "--dump", out, "--rows", "-1", "--view", "3.0",
+        "--grid", "32,32")
+    d = read_safetensors(out)
+    r = gpu.rows(-1)
+    for i, l in enumerate(r.layers):
+        assert np.array_equal(r.a1[i], d[f"layers.{l}.rows1"]) and np.array_equal(r.a2[i], d[f"layers.{l}.rows2"])
+    v = gpu.view(3, 0, grid=(32, 32))
+    assert np.array_equal(v.diff, d["view.diff"])
+    assert np.array_equal(gpu.logits(), d["logits"][-1])
+    p = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cuda", "--generate", "10", "--ignore-eos", "--json")
+    assert [t.id for t in gpu.generate(10, stop_at_eos=False)] == json.loads(p.stdout)["generated"]
+    gpu.clear_generation()
+
+
+def test_cuda_profile_has_kernels_and_heads(gpu):
+    gpu.set_lambda(2, 0.1)
+    gpu.run()
+    p = gpu.profile()
+    assert p["kernels"] and p["forward_ms"] > 0
+    gpu.reset_lambda()
+    gpu.run()
