@@ -96,6 +96,8 @@ else
   mkdir -p "$DS/bin" "$DS/obj" && cp /tmp/ds_build/diffscope_tests /tmp/ds_build/diffscope-bench "$DS/bin/" 2>/dev/null
   find /tmp/ds_build \( -name 'diff_attn_fwd.cu.o' -o -name 'attn_fwd_sm90.cu.o' \) -exec cp {} "$DS/obj/" \;
 fi
+# PY_PACK=FILE: a second pack with only python/ (the module, tools/build_py_module_for.sh), beside a binaries pack.
+[ -n "${PY_PACK:-}" ] && [ -f "$PY_PACK" ] && mkdir -p "$DS/python" && tar -C "$DS/python" -xJf "$PY_PACK"
 export DS_SOURCE_DIR="$ROOT" DS_BINARY_DIR="$DS"
 T="$DS/bin/diffscope_tests"
 CUDA_FILTER='CudaKernels.*:Impl/FusedAttention.*:AttnDispatch.*:CudaModel.*:Fixtures/FixtureCuda.*:AttnDecode*:Gemv*:GenerateCuda.*:*GenerateReferenceCuda.*:ScanRowMassCuda.*:ForwardHooks.*:EnvSwitch.*'
@@ -120,6 +122,14 @@ if has python; then
   PYTHONPATH="$DS/python" DS_BINARY_DIR="$DS/bin" MPLBACKEND=Agg timeout 400 \
     python3 -m pytest -q -rs -p no:cacheprovider python/tests >"$OUT/pytest.log" 2>&1
   log "exit $?"; grep -E "passed|failed|SKIPPED|Error|FAILED" "$OUT/pytest.log" | tail -25 | tee -a "$SUMMARY"
+fi
+# memcheck on the module's device paths (the map queries writing into memory the caller owns).
+if has python_sanitize; then
+  log "## Python module under compute-sanitizer memcheck (device arrays)"
+  PYTHONPATH="$DS/python" DS_BINARY_DIR="$DS/bin" timeout 400 compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py -k "device or matches_cpu" \
+    >"$OUT/pytest_memcheck.log" 2>&1
+  log "exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/pytest_memcheck.log" | tail -5 | tee -a "$SUMMARY"
 fi
 if has python_bench; then
   log "## Python API benchmark"
