@@ -291,3 +291,27 @@ def test_rows_diff_and_token_range(demo):
     assert "oc" in "".join(t.text for t in demo.tokens[t0:t1])
     with pytest.raises(diffscope.Error, match="token_range"):
         demo.token_range(5, 5)
+
+
+def test_keyboard_interrupt_keeps_a_scans_work(tmp_path):
+    """Ctrl-C during diffscope.scan: the report of the prompts scanned so far comes back, marked incomplete."""
+    code = f"""
+import os, signal, threading, time, warnings, sys
+import diffscope
+done = []
+def progress(d, t):
+    done.append(d)
+    if d == 2:  # two prompts in: Ctrl-C
+        os.kill(os.getpid(), signal.SIGINT)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    r = diffscope.scan({str(DEMO)!r}, {str(ROOT / "assets/models/report/needles.jsonl")!r}, backend="cpu",
+                       threads=2, progress=progress)
+assert not r.complete, r.complete
+assert 2 <= r.run.prompts < 60, r.run.prompts
+assert any("interrupted" in str(x.message) for x in w)
+print("partial", r.run.prompts)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "partial" in p.stdout
