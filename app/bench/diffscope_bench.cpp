@@ -6,6 +6,8 @@
 //   --backend cuda  the CUDA suite (cuda_bench.h: attention kernels at the peers' shapes, whole-model prefill,
 //                   lambda-change latency, the paper's Table 7)
 //   --tokenizer F   tokenizer encode speed on ~1 MB of mixed text
+//   --only api      (either backend) the session calls bench/python_api_bench.py times through the Python module
+//                   (api_bench.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "app/bench/api_bench.h"
 #include "app/bench/bench_median.h"
 #include "app/bench/cpu_bench_attention.h"
 #include "app/bench/cuda_bench.h"
@@ -44,17 +47,17 @@ const char* kUsage =
     "  --backend cpu        CPU sections: prefill and attention (default)\n"
     "  --backend cuda       CUDA suite: fused attention, whole-model prefill, lambda-change latency, Table 7\n"
     "  --model DIR          model to time (cpu prefill default: a synthetic ~5M-parameter DiffLlama written to a\n"
-    "                       temp folder; cuda: the prefill benchmark also runs on DIR)\n"
-    "  --tokens N           prompt length for cpu prefill and --soak (default 256)\n"
+    "                       temp folder; cuda: the prefill benchmark also runs on DIR; api: the model it times)\n"
+    "  --tokens N           prompt length for cpu prefill and --soak (default 256) and for api (default 1024)\n"
     "  --repeat R           timed runs; the median is reported (default 10 for cpu prefill, 5 for cpu attention,\n"
-    "                       20 on cuda)\n"
+    "                       30 for api, 20 on cuda)\n"
     "  --threads T          CPU threads (default: all cores)\n"
     "  --tokenizer F        also time tokenizer encoding of ~1 MB of mixed text with F\n"
     "  --soak RUNS          RUNS runs of random prompts (up to --tokens long), lambda changes and map requests on\n"
     "                       --model with the chosen backend; reports errors and memory (RSS, device) over the runs\n"
     "  --json FILE          write all results as JSON\n"
     "  --only SECTION       run only this section; repeat the option for several (default: all of the backend's\n"
-    "                       sections but cuda's views)\n"
+    "                       sections but api and cuda's views)\n"
     "options of --backend cpu:\n"
     "  --only SECTION       sections:\n"
     "                         prefill    prefill tokens/s and lambda-change latency of --model at --tokens\n"
@@ -63,6 +66,14 @@ const char* kUsage =
     "                                    32, 4 KV) and kajuma/DiffLlama-0.3B-handcut's (32 of 64, 8 KV) at 1K, 3K,\n"
     "                                    8K tokens: ms, TFLOP/s, share of this machine's OpenBLAS sgemm rate\n"
     "                                    (measured in the same run), peak RSS, and the PyTorch peer's ms\n"
+    "                         api        the two session calls bench/python_api_bench.py times through the Python\n"
+    "                                    module, on --model (default assets/models/diffllama-demo; run from the\n"
+    "                                    repository root) with assets/models/default_prompt.txt repeated or cut to\n"
+    "                                    --tokens: lambda_logprobs (set_lambda_override of the middle attention\n"
+    "                                    layer + run + next_token_logprobs, lambda alternating) and view_1024 (a\n"
+    "                                    1024 x 1024 max-pooled view of head 0 into a host MapView, reused);\n"
+    "                                    median and every sample, and the ids, layer and values the script\n"
+    "                                    repeats (only with --only api)\n"
     "  --attn-tokens LIST   attention: token counts, comma-separated (default 1024,3072,8192)\n"
     "  --peer-python PY     attention: run the peer, bench/peers/peer_cpu_attention.py (torch's CPU\n"
     "                       scaled_dot_product_attention, FlashDiffAttn_1/_2 recipes), with this Python and report\n"
@@ -95,6 +106,9 @@ const char* kUsage =
     "                         views      long prompts (1K .. 128K tokens, kajuma shape) through the map queries:\n"
     "                                    forward, a 1024 x 1024 head view, every layer's statistics, a lambda\n"
     "                                    change, peak RSS (only with --only views: minutes at 128K)\n"
+    "                         api        as on the cpu, on --model, else a random checkpoint shaped like\n"
+    "                                    kajuma/DiffLlama-0.3B-handcut written to the temp folder (2.5 GB; the\n"
+    "                                    JSON names it), at --tokens (default 1024) (only with --only api)\n"
     "  --attn-kernel NAME   attention: time only NAME: wgmma, mma-both, mma-vsplit, mma-lockstep, generic, or\n"
     "                       auto (only the default choice). Default: the kernel the dispatcher picks by default\n"
     "                       and every other fused kernel it grants for the shape\n"
@@ -251,6 +265,7 @@ nlohmann::json bench_soak(const std::string& model, const std::string& backend, 
 int main(int argc, char** argv) {
   std::string backend = "cpu", model, json_out, tokenizer;
   int64_t tokens = 256;
+  bool tokens_given = false;  // api's default length differs (1024: the shape)
   int threads = 0, soak = 0;
   std::optional<int> repeat;  // unset: the backend's default
   std::set<std::string> only;  // --only, checked against the backend's sections below
@@ -270,7 +285,7 @@ int main(int argc, char** argv) {
         return 0;
       } else if (k == "--backend") backend = val();
       else if (k == "--model") model = val();
-      else if (k == "--tokens") tokens = std::stoll(val());
+      else if (k == "--tokens") tokens = std::stoll(val()), tokens_given = true;
       else if (k == "--repeat") repeat = std::stoi(val());
       else if (k == "--threads") threads = std::stoi(val());
       else if (k == "--json") json_out = val();
@@ -294,9 +309,20 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--attn-tokens and --peer-python are options of --backend cpu");
     if (backend == "cpu")
       for (const std::string& k : only)
-        if (k != "prefill" && k != "attention")
-          throw std::invalid_argument("--only: unknown section '" + k + "' of --backend cpu (use prefill, attention)");
-    if (backend == "cuda") cuda_opt.only = only;
+        if (k != "prefill" && k != "attention" && k != "api")
+          throw std::invalid_argument("--only: unknown section '" + k +
+                                      "' of --backend cpu (use prefill, attention, api)");
+    if (backend == "cuda") {
+      // api runs on a session here, not in the CUDA suite; the suite's sections are named here with it (the suite's
+      // own check below knows only its own)
+      std::string names = "api";
+      for (const std::string& n : ds::cuda_bench_sections()) names += ", " + n;
+      for (const std::string& k : only)
+        if (k != "api" && !ds::cuda_bench_sections().count(k))
+          throw std::invalid_argument("--only: unknown section '" + k + "' of --backend cuda (use " + names + ")");
+      cuda_opt.only = only;
+      cuda_opt.only.erase("api");
+    }
     if (repeat) cuda_opt.repeat = *repeat, attn_opt.repeat = *repeat;
     attn_opt.threads = threads;
     cuda_opt.model_dir = model;
@@ -320,16 +346,27 @@ int main(int argc, char** argv) {
       if (model.empty()) throw ds::Error("--soak needs --model DIR");
       all["soak"] = bench_soak(model, backend, soak, tokens);
     } else if (backend == "cpu") {
+      // api only when asked for (its numbers are for the script to set beside the Python module's)
       auto want = [&](const char* k) { return only.empty() || only.count(k); };
       if (want("prefill")) all["cpu"] = bench_cpu(model, tokens, repeat.value_or(10), threads);
       if (want("prefill") && want("attention")) std::printf("\n");
       if (want("attention")) all["attention"] = ds::bench_cpu_attention(attn_opt);
-    } else {
+    } else if (!only.count("api") || !cuda_opt.only.empty()) {  // the suite, unless api alone was asked for
 #ifdef DS_HAVE_CUDA
       all["cuda"] = ds::run_cuda_benchmarks(cuda_opt);
 #else
       throw ds::Error("this build has no CUDA backend");
 #endif
+    }
+    if (soak == 0 && only.count("api")) {  // either backend; after the rest, which has freed its model and memory
+      if (all.size() > 1) std::printf("\n");
+      ds::ApiBenchOptions api;
+      api.backend = backend;
+      api.model_dir = model;
+      api.tokens = tokens_given ? tokens : 1024;
+      api.repeat = repeat.value_or(30);
+      api.threads = threads;
+      all["api"] = ds::bench_api(api);
     }
     if (!tokenizer.empty()) {
 #ifdef DS_HAVE_TOKENIZER_BENCH
