@@ -134,7 +134,7 @@ fi
 if has python_bench; then
   log "## Python API benchmark"
   PYTHONPATH="$DS/python" timeout 300 python3 bench/python_api_bench.py --backend cuda --bench "$DS/bin/diffscope-bench" \
-    --json "$OUT/python_api_bench.json" 2>&1 | tee "$OUT/python_bench.log" | tail -30 | tee -a "$SUMMARY"
+    --json "$OUT/python_api_bench.json" ${PY_BENCH_ARGS:-} 2>&1 | tee "$OUT/python_bench.log" | tail -30 | tee -a "$SUMMARY"
 fi
 
 if has bench; then

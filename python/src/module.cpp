@@ -98,14 +98,53 @@ nb::ndarray<nb::numpy, T> viewed(T* data, std::vector<size_t> shape, nb::handle 
   return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
 }
 
-// A DLPack array on CUDA device `device` over part of `mem`, which the array keeps alive.
-nb::ndarray<float> device_array(const std::shared_ptr<ds::DeviceFloats>& mem, size_t offset_floats,
+// A DLPack array (an object with __dlpack__ and __dlpack_device__, which torch.from_dlpack and cupy.from_dlpack
+// take) on CUDA device `device` over part of `mem`, which the array keeps alive.
+nb::ndarray<nb::array_api, float> device_array(const std::shared_ptr<ds::DeviceFloats>& mem, size_t offset_floats,
                                 std::vector<size_t> shape) {
   auto* hold = new std::shared_ptr<ds::DeviceFloats>(mem);
   nb::capsule owner(hold, [](void* p) noexcept { delete static_cast<std::shared_ptr<ds::DeviceFloats>*>(p); });
-  return nb::ndarray<float>(mem->data + offset_floats, shape.size(), shape.data(), owner, nullptr,
-                            nb::dtype<float>(), nb::device::cuda::value, mem->device);
+  return nb::ndarray<nb::array_api, float>(mem->data + offset_floats, shape.size(), shape.data(), owner, nullptr,
+                                           nb::dtype<float>(), nb::device::cuda::value, mem->device);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host grids of views given back when their View is freed. A loop of views (a notebook's slider, a sweep) then
+// reuses pages already mapped and sized, as the programs reuse one MapView, instead of paying fresh pages (a page
+// fault per 4 KB) and their zero-fill on every call: a 1024 x 1024 view is 12 MB of grids. Bounded; thread-safe.
+class GridPool {
+ public:
+  static GridPool& get() {
+    static GridPool* p = new GridPool;  // never destroyed: Views may be freed during interpreter shutdown
+    return *p;
+  }
+  // A vector with room for `cells` (its size is left as it was: the backend's resize fills only what is new).
+  std::vector<float> take(size_t cells) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].capacity() >= cells && free_[i].capacity() <= 2 * cells + 4096) {
+        std::vector<float> v = std::move(free_[i]);
+        free_.erase(free_.begin() + std::ptrdiff_t(i));
+        bytes_ -= v.capacity() * sizeof(float);
+        return v;
+      }
+    return {};
+  }
+  void give(std::vector<float>&& v) {
+    const size_t b = v.capacity() * sizeof(float);
+    if (b == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes_ + b > kMaxBytes || free_.size() >= kMaxGrids) return;  // freed with v
+    bytes_ += b;
+    free_.push_back(std::move(v));
+  }
+
+ private:
+  static constexpr size_t kMaxBytes = size_t(96) << 20, kMaxGrids = 12;
+  std::mutex mu_;
+  std::vector<std::vector<float>> free_;
+  size_t bytes_ = 0;
+};
 
 // ---------------------------------------------------------------------------------------------------------------
 // results held by Python objects, their arrays viewing the engine's buffers
@@ -114,6 +153,12 @@ struct View {
   ds::MapView v;
   std::shared_ptr<ds::DeviceFloats> dev;  // device=True: [3, rows, cols] a1, a2, diff
   bool implicit = false;                      // a Mamba channel's implicit attention (mamba_view)
+  View() = default;
+  View(const View&) = default;
+  View& operator=(const View&) = default;
+  ~View() {
+    for (std::vector<float>* g : {&v.a1, &v.a2, &v.diff}) GridPool::get().give(std::move(*g));
+  }
 };
 
 struct Rows {
@@ -624,13 +669,20 @@ NB_MODULE(_diffscope, m) {
           if (!mamba && layer >= 0 && layer < c.layers && !c.has_maps(layer))
             throw ds::Error("view: " + c.no_attention(layer, "attention maps") +
                             (c.has_scan(layer) ? " (mamba_view shows its implicit attention)" : ""));
+          ds::ViewRequest shape_q = q;  // the grid after capping, to size the arrays (nothing allocated)
+          shape_q.device_out = reinterpret_cast<float*>(1);
+          ds::MapView probe;
+          if (mamba) ds::prepare_mamba_view(shape_q, c, n, probe, false);
+          else ds::prepare_view(shape_q, int(c.layers), int(c.view_heads()), n, c.is_diff(), 0.f, probe, false);
+          const size_t cells = size_t(probe.rows) * size_t(probe.cols);
           if (device) {
             need_cuda(s, mamba ? "mamba_view" : "view");
-            ds::MapView probe;  // the grid after capping, to size the device arrays
-            if (mamba) ds::prepare_mamba_view(q, c, n, probe, false);
-            else ds::prepare_view(q, int(c.layers), int(c.view_heads()), n, c.is_diff(), 0.f, probe, false);
-            out->dev = ds::cuda_device_floats(3 * size_t(probe.rows) * size_t(probe.cols), ps.device());
+            out->dev = ds::cuda_device_floats(3 * cells, ps.device());
             q.device_out = out->dev->data;
+          } else {
+            out->v.a1 = GridPool::get().take(cells);
+            if (c.is_diff() && !mamba) out->v.a2 = GridPool::get().take(cells);
+            out->v.diff = GridPool::get().take(cells);
           }
           if (mamba) s.backend().mamba_view(q, out->v);
           else s.backend().map_view(q, out->v);
