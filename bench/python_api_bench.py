@@ -158,14 +158,7 @@ def python_round(ds, cfg: dict, args) -> dict:
             del v, a1, a2, d  # freed outside the timed region, as the C++ MapView is
             return (t1 - t0) * 1e3, (t3 - t2) * 1e3, f1 - f0, f3 - f2
 
-        # the C++ section's warm-up (its JSON says it), so that both sides are timed in the same steady state
-        tw = time.perf_counter()
-        warm = 0
-        while warm < int(cfg["warmup_min_rounds"]) or (time.perf_counter() - tw) * 1e3 < float(cfg["warmup_ms"]):
-            one()
-            warm += 1
-            if warm >= 200:
-                break
+        warm = warm_up(one, cfg)
         lp_ms, view_ms, lp_f, view_f = [], [], [], []
         for _ in range(int(cfg["repeat"])):
             a, b, fa, fb = one()
@@ -179,6 +172,19 @@ def python_round(ds, cfg: dict, args) -> dict:
                 "warmup_rounds": warm, "checksum": checksum, "backend": s.backend}
     finally:
         s.close()
+
+
+def warm_up(one, cfg: dict) -> int:
+    """The C++ section's warm-up (its JSON says it), so that both sides are timed in the same steady state: at least
+    warmup_min_rounds calls and warmup_ms milliseconds (200 calls at most). Returns the calls made."""
+    tw = time.perf_counter()
+    warm = 0
+    while warm < int(cfg["warmup_min_rounds"]) or (time.perf_counter() - tw) * 1e3 < float(cfg["warmup_ms"]):
+        one()
+        warm += 1
+        if warm >= 200:
+            break
+    return warm
 
 
 def last_view(ds, cfg: dict, args):
@@ -206,13 +212,7 @@ def device_view(ds, cfg: dict, args) -> dict:
             t = (torch.from_dlpack(v.a1), torch.from_dlpack(v.a2), torch.from_dlpack(v.diff))
             return v, t
 
-        tw = time.perf_counter()
-        warm = 0
-        while warm < int(cfg["warmup_min_rounds"]) or (time.perf_counter() - tw) * 1e3 < float(cfg["warmup_ms"]):
-            one()
-            warm += 1
-            if warm >= 200:
-                break
+        warm_up(one, cfg)
         torch.cuda.synchronize()
         ms = []
         for _ in range(int(cfg["repeat"])):
