@@ -59,12 +59,17 @@ class InterruptScope {
       installed_ = sigaction(SIGINT, &sa, &old_) == 0;
     }
   }
+  // A Ctrl-C that no cancellation took (the call was not cancellable, or finished first) goes to Python's handler,
+  // which raises KeyboardInterrupt at the interpreter's next check: no Ctrl-C is lost.
   ~InterruptScope() {
-    if (installed_) sigaction(SIGINT, &old_, nullptr);
+    if (!installed_) return;
+    sigaction(SIGINT, &old_, nullptr);
+    if (g_sigint.exchange(false)) raise(SIGINT);
   }
   InterruptScope(const InterruptScope&) = delete;
   InterruptScope& operator=(const InterruptScope&) = delete;
   static bool hit() { return g_sigint.load(std::memory_order_relaxed); }
+  static void consume() { g_sigint.store(false); }  // the cancellation raised KeyboardInterrupt itself
   static void set_main_thread() { main_thread_ = PyThread_get_thread_ident(); }
 
  private:
@@ -80,9 +85,6 @@ class InterruptScope {
 
 // ---------------------------------------------------------------------------------------------------------------
 // arrays
-
-template <class T>
-using Shape = std::vector<size_t>;
 
 // A NumPy array that owns `v`'s buffer: the vector is moved to the heap and freed with the array (no copy).
 template <class T>
@@ -204,7 +206,10 @@ class PySession {
       if (!s_) throw ds::Error("the session is closed");
       return f(*s_);
     } catch (const ds::Cancelled&) {
-      if (InterruptScope::hit()) raise_keyboard_interrupt();
+      if (InterruptScope::hit()) {
+        InterruptScope::consume();
+        raise_keyboard_interrupt();
+      }
       throw;
     }
   }

@@ -315,3 +315,28 @@ print("partial", r.run.prompts)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "partial" in p.stdout
+
+
+def test_keyboard_interrupt_during_a_short_call_is_not_lost():
+    """A Ctrl-C that arrives while the engine answers a query it cannot stop still raises KeyboardInterrupt."""
+    code = f"""
+import os, signal, threading, time, sys
+import numpy as np, diffscope
+s = diffscope.open({str(DEMO)!r}, backend="cpu", threads=2)
+s.run((np.arange(3000, dtype=np.int32) % 3000) + 10)
+def kill():
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=kill).start()
+try:
+    for i in range(400):
+        s.stats(layers=[3])
+    print("not interrupted")
+    sys.exit(3)
+except KeyboardInterrupt:
+    print("interrupted at call", i)
+print(len(s.top_k(2)))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "interrupted at call" in p.stdout
