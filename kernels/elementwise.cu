@@ -187,6 +187,24 @@ cudaError_t launch_max_abs_many(const float* x, int64_t layer_stride, int count,
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void scale_columns_kernel(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int width, float f) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  __nv_bfloat16* p = x + (i / width) * ld + c0 + i % width;
+  *p = __float2bfloat16(__bfloat162float(*p) * f);
+}
+}  // namespace
+
+cudaError_t launch_scale_columns(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int c1, float f,
+                                 cudaStream_t stream) {
+  if (rows < 0 || c0 < 0 || c1 < c0 || ld < c1 || (rows > 0 && c1 > c0 && !x)) return cudaErrorInvalidValue;
+  const int64_t items = rows * (c1 - c0);
+  if (items == 0) return cudaSuccess;
+  scale_columns_kernel<<<unsigned((items + THREADS - 1) / THREADS), THREADS, 0, stream>>>(x, ld, rows, c0, c1 - c0, f);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
   return launch_max_abs_many(x, 0, 1, ld, rows, cols, slot, stream);
 }

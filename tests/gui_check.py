@@ -193,6 +193,26 @@ def case_lambda(r):
     print("A1 pixels changed: %.4f, difference pixels changed: %.4f" % (fa, fd))
     check(fa == 0.0, "A1 panel pixels changed with lambda (%.4f)" % fa)
     check(fd > 0.05, "difference panel barely changed with lambda (%.4f)" % fd)
+    # A head ablated from the start (--ablate; the head panel's box): the GUI's next-token table is diffscope-run's
+    # with the same --ablate, and differs from the plain run's.
+    rc3, s3, i3 = r.run("ablate", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--ablate", "1.1",
+                        "--ablate", "2.0")
+    assert_sane_run(rc3, s3, i3, 25)
+    check(s3["interventions"] == [{"layer": 1, "head": 1, "kind": "scale", "factor": 0.0},
+                                  {"layer": 2, "head": 0, "kind": "scale", "factor": 0.0}],
+          "interventions: %s" % s3.get("interventions"))
+    cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, "--ablate", "1.1", "--ablate",
+           "2.0", "--top-k", str(len(s3["next_token"])), "--json"]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=r.source)
+    check(out.returncode == 0, "diffscope-run --ablate failed: %s" % out.stderr)
+    want = json.loads(out.stdout)["top_k"]
+    got = s3["next_token"]
+    check([t["id"] for t in got] == [t["id"] for t in want] and
+          all(abs(a["prob"] - b["prob"]) <= 1e-6 for a, b in zip(got, want)),
+          "GUI next tokens with --ablate %s differ from diffscope-run's %s" % (got, want))
+    plain = subprocess.run(cmd[:7] + cmd[11:], capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=r.source)
+    check(json.loads(plain.stdout)["top_k"] != want, "the ablation changed nothing")
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

@@ -142,6 +142,10 @@ struct Recorder final : ds::fwd::Ops {
   void max_abs(ds::fwd::Ref in, int slot) override {
     log.push_back("max_abs" + std::to_string(slot) + (in.rows == ds::fwd::Rows::Last ? "(last)" : ""));
   }
+  void scale_columns(ds::fwd::Ref t, int64_t c0, int64_t c1, float f) override {
+    log.push_back("scale" + std::to_string(t.layer) + ":" + std::to_string(c0) + "-" + std::to_string(c1) + "x" +
+                  std::to_string(f));
+  }
 };
 
 TEST(ForwardHooks, SitesAndOrder) {
@@ -249,3 +253,28 @@ TEST(ForwardHooks, CudaNotBuilt) { GTEST_SKIP() << "no CUDA device: this build h
 #endif
 
 }  // namespace
+
+// A writer at HeadOut: the head's columns of Attn(l) scaled right after layer l's attention, before o_proj, once.
+TEST(ForwardHooks, HeadScaleWriterSite) {
+  ds::ModelConfig c = ds::load_config(fixture("phi4flash_L8_mha_f32") + "/config.json");
+  std::vector<float> lam(size_t(c.layers), 0.5f);
+  const int l = int(c.map_layers().back());
+  const auto [c0, c1] = ds::fwd::head_columns(c, 0);
+  EXPECT_EQ(c1 - c0, c.heads * c.head_dim / c.view_heads());
+  ds::fwd::Hooks h;
+  h.add(ds::fwd::scale_head_hook(c, l, 0, 0.f));
+  ds::fwd::Plan p;
+  p.lambda = lam.data();
+  p.hooks = &h;
+  Recorder r;
+  ds::fwd::run_layers(c, r, p);
+  const std::string want = "scale" + std::to_string(l) + ":" + std::to_string(c0) + "-" + std::to_string(c1) + "x" +
+                           std::to_string(0.f);
+  const auto it = std::find(r.log.begin(), r.log.end(), want);
+  ASSERT_NE(it, r.log.end());
+  EXPECT_EQ(std::count_if(r.log.begin(), r.log.end(), [](const std::string& e) { return e.rfind("scale", 0) == 0; }), 1);
+  EXPECT_EQ(*(it - 1), "attention");
+  EXPECT_EQ(*(it + 1), "gemm_o");
+  EXPECT_THROW(ds::fwd::scale_head_hook(c, 0, 0, 0.f), ds::Error) << "layer 0 is a Mamba layer";
+  EXPECT_THROW(ds::fwd::scale_head_hook(c, l, int(c.view_heads()), 0.f), ds::Error);
+}

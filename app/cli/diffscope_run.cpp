@@ -61,6 +61,14 @@ int tokenize_jsonl(const Args& a) {
   return 0;
 }
 
+// The interventions in force, as --json and the dump's metadata record them: [{"layer", "head", "kind", "factor"}].
+nlohmann::json interventions_json(const ds::Session& s) {
+  nlohmann::json v = nlohmann::json::array();
+  for (const ds::HeadScale& x : s.head_scales())
+    v.push_back({{"layer", x.layer}, {"head", x.head}, {"kind", "scale"}, {"factor", x.factor}});
+  return v;
+}
+
 // --dump: logits, and either every layer's full maps (O(n^2): small prompts) or, with --rows / --view, the rows
 // and the view only (O(n heads + R C)).
 void dump(ds::Session& s, const Args& a) {
@@ -120,7 +128,8 @@ void dump(ds::Session& s, const Args& a) {
     }
   }
   ds::write_safetensors(path, out, {{"producer", "diffscope-run"}, {"model", s.model_dir()},
-                                    {"backend", s.backend().name()}});
+                                    {"backend", s.backend().name()},
+                                    {"interventions", interventions_json(s).dump()}});
 }
 
 // --rows, --view and --rect against the model and the prompt, before the forward (which can take minutes on a long
@@ -226,6 +235,14 @@ int run(const Args& a) {
     if (!c.has_maps(l)) throw ArgError("--lambda: " + c.no_attention(l, "lambda"));
     s->set_lambda_override(l, v);
   }
+  for (const auto& x : a.head_scales) {  // checked against the model: a bad layer or head is a usage error
+    try {
+      s->set_head_scale(x.layer, x.head, x.factor);
+    } catch (const ds::Error& e) {
+      throw ArgError(std::string("--ablate/--scale-head ") + std::to_string(x.layer) + "." + std::to_string(x.head) +
+                     ": " + e.what());
+    }
+  }
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
   std::optional<ds::LambdaSweepRequest> sweep;
   if (a.sweep) {  // the same: a sweep the model cannot do is refused before the forward
@@ -251,6 +268,8 @@ int run(const Args& a) {
                 c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
                 prefill_ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
+    for (const ds::HeadScale& x : s->head_scales())
+      std::printf("head    %d.%d output x %g%s\n", x.layer, x.head, double(x.factor), x.factor == 0.f ? " (ablated)" : "");
   }
   double gen_ms = 0;
   if (a.generate > 0) {
@@ -309,6 +328,7 @@ int run(const Args& a) {
     nlohmann::json tk = nlohmann::json::array();
     for (const auto& t : top) tk.push_back({{"id", t.id}, {"prob", t.prob}, {"logit", t.logit}, {"text", t.text}});
     j["top_k"] = tk;
+    j["interventions"] = interventions_json(*s);
     if (c.is_diff()) {  // [L]: 0 for layers without attention
       std::vector<double> lam;
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));

@@ -24,6 +24,9 @@ const char* kUsage =
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; differential models only)\n"
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
+    "  --ablate L.H[:head]    zero view head H of layer L's output (after its sub-layer norm, before o_proj);\n"
+    "                         repeatable. The --json output and the dump record the interventions in force\n"
+    "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; the last one for a head wins)\n"
     "  --generate N           generate up to N tokens after the prompt (KV cache; stops at the model's EOS)\n"
     "                         and print them; --dump, --rows, --view and --stats then cover prompt + generated\n"
     "  --temperature T        sample with temperature T (default 0: greedy)\n"
@@ -238,6 +241,30 @@ Args parse_args(int argc, const char* const* argv) {
       const long long layer = parse_int(s.substr(0, eq), "--lambda layer");
       if (layer < 0 || layer > INT32_MAX) throw ArgError("--lambda: layer must be >= 0");
       a.lambdas.push_back({int(layer), parse_double(s.substr(eq + 1), "--lambda value")});
+    } else if (k == "--ablate" || k == "--scale-head") {
+      // --ablate L.H[:MODE] (MODE head, the default) and --scale-head L.H=X: a head's output times 0 or X
+      std::string s = value(i);
+      float factor = 0.f;
+      if (k == "--ablate") {
+        const size_t colon = s.find(':');
+        if (colon != std::string::npos) {
+          const std::string mode = s.substr(colon + 1);
+          if (mode != "head")
+            throw ArgError("--ablate: mode '" + mode + "' is not available (this version ablates a head's output: " +
+                           "L.H or L.H:head; dropping A1 or A2 alone and the mean over positions are not built yet)");
+          s.resize(colon);
+        }
+      } else {
+        const size_t eq = s.find('=');
+        if (eq == std::string::npos) throw ArgError("--scale-head takes LAYER.HEAD=FACTOR, e.g. --scale-head 3.1=0.5");
+        factor = float(parse_double(s.substr(eq + 1), "--scale-head factor"));
+        s.resize(eq);
+      }
+      const size_t dot = s.find('.');
+      if (dot == std::string::npos) throw ArgError(k + " takes LAYER.HEAD, e.g. " + k + " 3.1");
+      const long long l = parse_int(s.substr(0, dot), k + " layer"), h = parse_int(s.substr(dot + 1), k + " head");
+      if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX) throw ArgError(k + ": layer and head must be >= 0");
+      a.head_scales.push_back({int(l), int(h), factor});
     } else if (k == "--lambda-scale") {
       a.lambda_scale = parse_double(value(i), "--lambda-scale");
     } else if (k == "--dump") {

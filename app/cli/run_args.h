@@ -42,6 +42,11 @@ struct Args {
   bool add_special = false, decode = false;  // --tokenize-jsonl options
   int top_k = 5, threads = 0;
   std::vector<std::pair<int, double>> lambdas;
+  struct HeadScaleArg {
+    int layer = 0, head = 0;
+    float factor = 0.f;
+  };
+  std::vector<HeadScaleArg> head_scales;  // --ablate L.H[:head] (factor 0), --scale-head L.H=X
   std::optional<double> lambda_scale;
   // generation (engine/session/session.h): --generate N, sampling options, --ignore-eos
   int generate = 0;

@@ -177,6 +177,21 @@ void AppState::reset_lambda() {
   submit();
 }
 
+bool AppState::ablated(int l, int h) const {
+  return std::any_of(req.head_scales.begin(), req.head_scales.end(),
+                     [&](const HeadScale& x) { return x.layer == l && x.head == h && x.factor == 0.f; });
+}
+
+void AppState::toggle_ablation(int l, int h) {
+  auto& v = req.head_scales;
+  const auto it = std::find_if(v.begin(), v.end(), [&](const HeadScale& x) { return x.layer == l && x.head == h; });
+  if (it != v.end())
+    v.erase(it);
+  else
+    v.push_back({l, h, 0.f});
+  submit_now();
+}
+
 void AppState::set_lambda_scale(double s) {
   req.lambda.scale = s;
   submit_now();
@@ -489,6 +504,8 @@ void AppState::absorb_snapshot() {
       save_settings(settings);
     // Lambda controls sized to this model; the global scale survives a model change.
     req.lambda.override_.assign(size_t(m.cfg.layers), std::nullopt);
+    if (!first_model)
+      req.head_scales.clear();  // another model's heads (--ablate applies to the first model)
     if (pending_scale) {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();

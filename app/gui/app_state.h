@@ -205,6 +205,10 @@ struct AppState {
   void open_model(const std::string& dir);
   void run_prompt();
   void reset_lambda();
+  // Head interventions (the head panel's "ablate" box, --ablate): whether view head h of layer l is ablated, and
+  // turning that on or off (a re-run from layer l).
+  bool ablated(int l, int h) const;
+  void toggle_ablation(int l, int h);
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
   void select_row(int64_t q);  // the row view's query (negative counts from the end)

@@ -32,6 +32,7 @@ const char* cli_usage() {
          "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
          "  --max-abs-hidden       read each layer's largest |hidden state| (Profiler, max |h|; paper Table 5)\n"
+         "  --ablate L.H           zero head H of layer L's output from the start (repeatable; the head panel's box)\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
          "  --scan FILE.jsonl      scan a corpus once the model has run its first prompt (Corpus panel; with\n"
@@ -175,6 +176,15 @@ CliOptions parse_cli(int argc, char** argv) {
       o.ignore_eos = true;
     } else if (a == "--max-abs-hidden") {
       o.max_abs_hidden = true;
+    } else if (a == "--ablate") {
+      const std::string v = need(i, a);
+      const size_t dot = v.find('.');
+      if (dot == std::string::npos)
+        throw Error("--ablate takes LAYER.HEAD, e.g. --ablate 3.1");
+      const long long l = parse_integer(v.substr(0, dot), "--ablate layer"), h = parse_integer(v.substr(dot + 1), "--ablate head");
+      if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX)
+        throw Error("--ablate: layer and head must be >= 0");
+      o.ablate.push_back({int(l), int(h)});
     } else if (a == "--regenerate-lambda-scale") {
       o.regenerate_scale = parse_number(need(i, a), a);
     } else if (a == "--scan") {

@@ -269,6 +269,12 @@ nlohmann::json session_json(const AppState& st) {
                   {"attention_tflops", attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0.0},
                   {"kernels", kernels},
                   {"heads", heads}};
+  {
+    json iv = json::array();  // the head interventions asked for (--ablate, the head panel's box)
+    for (const HeadScale& x : st.req.head_scales)
+      iv.push_back({{"layer", x.layer}, {"head", x.head}, {"kind", "scale"}, {"factor", x.factor}});
+    j["interventions"] = iv;
+  }
   if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)
     j["max_abs_hidden"] = r.max_abs_hidden;
   if (const auto& sw = st.snap->sweep) {

@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
     st.generation.options.sampling.seed = *opt.seed;
   st.generation.options.stop_at_eos = !opt.ignore_eos;
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
+  for (const auto& [l, h] : opt.ablate)  // checked by the session against the model (a one-line error if bad)
+    st.req.head_scales.push_back({l, h, 0.f});
   if (opt.generate > 0)
     st.generation.options.max_new = st.generation.pending = opt.generate;
   st.generation.pending_regenerate_scale = opt.regenerate_scale;

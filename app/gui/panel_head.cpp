@@ -182,6 +182,16 @@ void toolbar(AppState& st, const ModelInfo& m) {
     st.select_head(layer, head);
     st.view = keep;
   }
+  if (m.cfg.has_maps(st.layer)) {
+    ImGui::SameLine();
+    bool ablate = st.ablated(st.layer, st.head);
+    if (ImGui::Checkbox("ablate", &ablate))
+      st.toggle_ablation(st.layer, st.head);
+    item_tooltip(
+                 "Zero this head's output (after its sub-layer norm, before o_proj) from now on: the model re-runs\n"
+                 "from this layer, and predictions, later layers' maps and generation show the effect. The Lambda\n"
+                 "panel lists the heads ablated; untick to restore.");
+  }
   if (!implicit) {
     ImGui::SameLine();
     ImGui::SetNextItemWidth(90);

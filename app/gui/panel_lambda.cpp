@@ -76,6 +76,17 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   ImGui::SameLine();
   if (ImGui::Button("x1"))
     st.set_lambda_scale(1.0);
+  if (!st.req.head_scales.empty()) {  // head interventions (the head panel's "ablate" box, --ablate)
+    std::string list;
+    for (const HeadScale& x : st.req.head_scales)
+      list += (list.empty() ? "" : ", ") + std::to_string(x.layer) + "." + std::to_string(x.head);
+    ImGui::TextWrapped("ablated heads (layer.head): %s", list.c_str());
+    same_line_if_fits(button_w("restore all"));
+    if (ImGui::SmallButton("restore all")) {
+      st.req.head_scales.clear();
+      st.submit_now();
+    }
+  }
 
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
   if (!ImGui::BeginTable("lam", 4, tf, ImVec2(0, table_h)))

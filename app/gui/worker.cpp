@@ -97,7 +97,7 @@ bool Worker::lambda_superseded(const Request& r) const {
     return false;
   return want_.open_seq != r.open_seq || want_.prompt_seq != r.prompt_seq || want_.gen_seq != r.gen_seq ||
          want_.scan_seq != r.scan_seq || want_.lambda.scale != r.lambda.scale ||
-         want_.lambda.override_ != r.lambda.override_;
+         want_.lambda.override_ != r.lambda.override_ || want_.head_scales != r.head_scales;
 }
 
 bool Worker::superseded() const {
@@ -216,6 +216,11 @@ void Worker::step(const Request& r) {
   bool lambda_changed = false;
   try {
     lambda_changed = apply_lambda(r.lambda);
+  } catch (const std::exception& e) {
+    report_error(e.what());
+  }
+  try {  // head interventions re-run from their first changed layer, as a lambda does
+    lambda_changed = apply_head_scales(r.head_scales) || lambda_changed;
   } catch (const std::exception& e) {
     report_error(e.what());
   }
@@ -371,6 +376,18 @@ bool Worker::apply_lambda(const LambdaControl& want) {
     }
   }
   return changed;
+}
+
+bool Worker::apply_head_scales(const std::vector<HeadScale>& want) {
+  if (want == session_->head_scales())
+    return false;
+  const std::vector<HeadScale> have = session_->head_scales();
+  for (const HeadScale& h : have)  // those no longer wanted
+    if (std::none_of(want.begin(), want.end(), [&](const HeadScale& w) { return w.layer == h.layer && w.head == h.head; }))
+      session_->set_head_scale(h.layer, h.head, std::nullopt);
+  for (const HeadScale& w : want)
+    session_->set_head_scale(w.layer, w.head, w.factor);
+  return session_->head_scales() != have;
 }
 
 // [SECTION] run and top-k

@@ -37,6 +37,7 @@ struct Request {
   std::string text;
   std::vector<int32_t> ids;
   LambdaControl lambda;  // override_ sized to the model's layers, or empty
+  std::vector<HeadScale> head_scales;  // head interventions in force (Session::set_head_scale), in order
   int layer = 0, head = 0;
   // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
   ViewRequest view;
@@ -76,6 +77,7 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
+  bool apply_head_scales(const std::vector<HeadScale>& want);  // true when the session's changed
   // false: stopped because the user moved lambda on (r given: its run may be cancelled; see lambda_superseded)
   bool run_and_publish(bool ids_changed = false, const Request* r = nullptr);
   void publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded = 0);

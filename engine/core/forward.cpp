@@ -26,6 +26,20 @@ Hook max_abs_hidden_hook() {
   return Hook{HookPoint::BlockOut, -1, [](Ops& ops, const HookSite& s) { ops.max_abs(s.tensor, s.layer); }, true};
 }
 
+std::pair<int64_t, int64_t> head_columns(const ModelConfig& cfg, int head) {
+  const int64_t width = cfg.heads * cfg.head_dim / cfg.view_heads();  // Attn holds the view heads side by side
+  return {head * width, (head + 1) * width};
+}
+
+Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor) {
+  if (layer < 0 || layer >= cfg.layers || !cfg.has_maps(layer))
+    throw Error("scale_head_hook: layer " + std::to_string(layer) + " has no attention");
+  if (head < 0 || head >= cfg.view_heads()) throw Error("scale_head_hook: head " + std::to_string(head));
+  const auto [c0, c1] = head_columns(cfg, head);
+  return Hook{HookPoint::HeadOut, layer,
+              [c0, c1, factor](Ops& ops, const HookSite& s) { ops.scale_columns(s.tensor, c0, c1, factor); }, false};
+}
+
 namespace {
 
 // One hook point: nothing but a test of an empty vector when no hook is registered.

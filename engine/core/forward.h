@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/core/config.h"
@@ -88,6 +89,8 @@ class Ops {
                                                   // the ungated output for the GMU layers
   // A reader's reduction: slot `slot` (one per layer) = max(slot, max |x| over the rows of `in`), on the device.
   virtual void max_abs(Ref in, int slot) = 0;
+  // A writer's op: columns [col0, col1) of every row of `t` times `factor` (0 zeroes them), in place.
+  virtual void scale_columns(Ref t, int64_t col0, int64_t col1, float factor) = 0;
   // Polled between layers and between a layer's blocks: true stops the forward (ForwardCancelled).
   virtual bool cancelled() { return false; }
 };
@@ -126,6 +129,11 @@ class Hooks {
 // The reader of the paper's Table 5: per layer, the largest |hidden state| of the layer's output (Ops::max_abs into
 // slot l at BlockOut).
 Hook max_abs_hidden_hook();
+// A writer: view head `head` of attention layer `layer` has its output (after the differential heads' sub-layer norm
+// and 1 - lambda_init, before o_proj: Attn(layer)'s columns of that head) multiplied by `factor`; 0 ablates the head.
+Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor);
+// The columns of view head `head` in Attn(l): [first, second).
+std::pair<int64_t, int64_t> head_columns(const ModelConfig& cfg, int head);
 
 // --- the forward ------------------------------------------------------------------------------------------------
 struct Plan {

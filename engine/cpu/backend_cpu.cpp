@@ -877,6 +877,12 @@ class CpuBackend final : public Backend {
       v = std::isnan(v) || std::isnan(mx) ? std::numeric_limits<float>::quiet_NaN() : std::max(v, mx);
     }
 
+    void scale_columns(fwd::Ref t, int64_t c0, int64_t c1, float f) override {
+      const View x = view(t);
+      for (int64_t r = 0; r < x.rows; ++r)
+        for (int64_t i = c0; i < c1; ++i) x.p[r * x.ld + i] *= f;
+    }
+
     bool cancelled() override { return !recompute_ && b_.poll_cancel(); }
 
    private:

@@ -306,6 +306,12 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     b_.max_abs_read_[size_t(slot)] = 1;
   }
 
+  void scale_columns(fwd::Ref t, int64_t c0, int64_t c1, float f) override {
+    const View x = view(t);
+    if (x.f32) throw Error("internal: scale_columns writes bf16 activations (a head's output)");
+    DS_CUDA_CHECK(kern::launch_scale_columns(static_cast<bf16*>(x.p), x.ld, x.rows, int(c0), int(c1), f, b_.stream()));
+  }
+
   // The readers' pending reductions (call after the last layer, before anything reuses the stream's buffers).
   void finish() { flush_max_abs(); }
 

@@ -124,11 +124,11 @@ std::string Session::nonfinite_logits() const {
 }
 
 int Session::stale_from() const {
-  if (ids_dirty_ || !has_result_ || hooks_dirty_) return 0;
+  if (ids_dirty_ || !has_result_ || reader_dirty_) return 0;
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
   for (int l = 0; l < L; ++l)
-    if (!(lam[size_t(l)] == ran_lambda_[size_t(l)])) return l;
+    if (!(lam[size_t(l)] == ran_lambda_[size_t(l)]) || l >= writers_stale_from_) return l;
   return L;
 }
 
@@ -160,6 +160,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     // logits are the previous run's until the next run.
     for (int l = 0; l < L; ++l)
       ran_lambda_[size_t(l)] = l < c.layer ? lam[size_t(l)] : std::numeric_limits<float>::quiet_NaN();
+    writers_stale_from_ = 1 << 30;  // the layers below c.layer ran with the writers in force; the rest are NaN-stale
     logits_stale_ = true;
     maps_cache_.resize(size_t(L));
     for (int l = std::max(0, std::min(from, c.layer)); l < L; ++l) maps_cache_[size_t(l)] = LayerMaps{};
@@ -167,7 +168,8 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
   }
   has_result_ = true;
   ids_dirty_ = false;
-  hooks_dirty_ = false;
+  reader_dirty_ = false;
+  writers_stale_from_ = 1 << 30;
   logits_stale_ = false;
   ran_lambda_ = lam;
   // Maps of layer l depend only on layers < l: those up to `from` stay valid.
@@ -177,21 +179,53 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
   return from;
 }
 
-void Session::set_watch_max_abs_hidden(bool on) {
-  if (on == watching_max_abs_hidden()) return;
-  if (on) {
-    auto h = std::make_shared<fwd::Hooks>();
-    h->add(fwd::max_abs_hidden_hook());
-    hooks_ = std::move(h);
-    hooks_dirty_ = true;  // layers that earlier runs left were not read
-  } else {
+void Session::rebuild_hooks() {
+  if (!watch_max_abs_ && head_scales_.empty()) {
     hooks_ = nullptr;
+    return;
   }
+  auto h = std::make_shared<fwd::Hooks>();
+  for (const HeadScale& x : head_scales_) h->add(fwd::scale_head_hook(cfg_, x.layer, x.head, x.factor));
+  if (watch_max_abs_) h->add(fwd::max_abs_hidden_hook());
+  hooks_ = std::move(h);
+}
+
+void Session::set_watch_max_abs_hidden(bool on) {
+  if (on == watch_max_abs_) return;
+  watch_max_abs_ = on;
+  if (on) reader_dirty_ = true;  // layers that earlier runs left were not read
+  rebuild_hooks();
+}
+
+void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
+  if (layer < 0 || layer >= cfg_.layers)
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+                " layers)");
+  if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "heads to ablate"));
+  if (head < 0 || head >= cfg_.view_heads())
+    throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg_.view_heads()) +
+                " view heads)");
+  if (factor && !std::isfinite(*factor)) throw Error("a head's scale must be a finite number");
+  auto it = std::find_if(head_scales_.begin(), head_scales_.end(),
+                         [&](const HeadScale& x) { return x.layer == layer && x.head == head; });
+  if (!factor && it == head_scales_.end()) return;
+  if (factor && it != head_scales_.end() && it->factor == *factor) return;
+  if (!factor) head_scales_.erase(it);
+  else if (it != head_scales_.end()) it->factor = *factor;
+  else head_scales_.push_back({layer, head, *factor});
+  writers_stale_from_ = std::min<int64_t>(writers_stale_from_, layer);
+  rebuild_hooks();
+}
+
+void Session::clear_head_scales() {
+  for (const HeadScale& x : head_scales_) writers_stale_from_ = std::min<int64_t>(writers_stale_from_, x.layer);
+  head_scales_.clear();
+  rebuild_hooks();
 }
 
 std::vector<float> Session::max_abs_hidden() const {
-  if (!hooks_) throw Error("max_abs_hidden: the reader is off; HINT: turn it on (set_watch_max_abs_hidden) and run");
-  if (!has_result_ || hooks_dirty_) throw Error("max_abs_hidden: no run since the reader was turned on");
+  if (!watch_max_abs_) throw Error("max_abs_hidden: the reader is off; HINT: turn it on (set_watch_max_abs_hidden) and run");
+  if (!has_result_ || reader_dirty_) throw Error("max_abs_hidden: no run since the reader was turned on");
   std::vector<float> v = backend_->layer_max_abs();
   if (v.size() != size_t(cfg_.layers)) throw Error("max_abs_hidden: the last forward ran without the reader");
   return v;
@@ -277,7 +311,7 @@ void Session::clear_generation() {
   // be cut, so the prompt then runs again.
   if (has_result_ && !ids_dirty_ && backend_->truncate(prompt_len_)) logits_stale_ = true;
   else ids_dirty_ = true;
-  if (hooks_) hooks_dirty_ = true;  // the readers' slots hold the cut positions too: read the prompt again
+  if (watch_max_abs_) reader_dirty_ = true;  // the reader's slots hold the cut positions too: read the prompt again
   if (has_result_) run();
 }
 

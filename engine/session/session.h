@@ -29,6 +29,14 @@ struct TopToken {
   std::string text;
 };
 
+// An intervention on one view head's output (the one forward's HeadOut writer, forward.h scale_head_hook): the head's
+// output after its sub-layer norm and 1 - lambda_init, before o_proj, times `factor` (0: the head ablated).
+struct HeadScale {
+  int layer = 0, head = 0;
+  float factor = 0.f;
+  bool operator==(const HeadScale&) const = default;
+};
+
 struct GenerateOptions {
   int max_new = 64;            // tokens to generate at most
   SamplingOptions sampling;    // greedy by default
@@ -116,9 +124,16 @@ class Session {
   // largest |hidden state| of the layer's output over the sequence (the prompt and every generated position). Turning
   // it on makes the next run() start from layer 0 (earlier runs were not read).
   void set_watch_max_abs_hidden(bool on);
-  bool watching_max_abs_hidden() const { return hooks_ != nullptr; }
+  bool watching_max_abs_hidden() const { return watch_max_abs_; }
   // [L] for the current result; throws ds::Error when the reader is off or has not run since it was turned on.
   std::vector<float> max_abs_hidden() const;
+
+  // Head interventions, in force from the next run() on (which starts at the first changed layer, as a lambda change
+  // does) and in every decoding step. set_head_scale(l, h, nullopt) removes the head's; throws ds::Error for a layer
+  // without attention, a head out of range or a non-finite factor. Listed in the order they were set.
+  void set_head_scale(int layer, int head, std::optional<float> factor);
+  const std::vector<HeadScale>& head_scales() const { return head_scales_; }
+  void clear_head_scales();
 
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);
@@ -141,8 +156,12 @@ class Session {
   bool has_result_ = false;
   bool ids_dirty_ = true;
   std::vector<float> ran_lambda_;  // [L] lambda of the last run
-  std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's readers (null: none)
-  bool hooks_dirty_ = false;                 // hooks changed since the last run: the next one starts at layer 0
+  std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's readers and writers (null: none)
+  bool watch_max_abs_ = false;
+  bool reader_dirty_ = false;      // the reader was turned on (or its slots cut) since the last run: next from layer 0
+  std::vector<HeadScale> head_scales_;
+  int64_t writers_stale_from_ = 1 << 30;  // the first layer whose writers changed since the last run
+  void rebuild_hooks();
   std::vector<LayerMaps> maps_cache_;
   bool logits_stale_ = false;  // the backend was cut back: the next run() recomputes the last position's logits
   // generation

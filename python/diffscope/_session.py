@@ -254,6 +254,29 @@ class Session:
         """Scale 1 and no override: the checkpoint's lambdas."""
         self._s.reset_lambda()
 
+    # ------------------------------------------------------------------------------------------------ interventions
+    def ablate(self, layer: int, head: int, mode: str = "head") -> None:
+        """Ablates view head `head` of attention layer `layer` from the next run() on (which starts at that layer):
+        mode "head" zeroes the head's output (after its sub-layer norm and 1 - lambda_init, before o_proj)."""
+        if _str(mode, "mode") != "head":
+            raise Error(f"ablate: mode {mode!r} is not available (this version ablates a head's output: 'head'; "
+                        "dropping A1 or A2 alone, and the mean over positions, are not built yet)")
+        self._s.set_head_scale(_int(layer, "layer"), _int(head, "head"), 0.0)
+
+    def scale_head(self, layer: int, head: int, factor: Optional[float]) -> None:
+        """Multiplies a head's output by `factor` (0: ablated; None: the intervention removed) from the next run()."""
+        self._s.set_head_scale(_int(layer, "layer"), _int(head, "head"),
+                               None if factor is None else _float(factor, "factor"))
+
+    @property
+    def interventions(self) -> list:
+        """The interventions in force, in the order they were set: {"layer", "head", "kind": "scale", "factor"}."""
+        return [{"layer": l, "head": h, "kind": "scale", "factor": f} for l, h, f in self._s.head_scales()]
+
+    def clear_interventions(self) -> None:
+        """Removes every intervention (the next run() starts at the first layer that had one)."""
+        self._s.clear_head_scales()
+
     # ------------------------------------------------------------------------------------------------ maps
     def maps(self, layer: int, *, device: bool = False, max_bytes: float = 1e9) -> Maps:
         """A layer's full maps: .a1, .a2 [heads, n, n] (post-softmax) and .diff = a1 - lambda_ * a2.

@@ -837,6 +837,17 @@ NB_MODULE(_diffscope, m) {
         d["head_flops"] = owned(std::move(flops), {H});
         return d;
       })
+      .def("set_head_scale", [](PySession& ps, int layer, int head, std::optional<float> factor) {
+        ps.call([&](ds::Session& s) { s.set_head_scale(layer, head, factor); return 0; });
+      }, "layer"_a, "head"_a, "factor"_a.none())
+      .def("head_scales", [](PySession& ps) {
+        return ps.call([](ds::Session& s) {
+          std::vector<std::tuple<int, int, float>> out;
+          for (const ds::HeadScale& x : s.head_scales()) out.emplace_back(x.layer, x.head, x.factor);
+          return out;
+        });
+      })
+      .def("clear_head_scales", [](PySession& ps) { ps.call([](ds::Session& s) { s.clear_head_scales(); return 0; }); })
       .def("set_watch_max_abs_hidden", [](PySession& ps, bool on) {
         ps.call([&](ds::Session& s) { s.set_watch_max_abs_hidden(on); return 0; });
       })
