@@ -213,6 +213,24 @@ def case_lambda(r):
           "GUI next tokens with --ablate %s differ from diffscope-run's %s" % (got, want))
     plain = subprocess.run(cmd[:7] + cmd[11:], capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=r.source)
     check(json.loads(plain.stdout)["top_k"] != want, "the ablation changed nothing")
+    # Head importance (--importance; the Overview's importance mode) under that ablation: diffscope-run's numbers.
+    rc4, s4, i4 = r.run("importance", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--ablate", "2.0",
+                        "--importance")
+    assert_sane_run(rc4, s4, i4, 25)
+    imp = r.path("importance.json")
+    cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, "--ablate", "2.0",
+           "--importance", imp]
+    print("$", " ".join(cmd), flush=True)
+    check(subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=HANG_GUARD_S, cwd=r.source).returncode == 0,
+          "diffscope-run --importance failed")
+    want = json.load(open(imp))
+    got = s4.get("importance")
+    check(got is not None and got["complete"] and got["target"] == want["target"] and got["layers"] == want["layers"],
+          "GUI importance %s, expected %s" % (got and {k: got[k] for k in ("target", "complete")}, want["target"]))
+    for gr, wr in zip(got["modes"]["head"], want["modes"]["head"]):
+        check(all((a is None and b is None) or abs(a - b) <= 1e-5 for a, b in zip(gr, wr)),
+              "GUI importance row %s differs from diffscope-run's %s" % (gr, wr))
+    check(got["modes"]["head"][2][0] == 0.0, "an ablated head's importance is 0: %s" % got["modes"]["head"][2])
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

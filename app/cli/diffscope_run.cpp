@@ -19,6 +19,7 @@
 #include "engine/core/error.h"
 #include "app/cli/run_args.h"
 #include "engine/session/session.h"
+#include "engine/session/session_importance.h"
 #include "engine/session/session_sweep.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/safe_write.h"
@@ -209,6 +210,11 @@ int run(const Args& a) {
   if (!a.dump.empty()) ds::check_writable_target(a.dump, "the dump", inputs);
   if (!a.stats.empty()) ds::check_writable_target(a.stats, "the statistics", inputs);
   if (!a.dump.empty() && a.dump == a.stats) throw ArgError("--dump and --stats name the same file " + a.dump);
+  if (!a.importance.empty()) {
+    ds::check_writable_target(a.importance, "the head importance", inputs);
+    if (a.importance == a.dump || a.importance == a.stats)
+      throw ArgError("--importance names the same file as --dump or --stats: " + a.importance);
+  }
   // Read the prompt file before loading the model: a bad file is reported at once.
   std::string prompt = a.prompt;
   std::optional<std::vector<int32_t>> ids = a.ids;
@@ -362,6 +368,26 @@ int run(const Args& a) {
         std::printf("  %10.4f %12.5f %12.5f\n", p.lambda, p.logprob, e / double(std::max<size_t>(1, p.entropy.size())));
       }
     }
+  }
+  if (!a.importance.empty()) {
+    ds::HeadImportanceRequest q;
+    q.target = a.importance_target;
+    try {
+      ds::check_head_importance(*s, q);
+    } catch (const ds::Error& e) {
+      throw ArgError(std::string("--importance: ") + e.what());
+    }
+    g_interrupted = false;
+    std::signal(SIGINT, on_sigint);
+    ds::HeadImportanceHooks hooks;  // Ctrl-C: the heads measured so far are written ("complete": false)
+    hooks.stop = [] { return g_interrupted.load(); };
+    hooks.cancel = hooks.stop;
+    const ds::HeadImportance h = ds::run_head_importance(*s, q, hooks);
+    std::signal(SIGINT, SIG_DFL);
+    ds::write_file_safely(a.importance, ds::head_importance_json(h) + "\n", "the head importance");
+    if (!a.json)
+      std::printf("\nwrote %s (%lld of %lld heads, target %d)\n", a.importance.c_str(), (long long)h.done,
+                  (long long)h.total, h.target);
   }
   if (!a.stats.empty()) {
     write_stats(*s, a.stats);

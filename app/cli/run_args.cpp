@@ -27,6 +27,10 @@ const char* kUsage =
     "  --ablate L.H[:head]    zero view head H of layer L's output (after its sub-layer norm, before o_proj);\n"
     "                         repeatable. The --json output and the dump record the interventions in force\n"
     "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; the last one for a head wins)\n"
+    "  --importance FILE.json head importance: log p(target) change when each head of each attention layer is\n"
+    "                         ablated (one at a time, re-running from its layer), as {\"target\", \"base_logp\",\n"
+    "                         \"layers\", \"modes\": {\"head\": [[delta per head] per layer]}}\n"
+    "  --importance-target ID the token whose log p is followed (default: the greedy next token)\n"
     "  --generate N           generate up to N tokens after the prompt (KV cache; stops at the model's EOS)\n"
     "                         and print them; --dump, --rows, --view and --stats then cover prompt + generated\n"
     "  --temperature T        sample with temperature T (default 0: greedy)\n"
@@ -265,6 +269,12 @@ Args parse_args(int argc, const char* const* argv) {
       const long long l = parse_int(s.substr(0, dot), k + " layer"), h = parse_int(s.substr(dot + 1), k + " head");
       if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX) throw ArgError(k + ": layer and head must be >= 0");
       a.head_scales.push_back({int(l), int(h), factor});
+    } else if (k == "--importance") {
+      a.importance = value(i);
+    } else if (k == "--importance-target") {
+      const long long t = parse_int(value(i), "--importance-target");
+      if (t < 0 || t > INT32_MAX) throw ArgError("--importance-target must be a token id >= 0");
+      a.importance_target = int32_t(t);
     } else if (k == "--lambda-scale") {
       a.lambda_scale = parse_double(value(i), "--lambda-scale");
     } else if (k == "--dump") {

@@ -47,6 +47,8 @@ struct Args {
     float factor = 0.f;
   };
   std::vector<HeadScaleArg> head_scales;  // --ablate L.H[:head] (factor 0), --scale-head L.H=X
+  std::string importance;                 // --importance FILE.json
+  int32_t importance_target = -1;         // --importance-target ID (-1: the greedy next token)
   std::optional<double> lambda_scale;
   // generation (engine/session/session.h): --generate N, sampling options, --ignore-eos
   int generate = 0;

@@ -42,6 +42,8 @@ const char* overview_mode_name(OverviewMode m) {
       return "max |logit| of map 1";
     case OverviewMode::MaxLogit2:
       return "max |logit| of map 2";
+    case OverviewMode::Importance:
+      return "head importance (ablation)";
     default:
       return "?";
   }

@@ -22,7 +22,8 @@ namespace ds::gui {
 
 // Appended modes keep the indices settings.json remembers.
 enum class OverviewMode {
-  A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, EntropyA2, MaxLogit1, MaxLogit2, Count
+  A1, A2, Diff, EntropyA1, EntropyDiff, FirstA1, FirstDiff, NegMass, EntropyA2, MaxLogit1, MaxLogit2, Importance,
+  Count
 };
 const char* overview_mode_name(OverviewMode m);
 // The whole file as prompt text, one trailing newline dropped; false with *why when it cannot be read.

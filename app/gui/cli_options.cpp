@@ -33,6 +33,7 @@ const char* cli_usage() {
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
          "  --max-abs-hidden       read each layer's largest |hidden state| (Profiler, max |h|; paper Table 5)\n"
          "  --ablate L.H           zero head H of layer L's output from the start (repeatable; the head panel's box)\n"
+         "  --importance           measure every head's importance (Overview, importance mode) after the first run\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
          "  --scan FILE.jsonl      scan a corpus once the model has run its first prompt (Corpus panel; with\n"
@@ -176,6 +177,8 @@ CliOptions parse_cli(int argc, char** argv) {
       o.ignore_eos = true;
     } else if (a == "--max-abs-hidden") {
       o.max_abs_hidden = true;
+    } else if (a == "--importance") {
+      o.importance = true;
     } else if (a == "--ablate") {
       const std::string v = need(i, a);
       const size_t dot = v.find('.');

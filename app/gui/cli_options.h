@@ -34,6 +34,7 @@ struct CliOptions {
   bool ignore_eos = false;
   bool max_abs_hidden = false;  // --max-abs-hidden: the Table 5 reader on from the start
   std::vector<std::pair<int, int>> ablate;  // --ablate L.H (repeatable): heads ablated from the start
+  bool importance = false;  // --importance: the Overview's head importance, measured after the first run
   std::optional<double> regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X and Regenerate
   // Corpus scan (the Corpus panel): --scan FILE starts one once the first prompt ran; the rest set its options and
   // what happens when it has finished (open a prompt, save the report and the plot).

@@ -275,6 +275,8 @@ nlohmann::json session_json(const AppState& st) {
       iv.push_back({{"layer", x.layer}, {"head", x.head}, {"kind", "scale"}, {"factor", x.factor}});
     j["interventions"] = iv;
   }
+  if (const auto& imp = st.snap->importance)  // the Overview's importance mode (--importance)
+    j["importance"] = json::parse(head_importance_json(imp->h));
   if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)
     j["max_abs_hidden"] = r.max_abs_hidden;
   if (const auto& sw = st.snap->sweep) {

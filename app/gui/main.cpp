@@ -166,6 +166,10 @@ int main(int argc, char** argv) {
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
   for (const auto& [l, h] : opt.ablate)  // checked by the session against the model (a one-line error if bad)
     st.req.head_scales.push_back({l, h, 0.f});
+  if (opt.importance) {
+    st.req.importance_seq = 1;
+    st.ov_mode = OverviewMode::Importance;
+  }
   if (opt.generate > 0)
     st.generation.options.max_new = st.generation.pending = opt.generate;
   st.generation.pending_regenerate_scale = opt.regenerate_scale;

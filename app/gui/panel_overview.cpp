@@ -234,6 +234,98 @@ void head_cell(AppState& st, const ModelConfig& cfg, const LayerSummary& ls, con
   }
 }
 
+// The importance mode: log p(next token) change when each head is ablated (engine/session/session_importance.h),
+// measured on request (one re-run per head from its layer); a click opens the head, a shift-click toggles its
+// ablation (the model then re-runs with it).
+void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
+  const int heads_total = int(cfg.map_layers().size() * size_t(cfg.view_heads()));
+  const Snapshot::Importance* imp = s.importance.get();
+  if (ImGui::SmallButton(imp ? "recompute" : "compute")) {
+    ++st.req.importance_seq;
+    st.submit_now();
+  }
+  item_tooltip("Ablate each head in turn (its output zeroed before o_proj), re-running from its layer: %d re-runs.",
+               heads_total);
+  if (!imp) {
+    empty_state(s.result ? "How much each head carries the prediction: press compute (one re-run per head)."
+                         : "Run a prompt (Ctrl+Enter), then compute which heads the prediction depends on.");
+    return;
+  }
+  const HeadImportance& h = imp->h;
+  const bool stale = !s.result || imp->result_seq != s.result->seq;
+  ImGui::TextDisabled("log p(%s) %.3f; %lld of %lld heads%s%s", token_label(h.target_text).c_str(), h.base_logp,
+                      (long long)h.done, (long long)h.total, h.end == HeadImportance::End::Complete ? "" : " (incomplete)",
+                      stale ? "; stale: the run changed since" : "");
+  if (h.delta.empty())
+    return;
+  const auto& d = h.delta[0];
+  float mx = 1e-6f;
+  for (const auto& row : d)
+    for (double v : row)
+      if (std::isfinite(v))
+        mx = std::max(mx, float(std::fabs(v)));
+  ColorScale sc;
+  sc.diverging = true;
+  sc.lo = -mx, sc.hi = mx;
+  const float lh = ImGui::GetTextLineHeight();
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const int L = int(h.layers.size()), H = h.heads;
+  const float left = ImGui::CalcTextSize("L00").x + 8, top = lh + 4, cbw = colorbar_width() + 10;
+  const float cell = std::floor(std::clamp(std::min((avail.x - left - cbw) / H, (avail.y - top - 4) / L), 14.0f, 110.0f));
+  ImGui::BeginChild("##importance", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 o = ImGui::GetCursorScreenPos();
+  const ThemeColors& tc = theme_colors();
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+  char buf[32];
+  for (int j = 0; j < H; ++j) {
+    std::snprintf(buf, sizeof buf, cell >= 26 ? "H%d" : "%d", j);
+    dl->AddText(ImVec2(o.x + left + j * cell + (cell - ImGui::CalcTextSize(buf).x) * 0.5f, o.y),
+                j == st.head ? tc.selection : text, buf);
+  }
+  for (int li = 0; li < L; ++li) {
+    const int l = h.layers[size_t(li)];
+    std::snprintf(buf, sizeof buf, "L%d", l);
+    dl->AddText(ImVec2(o.x, o.y + top + li * cell + (cell - lh) * 0.5f), l == st.layer ? tc.selection : text, buf);
+    for (int j = 0; j < H; ++j) {
+      const ImVec2 p0(o.x + left + j * cell + 1, o.y + top + li * cell + 1), p1(p0.x + cell - 2, p0.y + cell - 2);
+      const double v = d[size_t(li)][size_t(j)];
+      dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(Colormap::CoolWarm, sc.to_t(float(v))) : tc.masked);
+      if (cell >= 40 && std::isfinite(v)) {
+        char t[16];
+        std::snprintf(t, sizeof t, "%+.2f", v);
+        dl->AddText(ImVec2((p0.x + p1.x - ImGui::CalcTextSize(t).x) * 0.5f, (p0.y + p1.y - lh) * 0.5f),
+                    IM_COL32(0, 0, 0, 255), t);
+      }
+      if (st.ablated(l, j)) {  // an ablation in force: crossed out
+        dl->AddLine(p0, p1, tc.cursor, 2.0f);
+        dl->AddLine(ImVec2(p0.x, p1.y), ImVec2(p1.x, p0.y), tc.cursor, 2.0f);
+      }
+      if (l == st.layer && j == st.head)
+        dl->AddRect(ImVec2(p0.x - 1, p0.y - 1), ImVec2(p1.x + 1, p1.y + 1), tc.selection, 0, 0, 2.5f);
+      ImGui::SetCursorScreenPos(p0);
+      ImGui::PushID(li * 4096 + j);
+      if (ImGui::InvisibleButton("imp", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f)))) {
+        if (ImGui::GetIO().KeyShift)
+          st.toggle_ablation(l, j);
+        else
+          st.select_head(l, j);
+      }
+      ImGui::PopID();
+      if (ImGui::IsItemHovered()) {
+        dl->AddRect(p0, p1, tc.cursor);
+        ImGui::SetTooltip("layer %d, head %d: log p(%s) %+.4f when ablated\nclick: open the head; shift-click: %s it",
+                          l, j, token_label(h.target_text).c_str(), v, st.ablated(l, j) ? "restore" : "ablate");
+      }
+    }
+  }
+  draw_colorbar(dl, ImVec2(o.x + left + H * cell + 10, o.y + top), ImVec2(o.x + left + H * cell + 24, o.y + top + L * cell),
+                Colormap::CoolWarm, sc, text);
+  ImGui::SetCursorScreenPos(ImVec2(o.x, o.y + top + L * cell + 2));
+  ImGui::Dummy(ImVec2(left + H * cell + cbw, 1));
+  ImGui::EndChild();
+}
+
 }  // namespace
 
 void draw_overview_panel(AppState& st) {
@@ -247,6 +339,10 @@ void draw_overview_panel(AppState& st) {
   const ModelConfig& cfg = s.model->cfg;
   mode_combo(st, cfg);
   ImGui::SameLine();
+  if (st.ov_mode == OverviewMode::Importance) {
+    draw_importance(st, cfg, s);
+    return end_panel();
+  }
   ImGui::TextDisabled("click a head to open it");
 
   const auto no_stats = [](const LayerSummary& l) { return l.heads.empty(); };

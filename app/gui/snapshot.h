@@ -15,6 +15,7 @@
 #include "engine/core/backend.h"
 #include "engine/core/config.h"
 #include "engine/session/session.h"
+#include "engine/session/session_importance.h"
 #include "engine/session/session_scan.h"
 
 namespace ds::gui {
@@ -246,6 +247,12 @@ struct Snapshot {
   std::shared_ptr<const Overview> overview;
   std::shared_ptr<const RowMaps> row;
   std::shared_ptr<const Sweep> sweep;
+  // Head importance (the Overview's importance mode): measured for the result of result_seq, whole or so far.
+  struct Importance {
+    uint64_t result_seq = 0;
+    HeadImportance h;
+  };
+  std::shared_ptr<const Importance> importance;
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
   std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first
 };

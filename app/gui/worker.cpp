@@ -14,6 +14,7 @@
 
 #include "engine/core/env.h"
 #include "engine/core/error.h"
+#include "engine/session/session_importance.h"
 #include "engine/session/session_sweep.h"
 
 namespace ds::gui {
@@ -293,6 +294,42 @@ void Worker::step(const Request& r) {
     traced("overview", [&] { summarize(r); });
   if (r.sweep && session_->config().is_diff() && !superseded())
     traced("sweep", [&] { run_sweep(r); });
+  if (r.importance_seq != applied_importance_ && !superseded())
+    traced("importance", [&] { run_importance(r); });
+}
+
+// The engine's head importance (engine/session/session_importance.h): one ablation per head, each a re-run from its
+// layer; the map so far is published after each layer. A newer request stops it between ablations (what was measured
+// stays on screen, marked incomplete); a lambda the user has moved on from cancels the run inside an ablation.
+void Worker::run_importance(const Request& r) {
+  applied_importance_ = r.importance_seq;
+  const uint64_t seq = result_seq_;
+  auto to_gui = [&](const HeadImportance& h) {
+    auto imp = std::make_shared<Snapshot::Importance>();
+    imp->result_seq = seq;
+    imp->h = h;
+    return imp;
+  };
+  HeadImportanceHooks hooks;
+  hooks.progress = [&](const HeadImportance& h) {
+    auto partial = to_gui(h);
+    publish([&](Snapshot& s) {
+      s.importance = partial;
+      s.running = true;
+    });
+  };
+  hooks.stop = [this] { return superseded(); };
+  hooks.cancel = [this, &r] { return lambda_superseded(r); };
+  try {
+    const HeadImportance done = run_head_importance(*session_, HeadImportanceRequest{}, hooks);
+    auto imp = to_gui(done);
+    publish([&](Snapshot& s) {
+      s.importance = imp;
+      s.running = false;
+    });
+  } catch (const std::exception& e) {
+    report_error(e.what());
+  }
 }
 
 void Worker::open(const std::string& dir) {

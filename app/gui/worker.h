@@ -46,6 +46,7 @@ struct Request {
   bool sweep = true;     // lambda sweep of the selected layer
   bool max_abs_hidden = false;  // the Table 5 reader: every layer's largest |hidden state| (RunResult::max_abs_hidden)
   int sweep_points = 17;
+  uint64_t importance_seq = 0;  // bump to measure every head's importance (the Overview's importance mode)
   // Generation: the newest command (see GenCommand) and the options a Start or a first Step uses.
   uint64_t gen_seq = 0;
   GenCommand gen_cmd = GenCommand::None;
@@ -93,6 +94,8 @@ class Worker {
   void publish_head(const Request& r, std::optional<float> lambda);
   void refresh_row(const Request& r);
   void run_sweep(const Request& r);
+  void run_importance(const Request& r);
+  uint64_t applied_importance_ = 0;
   void run_scan(const Request& r);  // worker_scan.cpp
   void publish_scan(std::shared_ptr<const ScanState> scan);
   bool scan_stop_requested(uint64_t stop_seq_at_start) const;

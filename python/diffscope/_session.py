@@ -268,6 +268,21 @@ class Session:
         self._s.set_head_scale(_int(layer, "layer"), _int(head, "head"),
                                None if factor is None else _float(factor, "factor"))
 
+    def head_importance(self, target: Optional[int] = None, modes: Sequence[str] = ("head",)) -> dict:
+        """Δ log p(target) at the last position when each view head of each attention layer is ablated, one at a
+        time (each ablation re-runs only the layers from its own on), under the interventions already in force:
+        {"target", "target_text", "base_logp", "layers", "complete", "modes": {"head": [layers, heads] array}}.
+        target: a token id (default: the greedy next token). Ctrl-C stops it: what was measured comes back with
+        complete=False (NaN where not measured) and a warning."""
+        if isinstance(modes, str):
+            modes = (modes,)
+        r = self._s.head_importance(-1 if target is None else _int(target, "target"),
+                                    [_str(m, "modes") for m in modes])
+        if not r["complete"]:
+            import warnings
+            warnings.warn(f"head importance interrupted after {r['done']} ablations (complete=False)", stacklevel=2)
+        return r
+
     @property
     def interventions(self) -> list:
         """The interventions in force, in the order they were set: {"layer", "head", "kind": "scale", "factor"}."""

@@ -32,6 +32,7 @@
 #include "engine/core/map_query.h"
 #include "engine/session/backends.h"
 #include "engine/session/session.h"
+#include "engine/session/session_importance.h"
 #include "engine/session/session_scan.h"
 #include "engine/cuda/backend_cuda.h"
 
@@ -848,6 +849,31 @@ NB_MODULE(_diffscope, m) {
         });
       })
       .def("clear_head_scales", [](PySession& ps) { ps.call([](ds::Session& s) { s.clear_head_scales(); return 0; }); })
+      .def("head_importance", [](PySession& ps, int32_t target, const std::vector<std::string>& modes) {
+        ds::HeadImportance h = ps.call([&](ds::Session& s) {
+          ds::HeadImportanceHooks hooks;
+          hooks.cancel = &PySession::cancel;
+          hooks.stop = &PySession::cancel;
+          return ds::run_head_importance(s, {target, modes}, hooks);
+        });
+        const bool interrupted = h.end != ds::HeadImportance::End::Complete;
+        if (interrupted) InterruptScope::consume();  // the partial result comes back (a warning), not an exception
+        nb::dict d;
+        d["target"] = h.target;
+        d["target_text"] = h.target_text;
+        d["base_logp"] = h.base_logp;
+        d["layers"] = h.layers;
+        d["complete"] = !interrupted;
+        d["done"] = h.done;
+        nb::dict m;
+        for (size_t i = 0; i < h.modes.size(); ++i) {
+          std::vector<double> flat;
+          for (const auto& row : h.delta[i]) flat.insert(flat.end(), row.begin(), row.end());
+          m[h.modes[i].c_str()] = owned(std::move(flat), {h.layers.size(), size_t(h.heads)});
+        }
+        d["modes"] = m;
+        return d;
+      }, "target"_a, "modes"_a)
       .def("set_watch_max_abs_hidden", [](PySession& ps, bool on) {
         ps.call([&](ds::Session& s) { s.set_watch_max_abs_hidden(on); return 0; });
       })

@@ -147,3 +147,46 @@ def test_cuda_head_scale_matches_the_scaled_checkpoint(tmp_path):
         want = r.logits(True)
     assert np.abs(got - want).max() < 0.05 * max(1.0, np.abs(want).max())  # bf16 activations on both sides
     assert got[-1].argmax() == want[-1].argmax()
+
+
+def test_head_importance_against_scaled_checkpoints(tmp_path):
+    """Each entry equals log p(target) of a checkpoint with that head's o_proj columns zeroed, minus the base."""
+    fx = next(d for d in FIXTURES if d.name == "diff_mha_d32_f32")
+    ids = list(range(3, 40))
+    with diffscope.open(fx, backend="cpu", threads=2) as s:
+        s.run(ids)
+        base = s.logprobs().copy()
+        imp = s.head_importance()
+        assert imp["complete"] and imp["target"] == int(np.argmax(base))
+        assert imp["base_logp"] == pytest.approx(float(base[imp["target"]]))
+        d = imp["modes"]["head"]
+        assert d.shape == (len(s.map_layers), s.heads) and np.isfinite(d).all()
+        assert s.interventions == [] and np.array_equal(s.logprobs(), base)  # the session is as it was
+        cfg = s.config
+    for li, h in [(0, 0), (len(imp["layers"]) - 1, cfg["view_heads"] - 1)]:
+        layer = imp["layers"][li]
+        scaled_copy(fx, tmp_path / f"m{li}", layer, head_cols(cfg, h), 0.0)
+        with diffscope.open(tmp_path / f"m{li}", backend="cpu", threads=2) as r:
+            r.run(ids)
+            want = float(r.logprobs()[imp["target"]]) - imp["base_logp"]
+        assert d[li, h] == pytest.approx(want, abs=2e-5), (layer, h)
+
+
+def test_head_importance_cli_and_errors(demo, tmp_path):
+    out = tmp_path / "imp.json"
+    cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--importance", out,
+        "--importance-target", "953")
+    j = json.loads(out.read_text())
+    demo.clear_interventions()
+    demo.run(PROMPT)
+    imp = demo.head_importance(target=953)
+    assert j["target"] == 953 and j["complete"] and j["layers"] == imp["layers"]
+    assert np.array_equal(np.array(j["modes"]["head"]), imp["modes"]["head"])
+    assert j["base_logp"] == imp["base_logp"]
+    with pytest.raises(diffscope.Error, match="not available"):
+        demo.head_importance(modes=("a1",))
+    with pytest.raises(diffscope.Error, match="vocabulary"):
+        demo.head_importance(target=10 ** 6)
+    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--importance", out, "--importance-target",
+              "99999999", check=False)
+    assert bad.returncode == 2 and "--importance" in bad.stderr
