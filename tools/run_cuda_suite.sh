@@ -17,7 +17,8 @@
 #                                             bench_noautotune, bench_prev (the attention benchmark of the
 #                                             binary packed from PREV_COMMIT, alternating with this one), python
 #                                             (the module's pytest suite; pack with PY_MODULE_DIR, see there) and
-#                                             python_bench (bench/python_api_bench.py).
+#                                             python_bench (bench/python_api_bench.py), importance_bench
+#                                             (bench/head_importance_bench.py).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -127,9 +128,15 @@ fi
 if has python_sanitize; then
   log "## Python module under compute-sanitizer memcheck (device arrays)"
   PYTHONPATH="$DS/python" DS_BINARY_DIR="$DS/bin" timeout 400 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py -k "device or matches_cpu" \
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py python/tests/test_interventions.py \
+    -k "device or matches_cpu or cuda_head_scale" \
     >"$OUT/pytest_memcheck.log" 2>&1
   log "exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/pytest_memcheck.log" | tail -5 | tee -a "$SUMMARY"
+fi
+if has importance_bench; then
+  log "## Head importance against the transformers hook loop"
+  PYTHONPATH="$DS/python" timeout 400 python3 bench/head_importance_bench.py --backend cuda --bench "$DS/bin/diffscope-bench" \
+    --json "$OUT/head_importance_bench.json" 2>&1 | tee "$OUT/importance_bench.log" | tail -12 | tee -a "$SUMMARY"
 fi
 if has python_bench; then
   log "## Python API benchmark"
