@@ -35,7 +35,8 @@ Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor) 
   if (layer < 0 || layer >= cfg.layers || !cfg.has_maps(layer))
     throw Error("scale_head_hook: layer " + std::to_string(layer) + " has no attention");
   if (head < 0 || head >= cfg.view_heads()) throw Error("scale_head_hook: head " + std::to_string(head));
-  const auto [c0, c1] = head_columns(cfg, head);
+  const std::pair<int64_t, int64_t> cols = head_columns(cfg, head);
+  const int64_t c0 = cols.first, c1 = cols.second;  // (clang 14 captures no structured binding)
   return Hook{HookPoint::HeadOut, layer,
               [c0, c1, factor](Ops& ops, const HookSite& s) { ops.scale_columns(s.tensor, c0, c1, factor); }, false};
 }
