@@ -111,6 +111,26 @@ nb::ndarray<nb::array_api, float> device_array(const std::shared_ptr<ds::DeviceF
                                            nb::dtype<float>(), nb::device::cuda::value, mem->device);
 }
 
+// One array of a result (View, Rows, Maps): on the GPU the slot-th of its equal-sized device arrays (slot 0: a1,
+// 1: a2, 2: diff), else the engine's host buffer viewed with the result object as owner.
+nb::object result_array(nb::handle self, const std::shared_ptr<ds::DeviceFloats>& dev, size_t slot, float* host,
+                        std::vector<size_t> shape) {
+  if (dev) {
+    size_t count = 1;
+    for (size_t d : shape) count *= d;
+    return nb::cast(device_array(dev, slot * count, std::move(shape)));
+  }
+  return nb::cast(viewed(host, std::move(shape), self));
+}
+
+// A1 - lambda * A2 as a new host array, one lambda for each block of `block` values (a layer's rows; a whole map).
+nb::object diff_array(const std::vector<float>& a1, const std::vector<float>& a2, const std::vector<float>& lambdas,
+                      size_t block, std::vector<size_t> shape) {
+  std::vector<float> d(a1.size());
+  for (size_t i = 0; i < d.size(); ++i) d[i] = a1[i] - lambdas[i / block] * a2[i];
+  return nb::cast(owned(std::move(d), std::move(shape)));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Host grids of views given back when their View is freed. A loop of views (a notebook's slider, a sweep) then
 // reuses pages already mapped and sized, as the programs reuse one MapView, instead of paying fresh pages (a page
@@ -162,6 +182,7 @@ struct View {
   ~View() {
     for (std::vector<float>* g : {&v.a1, &v.a2, &v.diff}) GridPool::get().give(std::move(*g));
   }
+  std::vector<size_t> shape() const { return {size_t(v.rows), size_t(v.cols)}; }
 };
 
 struct Rows {
@@ -172,6 +193,7 @@ struct Rows {
   std::vector<float> lambdas;                 // [layers]: each layer's lambda (diff's)
   std::vector<float> a1, a2;                  // [layers, heads, P, n]
   std::shared_ptr<ds::DeviceFloats> dev;  // device=True: a1 then a2
+  std::vector<size_t> shape() const { return {layers.size(), size_t(heads), positions.size(), size_t(n)}; }
 };
 
 struct Maps {
@@ -180,6 +202,7 @@ struct Maps {
   bool differential = false;
   ds::LayerMaps m;
   std::shared_ptr<ds::DeviceFloats> dev;  // device=True: a1 then a2
+  std::vector<size_t> shape() const { return {size_t(m.heads), size_t(m.n), size_t(m.n)}; }
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -395,24 +418,17 @@ NB_MODULE(_diffscope, m) {
   }, "True when this build of the module has the CUDA backend (a GPU may still be missing: cuda_available()).");
 
   nb::class_<View>(m, "View", "A pooled view of one head's maps (Session.view) or of a Mamba channel (mamba_view).")
-      .def_prop_ro("a1", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a1", [](nb::handle self) {
         View& v = nb::cast<View&>(self);
-        const std::vector<size_t> shape{size_t(v.v.rows), size_t(v.v.cols)};
-        if (v.dev) return nb::cast(device_array(v.dev, 0, shape));
-        return nb::cast(viewed(v.v.a1.data(), shape, self));
+        return result_array(self, v.dev, 0, v.v.a1.data(), v.shape());
       }, "[rows, cols] map 1 (the only map of a plain head; a Mamba channel's implicit map)")
-      .def_prop_ro("a2", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a2", [](nb::handle self) {
         View& v = nb::cast<View&>(self);
-        if (!v.v.differential) return nb::none();
-        const std::vector<size_t> shape{size_t(v.v.rows), size_t(v.v.cols)};
-        if (v.dev) return nb::cast(device_array(v.dev, shape[0] * shape[1], shape));
-        return nb::cast(viewed(v.v.a2.data(), shape, self));
+        return v.v.differential ? result_array(self, v.dev, 1, v.v.a2.data(), v.shape()) : nb::none();
       }, "[rows, cols] map 2, or None for a plain (single-softmax) head")
-      .def_prop_ro("diff", [](nb::handle self) -> nb::object {
+      .def_prop_ro("diff", [](nb::handle self) {
         View& v = nb::cast<View&>(self);
-        const std::vector<size_t> shape{size_t(v.v.rows), size_t(v.v.cols)};
-        if (v.dev) return nb::cast(device_array(v.dev, 2 * shape[0] * shape[1], shape));
-        return nb::cast(viewed(v.v.diff.data(), shape, self));
+        return result_array(self, v.dev, 2, v.v.diff.data(), v.shape());
       }, "[rows, cols] A1 - lambda * A2 (equal to a1 for a plain head)")
       .def_prop_ro("layer", [](const View& v) { return v.v.layer; })
       .def_prop_ro("head", [](const View& v) { return v.v.head; }, "the view head (a channel for mamba_view)")
@@ -437,30 +453,20 @@ NB_MODULE(_diffscope, m) {
       });
 
   nb::class_<Rows>(m, "Rows", "Exact attention rows of chosen query positions, every head of the chosen layers.")
-      .def_prop_ro("a1", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a1", [](nb::handle self) {
         Rows& r = nb::cast<Rows&>(self);
-        const std::vector<size_t> shape{r.layers.size(), size_t(r.heads), r.positions.size(), size_t(r.n)};
-        if (r.dev) return nb::cast(device_array(r.dev, 0, shape));
-        return nb::cast(viewed(r.a1.data(), shape, self));
+        return result_array(self, r.dev, 0, r.a1.data(), r.shape());
       }, "[layers, heads, positions, n] map 1")
-      .def_prop_ro("a2", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a2", [](nb::handle self) {
         Rows& r = nb::cast<Rows&>(self);
-        if (!r.differential) return nb::none();
-        const std::vector<size_t> shape{r.layers.size(), size_t(r.heads), r.positions.size(), size_t(r.n)};
-        if (r.dev) return nb::cast(device_array(r.dev, shape[0] * shape[1] * shape[2] * shape[3], shape));
-        return nb::cast(viewed(r.a2.data(), shape, self));
+        return r.differential ? result_array(self, r.dev, 1, r.a2.data(), r.shape()) : nb::none();
       }, "[layers, heads, positions, n] map 2, or None for a plain model")
-      .def_prop_ro("diff", [](nb::handle self) -> nb::object {
+      .def_prop_ro("diff", [](nb::handle self) {
         Rows& r = nb::cast<Rows&>(self);
-        const size_t per = size_t(r.heads) * r.positions.size() * size_t(r.n);
-        const std::vector<size_t> shape{r.layers.size(), size_t(r.heads), r.positions.size(), size_t(r.n)};
-        if (!r.differential) return r.dev ? nb::cast(device_array(r.dev, 0, shape)) : nb::cast(viewed(r.a1.data(), shape, self));
+        if (!r.differential) return result_array(self, r.dev, 0, r.a1.data(), r.shape());
         if (r.dev)
           throw ds::Error("rows: diff of device rows is not formed on the GPU; take a1 - lambda_ * a2 there (torch, cupy)");
-        std::vector<float> d(r.a1.size());
-        for (size_t l = 0; l < r.layers.size(); ++l)
-          for (size_t i = l * per; i < (l + 1) * per; ++i) d[i] = r.a1[i] - r.lambdas[l] * r.a2[i];
-        return nb::cast(owned(std::move(d), shape));
+        return diff_array(r.a1, r.a2, r.lambdas, size_t(r.heads) * r.positions.size() * size_t(r.n), r.shape());
       }, "[layers, heads, positions, n] A1 - lambda_ * A2 per layer (a new array; a1 itself for a plain model)")
       .def_prop_ro("lambda_", [](const Rows& r) {
         std::vector<float> v = r.lambdas;
@@ -477,29 +483,20 @@ NB_MODULE(_diffscope, m) {
       });
 
   nb::class_<Maps>(m, "Maps", "A layer's full maps [heads, n, n] (O(n^2): small prompts).")
-      .def_prop_ro("a1", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a1", [](nb::handle self) {
         Maps& x = nb::cast<Maps&>(self);
-        const std::vector<size_t> shape{size_t(x.m.heads), size_t(x.m.n), size_t(x.m.n)};
-        if (x.dev) return nb::cast(device_array(x.dev, 0, shape));
-        return nb::cast(viewed(x.m.a1.data(), shape, self));
+        return result_array(self, x.dev, 0, x.m.a1.data(), x.shape());
       }, "[heads, n, n] map 1")
-      .def_prop_ro("a2", [](nb::handle self) -> nb::object {
+      .def_prop_ro("a2", [](nb::handle self) {
         Maps& x = nb::cast<Maps&>(self);
-        if (!x.differential) return nb::none();
-        const std::vector<size_t> shape{size_t(x.m.heads), size_t(x.m.n), size_t(x.m.n)};
-        if (x.dev) return nb::cast(device_array(x.dev, shape[0] * shape[1] * shape[2], shape));
-        return nb::cast(viewed(x.m.a2.data(), shape, self));
+        return x.differential ? result_array(self, x.dev, 1, x.m.a2.data(), x.shape()) : nb::none();
       }, "[heads, n, n] map 2, or None for a plain model")
-      .def_prop_ro("diff", [](nb::handle self) -> nb::object {
+      .def_prop_ro("diff", [](nb::handle self) {
         Maps& x = nb::cast<Maps&>(self);
-        const std::vector<size_t> shape{size_t(x.m.heads), size_t(x.m.n), size_t(x.m.n)};
-        if (!x.differential) return nb::cast(x.dev ? nb::cast(device_array(x.dev, 0, shape)) : nb::cast(viewed(x.m.a1.data(), shape, self)));
+        if (!x.differential) return result_array(self, x.dev, 0, x.m.a1.data(), x.shape());
         if (x.dev)
           throw ds::Error("maps: diff of device maps is not formed on the GPU; take a1 - lambda_ * a2 there (torch, cupy)");
-        std::vector<float> d(x.m.a1.size());
-        const float lam = x.lambda;
-        for (size_t i = 0; i < d.size(); ++i) d[i] = x.m.a1[i] - lam * x.m.a2[i];
-        return nb::cast(owned(std::move(d), shape));
+        return diff_array(x.m.a1, x.m.a2, {x.lambda}, x.m.a1.size(), x.shape());
       }, "[heads, n, n] A1 - lambda_ * A2 (a new array; a1 itself for a plain model)")
       .def_prop_ro("layer", [](const Maps& x) { return x.layer; })
       .def_prop_ro("lambda_", [](const Maps& x) { return x.lambda; }, "the layer's lambda in the run")
