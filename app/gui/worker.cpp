@@ -221,7 +221,7 @@ void Worker::step(const Request& r) {
     report_error(e.what());
   }
   try {  // head interventions re-run from their first changed layer, as a lambda does
-    lambda_changed = apply_head_scales(r.head_scales) || lambda_changed;
+    lambda_changed = session_->set_head_scales(r.head_scales) || lambda_changed;
   } catch (const std::exception& e) {
     report_error(e.what());
   }
@@ -413,18 +413,6 @@ bool Worker::apply_lambda(const LambdaControl& want) {
     }
   }
   return changed;
-}
-
-bool Worker::apply_head_scales(const std::vector<HeadScale>& want) {
-  if (want == session_->head_scales())
-    return false;
-  const std::vector<HeadScale> have = session_->head_scales();
-  for (const HeadScale& h : have)  // those no longer wanted
-    if (std::none_of(want.begin(), want.end(), [&](const HeadScale& w) { return w.layer == h.layer && w.head == h.head; }))
-      session_->set_head_scale(h.layer, h.head, std::nullopt);
-  for (const HeadScale& w : want)
-    session_->set_head_scale(w.layer, w.head, w.factor);
-  return session_->head_scales() != have;
 }
 
 // [SECTION] run and top-k

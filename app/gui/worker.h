@@ -78,7 +78,6 @@ class Worker {
   void step(const Request& r);
   void open(const std::string& dir);
   bool apply_lambda(const LambdaControl& want);
-  bool apply_head_scales(const std::vector<HeadScale>& want);  // true when the session's changed
   // false: stopped because the user moved lambda on (r given: its run may be cancelled; see lambda_superseded)
   bool run_and_publish(bool ids_changed = false, const Request* r = nullptr);
   void publish_result(int first_layer, double run_ms, bool ids_changed, int64_t decoded = 0);

@@ -217,6 +217,16 @@ void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
   rebuild_hooks();
 }
 
+bool Session::set_head_scales(const std::vector<HeadScale>& want) {
+  if (want == head_scales_) return false;
+  const std::vector<HeadScale> have = head_scales_;
+  for (const HeadScale& h : have)  // those no longer wanted
+    if (std::none_of(want.begin(), want.end(), [&](const HeadScale& w) { return w.layer == h.layer && w.head == h.head; }))
+      set_head_scale(h.layer, h.head, std::nullopt);
+  for (const HeadScale& w : want) set_head_scale(w.layer, w.head, w.factor);
+  return head_scales_ != have;
+}
+
 void Session::clear_head_scales() {
   for (const HeadScale& x : head_scales_) writers_stale_from_ = std::min<int64_t>(writers_stale_from_, x.layer);
   head_scales_.clear();

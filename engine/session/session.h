@@ -134,6 +134,9 @@ class Session {
   void set_head_scale(int layer, int head, std::optional<float> factor);
   const std::vector<HeadScale>& head_scales() const { return head_scales_; }
   void clear_head_scales();
+  // Makes the interventions in force exactly `want` (removing the others; each set as above). Returns whether they
+  // changed. The GUI's worker applies its request with it; head importance restores the user's with it.
+  bool set_head_scales(const std::vector<HeadScale>& want);
 
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);

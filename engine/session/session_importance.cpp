@@ -41,13 +41,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
                    std::vector<std::vector<double>>(out.layers.size(), std::vector<double>(size_t(out.heads), nan)));
   out.total = int64_t(out.modes.size() * out.layers.size()) * out.heads;
   const std::vector<HeadScale> keep = s.head_scales();
-  const auto restore = [&] {
-    std::vector<HeadScale> now = s.head_scales();
-    for (const HeadScale& h : now)
-      if (std::none_of(keep.begin(), keep.end(), [&](const HeadScale& k) { return k.layer == h.layer && k.head == h.head; }))
-        s.set_head_scale(h.layer, h.head, std::nullopt);
-    for (const HeadScale& k : keep) s.set_head_scale(k.layer, k.head, k.factor);
-  };
+  const auto restore = [&] { s.set_head_scales(keep); };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)
       for (size_t li = 0; li < out.layers.size() && out.end == HeadImportance::End::Running; ++li) {

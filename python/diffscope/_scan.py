@@ -101,7 +101,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
         source = os.fspath(prompts)
         available = sc.load(source)
         total = available if max_prompts is None else min(available, max_prompts)
-        steps = (lambda i=i: sc.run_loaded(i) for i in range(total))
+        step = sc.run_loaded
     else:
         source = "<python>"
         lines = []
@@ -116,12 +116,13 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
             raise Error("scan: no prompts given")
         available = len(lines)
         total = available if max_prompts is None else min(available, max_prompts)
-        steps = (lambda i=i: sc.add(lines[i], i + 1) for i in range(total))
+        def step(i):
+            return sc.add(lines[i], i + 1)
     complete = True
     done = 0
     try:
-        for step in steps:
-            step()
+        for i in range(total):
+            step(i)
             done += 1
             if progress is not None:
                 progress(done, total)
