@@ -161,15 +161,16 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
   // This warp's M tile and key slice; its two accumulator rows (lane / 4 and lane / 4 + 8 of the tile): which map
   // (K slot) each takes, and the keys [klo, khi] of this split it sees (empty for padding rows).
   const int mt = warp % mtc, slice = warp / mtc, kw = TK * mtc / 4;
-  int rmap[2], klo[2], khi[2];
+  int rmap[2], klo[2], khi[2], rpos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int t = chunk * rows_cta + mt * 16 + (lane >> 2) + 8 * h;
-    rmap[h] = 0, klo[h] = 1, khi[h] = 0;
+    rmap[h] = 0, klo[h] = 1, khi[h] = 0, rpos[h] = -1;
     if (t < a.rows) {
       const int m = t / per_map, u = t % per_map, j = g * a.gv + u / R, pos = n - R + u % R;
       if (j < a.views && pos >= 0) {
         rmap[h] = m;
+        rpos[h] = pos;
         klo[h] = max(window_first_key(p.window, pos), kb);
         khi[h] = min(pos, ke - 1);
       }
@@ -247,7 +248,8 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
           const int h = e >> 1, key = key0 + kofs + nb * 8 + 2 * (lane & 3) + (e & 1);
           float s = sa[nb][e];
           if constexpr (DIFF) s = rmap[h] ? sb[nb][e] : s;
-          x[nb][e] = key >= klo[h] && key <= khi[h] ? s * sl2 : -INFINITY;
+          const bool seen = key >= klo[h] && key <= khi[h] && !(p.nko && knocked_out(p, rpos[h], key));
+          x[nb][e] = seen ? s * sl2 : -INFINITY;
         }
       float alpha[2], m_use[2];
 #pragma unroll
@@ -430,7 +432,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS) attn_decode_combine_kernel(co
       }
       val[m] = l > 0.f ? o / l : 0.f;
     }
-    x = p.diff ? val[0] - p.lambda * val[1] : val[0];
+    const float2 c = p.diff ? head_coef(p, j) : make_float2(1.f, 0.f);  // O = c1 O1/l1 - c2 O2/l2
+    x = p.diff ? c.x * val[0] - c.y * val[1] : val[0];
   }
   if (p.diff) {
     const float ss = warp_sum(x * x);

@@ -22,7 +22,7 @@ constexpr int MAXV = 2 * DMAX / 32;  // output columns per lane per map (V of a 
 __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const AttnParams p) {
   __shared__ float sq[WARPS][2][DMAX];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = int(blockIdx.x) * WARPS + warp;
+  const int row = p.row0 + int(blockIdx.x) * WARPS + warp;
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int d = p.d;
   const int nmaps = p.diff ? 2 : 1, VW = view_width(p.diff, d);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
   const bf16* kvb = kv_base(p) + int64_t(b) * p.batch_stride;
   const float sl2 = p.scale * 1.4426950408889634f;
 
-  if (row < p.n) {  // warp-uniform
+  if (row < (p.row1 > 0 ? p.row1 : p.n)) {  // warp-uniform
 #pragma unroll
     for (int m = 0; m < 2; ++m)
       for (int i = lane; i < d && m < nmaps; i += 32)
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
 
     for (int c0 = window_first_key(p.window, row); c0 <= row; c0 += 32) {
       const int key = c0 + lane;
-      const bool valid = key <= row;
+      const bool valid = key <= row && !(p.nko && knocked_out(p, row, key));
       float pr[2] = {0.f, 0.f};
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
@@ -68,8 +68,9 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
           }
         }
         const float s = valid ? dot : -INFINITY;
-        const float m_new = fmaxf(m_run[m], warp_max(s));  // finite: key c0 <= row (the row's first key) is valid
-        const float alpha = exp2f(m_run[m] - m_new);
+        // finite once a key of the row was valid (key c0 <= row is, unless knocked out)
+        const float m_new = fmaxf(m_run[m], warp_max(s));
+        const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_run[m] - m_new);
         m_run[m] = m_new;
         pr[m] = valid ? exp2f(s - m_new) : 0.f;
         l_part[m] = l_part[m] * alpha + pr[m];
@@ -93,13 +94,14 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
         }
       }
     }
-    const float inv0 = 1.f / warp_sum(l_part[0]);
-    const float inv1 = p.diff ? 1.f / warp_sum(l_part[1]) : 0.f;
+    const float l0 = warp_sum(l_part[0]), l1 = p.diff ? warp_sum(l_part[1]) : 0.f;
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;  // 0: every key knocked out
     float f = 1.f, ss = 0.f;
     if (p.diff) {
+      const float2 c = head_coef(p, h);
 #pragma unroll
       for (int i = 0; i < MAXV; ++i) {
-        const float o = acc[0][i] * inv0 - p.lambda * acc[1][i] * inv1;
+        const float o = c.x * acc[0][i] * inv0 - c.y * acc[1][i] * inv1;
         acc[0][i] = o;
         if (lane + 32 * i < VW) ss += o * o;
       }
@@ -128,7 +130,10 @@ bool attn_fwd_generic_supported(int d) { return d > 0 && d % 8 == 0 && d <= DMAX
 cudaError_t launch_attn_fwd_generic(const AttnParams& p, cudaStream_t stream) {
   if (!attn_fwd_generic_supported(p.d) || p.n <= 0 || p.heads % p.kv_heads) return cudaErrorInvalidValue;
   if (p.diff && (p.heads % 2 || p.kv_heads % 2)) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned((p.n + WARPS - 1) / WARPS), unsigned(view_heads(p)), unsigned(p.batch));
+  const int rows = (p.row1 > 0 ? p.row1 : p.n) - p.row0;
+  if (p.row0 < 0 || rows <= 0 || p.row0 + rows > p.n || p.nko < 0 || p.nko > AttnParams::kMaxKnockouts)
+    return cudaErrorInvalidValue;
+  const dim3 grid(unsigned((rows + WARPS - 1) / WARPS), unsigned(view_heads(p)), unsigned(p.batch));
   attn_fwd_generic_kernel<<<grid, WARPS * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -352,12 +352,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   // loop to the stored tile with map 1 storing from registers.
   // [4 warps][NACC / 4][32 lanes] float4: thread (warp, lane) of both maps holds the same elements of O.
   float4* x = reinterpret_cast<float4*>(smem + T::K_OFF) + warp * (NACC / 4) * 32 + lane;
+  const float2 c = head_coef(p, j);  // O = c1 O1/l1 - c2 O2/l2 (1 and lambda unless the head is edited)
   if (map == 0) {
     mbar_wait(bar_empty_k((u_end - 1) % KS), uint32_t(((u_end - 1) / KS) & 1));
+    const float i0 = c.x * inv_l[0], i1 = c.x * inv_l[1];
 #pragma unroll
     for (int q = 0; q < NACC / 4; ++q)
-      x[q * 32] = make_float4(acc[4 * q] * inv_l[0], acc[4 * q + 1] * inv_l[0], acc[4 * q + 2] * inv_l[1],
-                              acc[4 * q + 3] * inv_l[1]);
+      x[q * 32] = make_float4(acc[4 * q] * i0, acc[4 * q + 1] * i0, acc[4 * q + 2] * i1, acc[4 * q + 3] * i1);
   }
   named_sync(BAR_CONSUMERS, 256);
   if (map == 1) {
@@ -366,10 +367,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int q = 0; q < NACC / 4; ++q) {
       const float4 o1 = x[q * 32];
       float* o = acc + 4 * q;
-      o[0] = o1.x - p.lambda * o[0] * inv_l[0];
-      o[1] = o1.y - p.lambda * o[1] * inv_l[0];
-      o[2] = o1.z - p.lambda * o[2] * inv_l[1];
-      o[3] = o1.w - p.lambda * o[3] * inv_l[1];
+      o[0] = o1.x - c.y * o[0] * inv_l[0];
+      o[1] = o1.y - c.y * o[1] * inv_l[0];
+      o[2] = o1.z - c.y * o[2] * inv_l[1];
+      o[3] = o1.w - c.y * o[3] * inv_l[1];
       ss[0] += o[0] * o[0] + o[1] * o[1];
       ss[1] += o[2] * o[2] + o[3] * o[3];
     }

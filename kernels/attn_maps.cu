@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(MQ * MK) map_logits_kernel(const AttnParams p,
   if (row < r_end && key <= row && key >= window_first_key(p.window, row)) {
     float dot = 0.f;
     for (int c = 0; c < d; ++c) dot = fmaf(sq[qi * d + c], sk[kj * (d + 1) + c], dot);
-    maps[((int64_t(hi) * nmaps + m) * rows + (row - row0)) * p.n + key] = dot * p.scale;
+    maps[((int64_t(hi) * nmaps + m) * rows + (row - row0)) * p.n + key] =
+        p.nko && knocked_out(p, row, key) ? -INFINITY : dot * p.scale;
   }
 }
 
@@ -66,18 +67,22 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   float* s1 = maps + ((int64_t(h) * nmaps + 0) * rows + ri) * n;
   float* s2 = p.diff ? maps + ((int64_t(h) * nmaps + 1) * rows + ri) * n : nullptr;
   float mx1 = -INFINITY, mx2 = -INFINITY, mn1 = INFINITY, mn2 = INFINITY;
-  for (int c = c_lo + lane; c < ncols; c += 32) {
+  for (int c = c_lo + lane; c < ncols; c += 32) {  // -inf: a knocked-out key (not a logit)
     mx1 = fmaxf(mx1, s1[c]);
-    mn1 = fminf(mn1, s1[c]);
+    if (s1[c] != -INFINITY) mn1 = fminf(mn1, s1[c]);
     if (s2) {
       mx2 = fmaxf(mx2, s2[c]);
-      mn2 = fminf(mn2, s2[c]);
+      if (s2[c] != -INFINITY) mn2 = fminf(mn2, s2[c]);
     }
   }
   mx1 = warp_max(mx1);
   mx2 = warp_max(mx2);
   mn1 = warp_min(mn1);
   mn2 = warp_min(mn2);
+  // A row whose every key is knocked out attends to nothing (probabilities 0, entropy 0).
+  const bool none1 = mx1 == -INFINITY, none2 = mx2 == -INFINITY;
+  if (none1) mx1 = 0.f, mn1 = 0.f;
+  if (none2) mx2 = 0.f, mn2 = 0.f;
   float l1 = 0.f, l2 = 0.f;
   for (int c = c_lo + lane; c < ncols; c += 32) {
     l1 += expf(s1[c] - mx1);
@@ -85,8 +90,8 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   }
   l1 = warp_sum(l1);
   l2 = s2 ? warp_sum(l2) : 1.f;
-  const float inv1 = 1.f / l1, inv2 = 1.f / l2;
-  const float lam = p.diff ? p.lambda : 0.f;
+  const float inv1 = l1 > 0.f ? 1.f / l1 : 0.f, inv2 = l2 > 0.f ? 1.f / l2 : 0.f;
+  const float lam = p.diff ? head_coef(p, h).y : 0.f;  // (the statistics are asked of heads 0.. only)
   // entropy(A) = log l - sum_k A_k (s_k - max);  entropy(|D|/S) = log S - sum_k |D_k| log |D_k| / S
   float pu1 = 0.f, pu2 = 0.f, absd = 0.f, dlogd = 0.f, neg = 0.f, dmin = INFINITY, dmax = -INFINITY;
   for (int c = lane; c < n; c += 32) {
@@ -96,10 +101,10 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
       if (s2) {
         const float u2 = s2[c] - mx2;
         a2 = expf(u2) * inv2;
-        pu2 += a2 * u2;
+        if (a2 > 0.f) pu2 += a2 * u2;  // (a knocked-out key: 0, not 0 * -inf)
         s2[c] = a2;
       }
-      pu1 += a1 * u1;
+      if (a1 > 0.f) pu1 += a1 * u1;
       s1[c] = a1;
       const float dd = a1 - lam * a2, ad = fabsf(dd);
       absd += ad;
@@ -122,8 +127,8 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   if (lane == 0) {
     float* st = row_stats + (int64_t(h) * rows + ri) * MAP_NSTAT;
     const float a10 = s1[0], a20 = s2 ? s2[0] : 0.f;
-    st[MAP_ENTROPY1] = logf(l1) - pu1;
-    st[MAP_ENTROPY2] = s2 ? logf(l2) - pu2 : 0.f;
+    st[MAP_ENTROPY1] = l1 > 0.f ? logf(l1) - pu1 : 0.f;
+    st[MAP_ENTROPY2] = s2 && l2 > 0.f ? logf(l2) - pu2 : 0.f;
     st[MAP_ENTROPY_DIFF] = absd > 0.f ? logf(absd) - dlogd / absd : 0.f;
     st[MAP_FIRST1] = a10;
     st[MAP_FIRST2] = a20;

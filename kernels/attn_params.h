@@ -40,7 +40,30 @@ struct AttnParams {
   bool fixed_max = true;                  // the Hopper kernel's fixed-maximum first pass (launch_attn: the choice's)
   int window = 0;                         // sliding window in keys (row i sees max(0, i - window + 1) .. i); 0: none
   const bf16* kv = nullptr;               // K and V from here when set (same layout and offsets), else from qkv
+  // diff: per view head (c1, c2) with O = c1 O1/l1 - c2 O2/l2 (device memory, [view heads]); null: (1, lambda) for
+  // every head. A head's interventions (drop A1: c1 = 0; drop A2 or its own lambda: c2), forward.h AttnEdit.
+  const float2* head_coef = nullptr;
+  // Knockout (forward.h KeySpan): query rows [x, y) do not see keys [z, w) of ko[i], i < nko (a row left with no key
+  // gives 0). Taken by the generic kernel, the decode kernels and the map queries' generic path; the CUDA backend
+  // re-runs a layer's knocked rows with the generic kernel after the fused one (rows [row0, row1) of the launch).
+  static constexpr int kMaxKnockouts = 8;
+  int nko = 0;
+  int4 ko[kMaxKnockouts] = {};
+  int row0 = 0, row1 = 0;  // generic kernel: the query rows it computes (row1 0: to n)
 };
+
+// Whether query row `row` may not see key `key` (a knockout).
+__device__ __forceinline__ bool knocked_out(const AttnParams& p, int row, int key) {
+  bool out = false;
+  for (int i = 0; i < p.nko; ++i)
+    out |= row >= p.ko[i].x && row < p.ko[i].y && key >= p.ko[i].z && key < p.ko[i].w;
+  return out;
+}
+
+// View head j's (c1, c2): O = c1 O1/l1 - c2 O2/l2.
+__device__ __forceinline__ float2 head_coef(const AttnParams& p, int j) {
+  return p.head_coef ? p.head_coef[j] : make_float2(1.f, p.lambda);
+}
 
 // Where K and V are read from.
 __host__ __device__ inline const bf16* kv_base(const AttnParams& p) { return p.kv ? p.kv : p.qkv; }

@@ -315,12 +315,13 @@ __device__ __forceinline__ void combine_store(float (&acc)[VW / 8][4], float (&l
   __syncthreads();
   if (map == 0) {
     const float* src = sO2 + warp * NT * 4 * 32;
+    const float2 c = head_coef(p, j);
     float ss[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float o = acc[nt][e] * inv_l[e >> 1] - p.lambda * src[(nt * 4 + e) * 32 + lane];
+        const float o = c.x * acc[nt][e] * inv_l[e >> 1] - c.y * src[(nt * 4 + e) * 32 + lane];
         acc[nt][e] = o;
         ss[e >> 1] += o * o;
       }
@@ -417,13 +418,15 @@ __device__ __forceinline__ void exchange_p(const uint32_t (&pa)[BN / 16][4], con
 template <int D, class Sync>
 __device__ __forceinline__ void pair_epilogue(float (&acc_own)[D / 8][4], const float (&acc_oth)[D / 8][4],
                                               float (&l_run)[2], float2* xf_own, const float2* xf_oth, int map,
-                                              int lane, const AttnParams& p, int row0, int b, int64_t col0, Sync&& sync) {
+                                              int lane, const AttnParams& p, int j, int row0, int b, int64_t col0,
+                                              Sync&& sync) {
   quad_sum(l_run);
   xf_own[lane] = make_float2(l_run[0], l_run[1]);
   sync();
   const float2 lo = xf_oth[lane];
   const float inv_own[2] = {1.f / l_run[0], 1.f / l_run[1]}, inv_oth[2] = {1.f / lo.x, 1.f / lo.y};
-  const float c_own = map == 0 ? 1.f : -p.lambda, c_oth = map == 0 ? -p.lambda : 1.f;  // O1/l1 - lambda O2/l2
+  const float2 c = head_coef(p, j);  // O = c1 O1/l1 - c2 O2/l2
+  const float c_own = map == 0 ? c.x : -c.y, c_oth = map == 0 ? -c.y : c.x;
   float ss[2] = {0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
@@ -665,7 +668,7 @@ __global__ void __launch_bounds__(THREADS, Tile<D>::MIN_BLOCKS) diff_attn_fwd_vs
 
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the exchange area of the last tile
-  pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, q0 + wrow, b, int64_t(j) * VW + map * D,
+  pair_epilogue<D>(acc_own, acc_oth, l_run, xf_own, xf_oth, map, lane, p, j, q0 + wrow, b, int64_t(j) * VW + map * D,
                    cta_sync);
   if (p.head_ns && tid == 0) atomicAdd(p.head_ns + j, global_timer_ns() - t_start);
 }
@@ -755,8 +758,9 @@ __global__ void __launch_bounds__(THREADS_W, 2) diff_attn_fwd_warp2_kernel(const
   // O1/l1 - lambda O2/l2, RMS-normalised over the 2d columns of each row, all in this warp's registers.
   quad_sum(l_run[0]);
   quad_sum(l_run[1]);
-  const float inv1[2] = {1.f / l_run[0][0], 1.f / l_run[0][1]};
-  const float inv2[2] = {p.lambda / l_run[1][0], p.lambda / l_run[1][1]};
+  const float2 c = head_coef(p, j);  // O = c1 O1/l1 - c2 O2/l2
+  const float inv1[2] = {c.x / l_run[0][0], c.x / l_run[0][1]};
+  const float inv2[2] = {c.y / l_run[1][0], c.y / l_run[1][1]};
   float ss[2] = {0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -886,7 +890,7 @@ __global__ void __launch_bounds__(THREADS_S) attn_row_stats_kernel(const AttnPar
   const int lane = threadIdx.x & 31, wrow = (threadIdx.x >> 5) * 16, g4 = lane >> 2, t4 = lane & 3;
   const CtaWork w = cta_work<DIFF>(p);
   const int j = w.j, q0 = w.qt * BM, n = p.n;
-  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? p.lambda : 0.f;
+  const float sl2 = p.scale * 1.4426950408889634f, lam = DIFF ? head_coef(p, j).y : 0.f;
   float mabs[2][2], ent[2][2] = {}, first[2][2] = {};
   float amin[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}}, amax[2][2] = {};
   float absd[2] = {}, dlogd[2] = {}, neg[2] = {};

@@ -76,7 +76,7 @@ void check_shape(const Shape& sh, uint32_t seed) {
     b.vw = vw;
     b.scale = scale;
     b.maps = sh.diff ? 2 : 1;
-    b.lambda = lambda;
+    b.c2 = lambda;
     for (int i = 0; i < 2; ++i) b.q[i] = q[i].data(), b.k[i] = k[i].data();
     b.ldq = b.ldk = d;
     b.v[0] = v[0].data();

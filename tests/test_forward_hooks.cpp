@@ -134,7 +134,7 @@ struct Recorder final : ds::fwd::Ops {
   void norm(int l, ds::fwd::Norm, ds::fwd::Ref, ds::fwd::Ref) override { log.push_back("norm" + std::to_string(l)); }
   void linear(const ds::fwd::Linear& op) override { log.push_back(std::string(ds::fwd::gemm_name(op.w))); }
   void rope(int) override { log.push_back("rope"); }
-  void attention(int, float, ds::fwd::Rows r) override {
+  void attention(int, float, ds::fwd::Rows r, const ds::fwd::AttnEdit*) override {
     log.push_back(r == ds::fwd::Rows::Last ? "attention(last)" : "attention");
   }
   void conv(int) override { log.push_back("conv"); }

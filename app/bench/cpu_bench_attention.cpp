@@ -111,7 +111,7 @@ void run_layer(Layer& L, ca::Pool& pool, std::vector<std::vector<float>>& scratc
     b.vw = L.vw;
     b.scale = float(1.0 / std::sqrt(double(L.d)));
     b.maps = 2;
-    b.lambda = kLambda;
+    b.c2 = kLambda;
     for (int i = 0; i < 2; ++i) {
       b.q[i] = L.q.data() + hm.q[i] * L.d;
       b.k[i] = L.k.data() + hm.k[i] * L.d;

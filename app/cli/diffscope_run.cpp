@@ -20,6 +20,7 @@
 #include "app/cli/run_args.h"
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
+#include "engine/session/session_lens.h"
 #include "engine/session/session_sweep.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/safe_write.h"
@@ -62,13 +63,6 @@ int tokenize_jsonl(const Args& a) {
   return 0;
 }
 
-// The interventions in force, as --json and the dump's metadata record them: [{"layer", "head", "kind", "factor"}].
-nlohmann::json interventions_json(const ds::Session& s) {
-  nlohmann::json v = nlohmann::json::array();
-  for (const ds::HeadScale& x : s.head_scales())
-    v.push_back({{"layer", x.layer}, {"head", x.head}, {"kind", "scale"}, {"factor", x.factor}});
-  return v;
-}
 
 // --dump: logits, and either every layer's full maps (O(n^2): small prompts) or, with --rows / --view, the rows
 // and the view only (O(n heads + R C)).
@@ -130,7 +124,7 @@ void dump(ds::Session& s, const Args& a) {
   }
   ds::write_safetensors(path, out, {{"producer", "diffscope-run"}, {"model", s.model_dir()},
                                     {"backend", s.backend().name()},
-                                    {"interventions", interventions_json(s).dump()}});
+                                    {"interventions", ds::interventions_json(s)}});
 }
 
 // --rows, --view and --rect against the model and the prompt, before the forward (which can take minutes on a long
@@ -210,6 +204,11 @@ int run(const Args& a) {
   if (!a.dump.empty()) ds::check_writable_target(a.dump, "the dump", inputs);
   if (!a.stats.empty()) ds::check_writable_target(a.stats, "the statistics", inputs);
   if (!a.dump.empty() && a.dump == a.stats) throw ArgError("--dump and --stats name the same file " + a.dump);
+  if (!a.lens.empty()) {
+    ds::check_writable_target(a.lens, "the logit lens", inputs);
+    if (a.lens == a.dump || a.lens == a.stats || a.lens == a.importance)
+      throw ArgError("--lens names the same file as --dump, --stats or --importance: " + a.lens);
+  }
   if (!a.importance.empty()) {
     ds::check_writable_target(a.importance, "the head importance", inputs);
     if (a.importance == a.dump || a.importance == a.stats)
@@ -241,12 +240,24 @@ int run(const Args& a) {
     if (!c.has_maps(l)) throw ArgError("--lambda: " + c.no_attention(l, "lambda"));
     s->set_lambda_override(l, v);
   }
-  for (const auto& x : a.head_scales) {  // checked against the model: a bad layer or head is a usage error
+  for (const auto& x : a.interventions) {  // checked against the model: a bad layer, head or span is a usage error
+    using K = Args::InterventionArg;
+    const std::string what = x.kind == K::Knockout ? "--knockout " + x.knockout
+                             : std::string(x.kind == K::Ablate ? "--ablate " : x.kind == K::Scale ? "--scale-head "
+                                                                                                  : "--head-lambda ") +
+                                   std::to_string(x.layer) + "." + std::to_string(x.head);
     try {
-      s->set_head_scale(x.layer, x.head, x.factor);
+      if (x.kind == K::Ablate) s->ablate(x.layer, x.head, x.mode);
+      else if (x.kind == K::Scale) s->set_head_scale(x.layer, x.head, x.value);
+      else if (x.kind == K::HeadLambda) {
+        const auto& m = s->head_mixes();
+        const auto it = std::find_if(m.begin(), m.end(), [&](const ds::HeadMix& h) { return h.layer == x.layer && h.head == x.head; });
+        s->set_head_mix(x.layer, x.head, it != m.end() && it->drop_a1, x.value);
+      } else {
+        s->add_knockout(ds::parse_knockout(x.knockout, int(c.layers)));
+      }
     } catch (const ds::Error& e) {
-      throw ArgError(std::string("--ablate/--scale-head ") + std::to_string(x.layer) + "." + std::to_string(x.head) +
-                     ": " + e.what());
+      throw ArgError(what + ": " + e.what());
     }
   }
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
@@ -274,8 +285,7 @@ int run(const Args& a) {
                 c.is_diff() ? "differential" : "attention", s->backend().name().c_str(), s->ids().size(),
                 prefill_ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
-    for (const ds::HeadScale& x : s->head_scales())
-      std::printf("head    %d.%d output x %g%s\n", x.layer, x.head, double(x.factor), x.factor == 0.f ? " (ablated)" : "");
+    for (const std::string& line : ds::intervention_lines(*s)) std::printf("edit    %s\n", line.c_str());
   }
   double gen_ms = 0;
   if (a.generate > 0) {
@@ -334,7 +344,7 @@ int run(const Args& a) {
     nlohmann::json tk = nlohmann::json::array();
     for (const auto& t : top) tk.push_back({{"id", t.id}, {"prob", t.prob}, {"logit", t.logit}, {"text", t.text}});
     j["top_k"] = tk;
-    j["interventions"] = interventions_json(*s);
+    j["interventions"] = nlohmann::json::parse(ds::interventions_json(*s));  // the interventions in force
     if (c.is_diff()) {  // [L]: 0 for layers without attention
       std::vector<double> lam;
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));
@@ -369,9 +379,36 @@ int run(const Args& a) {
       }
     }
   }
+  if (!a.lens.empty()) {
+    const auto quote = [](const std::string& t) {  // a token's text, JSON-quoted (control bytes escaped)
+      return nlohmann::json(t).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    ds::LensRequest q;
+    if (!a.lens_positions.empty()) q.positions = a.lens_positions;
+    q.top_k = a.lens_top_k;
+    q.target = a.lens_target;
+    try {
+      ds::check_lens(*s, q);
+    } catch (const ds::Error& e) {
+      throw ArgError(std::string("--lens: ") + e.what());
+    }
+    const ds::Lens lens = ds::logit_lens(*s, q);
+    ds::write_file_safely(a.lens, ds::lens_json(lens) + "\n", "the logit lens");
+    if (!a.json) {
+      std::printf("\nlogit lens (target %d %s):\n", lens.target, quote(lens.target_text).c_str());
+      for (const ds::LensLayer& l : lens.layers) {
+        const ds::LensEntry& e = l.positions.back();
+        std::printf("  layer %2d  pos %lld  top %-16s %.4f   target p %.4f rank %lld\n", l.layer, (long long)e.position,
+                    quote(e.top.at(0).text).c_str(), double(e.top.at(0).prob), double(e.target_prob),
+                    (long long)e.target_rank);
+      }
+      std::printf("wrote %s\n", a.lens.c_str());
+    }
+  }
   if (!a.importance.empty()) {
     ds::HeadImportanceRequest q;
     q.target = a.importance_target;
+    q.modes = a.importance_modes.empty() ? ds::importance_modes(c) : a.importance_modes;
     try {
       ds::check_head_importance(*s, q);
     } catch (const ds::Error& e) {

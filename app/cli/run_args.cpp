@@ -24,13 +24,26 @@ const char* kUsage =
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; differential models only)\n"
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
-    "  --ablate L.H[:head]    zero view head H of layer L's output (after its sub-layer norm, before o_proj);\n"
-    "                         repeatable. The --json output and the dump record the interventions in force\n"
+    "  --ablate L.H[:MODE]    ablate view head H of layer L (repeatable). MODE head (the default): zero its output\n"
+    "                         (after its sub-layer norm, before o_proj); a1: drop A1 (keep -lambda A2 V, then the\n"
+    "                         norm); a2: drop A2 (lambda 0 for that head). The --json output and the dump record\n"
+    "                         the interventions in force\n"
     "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; the last one for a head wins)\n"
+    "  --head-lambda L.H=V    lambda V for view head H of layer L alone (differential models)\n"
+    "  --knockout L:Q0:Q1,K0:K1  query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps\n"
+    "                         (repeatable). L: a layer, a range A-B or all; positions below 0 count from the end\n"
+    "                         (-1: the last token; Q1 or K1 left empty after one: to the end), e.g. all:-1:,5:9\n"
     "  --importance FILE.json head importance: log p(target) change when each head of each attention layer is\n"
     "                         ablated (one at a time, re-running from its layer), as {\"target\", \"base_logp\",\n"
-    "                         \"layers\", \"modes\": {\"head\": [[delta per head] per layer]}}\n"
+    "                         \"layers\", \"modes\": {\"a2\": [[delta per head] per layer], \"a1\": ..., \"head\": ...}}\n"
     "  --importance-target ID the token whose log p is followed (default: the greedy next token)\n"
+    "  --importance-modes M,..  the ablation modes measured (a2, a1, head; default: every mode the model has)\n"
+    "  --lens FILE.json       the logit lens: each layer's output through the final norm and the LM head, as\n"
+    "                         {\"target\", \"layers\": [{\"layer\", \"positions\": [{\"position\", \"top\": [{\"id\",\n"
+    "                         \"prob\"}], \"target_prob\", \"target_rank\"}]}]} (the last layer's: the model's logits)\n"
+    "  --lens-positions P,..  positions of the lens (default -1: the last; below 0 counts from the end)\n"
+    "  --lens-top-k K         tokens per position in the lens (default 5)\n"
+    "  --lens-target ID       the token whose probability and rank the lens follows (default: the greedy next one)\n"
     "  --generate N           generate up to N tokens after the prompt (KV cache; stops at the model's EOS)\n"
     "                         and print them; --dump, --rows, --view and --stats then cover prompt + generated\n"
     "  --temperature T        sample with temperature T (default 0: greedy)\n"
@@ -245,30 +258,67 @@ Args parse_args(int argc, const char* const* argv) {
       const long long layer = parse_int(s.substr(0, eq), "--lambda layer");
       if (layer < 0 || layer > INT32_MAX) throw ArgError("--lambda: layer must be >= 0");
       a.lambdas.push_back({int(layer), parse_double(s.substr(eq + 1), "--lambda value")});
-    } else if (k == "--ablate" || k == "--scale-head") {
-      // --ablate L.H[:MODE] (MODE head, the default) and --scale-head L.H=X: a head's output times 0 or X
+    } else if (k == "--ablate" || k == "--scale-head" || k == "--head-lambda") {
+      // --ablate L.H[:MODE], --scale-head L.H=X, --head-lambda L.H=V
       std::string s = value(i);
-      float factor = 0.f;
+      Args::InterventionArg x;
       if (k == "--ablate") {
+        x.mode = "head";
         const size_t colon = s.find(':');
         if (colon != std::string::npos) {
-          const std::string mode = s.substr(colon + 1);
-          if (mode != "head")
-            throw ArgError("--ablate: mode '" + mode + "' is not available (this version ablates a head's output: " +
-                           "L.H or L.H:head; dropping A1 or A2 alone and the mean over positions are not built yet)");
+          x.mode = s.substr(colon + 1);
+          if (x.mode != "head" && x.mode != "a1" && x.mode != "a2")
+            throw ArgError("--ablate: mode '" + x.mode + "' is not known (L.H:a1, L.H:a2 or L.H:head" +
+                           (x.mode == "mean" ? std::string("; the mean over positions is not built yet)") : ")"));
           s.resize(colon);
         }
       } else {
         const size_t eq = s.find('=');
-        if (eq == std::string::npos) throw ArgError("--scale-head takes LAYER.HEAD=FACTOR, e.g. --scale-head 3.1=0.5");
-        factor = float(parse_double(s.substr(eq + 1), "--scale-head factor"));
+        if (eq == std::string::npos) throw ArgError(k + " takes LAYER.HEAD=VALUE, e.g. " + k + " 3.1=0.5");
+        x.kind = k == "--scale-head" ? Args::InterventionArg::Scale : Args::InterventionArg::HeadLambda;
+        x.value = float(parse_double(s.substr(eq + 1), k + " value"));
         s.resize(eq);
       }
       const size_t dot = s.find('.');
       if (dot == std::string::npos) throw ArgError(k + " takes LAYER.HEAD, e.g. " + k + " 3.1");
       const long long l = parse_int(s.substr(0, dot), k + " layer"), h = parse_int(s.substr(dot + 1), k + " head");
       if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX) throw ArgError(k + ": layer and head must be >= 0");
-      a.head_scales.push_back({int(l), int(h), factor});
+      x.layer = int(l), x.head = int(h);
+      a.interventions.push_back(x);
+    } else if (k == "--knockout") {
+      Args::InterventionArg x;
+      x.kind = Args::InterventionArg::Knockout;
+      x.knockout = value(i);
+      a.interventions.push_back(x);
+    } else if (k == "--importance-modes") {
+      const std::string s = value(i);
+      a.importance_modes.clear();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t c = std::min(s.find(',', p), s.size());
+        const std::string m = s.substr(p, c - p);
+        if (m != "a1" && m != "a2" && m != "head")
+          throw ArgError("--importance-modes: '" + m + "' is not a mode (a2, a1, head)");
+        a.importance_modes.push_back(m);
+        p = c + 1;
+      }
+    } else if (k == "--lens") {
+      a.lens = value(i);
+    } else if (k == "--lens-positions") {
+      const std::string s = value(i);
+      a.lens_positions.clear();
+      for (size_t p = 0; p <= s.size();) {
+        const size_t c = std::min(s.find(',', p), s.size());
+        a.lens_positions.push_back(parse_int(s.substr(p, c - p), "--lens-positions"));
+        p = c + 1;
+      }
+    } else if (k == "--lens-top-k") {
+      const long long t = parse_int(value(i), "--lens-top-k");
+      if (t < 1 || t > 1000000) throw ArgError("--lens-top-k must be between 1 and 1000000");
+      a.lens_top_k = int(t);
+    } else if (k == "--lens-target") {
+      const long long t = parse_int(value(i), "--lens-target");
+      if (t < 0 || t > INT32_MAX) throw ArgError("--lens-target must be a token id >= 0");
+      a.lens_target = int32_t(t);
     } else if (k == "--importance") {
       a.importance = value(i);
     } else if (k == "--importance-target") {

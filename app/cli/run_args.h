@@ -42,13 +42,23 @@ struct Args {
   bool add_special = false, decode = false;  // --tokenize-jsonl options
   int top_k = 5, threads = 0;
   std::vector<std::pair<int, double>> lambdas;
-  struct HeadScaleArg {
+  // --ablate L.H[:MODE], --scale-head L.H=X, --head-lambda L.H=V, --knockout SPEC, in the order given (checked against
+  // the model by run(): Session::ablate, set_head_scale, set_head_mix, parse_knockout).
+  struct InterventionArg {
+    enum Kind { Ablate, Scale, HeadLambda, Knockout } kind = Ablate;
     int layer = 0, head = 0;
-    float factor = 0.f;
+    float value = 0.f;     // Scale: the factor; HeadLambda: the head's lambda
+    std::string mode;      // Ablate: a1 | a2 | head
+    std::string knockout;  // Knockout: L:Q0:Q1,K0:K1
   };
-  std::vector<HeadScaleArg> head_scales;  // --ablate L.H[:head] (factor 0), --scale-head L.H=X
+  std::vector<InterventionArg> interventions;
   std::string importance;                 // --importance FILE.json
   int32_t importance_target = -1;         // --importance-target ID (-1: the greedy next token)
+  std::vector<std::string> importance_modes;  // --importance-modes a2,a1,head (default: all the model has)
+  std::string lens;                       // --lens FILE.json (the logit lens, session_lens.h)
+  std::vector<int64_t> lens_positions;    // --lens-positions P,... (default: the last)
+  int lens_top_k = 5;                     // --lens-top-k K
+  int32_t lens_target = -1;               // --lens-target ID (default: the greedy next token)
   std::optional<double> lambda_scale;
   // generation (engine/session/session.h): --generate N, sampling options, --ignore-eos
   int generate = 0;

@@ -43,6 +43,9 @@ struct ForwardRequest {
   // Readers and writers at the forward's hook points (forward.h). Null or empty: none, at no cost. A decoding step
   // must bring the hooks its prompt ran with.
   std::shared_ptr<const fwd::Hooks> hooks;
+  // The attention op's edits per layer ([L]; head coefficients and key knockouts, forward.h AttnEdit). Null: none.
+  // A decoding step must bring the edits its prompt ran with; the map queries read the last forward's.
+  std::shared_ptr<const std::vector<fwd::AttnEdit>> edits;
 };
 
 struct LayerMaps {
@@ -130,6 +133,9 @@ class Backend {
   virtual bool truncate(int64_t n) = 0;
   // The last forward's logits when it left them on the device (ForwardRequest::logits_on_demand); else nothing.
   virtual void fetch_logits(ForwardResult& out) { (void)out; }
+  // The logit lens (session_lens.h): the final norm and the LM head applied to the residual stream leaving layer
+  // `layer` < L - 1 (fwd::lens) at `position` of the last forward: [vocab] f32 into out.
+  virtual void lens_logits(int layer, int64_t position, float* out) = 0;
   // [L]: the largest |hidden state| of each layer's output over the sequence, from the last forwards' max_abs
   // readers (fwd::max_abs_hidden_hook; NaN for a layer none read); empty when the last forward had no hooks.
   virtual std::vector<float> layer_max_abs() const = 0;

@@ -1,6 +1,8 @@
 // The forward pass written once (forward.h): the blocks of every layer kind as sequences of operations.
 #include "engine/core/forward.h"
 
+#include <cmath>
+
 #include "engine/core/error.h"
 
 namespace ds::fwd {
@@ -41,6 +43,17 @@ Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor) 
               [c0, c1, factor](Ops& ops, const HookSite& s) { ops.scale_columns(s.tensor, c0, c1, factor); }, false};
 }
 
+std::vector<float> head_coefs(const AttnEdit* edit, float lambda, int view_heads) {
+  if (!edit || (edit->a1.empty() && edit->lambda.empty())) return {};
+  std::vector<float> c(size_t(2 * view_heads));
+  for (int j = 0; j < view_heads; ++j) {
+    c[size_t(2 * j)] = edit->a1.empty() ? 1.f : edit->a1.at(size_t(j));
+    const float lj = edit->lambda.empty() ? NAN : edit->lambda.at(size_t(j));
+    c[size_t(2 * j + 1)] = std::isnan(lj) ? lambda : lj;
+  }
+  return c;
+}
+
 namespace {
 
 // One hook point: nothing but a test of an empty vector when no hook is registered.
@@ -50,12 +63,13 @@ inline void at(const Hooks* hooks, HookPoint p, int layer, Ref t, Ops& ops) {
 
 // Self-attention (full, sliding window or cross-layer): pre-norm, projections (a cross-attention layer projects its
 // queries only and reads its KV source's keys and values), RoPE, attention, o_proj with the residual add.
-void attention_block(const ModelConfig& cfg, Ops& ops, int l, float lambda, Rows rows, const Hooks* hooks) {
+void attention_block(const ModelConfig& cfg, Ops& ops, int l, float lambda, Rows rows, const Hooks* hooks,
+                     const AttnEdit* edit) {
   ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
   const bool cross = cfg.kind(l) == LayerKind::CrossAttention;
   ops.linear({l, cross ? Weight::Q : Weight::Qkv, {Act::Normed, l}, {Act::Qkv, l}});
   ops.rope(l);
-  ops.attention(l, lambda, rows);
+  ops.attention(l, lambda, rows, edit && !edit->empty() ? edit : nullptr);
   at(hooks, HookPoint::HeadOut, l, {Act::Attn, l, rows}, ops);
   ops.linear({l, Weight::O, {Act::Attn, l, rows}, {Act::Stream, l + 1, rows}, Epilogue::Residual, {Act::Stream, l, rows}});
 }
@@ -100,7 +114,8 @@ void mamba_inputs(const ModelConfig&, Ops& ops, int l) {
   ops.linear({l, Weight::DtProj, {Act::Xdbl, l}, {Act::Dt, l}});
 }
 
-void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only, const Hooks* hooks) {
+void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only, const Hooks* hooks,
+           const AttnEdit* edit) {
   const Rows rows = last_only ? Rows::Last : Rows::New;
   at(hooks, HookPoint::BlockIn, l, {Act::Stream, l}, ops);
   Rows mixed = Rows::New;  // the rows the mixer leaves in Stream(l + 1)
@@ -109,7 +124,7 @@ void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only
     case LayerKind::Memory: mamba_block(cfg, ops, l); break;
     case LayerKind::Gmu: gmu_block(ops, l); break;
     default:
-      attention_block(cfg, ops, l, lambda, rows, hooks);
+      attention_block(cfg, ops, l, lambda, rows, hooks, edit);
       mixed = rows;
   }
   at(hooks, HookPoint::MixerOut, l, {Act::Stream, l + 1, mixed}, ops);
@@ -129,14 +144,17 @@ void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan) {
   for (int l = plan.from_layer; l < L; ++l) {
     if (ops.cancelled()) throw ForwardCancelled(l);
     const float lam = cfg.is_diff() && cfg.has_maps(l) && plan.lambda ? plan.lambda[l] : 0.f;
-    layer(cfg, ops, l, lam, last_only && l == L - 1, plan.hooks);
+    const AttnEdit* edit = plan.edits && size_t(l) < plan.edits->size() ? &(*plan.edits)[size_t(l)] : nullptr;
+    layer(cfg, ops, l, lam, last_only && l == L - 1, plan.hooks, edit);
     if (ops.cancelled()) throw ForwardCancelled(l);  // the layer stopped halfway: it and those above are stale
   }
 }
 
-void logits(const ModelConfig& cfg, Ops& ops, Rows rows) {
+void logits(const ModelConfig& cfg, Ops& ops, Rows rows) { lens(cfg, ops, int(cfg.layers) - 1, rows); }
+
+void lens(const ModelConfig& cfg, Ops& ops, int layer, Rows rows) {
   const int L = int(cfg.layers);
-  ops.norm(L, Norm::Final, {Act::Stream, L, rows}, {Act::Normed, L, rows});
+  ops.norm(L, Norm::Final, {Act::Stream, layer + 1, rows}, {Act::Normed, L, rows});
   ops.linear({-1, Weight::LmHead, {Act::Normed, L, rows}, {Act::Logits, L, rows}});
 }
 

@@ -49,6 +49,26 @@ struct Ref {
   Rows rows = Rows::New;
 };
 
+// Edits of one attention layer, the attention op's arguments besides lambda (the session's head interventions and
+// key knockouts). Differential view head j's output before its sub-layer norm is
+//   a1[j] * A1 V - lambda_j * A2 V,   lambda_j = lambda[j] unless NaN (then the layer's lambda),
+// so a1[j] = 0 drops A1 and lambda[j] = 0 drops A2; plain heads (Llama) take no head coefficients.
+struct KeySpan {
+  int64_t q0 = 0, q1 = 0;  // query positions [q0, q1)
+  int64_t k0 = 0, k1 = 0;  // do not see keys [k0, k1) (in every map; a row left with no key attends to nothing: 0)
+  bool operator==(const KeySpan&) const = default;
+};
+struct AttnEdit {
+  std::vector<float> a1;      // [view heads] or empty (every head 1)
+  std::vector<float> lambda;  // [view heads] or empty (every head the layer's); NaN: the layer's
+  std::vector<KeySpan> knockout;
+  bool empty() const { return a1.empty() && lambda.empty() && knockout.empty(); }
+  bool operator==(const AttnEdit&) const = default;
+};
+// Per view head (c1, c2) with O = c1 A1 V - c2 A2 V for a layer whose lambda is `lambda`: [2 Hv] (c1, c2 interleaved),
+// or empty when the edit leaves every head at (1, lambda).
+std::vector<float> head_coefs(const AttnEdit* edit, float lambda, int view_heads);
+
 // The weights a linear op multiplies by (each backend holds them per layer).
 enum class Weight : uint8_t { Qkv, Q, O, GateUp, Down, InProj, XProj, DtProj, OutProj, LmHead };
 // The profilers' name of a product by this weight: "gemm_qkv", "gemm_q", "gemm_o", "gemm_gate_up", "gemm_down", ...
@@ -83,7 +103,8 @@ class Ops {
   // Qkv(layer) against the keys and values of the layer's KV source (its own, or kv_source's for cross-attention),
   // causal, inside the layer's window: Attn(layer) for `rows` (differential heads: A1 - lambda A2, the sub-layer
   // norm, times 1 - lambda_init). A backend may compute every new row's attention even when asked for the last.
-  virtual void attention(int layer, float lambda, Rows rows) = 0;
+  // edit: the layer's head coefficients and knockouts (null: none).
+  virtual void attention(int layer, float lambda, Rows rows, const AttnEdit* edit) = 0;
   virtual void conv(int layer) = 0;               // Mamba: U = silu(causal depthwise conv(x of Xz)), with the state
   virtual void scan(int layer, bool memory) = 0;  // Mamba: Mixed = scan(U, Dt, B, C) gated by silu(z); memory: keep
                                                   // the ungated output for the GMU layers
@@ -141,6 +162,7 @@ struct Plan {
   bool last_rows_only = false;   // the last layer carries only each sequence's last position past its mixer
   const float* lambda = nullptr; // [L] (differential families; ignored otherwise)
   const Hooks* hooks = nullptr;
+  const std::vector<AttnEdit>* edits = nullptr;  // [L] or null: the attention op's edits per layer
 };
 
 // Whether the last layer runs its MLP on the last positions only: plan.last_rows_only, unless a hook needs every row.
@@ -149,7 +171,8 @@ bool last_rows_only(const Plan& plan);
 // true before or inside layer l.
 void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan);
 // One layer: its mixer block (attention, Mamba or GMU, with its pre-norm and residual add) and its MLP block.
-void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only, const Hooks* hooks);
+void layer(const ModelConfig& cfg, Ops& ops, int l, float lambda, bool last_only, const Hooks* hooks,
+           const AttnEdit* edit = nullptr);
 // Parts of the blocks again, for the map queries, over a layer's cached input (an Ops in a mode that leaves the
 // caches and states as they are): the attention block's queries (Qkv(l) holds Q), and a Mamba block's scan inputs
 // (Xz, U, Xdbl, Dt) from a zero conv state.
@@ -157,5 +180,7 @@ void queries(const ModelConfig& cfg, Ops& ops, int l);
 void mamba_inputs(const ModelConfig& cfg, Ops& ops, int l);
 // The final norm and the LM head over `rows` of Stream(L): Logits.
 void logits(const ModelConfig& cfg, Ops& ops, Rows rows);
+// The logit lens: the same over `rows` of Stream(layer + 1), the residual stream leaving layer `layer`.
+void lens(const ModelConfig& cfg, Ops& ops, int layer, Rows rows);
 
 }  // namespace ds::fwd

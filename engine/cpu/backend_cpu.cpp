@@ -288,6 +288,8 @@ class CpuBackend final : public Backend {
     plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps;
     plan.lambda = layer_lambda_.data();
     plan.hooks = req.hooks.get();
+    edits_ = req.edits;
+    plan.edits = edits_.get();
     Ops ops(*this, s, n);
     fwd::run_layers(cfg_, ops, plan);
     for (int64_t l = 0; l < L && s == 0 && size_t(l) < req.want_maps.size(); ++l)
@@ -310,6 +312,21 @@ class CpuBackend final : public Backend {
     for (float& x : v)
       if (x < 0) x = std::numeric_limits<float>::quiet_NaN();  // no reader filled it
     return v;
+  }
+
+  // The final norm and the LM head over one row of the stream leaving `layer` (fwd::lens's ops, on that row alone:
+  // the forward's Ops view whole row ranges of the stream).
+  void lens_logits(int layer, int64_t position, float* out) override {
+    require_run();
+    const int64_t n = int64_t(ids_.size()), D = cfg_.hidden;
+    if (layer < 0 || layer >= cfg_.layers - 1 || position < 0 || position >= n)
+      throw Error("internal: lens of layer " + std::to_string(layer) + " at position " + std::to_string(position));
+    const float* x = layer_in_.at(size_t(layer + 1)).data() + position * D;
+    std::vector<float> y(static_cast<size_t>(D));
+    if (cfg_.spec().norm == NormKind::LayerNorm) layernorm(x, final_norm_.data(), final_norm_b_.data(), y.data(), 1, D, cfg_.norm_eps);
+    else rmsnorm(x, final_norm_.data(), y.data(), 1, D, cfg_.norm_eps);
+    const std::vector<float>& w = lm_head_.empty() ? embed_ : lm_head_;
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(cfg_.vocab), int(D), 1.f, w.data(), int(D), y.data(), 1, 0.f, out, 1);
   }
 
   void layer_maps(int layer, LayerMaps& out) override {
@@ -340,8 +357,8 @@ class CpuBackend final : public Backend {
     const int64_t n = int64_t(ids_.size());
     const bool layer_ok = req.layer >= 0 && req.layer < cfg_.layers;
     if (layer_ok) check_layer(req.layer);  // a layer without maps
-    prepare_view(req, int(cfg_.layers), int(cfg_.view_heads()), n, cfg_.is_diff(), layer_ok ? lambda_of(req.layer) : 0.f,
-                 out);
+    prepare_view(req, int(cfg_.layers), int(cfg_.view_heads()), n, cfg_.is_diff(),
+                 layer_ok ? lambda_of(req.layer, req.head) : 0.f, out);
     // Parts of whole grid rows: every cell is written by one part only.
     const int64_t E_r = out.q1 - out.q0, R = out.rows, P = std::max<int64_t>(1, std::min<int64_t>(R, 4 * pool_.threads()));
     std::vector<int64_t> parts;
@@ -426,11 +443,10 @@ class CpuBackend final : public Backend {
     require_run();
     check_layer(layer);
     check_row_mass(q, int64_t(ids_.size()), a0, a1);
-    const float lam = lambda_of(layer);
     std::vector<RowMass> out(size_t(cfg_.view_heads()));
     for (int64_t h = 0; h < cfg_.view_heads(); ++h)
       head_rows(layer, int(h), q, q + 1, [&](int, int64_t, const float* r1, const float* r2, float, float) {
-        out[size_t(h)] = row_mass_of(r1, r2, q, lam, a0, a1);
+        out[size_t(h)] = row_mass_of(r1, r2, q, lambda_of(layer, int(h)), a0, a1);
       });
     return out;
   }
@@ -439,9 +455,9 @@ class CpuBackend final : public Backend {
     require_run();
     check_layer(layer);
     const int64_t n = int64_t(ids_.size());
-    const float lam = cfg_.is_diff() && lambda ? *lambda : lambda_of(layer);
     std::vector<HeadStats> out;
     for (int64_t h = 0; h < cfg_.view_heads(); ++h) {
+      const float lam = cfg_.is_diff() && lambda ? *lambda : lambda_of(layer, int(h));
       std::vector<StatsAccumulator> acc(size_t(pool_.threads()));  // one a thread, then added up
       head_rows(
           layer, int(h), 0, n,
@@ -548,6 +564,13 @@ class CpuBackend final : public Backend {
     return w > 0 ? std::max<int64_t>(0, q - w + 1) : 0;
   }
   float lambda_of(int layer) const { return cfg_.is_diff() ? layer_lambda_.at(size_t(layer)) : 0.f; }
+  // The lambda head `head` of the layer ran with (an edit's per-head lambda, else the layer's).
+  float lambda_of(int layer, int head) const {
+    const float lam = lambda_of(layer);
+    if (!edits_ || head < 0 || head >= cfg_.view_heads()) return lam;
+    const std::vector<float> c = fwd::head_coefs(&edits_->at(size_t(layer)), lam, int(cfg_.view_heads()));
+    return c.empty() ? lam : c[size_t(2 * head + 1)];
+  }
 
   // Post-RoPE Q [n][H][d] of a layer for the last forward, recomputed from the layer's cached input; the last
   // layer asked for is kept until the next forward. Its keys are in the KV cache.
@@ -574,6 +597,8 @@ class CpuBackend final : public Backend {
     const kern::ViewHeadMap hm = kern::view_head_map(diff, head, int(H), int(Hkv));
     const float scale = float(1.0 / std::sqrt(double(d)));
     if (parts.empty()) parts = {q0, q1};
+    static const std::vector<fwd::KeySpan> none;
+    const std::vector<fwd::KeySpan>& knockout = edits_ ? edits_->at(size_t(layer)).knockout : none;
     const int64_t chunk = std::max<int64_t>(16, std::min<int64_t>(q1 - q0, (int64_t(1) << 20) / n));
     row_bufs_.resize(size_t(pool_.threads()));
     const int64_t P = int64_t(parts.size()) - 1;
@@ -588,6 +613,10 @@ class CpuBackend final : public Backend {
           b.ml[m].resize(size_t(rows));
           cpu_attn::score_rows(qk_q_.data() + (r0 * H + hm.q[m]) * d, H * d, keys + hm.k[m] * d, Hkv * d, d, scale,
                                rows, klo, khi, b.s[m].data(), n, b.ws.data());
+          for (const fwd::KeySpan& k : knockout)  // the forward's knockouts hide these keys from these rows
+            for (int64_t q = std::max(k.q0, r0); q < std::min(k.q1, r0 + rows); ++q)
+              std::fill(b.s[m].data() + (q - r0) * n + std::min(k.k0, n), b.s[m].data() + (q - r0) * n + std::min(k.k1, n),
+                        -std::numeric_limits<float>::infinity());
           for (int64_t i = 0; i < rows; ++i)
             b.ml[m][size_t(i)] = cpu_attn::softmax_row(b.s[m].data() + i * n, n, first_key(layer, r0 + i), r0 + i);
         }
@@ -725,7 +754,7 @@ class CpuBackend final : public Backend {
 
     // Query rows [q0, n) (q0 = s, or n - 1 for the last row alone) against keys [0, n) (cpu_attn: tiled, the (head,
     // query block) items on the pool, the rows nearest the end first since they see the most keys).
-    void attention(int l, float lam, fwd::Rows rows) override {
+    void attention(int l, float lam, fwd::Rows rows, const fwd::AttnEdit* edit) override {
       const int64_t q0 = rows == fwd::Rows::Last ? n_ - 1 : s_, m = n_ - q0;
       const int64_t H = c_.heads, Hkv = c_.kv_heads, d = c_.head_dim, Hv = c_.view_heads();
       const float* qp = q.data() + (q0 - s_) * H * d;
@@ -739,6 +768,10 @@ class CpuBackend final : public Backend {
       b_.scratch_.resize(size_t(T));
       for (auto& sc : b_.scratch_) sc.resize(size_t(cpu_attn::scratch_floats(d, vw)));
       std::vector<double> head_ms(size_t(T * Hv), 0.0);  // thread time of each head's items, per thread
+      const std::vector<float> coef = fwd::head_coefs(edit, lam, int(Hv));
+      std::vector<cpu_attn::Block::Knock> ko;
+      if (edit)
+        for (const fwd::KeySpan& k : edit->knockout) ko.push_back({k.q0, k.q1, k.k0, k.k1});
       const auto ta = Clock::now();
       b_.pool_.run(blocks * Hv, [&](int64_t item, int thread) {
         if (b_.poll_cancel()) return;  // the layer will be thrown away: skip the rest of its items
@@ -754,7 +787,10 @@ class CpuBackend final : public Backend {
         bl.vw = vw;
         bl.scale = float(1.0 / std::sqrt(double(d)));
         bl.maps = diff ? 2 : 1;
-        bl.lambda = lam;
+        bl.c1 = coef.empty() ? 1.f : coef[size_t(2 * j)];
+        bl.c2 = coef.empty() ? lam : coef[size_t(2 * j + 1)];
+        bl.ko = ko.data();
+        bl.nko = int(ko.size());
         for (int i = 0; i < bl.maps; ++i) {
           bl.q[i] = qp + hm.q[i] * d;
           bl.k[i] = k + hm.k[i] * d;
@@ -987,6 +1023,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> ids_;
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
+  std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;  // the last forward's attention edits (null: none)
   std::vector<float> max_abs_;  // [L] the max_abs readers' slots (-1: no value), empty when the last forward had no hooks
   int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
   int implicit_layer_ = -1;  // Mamba layer whose scan inputs implicit_in_ holds (-1: none; reset by every forward)

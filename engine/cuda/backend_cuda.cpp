@@ -523,7 +523,38 @@ kern::AttnParams CudaBackend::layer_attn(int layer, int64_t n, int batch, float 
   const int kl = int(cfg_.kv_layer(layer));
   if (kl != layer) p.kv = qkv_slot(kl);  // cross-attention: the keys and values the kv_source layer cached
   p.window = int(cfg_.layer_window(layer));
+  if (edits_ && size_t(layer) < edits_->size()) {  // the forward's edits of this layer (forward.h AttnEdit)
+    if (p.diff && size_t(layer) < has_coef_.size() && has_coef_[size_t(layer)])
+      p.head_coef = head_coef_.as<float2>() + size_t(layer) * size_t(view_heads());
+    const std::vector<fwd::KeySpan>& ko = (*edits_)[size_t(layer)].knockout;
+    if (ko.size() > size_t(kern::AttnParams::kMaxKnockouts))
+      throw Error("layer " + std::to_string(layer) + ": at most " + std::to_string(kern::AttnParams::kMaxKnockouts) +
+                  " knockouts a layer on the CUDA backend (" + std::to_string(ko.size()) + " given)");
+    auto pos = [](int64_t x) { return int(std::clamp<int64_t>(x, 0, INT32_MAX)); };
+    p.nko = int(ko.size());
+    for (size_t i = 0; i < ko.size(); ++i) p.ko[i] = make_int4(pos(ko[i].q0), pos(ko[i].q1), pos(ko[i].k0), pos(ko[i].k1));
+  }
   return p;
+}
+
+void CudaBackend::upload_head_coefs(const std::vector<float>& lambda) {
+  const int L = int(cfg_.layers), Hv = view_heads();
+  has_coef_.assign(size_t(L), 0);
+  if (!edits_ || !cfg_.is_diff()) return;
+  std::vector<float> host(size_t(L) * size_t(Hv) * 2, 0.f);
+  bool any = false;
+  for (int l = 0; l < L && size_t(l) < edits_->size(); ++l) {
+    const std::vector<float> c = fwd::head_coefs(&(*edits_)[size_t(l)], lambda.at(size_t(l)), Hv);
+    if (c.empty()) continue;
+    std::copy(c.begin(), c.end(), host.begin() + size_t(l) * size_t(Hv) * 2);
+    has_coef_[size_t(l)] = 1;
+    any = true;
+  }
+  if (!any || host == head_coef_host_) return;
+  if (head_coef_.bytes() < host.size() * 4) head_coef_ = DeviceBuffer(host.size() * 4, "head coefficients");
+  sync();  // no launch of an earlier forward still reads them
+  DS_CUDA_CHECK(cudaMemcpy(head_coef_.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  head_coef_host_ = std::move(host);
 }
 
 void CudaBackend::block_norm(const float* x, int64_t x_stride, const DeviceBuffer& w, const DeviceBuffer& b, bf16* y,
@@ -582,6 +613,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   } else {
     max_abs_read_.clear();
   }
+  upload_head_coefs(lam);
   const fwd::Plan rows_plan{from, last_rows_only, nullptr, hooks_.get()};
   run_layers(batch, n, lam, from, last_rows_only, false);
   if (from < L) partial_last_layer_ = fwd::last_rows_only(rows_plan), last_row_stale_ = false;
@@ -612,6 +644,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   const int L = int(cfg_.layers);
   if (n == 0) throw Error("empty prompt: nothing to run");
   hooks_ = req.hooks && !req.hooks->empty() ? req.hooks : nullptr;
+  edits_ = req.edits;
   // (a decoding step checks its new ids only: the others ran already)
   for (size_t i = size_t(std::clamp<int64_t>(req.append_from, 0, n)); i < req.ids.size(); ++i)
     if (req.ids[i] < 0 || req.ids[i] >= cfg_.vocab)

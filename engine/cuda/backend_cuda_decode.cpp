@@ -138,13 +138,15 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     DS_CUDA_CHECK(cudaMemsetAsync(max_abs_.get(), 0, size_t(L) * 4, stream()));
     max_abs_read_.assign(size_t(L), 0);
   }
-  const bool graph_ok =
-      d.graph && d.graph_gen == act_gen_ && d.graph_lambda == last_lambda_ && d.graph_hooks == hooks_.get();
+  const bool graph_ok = d.graph && d.graph_gen == act_gen_ && d.graph_lambda == last_lambda_ &&
+                        d.graph_hooks == hooks_.get() && d.graph_edits == edits_.get();
   if (!graph_ok && d.graph) {
     DS_CUDA_CHECK(cudaGraphExecDestroy(d.graph));
     d.graph = nullptr;
   }
-  if (d.graph_gen != act_gen_ || d.graph_lambda != last_lambda_ || d.graph_hooks != hooks_.get()) d.warm = false;
+  if (d.graph_gen != act_gen_ || d.graph_lambda != last_lambda_ || d.graph_hooks != hooks_.get() ||
+      d.graph_edits != edits_.get())
+    d.warm = false;
   // From pageable memory: the copy is staged before cudaMemcpyAsync returns, so steps may be queued back to back
   // without waiting for each other (a pinned buffer would be rewritten before the previous copy ran).
   const int32_t ctl[4] = {id, int32_t(pos), int32_t(n), 0};
@@ -163,6 +165,7 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     d.graph_gen = act_gen_;
     d.graph_lambda = last_lambda_;
     d.graph_hooks = hooks_.get();
+    d.graph_edits = edits_.get();
   } else {
     cudaGraph_t g = nullptr;
     DS_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
@@ -181,6 +184,7 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     d.graph_gen = act_gen_;
     d.graph_lambda = last_lambda_;
     d.graph_hooks = hooks_.get();
+    d.graph_edits = edits_.get();
   }
   last_ids_.push_back(id);
   last_n_ = n;

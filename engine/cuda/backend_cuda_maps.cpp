@@ -41,7 +41,7 @@ void CudaBackend::compute_maps(int layer, LayerMaps* out, std::vector<HeadStats>
   const int Hv = view_heads();
   const int nmaps = cfg_.is_diff() ? 2 : 1;
   kern::AttnParams p = layer_params(layer);
-  if (lambda && p.diff) p.lambda = *lambda;
+  if (lambda && p.diff) p.lambda = *lambda, p.head_coef = nullptr;  // one lambda for every head
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
   const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
   if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
@@ -106,7 +106,7 @@ void CudaBackend::layer_maps(int layer, LayerMaps& out) {
 std::vector<HeadStats> CudaBackend::head_stats(int layer, std::optional<float> lambda) {
   const DeviceGuard on(device_);
   kern::AttnParams p = layer_params(layer);
-  if (lambda && p.diff) p.lambda = *lambda;
+  if (lambda && p.diff) p.lambda = *lambda, p.head_coef = nullptr;  // one lambda for every head
   const int Hv = view_heads();
   std::vector<HeadStats> out;
   if (!fused_map_queries(p)) {
@@ -139,7 +139,9 @@ std::vector<HeadStats> CudaBackend::head_stats(int layer, std::optional<float> l
 // The two-pass tensor-core kernels for statistics and views (kernels/diff_attn_fwd.h): head_dim 64 or 128, H even,
 // sm_80+ with room for their shared memory; elsewhere the map kernels run in chunks of rows.
 bool CudaBackend::fused_map_queries(const kern::AttnParams& p) const {
-  return (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) && attn_dev_.cc >= 80 &&
+  // (the fused kernels take no knockout mask: a layer with one takes the map kernels)
+  return p.nko == 0 && (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) &&
+         attn_dev_.cc >= 80 &&
          kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
 }
 
@@ -158,7 +160,10 @@ void CudaBackend::map_view(const ViewRequest& req, MapView& out) {
   const DeviceGuard on(device_);
   if (!has_run_) throw Error("no maps: run a prompt first");
   const int L = int(cfg_.layers), Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
-  const float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
+  float lam = req.layer >= 0 && req.layer < L && !last_lambda_.empty() ? last_lambda_[size_t(req.layer)] : 0.f;
+  if (req.layer >= 0 && req.layer < L && req.head >= 0 && req.head < Hv && size_t(req.layer) < has_coef_.size() &&
+      has_coef_[size_t(req.layer)])  // the head's own lambda (an intervention)
+    lam = head_coef_host_[(size_t(req.layer) * size_t(Hv) + size_t(req.head)) * 2 + 1];
   prepare_view(req, L, Hv, last_n_, cfg_.is_diff(), lam, out, /*zero=*/false);
   kern::AttnParams p = layer_params(out.layer);
   if (p.diff) p.lambda = out.lambda;  // req.lambda, where given

@@ -14,6 +14,7 @@
 #include "engine/cuda/detail/backend_cuda_impl.h"
 #include "engine/core/error.h"
 #include "kernels/attn_decode.h"
+#include "kernels/attn_fwd_generic.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm_swiglu_sm90.h"
@@ -211,7 +212,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
   }
 
   // Every new row's attention (the rows-only case too: the output rows before the last are simply not read).
-  void attention(int l, float lambda, fwd::Rows) override {
+  void attention(int l, float lambda, fwd::Rows, const fwd::AttnEdit* edit) override {
     const int64_t Hd = c_.heads * c_.head_dim;
     const int64_t n = decode_ ? b_.act_.cap : n_;
     kern::AttnParams p = b_.layer_attn(l, n, batch_, lambda);
@@ -231,6 +232,15 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.head_ns = b_.profiling_ ? b_.head_ns_.as<unsigned long long>() + size_t(l) * size_t(b_.view_heads()) : nullptr;
     const kern::AttnChoice choice = b_.attn_choice(p);
     step(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, b_.stream())); });
+    if (edit && !edit->knockout.empty() && choice.impl != kern::AttnImpl::Generic) {
+      // Knockout: the fused kernels take no key mask; the generic kernel computes the knocked rows again with it.
+      int64_t q0 = n_, q1 = 0;
+      for (const fwd::KeySpan& k : edit->knockout) q0 = std::min(q0, k.q0), q1 = std::max(q1, std::min(k.q1, n_));
+      if (q0 < q1) {
+        p.row0 = int(q0), p.row1 = int(q1), p.head_ns = nullptr;
+        step("attention_knockout", l, [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
+      }
+    }
   }
 
   void conv(int l) override {
@@ -456,6 +466,18 @@ void CudaBackend::final_logits(int batch, int64_t n) {
   ensure_logits(batch);
   ForwardOps ops(*this, batch, n, false);
   fwd::logits(cfg_, ops, fwd::Rows::Last);
+}
+
+void CudaBackend::lens_logits(int layer, int64_t position, float* out) {
+  const DeviceGuard on(device_);
+  if (!has_run_ || last_batch_ != 1 || layer < 0 || layer >= int(cfg_.layers) - 1 || position < 0 ||
+      position >= last_n_)
+    throw Error("internal: lens of layer " + std::to_string(layer) + " at position " + std::to_string(position));
+  ensure_logits(1);
+  ForwardOps ops(*this, 1, last_n_, false);
+  ops.set_window(position, 1);
+  fwd::lens(cfg_, ops, layer, fwd::Rows::New);
+  copy_to_host({{out, logits_.get(), size_t(cfg_.vocab) * 4}});
 }
 
 void CudaBackend::final_logits_rows(int64_t first, int64_t count) {

@@ -144,6 +144,11 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
   req.ids = ids_;
   req.lambda = lam;
   req.from_layer = from;
+  {
+    std::shared_ptr<const std::vector<fwd::AttnEdit>> e = resolve_edits(int64_t(ids_.size()));
+    if (!e || !edits_ || *e != *edits_) edits_ = std::move(e);  // the same edits keep their object (CUDA graphs)
+    req.edits = edits_;
+  }
   req.all_logits = all_logits;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;
@@ -231,6 +236,177 @@ void Session::clear_head_scales() {
   for (const HeadScale& x : head_scales_) writers_stale_from_ = std::min<int64_t>(writers_stale_from_, x.layer);
   head_scales_.clear();
   rebuild_hooks();
+}
+
+namespace {
+void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
+  if (layer < 0 || layer >= cfg.layers)
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg.layers) +
+                " layers)");
+  if (!cfg.has_maps(layer)) throw Error(cfg.no_attention(layer, what));
+  if (head < 0 || head >= cfg.view_heads())
+    throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg.view_heads()) +
+                " view heads)");
+}
+}  // namespace
+
+void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<float> lambda) {
+  if (!cfg_.is_diff())
+    throw Error("this model's heads are not differential: dropping A1 or A2 and a head's own lambda need two maps a "
+                "head; HINT: ablate the whole head (mode head)");
+  check_head(cfg_, layer, head, "heads to ablate");
+  if (lambda && !std::isfinite(*lambda)) throw Error("a head's lambda must be a finite number");
+  auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
+                         [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
+  const bool none = !drop_a1 && !lambda;
+  if (none && it == head_mixes_.end()) return;
+  if (!none && it != head_mixes_.end() && it->drop_a1 == drop_a1 && it->lambda == lambda) return;
+  if (none) head_mixes_.erase(it);
+  else if (it != head_mixes_.end()) it->drop_a1 = drop_a1, it->lambda = lambda;
+  else head_mixes_.push_back({layer, head, drop_a1, lambda});
+  writers_stale_from_ = std::min<int64_t>(writers_stale_from_, layer);
+}
+
+bool Session::set_head_mixes(const std::vector<HeadMix>& want) {
+  if (want == head_mixes_) return false;
+  const std::vector<HeadMix> have = head_mixes_;
+  for (const HeadMix& h : have)
+    if (std::none_of(want.begin(), want.end(), [&](const HeadMix& w) { return w.layer == h.layer && w.head == h.head; }))
+      set_head_mix(h.layer, h.head, false, std::nullopt);
+  for (const HeadMix& w : want) set_head_mix(w.layer, w.head, w.drop_a1, w.lambda);
+  return head_mixes_ != have;
+}
+
+void Session::add_knockout(const Knockout& k) {
+  const int L = int(cfg_.layers);
+  if (k.layer0 < 0 || k.layer1 > L || k.layer0 >= k.layer1)
+    throw Error("knockout layers " + std::to_string(k.layer0) + ".." + std::to_string(k.layer1 - 1) +
+                " are not layers of the model (0.." + std::to_string(L - 1) + ")");
+  bool any = false;
+  for (int l = k.layer0; l < k.layer1; ++l) any |= cfg_.has_maps(l);
+  if (!any) throw Error(cfg_.no_attention(k.layer0, "keys to knock out"));
+  if (k.layer1 - k.layer0 == 1 && !cfg_.has_maps(k.layer0)) throw Error(cfg_.no_attention(k.layer0, "keys to knock out"));
+  // A span is [a, b) from the start (0 <= a < b), from the end (a < b < 0), or from a to the end (a < 0, b = 0).
+  auto check = [](int64_t a, int64_t b, const char* what) {
+    const bool ok = (a >= 0 && b > a) || (a < 0 && (b == 0 || (b < 0 && b > a)));
+    if (!ok)
+      throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" + std::to_string(b) +
+                  (a >= 0 && b < 0 ? " mixes positions from the start and from the end" : " is empty or reversed"));
+  };
+  check(k.q0, k.q1, "query");
+  check(k.k0, k.k1, "key");
+  if (std::find(knockouts_.begin(), knockouts_.end(), k) != knockouts_.end()) return;
+  knockouts_.push_back(k);
+  writers_stale_from_ = std::min<int64_t>(writers_stale_from_, k.layer0);
+}
+
+bool Session::set_knockouts(const std::vector<Knockout>& want) {
+  if (want == knockouts_) return false;
+  int64_t first = 1 << 30;
+  for (const Knockout& k : knockouts_) first = std::min<int64_t>(first, k.layer0);
+  const std::vector<Knockout> have = knockouts_;
+  knockouts_.clear();
+  try {
+    for (const Knockout& k : want) add_knockout(k);
+  } catch (...) {
+    knockouts_ = have;
+    throw;
+  }
+  writers_stale_from_ = std::min(writers_stale_from_, first);
+  return true;
+}
+
+void Session::ablate(int layer, int head, const std::string& mode) {
+  if (mode == "head") return set_head_scale(layer, head, 0.f);
+  if (mode != "a1" && mode != "a2")
+    throw Error("ablation mode '" + mode + "' is not known (modes: a1, a2, head" +
+                (mode == "mean" ? std::string("; the mean over positions is not built yet)") : std::string(")")));
+  auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
+                         [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
+  const HeadMix now = it != head_mixes_.end() ? *it : HeadMix{layer, head};
+  if (mode == "a1") set_head_mix(layer, head, true, now.lambda);
+  else set_head_mix(layer, head, now.drop_a1, 0.f);
+}
+
+void Session::clear_interventions() {
+  clear_head_scales();
+  set_head_mixes({});
+  set_knockouts({});
+}
+
+std::shared_ptr<const std::vector<fwd::AttnEdit>> Session::resolve_edits(int64_t n) const {
+  if (head_mixes_.empty() && knockouts_.empty()) return nullptr;
+  const int L = int(cfg_.layers), Hv = int(cfg_.view_heads());
+  auto e = std::make_shared<std::vector<fwd::AttnEdit>>(size_t(L));
+  for (const HeadMix& m : head_mixes_) {
+    fwd::AttnEdit& x = (*e)[size_t(m.layer)];
+    if (x.a1.empty()) x.a1.assign(size_t(Hv), 1.f), x.lambda.assign(size_t(Hv), std::nanf(""));
+    if (m.drop_a1) x.a1[size_t(m.head)] = 0.f;
+    if (m.lambda) x.lambda[size_t(m.head)] = *m.lambda;
+  }
+  for (const Knockout& k : knockouts_) {
+    auto at = [n](int64_t a, int64_t b, const char* what) {
+      const int64_t lo = a < 0 ? n + a : a, hi = a < 0 && b == 0 ? n : b < 0 ? n + b : b;
+      if (lo < 0 || hi > n || lo >= hi)
+        throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" + std::to_string(b) +
+                    " is outside the prompt's " + std::to_string(n) + " tokens");
+      return std::pair<int64_t, int64_t>{lo, hi};
+    };
+    const auto q = at(k.q0, k.q1, "query"), kk = at(k.k0, k.k1, "key");
+    for (int l = k.layer0; l < k.layer1; ++l)
+      if (cfg_.has_maps(l)) (*e)[size_t(l)].knockout.push_back({q.first, q.second, kk.first, kk.second});
+  }
+  return e;
+}
+
+Knockout parse_knockout(const std::string& spec, int layers) {
+  // L:Q0:Q1,K0:K1 with L a layer, a range a-b or "all"; Q1 / K1 may be empty after a negative start (to the end).
+  auto bad = [&](const std::string& why) { return Error("--knockout " + spec + ": " + why + " (want L:Q0:Q1,K0:K1)"); };
+  const size_t comma = spec.find(',');
+  const size_t c1 = spec.find(':');
+  if (comma == std::string::npos || c1 == std::string::npos || c1 > comma) throw bad("malformed");
+  const std::string ls = spec.substr(0, c1), qs = spec.substr(c1 + 1, comma - c1 - 1), ks = spec.substr(comma + 1);
+  auto num = [&](const std::string& t, bool open_ok) -> int64_t {
+    if (t.empty()) {
+      if (open_ok) return 0;
+      throw bad("a position is missing");
+    }
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(t, &used);
+    } catch (...) {
+      throw bad("'" + t + "' is not a position");
+    }
+    if (used != t.size()) throw bad("'" + t + "' is not a position");
+    return v;
+  };
+  auto span = [&](const std::string& t, int64_t& a, int64_t& b) {
+    const size_t c = t.find(':');
+    if (c == std::string::npos) throw bad("a span is FROM:TO");
+    a = num(t.substr(0, c), false);
+    b = num(t.substr(c + 1), true);
+  };
+  Knockout k;
+  if (ls == "all") {
+    k.layer0 = 0, k.layer1 = layers;
+  } else if (const size_t dash = ls.find('-'); dash != std::string::npos && dash > 0) {
+    k.layer0 = int(num(ls.substr(0, dash), false));
+    k.layer1 = int(num(ls.substr(dash + 1), false)) + 1;
+  } else {
+    k.layer0 = int(num(ls, false));
+    k.layer1 = k.layer0 + 1;
+  }
+  span(qs, k.q0, k.q1);
+  span(ks, k.k0, k.k1);
+  return k;
+}
+
+std::string knockout_text(const Knockout& k) {
+  auto end = [](int64_t a, int64_t b) { return a < 0 && b == 0 ? std::string() : std::to_string(b); };
+  const std::string l = k.layer1 - k.layer0 == 1 ? std::to_string(k.layer0)
+                                                 : std::to_string(k.layer0) + "-" + std::to_string(k.layer1 - 1);
+  return l + ":" + std::to_string(k.q0) + ":" + end(k.q0, k.q1) + "," + std::to_string(k.k0) + ":" + end(k.k0, k.k1);
 }
 
 std::vector<float> Session::max_abs_hidden() const {
@@ -375,6 +551,7 @@ int32_t Session::generate_step() {
   req.ids.push_back(id);
   req.lambda = ran_lambda_;
   req.hooks = hooks_;
+  req.edits = edits_;
   req.append_from = n;
   req.logits_on_demand = greedy;
   try {

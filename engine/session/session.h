@@ -37,6 +37,28 @@ struct HeadScale {
   bool operator==(const HeadScale&) const = default;
 };
 
+// How one differential view head combines its two maps (the attention op's edit, forward.h AttnEdit): its output before
+// the sub-layer norm is (drop_a1 ? 0 : A1 V) - lambda_h A2 V, lambda_h = lambda or else the layer's. lambda 0 drops A2.
+struct HeadMix {
+  int layer = 0, head = 0;
+  bool drop_a1 = false;
+  std::optional<float> lambda;
+  bool operator==(const HeadMix&) const = default;
+};
+
+// Attention knockout: in layers [layer0, layer1) (those with attention), query positions [q0, q1) do not see keys
+// [k0, k1), in both maps. Positions below 0 count from the end of the prompt (-1: its last token) when a run resolves
+// them; q1 / k1 of 0 after a negative q0 / k0 mean "to the end".
+struct Knockout {
+  int layer0 = 0, layer1 = 0;
+  int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
+  bool operator==(const Knockout&) const = default;
+};
+// "3:-1:,5:9" (layer 3, query the last position, keys 5..8), "all:...", "2-4:..." (layers 2, 3, 4): diffscope-run's
+// --knockout; throws ds::Error naming the problem.
+Knockout parse_knockout(const std::string& spec, int layers);
+std::string knockout_text(const Knockout& k);
+
 struct GenerateOptions {
   int max_new = 64;            // tokens to generate at most
   SamplingOptions sampling;    // greedy by default
@@ -137,6 +159,21 @@ class Session {
   // Makes the interventions in force exactly `want` (removing the others; each set as above). Returns whether they
   // changed. The GUI's worker applies its request with it; head importance restores the user's with it.
   bool set_head_scales(const std::vector<HeadScale>& want);
+  // A differential head's map mix (HeadMix): set_head_mix(l, h, false, nullopt) restores the head. Throws ds::Error
+  // for a model without differential heads, a layer without attention, a head out of range, a non-finite lambda.
+  void set_head_mix(int layer, int head, bool drop_a1, std::optional<float> lambda);
+  const std::vector<HeadMix>& head_mixes() const { return head_mixes_; }
+  bool set_head_mixes(const std::vector<HeadMix>& want);
+  // Knockouts (Knockout), in force from the next run() on as the head interventions are. Throws ds::Error for layers
+  // out of range or without attention, an empty or reversed span; spans past the prompt fail at run().
+  void add_knockout(const Knockout& k);
+  const std::vector<Knockout>& knockouts() const { return knockouts_; }
+  bool set_knockouts(const std::vector<Knockout>& want);
+  // One head ablated in a mode: "head" (its output zeroed: set_head_scale 0), "a1" (A1 dropped), "a2" (A2 dropped:
+  // its lambda 0), keeping the head's other interventions; throws ds::Error naming an unknown mode ("mean": not built).
+  void ablate(int layer, int head, const std::string& mode);
+  // Every head scale, head mix and knockout removed.
+  void clear_interventions();
 
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);
@@ -163,6 +200,12 @@ class Session {
   bool watch_max_abs_ = false;
   bool reader_dirty_ = false;      // the reader was turned on (or its slots cut) since the last run: next from layer 0
   std::vector<HeadScale> head_scales_;
+  std::vector<HeadMix> head_mixes_;
+  std::vector<Knockout> knockouts_;
+  // The attention edits the last run resolved (the positions of the prompt it ran) and ran with; decoding steps bring
+  // them. Null: none.
+  std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;
+  std::shared_ptr<const std::vector<fwd::AttnEdit>> resolve_edits(int64_t n) const;
   int64_t writers_stale_from_ = 1 << 30;  // the first layer whose writers changed since the last run
   void rebuild_hooks();
   std::vector<LayerMaps> maps_cache_;

@@ -2,6 +2,7 @@
 #include "engine/session/session_importance.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -17,11 +18,14 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r) {
   if (r.target < -1 || r.target >= c.vocab)
     throw Error("head importance: target " + std::to_string(r.target) + " is outside the vocabulary (" +
                 std::to_string(c.vocab) + " tokens)");
-  if (r.modes.empty()) throw Error("head importance: no mode given (modes: head)");
-  for (const std::string& m : r.modes)
-    if (m != "head")
-      throw Error("head importance: mode '" + m + "' is not available (this version ablates a head's output: head; " +
-                  "dropping A1 or A2 alone and the mean over positions are not built yet)");
+  if (r.modes.empty()) throw Error("head importance: no mode given (modes: a1, a2, head)");
+  for (const std::string& m : r.modes) {
+    if (m != "head" && m != "a1" && m != "a2")
+      throw Error("head importance: mode '" + m + "' is not known (modes: a1, a2, head" +
+                  (m == "mean" ? std::string("; the mean over positions is not built yet)") : std::string(")")));
+    if (m != "head" && !c.is_diff())
+      throw Error("head importance: mode '" + m + "' needs differential heads (this model's have one map)");
+  }
   if (c.map_layers().empty()) throw Error("head importance: the model has no attention layer");
 }
 
@@ -41,7 +45,11 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
                    std::vector<std::vector<double>>(out.layers.size(), std::vector<double>(size_t(out.heads), nan)));
   out.total = int64_t(out.modes.size() * out.layers.size()) * out.heads;
   const std::vector<HeadScale> keep = s.head_scales();
-  const auto restore = [&] { s.set_head_scales(keep); };
+  const std::vector<HeadMix> keep_mix = s.head_mixes();
+  const auto restore = [&] {
+    s.set_head_scales(keep);
+    s.set_head_mixes(keep_mix);
+  };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)
       for (size_t li = 0; li < out.layers.size() && out.end == HeadImportance::End::Running; ++li) {
@@ -52,7 +60,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
             break;
           }
           restore();
-          s.set_head_scale(l, h, 0.f);  // mode "head"
+          s.ablate(l, h, out.modes[m]);
           s.run(false, hooks.cancel);
           out.delta[m][li][size_t(h)] = double(s.next_token_logprobs().at(size_t(out.target))) - out.base_logp;
           ++out.done;
@@ -70,6 +78,50 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
   restore();
   s.run();  // back to the session's own result (a re-run from the last ablated layer)
   if (out.end == HeadImportance::End::Running) out.end = HeadImportance::End::Complete;
+  return out;
+}
+
+std::vector<std::string> importance_modes(const ModelConfig& c) {
+  if (c.is_diff()) return {"a2", "a1", "head"};
+  return {"head"};
+}
+
+std::string interventions_json(const Session& s) {
+  nlohmann::json v = nlohmann::json::array();
+  for (const HeadScale& x : s.head_scales())
+    v.push_back({{"kind", "scale"}, {"layer", x.layer}, {"head", x.head}, {"factor", x.factor}});
+  for (const HeadMix& x : s.head_mixes()) {
+    if (x.drop_a1) v.push_back({{"kind", "ablate"}, {"mode", "a1"}, {"layer", x.layer}, {"head", x.head}});
+    if (x.lambda && *x.lambda == 0.f) v.push_back({{"kind", "ablate"}, {"mode", "a2"}, {"layer", x.layer}, {"head", x.head}});
+    else if (x.lambda) v.push_back({{"kind", "head_lambda"}, {"layer", x.layer}, {"head", x.head}, {"lambda", *x.lambda}});
+  }
+  for (const Knockout& k : s.knockouts())
+    v.push_back({{"kind", "knockout"},
+                 {"spec", knockout_text(k)},
+                 {"layers", {k.layer0, k.layer1 - 1}},
+                 {"queries", {k.q0, k.q1}},
+                 {"keys", {k.k0, k.k1}}});
+  return v.dump();
+}
+
+std::vector<std::string> intervention_lines(const Session& s) {
+  std::vector<std::string> out;
+  auto head = [](int l, int h) { return std::to_string(l) + "." + std::to_string(h); };
+  char buf[64];
+  for (const HeadScale& x : s.head_scales()) {
+    std::snprintf(buf, sizeof buf, "%g", double(x.factor));
+    out.push_back(head(x.layer, x.head) + " output x " + buf + (x.factor == 0.f ? " (ablated)" : ""));
+  }
+  for (const HeadMix& x : s.head_mixes()) {
+    if (x.drop_a1) out.push_back(head(x.layer, x.head) + " A1 dropped");
+    if (x.lambda && *x.lambda == 0.f) {
+      out.push_back(head(x.layer, x.head) + " A2 dropped");
+    } else if (x.lambda) {
+      std::snprintf(buf, sizeof buf, "%g", double(*x.lambda));
+      out.push_back(head(x.layer, x.head) + " lambda " + buf);
+    }
+  }
+  for (const Knockout& k : s.knockouts()) out.push_back("knockout " + knockout_text(k));
   return out;
 }
 

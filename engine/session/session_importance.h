@@ -2,7 +2,8 @@
 // log p(target) at the last position when each view head of each attention layer is ablated, one head at a time,
 // under the interventions and lambdas already in force. Each ablation re-runs only the layers from the ablated one on
 // (the one forward's HeadOut writer, Session::set_head_scale); the session's interventions are restored afterwards.
-// Modes: "head" (the head's output zeroed after its sub-layer norm, before o_proj). The GUI's importance map,
+// Modes: "head" (the head's output zeroed after its sub-layer norm, before o_proj), "a1" / "a2" (the head's A1 or A2
+// dropped: the attention op's head coefficients, Session::ablate). The GUI's importance map,
 // diffscope-run --importance and the Python module all call this.
 #pragma once
 #include <cstdint>
@@ -16,7 +17,7 @@ namespace ds {
 
 struct HeadImportanceRequest {
   int32_t target = -1;                      // -1: the current top-1 prediction
-  std::vector<std::string> modes{"head"};  // the ablation modes to measure (today: "head")
+  std::vector<std::string> modes{"head"};  // the ablation modes to measure: "head", "a1", "a2"
 };
 
 struct HeadImportance {
@@ -44,6 +45,18 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r);
 // Measures every (mode, layer, head); the session's interventions and result are restored whatever happens (a
 // cancelled run leaves it stale from the last ablated layer: the caller's next run brings it back).
 HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, const HeadImportanceHooks& hooks = {});
+// The modes a model's heads can be ablated in: a2, a1 and head for differential heads, head otherwise.
+std::vector<std::string> importance_modes(const ModelConfig& c);
+
+// The interventions in force (head scales, head mixes, knockouts) as a JSON array, one object per effect:
+// {"kind": "scale", "layer", "head", "factor"} (factor 0: the head ablated), {"kind": "ablate", "mode": "a1" | "a2",
+// "layer", "head"}, {"kind": "head_lambda", "layer", "head", "lambda"}, {"kind": "knockout", "spec", "layers": [first,
+// last], "queries": [q0, q1], "keys": [k0, k1]} (positions as given: below 0 from the end). diffscope-run's --json and
+// dump metadata, the GUI's state, the Python module's `interventions`.
+std::string interventions_json(const Session& s);
+// The same as short lines for people ("3.1 output x 0 (ablated)", "2.0 A2 dropped", "knockout 3:-1:,5:9").
+std::vector<std::string> intervention_lines(const Session& s);
+
 // The JSON of diffscope-run --importance: {"target", "target_text", "base_logp", "layers", "complete",
 // "modes": {"head": [[delta per head] per layer]}} (NaN, never measured, as null).
 std::string head_importance_json(const HeadImportance& h);

@@ -1,6 +1,7 @@
 """The Session: one model on one backend, its prompt, lambda controls and the latest results."""
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Iterator, NamedTuple, Optional, Sequence, Union
@@ -256,25 +257,54 @@ class Session:
 
     # ------------------------------------------------------------------------------------------------ interventions
     def ablate(self, layer: int, head: int, mode: str = "head") -> None:
-        """Ablates view head `head` of attention layer `layer` from the next run() on (which starts at that layer):
-        mode "head" zeroes the head's output (after its sub-layer norm and 1 - lambda_init, before o_proj)."""
-        if _str(mode, "mode") != "head":
-            raise Error(f"ablate: mode {mode!r} is not available (this version ablates a head's output: 'head'; "
-                        "dropping A1 or A2 alone, and the mean over positions, are not built yet)")
-        self._s.set_head_scale(_int(layer, "layer"), _int(head, "head"), 0.0)
+        """Ablates view head `head` of attention layer `layer` from the next run() on (which starts at that layer).
+        mode "head": the head's output zeroed (after its sub-layer norm and 1 - lambda_init, before o_proj); "a1": A1
+        dropped (the head keeps -lambda A2 V, then its norm); "a2": A2 dropped (lambda 0 for this head). Modes on one
+        head combine; restore_head() undoes them."""
+        self._s.ablate(_int(layer, "layer"), _int(head, "head"), _str(mode, "mode"))
 
     def scale_head(self, layer: int, head: int, factor: Optional[float]) -> None:
         """Multiplies a head's output by `factor` (0: ablated; None: the intervention removed) from the next run()."""
         self._s.set_head_scale(_int(layer, "layer"), _int(head, "head"),
                                None if factor is None else _float(factor, "factor"))
 
-    def head_importance(self, target: Optional[int] = None, modes: Sequence[str] = ("head",)) -> dict:
+    def set_head_lambda(self, layer: int, head: int, lambda_: Optional[float]) -> None:
+        """lambda for one differential view head alone (None: the layer's again; 0 drops its A2)."""
+        self._s.set_head_lambda(_int(layer, "layer"), _int(head, "head"),
+                                None if lambda_ is None else _float(lambda_, "lambda_"))
+
+    def restore_head(self, layer: int, head: int) -> None:
+        """Removes every intervention on one head (its scale, dropped maps and own lambda)."""
+        self._s.restore_head(_int(layer, "layer"), _int(head, "head"))
+
+    def knockout(self, layers, queries: Sequence[int], keys: Sequence[int]) -> None:
+        """Attention knockout from the next run() on: in `layers` (a layer, a (first, last) pair, or "all"), query
+        positions [q0, q1) do not see keys [k0, k1) in either map. Positions below 0 count from the end of the prompt
+        (-1: its last token; an end of 0 after a negative start: to the end), e.g. knockout("all", (-1, 0), (5, 9))."""
+        if isinstance(layers, str):
+            if layers != "all":
+                raise Error(f"knockout: layers {layers!r}: give a layer, a (first, last) pair or 'all'")
+            l0, l1 = 0, self.layers
+        elif isinstance(layers, (tuple, list)):
+            if len(layers) != 2:
+                raise Error("knockout: layers is a layer, a (first, last) pair or 'all'")
+            l0, l1 = _int(layers[0], "layers"), _int(layers[1], "layers") + 1
+        else:
+            l0 = _int(layers, "layers")
+            l1 = l0 + 1
+        q, k = _span(queries, "queries"), _span(keys, "keys")
+        self._s.knockout(l0, l1, q[0], q[1], k[0], k[1])
+
+    def head_importance(self, target: Optional[int] = None, modes: Optional[Sequence[str]] = None) -> dict:
         """Δ log p(target) at the last position when each view head of each attention layer is ablated, one at a
         time (each ablation re-runs only the layers from its own on), under the interventions already in force:
-        {"target", "target_text", "base_logp", "layers", "complete", "modes": {"head": [layers, heads] array}}.
+        {"target", "target_text", "base_logp", "layers", "complete", "modes": {mode: [layers, heads] array}}.
+        modes: of "a2", "a1", "head" (default: every mode the model's heads have).
         target: a token id (default: the greedy next token). Ctrl-C stops it: what was measured comes back with
         complete=False (NaN where not measured) and a warning."""
-        if isinstance(modes, str):
+        if modes is None:
+            modes = self._s.importance_modes()
+        elif isinstance(modes, str):
             modes = (modes,)
         r = self._s.head_importance(-1 if target is None else _int(target, "target"),
                                     [_str(m, "modes") for m in modes])
@@ -285,12 +315,26 @@ class Session:
 
     @property
     def interventions(self) -> list:
-        """The interventions in force, in the order they were set: {"layer", "head", "kind": "scale", "factor"}."""
-        return [{"layer": l, "head": h, "kind": "scale", "factor": f} for l, h, f in self._s.head_scales()]
+        """The interventions in force (as diffscope-run --json records them): {"kind": "scale", "layer", "head",
+        "factor"} (factor 0: ablated), {"kind": "ablate", "mode": "a1" | "a2", "layer", "head"}, {"kind":
+        "head_lambda", "layer", "head", "lambda"}, {"kind": "knockout", "spec", "layers", "queries", "keys"}."""
+        return json.loads(self._s.interventions_json())
 
     def clear_interventions(self) -> None:
         """Removes every intervention (the next run() starts at the first layer that had one)."""
-        self._s.clear_head_scales()
+        self._s.clear_interventions()
+
+    # ------------------------------------------------------------------------------------------------ residual stream
+    def lens(self, positions: Optional[Sequence[int]] = None, layers: Optional[Sequence[int]] = None, top_k: int = 5,
+             target: Optional[int] = None) -> dict:
+        """The logit lens: each layer's output on the residual stream through the final norm and the LM head, at
+        `positions` (default [-1], the last; below 0 counts from the end) of `layers` (default all):
+        {"target", "target_text", "layers": [{"layer", "positions": [{"position", "top": [{"id", "text", "prob"}],
+        "target_prob", "target_rank"}]}]}, as diffscope-run --lens writes it. The last layer's is the model's logits.
+        target: a token id (default: the greedy next token)."""
+        pos = [-1] if positions is None else [_int(p, "positions") for p in positions]
+        lay = [] if layers is None else [_int(l, "layers") for l in layers]
+        return json.loads(self._s.lens(pos, lay, _int(top_k, "top_k"), -1 if target is None else _int(target, "target")))
 
     # ------------------------------------------------------------------------------------------------ maps
     def maps(self, layer: int, *, device: bool = False, max_bytes: float = 1e9) -> Maps:
@@ -468,6 +512,12 @@ def _str(x, name: str) -> str:
     if not isinstance(x, str):
         raise TypeError(f"{name} must be a str, not {type(x).__name__}")
     return x
+
+
+def _span(x, name: str) -> tuple:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__") or len(x) != 2:
+        raise TypeError(f"{name} must be a (start, end) pair of ints")
+    return _int(x[0], name), _int(x[1], name)
 
 
 def _ids(x, name: str, bits: int = 32) -> list:

@@ -33,6 +33,7 @@
 #include "engine/session/backends.h"
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
+#include "engine/session/session_lens.h"
 #include "engine/session/session_scan.h"
 #include "engine/cuda/backend_cuda.h"
 
@@ -846,6 +847,33 @@ NB_MODULE(_diffscope, m) {
         });
       })
       .def("clear_head_scales", [](PySession& ps) { ps.call([](ds::Session& s) { s.clear_head_scales(); return 0; }); })
+      .def("ablate", [](PySession& ps, int layer, int head, const std::string& mode) {
+        ps.call([&](ds::Session& s) { s.ablate(layer, head, mode); return 0; });
+      }, "layer"_a, "head"_a, "mode"_a)
+      .def("set_head_lambda", [](PySession& ps, int layer, int head, std::optional<float> lambda) {
+        ps.call([&](ds::Session& s) {
+          const auto& m = s.head_mixes();
+          const auto it = std::find_if(m.begin(), m.end(), [&](const ds::HeadMix& x) { return x.layer == layer && x.head == head; });
+          s.set_head_mix(layer, head, it != m.end() && it->drop_a1, lambda);
+          return 0;
+        });
+      }, "layer"_a, "head"_a, "lambda_"_a.none())
+      .def("restore_head", [](PySession& ps, int layer, int head) {
+        ps.call([&](ds::Session& s) {
+          s.set_head_scale(layer, head, std::nullopt);
+          if (s.config().is_diff()) s.set_head_mix(layer, head, false, std::nullopt);
+          return 0;
+        });
+      }, "layer"_a, "head"_a)
+      .def("knockout", [](PySession& ps, int layer0, int layer1, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+        ps.call([&](ds::Session& s) { s.add_knockout({layer0, layer1, q0, q1, k0, k1}); return 0; });
+      }, "layer0"_a, "layer1"_a, "q0"_a, "q1"_a, "k0"_a, "k1"_a)
+      .def("knockout_spec", [](PySession& ps, const std::string& spec) {
+        ps.call([&](ds::Session& s) { s.add_knockout(ds::parse_knockout(spec, int(s.config().layers))); return 0; });
+      }, "spec"_a)
+      .def("interventions_json", [](PySession& ps) { return ps.call([](ds::Session& s) { return ds::interventions_json(s); }); })
+      .def("clear_interventions", [](PySession& ps) { ps.call([](ds::Session& s) { s.clear_interventions(); return 0; }); })
+      .def("importance_modes", [](PySession& ps) { return ps.call([](ds::Session& s) { return ds::importance_modes(s.config()); }); })
       .def("head_importance", [](PySession& ps, int32_t target, const std::vector<std::string>& modes) {
         ds::HeadImportance h = ps.call([&](ds::Session& s) {
           ds::HeadImportanceHooks hooks;
@@ -871,6 +899,10 @@ NB_MODULE(_diffscope, m) {
         d["modes"] = m;
         return d;
       }, "target"_a, "modes"_a)
+      .def("lens", [](PySession& ps, const std::vector<int64_t>& positions, const std::vector<int>& layers, int top_k,
+                      int32_t target) {
+        return ps.call([&](ds::Session& s) { return ds::lens_json(ds::logit_lens(s, {positions, layers, top_k, target})); });
+      }, "positions"_a, "layers"_a, "top_k"_a, "target"_a)
       .def("set_watch_max_abs_hidden", [](PySession& ps, bool on) {
         ps.call([&](ds::Session& s) { s.set_watch_max_abs_hidden(on); return 0; });
       })

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import diffscope
-from conftest import DEMO, cli, cuda_or_skip, fixture_dirs
+from conftest import DEMO, TWIN, cli, cuda_or_skip, fixture_dirs
 
 PROMPT = "records: 7274 -> ocean; 1505 -> nectar. question: 1505 ->"
 FIXTURES = [d for d in fixture_dirs() if (d / "model.safetensors").exists() or (d / "model.safetensors.index.json").exists()]
@@ -89,7 +89,8 @@ def test_interventions_list_rerun_and_errors(demo):
     np.testing.assert_array_equal(demo.logprobs(), base)  # reversible, bit for bit
     assert not np.array_equal(changed, base)
     for f, needle in [(lambda: demo.ablate(99, 0), "does not exist"), (lambda: demo.ablate(0, 99), "head 99"),
-                      (lambda: demo.ablate(0, 0, mode="a2"), "not available"),
+                      (lambda: demo.ablate(0, 0, mode="mean"), "not built yet"),
+                      (lambda: demo.ablate(0, 0, mode="a3"), "not known"),
                       (lambda: demo.scale_head(0, 0, float("nan")), "finite")]:
         with pytest.raises(diffscope.Error, match=needle):
             f()
@@ -129,8 +130,8 @@ def test_cli_ablate_bit_for_bit(tmp_path):
         assert [(t.id, np.float32(t.prob)) for t in s.top_k(6)] == [(t["id"], np.float32(t["prob"])) for t in want["top_k"]]
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.9", check=False)
     assert bad.returncode == 2 and "head 9" in bad.stderr and bad.stderr.count("\n") == 1
-    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.1:a2", check=False)
-    assert bad.returncode == 2 and "not available" in bad.stderr
+    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.1:mean", check=False)
+    assert bad.returncode == 2 and "not built yet" in bad.stderr
 
 
 def test_cuda_head_scale_matches_the_scaled_checkpoint(tmp_path):
@@ -175,7 +176,7 @@ def test_head_importance_against_scaled_checkpoints(tmp_path):
 def test_head_importance_cli_and_errors(demo, tmp_path):
     out = tmp_path / "imp.json"
     cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--importance", out,
-        "--importance-target", "953")
+        "--importance-target", "953", "--importance-modes", "head")
     j = json.loads(out.read_text())
     demo.clear_interventions()
     demo.run(PROMPT)
@@ -183,10 +184,236 @@ def test_head_importance_cli_and_errors(demo, tmp_path):
     assert j["target"] == 953 and j["complete"] and j["layers"] == imp["layers"]
     assert np.array_equal(np.array(j["modes"]["head"]), imp["modes"]["head"])
     assert j["base_logp"] == imp["base_logp"]
-    with pytest.raises(diffscope.Error, match="not available"):
-        demo.head_importance(modes=("a1",))
+    with pytest.raises(diffscope.Error, match="not built yet"):
+        demo.head_importance(modes=("mean",))
     with pytest.raises(diffscope.Error, match="vocabulary"):
         demo.head_importance(target=10 ** 6)
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--importance", out, "--importance-target",
               "99999999", check=False)
     assert bad.returncode == 2 and "--importance" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The attention op's edits (drop A1 / A2, a head's own lambda, knockout) against a float64 reference written from the
+# published math (diffllama_ref.py, itself checked against transformers' logits here).
+import diffllama_ref  # noqa: E402
+
+REF_FIXTURES = [d for d in FIXTURES if d.name in ("diff_mha_d32_f32", "diff_gqa4_d32_sharded_v5")]
+
+
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_reference_matches_transformers(fixture):
+    from conftest import read_safetensors
+    e = read_safetensors(fixture / "expected.safetensors")
+    logits, hidden, _ = diffllama_ref.forward(fixture, [int(i) for i in e["input_ids"]])
+    np.testing.assert_allclose(logits, e["logits"], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(hidden[-1], e[f"hidden.{len(hidden) - 1}"], atol=1e-4, rtol=1e-4)
+
+
+def _layer_lambdas(s):
+    return [float(x) for x in s.lambdas.effective]
+
+
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_head_mixes_match_the_reference(fixture):
+    ids = list(range(3, 40))
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        L, H = s.layers, s.heads
+        s.run(ids, all_logits=True)
+        base = s.logits(True).copy()
+        lam = _layer_lambdas(s)
+        s.ablate(0, 1, "a1")
+        s.ablate(L - 1, H - 1, "a2")
+        s.set_head_lambda(1, 0, 0.37)
+        s.ablate(1, 2, "a1")
+        s.ablate(1, 2, "a2")  # both maps dropped: the head outputs 0
+        assert s.stale_from == 0
+        s.run(all_logits=True)
+        got = s.logits(True).copy()
+        assert {(x["kind"], x.get("mode")) for x in s.interventions} == {("ablate", "a1"), ("ablate", "a2"),
+                                                                          ("head_lambda", None)}
+        s.clear_interventions()
+        s.run(all_logits=True)
+        np.testing.assert_array_equal(s.logits(True), base)  # reversible, bit for bit
+    coef = {(0, 1): (0.0, lam[0]), (L - 1, H - 1): (1.0, 0.0), (1, 0): (1.0, 0.37), (1, 2): (0.0, 0.0)}
+    want, _, _ = diffllama_ref.forward(fixture, ids, lambdas=lam, head_coef=coef)
+    assert np.abs(want - base).max() > 1e-2  # the interventions matter
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_knockout_matches_the_reference(fixture):
+    ids = list(range(3, 40))
+    n = len(ids)
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        L = s.layers
+        lam = _layer_lambdas(s)
+        s.knockout("all", (-1, 0), (2, 9))         # the last token does not see keys 2..8 in any layer
+        s.knockout(1, (5, 20), (0, 3))            # rows 5..19 of layer 1 lose the first three keys
+        s.knockout((0, 1), (0, 1), (0, 1))        # row 0 of layers 0 and 1 sees nothing
+        s.run(ids, all_logits=True)
+        got = s.logits(True).copy()
+        maps = s.maps(1)
+        assert [x["spec"] for x in s.interventions] == [f"0-{L - 1}:-1:,2:9", "1:5:20,0:3", "0-1:0:1,0:1"]
+    ko = {l: [(n - 1, n, 2, 9)] for l in range(L)}
+    ko[1].append((5, 20, 0, 3))
+    ko[0].append((0, 1, 0, 1))
+    ko[1].append((0, 1, 0, 1))
+    want, _, ref_maps = diffllama_ref.forward(fixture, ids, lambdas=lam, knockout=ko)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(maps.a1, ref_maps[1][0], atol=1e-5)  # the maps show the knockout too
+    np.testing.assert_allclose(maps.a2, ref_maps[1][1], atol=1e-5)
+    assert maps.a1[:, 7, 0:3].max() == 0 and maps.a1[:, 0].max() == 0
+
+
+def test_edits_carry_into_generation(demo):
+    """Decoding steps bring the head mixes and knockouts: each generated token is the greedy choice of a full
+    forward of the sequence so far under the same edits (positions from the start, so they mean the same there)."""
+    demo.clear_interventions()
+    demo.ablate(2, 1, "a2")
+    demo.ablate(4, 0, "a1")
+    demo.set_head_lambda(3, 2, 1.5)
+    demo.knockout("all", (10, 19), (3, 8))
+    demo.run(PROMPT)
+    n0 = demo.n
+    got = [t.id for t in demo.generate(4, stop_at_eos=False)]
+    seq = list(demo.ids)
+    for i, tok in enumerate(got):
+        demo.run(seq[:n0 + i])
+        assert demo.top_k(1)[0].id == tok, i
+    demo.clear_interventions()
+    demo.run(seq[:n0])
+    demo.clear_generation()
+
+
+def test_edit_errors(demo):
+    demo.clear_interventions()
+    demo.run(PROMPT)
+    for f, needle in [(lambda: demo.knockout(0, (5, 3), (0, 1)), "empty or reversed"),
+                      (lambda: demo.knockout(0, (2, -1), (0, 1)), "mixes positions"),
+                      (lambda: demo.knockout(99, (0, 1), (0, 1)), "not layers of the model"),
+                      (lambda: demo.knockout("some", (0, 1), (0, 1)), "layers"),
+                      (lambda: demo.set_head_lambda(0, 99, 0.5), "head 99"),
+                      (lambda: demo.set_head_lambda(0, 0, float("inf")), "finite")]:
+        with pytest.raises(diffscope.Error, match=needle):
+            f()
+    with pytest.raises(TypeError, match="queries"):
+        demo.knockout(0, 5, (0, 1))
+    demo.knockout(0, (0, 1), (0, 10 ** 6))  # accepted: a span is checked against the prompt when a run resolves it
+    with pytest.raises(diffscope.Error, match="outside the prompt"):
+        demo.run()
+    demo.clear_interventions()
+    demo.run()
+    with diffscope.open(TWIN, backend="cpu", threads=2) as t:
+        with pytest.raises(diffscope.Error, match="not differential"):
+            t.ablate(0, 0, "a2")
+        t.ablate(0, 0, "head")  # a plain head is ablated whole
+        t.knockout(0, (-1, 0), (0, 2))  # knockout on plain attention
+        t.run(PROMPT)
+        assert np.isfinite(t.logprobs()).all()
+
+
+def test_importance_modes_a1_a2(tmp_path):
+    fx = REF_FIXTURES[0]
+    ids = list(range(3, 40))
+    with diffscope.open(fx, backend="cpu", threads=2) as s:
+        s.run(ids)
+        imp = s.head_importance()
+        assert sorted(imp["modes"]) == ["a1", "a2", "head"]
+        for mode in ("a1", "a2"):
+            d = imp["modes"][mode]
+            assert np.isfinite(d).all() and np.abs(d).max() > 0
+            for li, h in [(0, 0), (len(imp["layers"]) - 1, s.heads - 1)]:
+                s.ablate(imp["layers"][li], h, mode)
+                s.run()
+                want = float(s.logprobs()[imp["target"]]) - imp["base_logp"]
+                s.clear_interventions()
+                s.run()
+                assert d[li, h] == pytest.approx(want, abs=1e-6), (mode, li, h)
+    out = tmp_path / "imp.json"
+    cli("--model", fx, "--token-ids-file", _ids_file(tmp_path, ids), "--backend", "cpu", "--threads", "2",
+        "--importance", out)
+    j = json.loads(out.read_text())
+    assert sorted(j["modes"]) == ["a1", "a2", "head"]
+    np.testing.assert_array_equal(np.array(j["modes"]["a2"]), imp["modes"]["a2"])
+
+
+def _ids_file(tmp_path, ids):
+    f = tmp_path / "ids.txt"
+    f.write_text(" ".join(map(str, ids)))
+    return f
+
+
+def test_cli_edits_bit_for_bit(tmp_path):
+    p = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--ablate", "3.1:a1",
+            "--ablate", "2.0:a2", "--head-lambda", "4.2=0.3", "--knockout", "all:-1:,3:9", "--top-k", "6", "--json")
+    want = json.loads(p.stdout)
+    assert want["interventions"] == [
+        {"kind": "ablate", "mode": "a1", "layer": 3, "head": 1},
+        {"kind": "ablate", "mode": "a2", "layer": 2, "head": 0},
+        {"kind": "head_lambda", "layer": 4, "head": 2, "lambda": pytest.approx(0.3)},
+        {"kind": "knockout", "spec": want["interventions"][3]["spec"], "layers": [0, 5], "queries": [-1, 0],
+         "keys": [3, 9]}]
+    with diffscope.open(DEMO, backend="cpu", threads=2) as s:
+        s.ablate(3, 1, "a1")
+        s.ablate(2, 0, "a2")
+        s.set_head_lambda(4, 2, 0.3)
+        s.knockout("all", (-1, 0), (3, 9))
+        s.run(PROMPT)
+        assert [(t.id, np.float32(t.prob)) for t in s.top_k(6)] == [(t["id"], np.float32(t["prob"])) for t in want["top_k"]]
+    for args, needle in [(("--knockout", "1:5:3,0:2"), "empty or reversed"), (("--knockout", "1:x"), "--knockout"),
+                         (("--head-lambda", "1.1"), "--head-lambda"), (("--knockout", "1:0:1,0:999"), "outside the prompt")]:
+        bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", *args, check=False)
+        assert bad.returncode in (2, 3) and needle in bad.stderr and bad.stderr.count("\n") == 1, (args, bad.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The logit lens against the reference: each layer's output through the final norm and the LM head.
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_lens_matches_the_reference(fixture):
+    ids = list(range(3, 40))
+    positions = [-1, 4, 20]
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        s.run(ids)
+        lam = _layer_lambdas(s)
+        lens = s.lens(positions=positions, top_k=7, target=11)
+        last = s.logprobs()
+        assert lens["target"] == 11 and [l["layer"] for l in lens["layers"]] == list(range(s.layers))
+        default = s.lens()  # the last position, the greedy next token
+        assert default["target"] == int(np.argmax(last))
+    _, hidden, _ = diffllama_ref.forward(fixture, ids, lambdas=lam)
+    pos = [len(ids) - 1, 4, 20]
+    ref = diffllama_ref.lens(fixture, hidden, pos)
+    for l, layer in enumerate(lens["layers"]):
+        for i, e in enumerate(layer["positions"]):
+            assert e["position"] == pos[i]
+            lp = ref[l][i]
+            want_top = np.argsort(-lp, kind="stable")[:7]
+            assert [t["id"] for t in e["top"]] == list(want_top), (l, i)
+            np.testing.assert_allclose([t["prob"] for t in e["top"]], np.exp(lp[want_top]), atol=1e-5)
+            assert e["target_prob"] == pytest.approx(float(np.exp(lp[11])), abs=1e-5)
+            assert e["target_rank"] == 1 + int((lp > lp[11]).sum())
+    # the last layer's lens is the model's next-token distribution
+    top = lens["layers"][-1]["positions"][0]["top"]
+    np.testing.assert_allclose([t["prob"] for t in top], np.exp(last[[t["id"] for t in top]]), rtol=1e-5)
+
+
+def test_lens_cli_and_errors(demo, tmp_path):
+    out = tmp_path / "lens.json"
+    cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--lens", out,
+        "--lens-positions", "-1,3", "--lens-top-k", "3")
+    j = json.loads(out.read_text())
+    demo.clear_interventions()
+    demo.run(PROMPT)
+    want = demo.lens(positions=[-1, 3], top_k=3)
+    assert j["target"] == want["target"] and len(j["layers"]) == demo.layers
+    for a, b in zip(j["layers"], want["layers"]):
+        assert [[t["id"] for t in p["top"]] for p in a["positions"]] == [[t["id"] for t in p["top"]] for p in b["positions"]]
+        assert [np.float32(p["target_prob"]) for p in a["positions"]] == [np.float32(p["target_prob"]) for p in b["positions"]]
+    for kw, needle in [(dict(positions=[10 ** 6]), "position"), (dict(layers=[99]), "does not exist"),
+                       (dict(top_k=0), "top-k"), (dict(target=10 ** 7), "vocabulary")]:
+        with pytest.raises(diffscope.Error, match=needle):
+            demo.lens(**kw)
+    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--lens", out, "--lens-positions", "999",
+              check=False)
+    assert bad.returncode == 2 and "--lens" in bad.stderr and bad.stderr.count("\n") == 1

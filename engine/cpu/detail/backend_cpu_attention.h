@@ -19,8 +19,14 @@ struct Block {
   int64_t d = 0;           // head dim (of q and k)
   int64_t vw = 0;          // value width: d (plain) or 2 d (differential: [V of v[0] | V of v[1]])
   float scale = 1.f;       // applied to the scores
-  int maps = 1;            // 1: out = softmax(q0 k0^T) V; 2: out = softmax(q0 k0^T) V - lambda softmax(q1 k1^T) V
-  float lambda = 0.f;
+  int maps = 1;            // 1: out = c1 softmax(q0 k0^T) V; 2: out = c1 softmax(q0 k0^T) V - c2 softmax(q1 k1^T) V
+  float c1 = 1.f, c2 = 0.f;  // c2: the head's lambda
+  // Knockout: query p in [q0, q1) of span i does not see keys [k0, k1); a row with no key left gives 0.
+  struct Knock {
+    int64_t q0, q1, k0, k1;
+  };
+  const Knock* ko = nullptr;
+  int nko = 0;
   const float* q[2] = {nullptr, nullptr};  // row r at q[m] + r * ldq (rows from position s)
   int64_t ldq = 0;
   const float* k[2] = {nullptr, nullptr};  // key p at k[m] + p * ldk

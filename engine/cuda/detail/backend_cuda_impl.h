@@ -171,6 +171,7 @@ class CudaBackend final : public Backend {
   // ds::Error when no logit is finite, as the host's Sampler does.
   int32_t device_argmax();
   void fetch_logits(ForwardResult& out) override;
+  void lens_logits(int layer, int64_t position, float* out) override;
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
   // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
   void set_decode_profile(bool on) { decode_profile_ = on; }
@@ -347,6 +348,7 @@ class CudaBackend final : public Backend {
     int64_t graph_gen = -1;  // act_gen_ the graph was captured against
     std::vector<float> graph_lambda;
     const fwd::Hooks* graph_hooks = nullptr;  // the hooks the graph was captured with
+    const void* graph_edits = nullptr;        // ... and the attention edits (knockout spans are kernel arguments)
     bool warm = false;       // an eager step ran since the GEMM shapes or the buffers last changed
     Decoder() = default;
     Decoder(const Decoder&) = delete;
@@ -361,6 +363,14 @@ class CudaBackend final : public Backend {
   bool decode_gemv_ = true;  // the step's projections through kernels/gemv.h (DS_DECODE_GEMV=0: cuBLASLt)
   int64_t graph_replays_ = 0;
   std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's hook points (forward.h)
+  // The attention op's edits of the last forward (forward.h AttnEdit; null: none), and their head coefficients on the
+  // device: [L][view heads] float2 (c1, c2), uploaded when they change (upload_head_coefs); has_coef_[l]: layer l
+  // reads them.
+  std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;
+  DeviceBuffer head_coef_;
+  std::vector<float> head_coef_host_;
+  std::vector<uint8_t> has_coef_;
+  void upload_head_coefs(const std::vector<float>& lambda);
   DeviceBuffer max_abs_;                     // [L] f32: the max_abs readers' slots
   std::vector<uint8_t> max_abs_read_;        // [L]: whether a reader filled the slot since it was reset
   DeviceBuffer mamba_state_;         // [Mamba layers]: conv state [K - 1][di] bf16, then scan state [di][S] f32
