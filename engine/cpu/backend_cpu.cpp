@@ -326,7 +326,8 @@ class CpuBackend final : public Backend {
     if (cfg_.spec().norm == NormKind::LayerNorm) layernorm(x, final_norm_.data(), final_norm_b_.data(), y.data(), 1, D, cfg_.norm_eps);
     else rmsnorm(x, final_norm_.data(), y.data(), 1, D, cfg_.norm_eps);
     const std::vector<float>& w = lm_head_.empty() ? embed_ : lm_head_;
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(cfg_.vocab), int(D), 1.f, w.data(), int(D), y.data(), 1, 0.f, out, 1);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, int(cfg_.vocab), int(D), 1.f, y.data(), int(D), w.data(),
+                int(D), 0.f, out, int(cfg_.vocab));
   }
 
   void layer_maps(int layer, LayerMaps& out) override {

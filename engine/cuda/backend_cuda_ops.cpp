@@ -232,10 +232,11 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.head_ns = b_.profiling_ ? b_.head_ns_.as<unsigned long long>() + size_t(l) * size_t(b_.view_heads()) : nullptr;
     const kern::AttnChoice choice = b_.attn_choice(p);
     step(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, b_.stream())); });
-    if (edit && !edit->knockout.empty() && choice.impl != kern::AttnImpl::Generic) {
-      // Knockout: the fused kernels take no key mask; the generic kernel computes the knocked rows again with it.
+    if (edit && p.nko > 0 && choice.impl != kern::AttnImpl::Generic) {
+      // Knockout (the edit's spans, in p.ko since layer_attn): the fused kernels take no key mask; the generic kernel
+      // computes the knocked rows again with it.
       int64_t q0 = n_, q1 = 0;
-      for (const fwd::KeySpan& k : edit->knockout) q0 = std::min(q0, k.q0), q1 = std::max(q1, std::min(k.q1, n_));
+      for (int i = 0; i < p.nko; ++i) q0 = std::min<int64_t>(q0, p.ko[i].x), q1 = std::max<int64_t>(q1, std::min<int64_t>(p.ko[i].y, n_));
       if (q0 < q1) {
         p.row0 = int(q0), p.row1 = int(q1), p.head_ns = nullptr;
         step("attention_knockout", l, [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
@@ -453,6 +454,7 @@ void CudaBackend::run_layers(int batch, int64_t n, const std::vector<float>& lam
   plan.last_rows_only = last_rows_only;
   plan.lambda = lambda.data();
   plan.hooks = gemms_only ? nullptr : hooks_.get();
+  plan.edits = gemms_only ? nullptr : edits_.get();
   fwd::run_layers(cfg_, ops, plan);
   ops.finish();
 }
@@ -505,6 +507,7 @@ void CudaBackend::decode_launches() {
   fwd::Plan plan;
   plan.lambda = last_lambda_.data();
   plan.hooks = hooks_.get();
+  plan.edits = edits_.get();
   fwd::run_layers(cfg_, ops, plan);
   ops.finish();
   // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32,

@@ -96,3 +96,61 @@ def test_cuda_profile_has_kernels_and_heads(gpu):
     assert p["kernels"] and p["forward_ms"] > 0
     gpu.reset_lambda()
     gpu.run()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The attention op's edits (drop A1 / A2, a head's own lambda, knockout) in every CUDA attention kernel against the
+# CPU backend (itself held against the float64 reference in test_interventions.py), on a checkpoint with d = 64 (the
+# fused kernels' head size), with each kernel forced in turn (DS_ATTN_KERNEL, read when a session opens).
+D64 = DEMO.parents[2] / "tests" / "fixtures" / "diff_gqa_d64_llama3_bf16_tied"
+IMPLS = ["auto", "wgmma", "mma-both", "mma-vsplit", "mma-lockstep", "generic"]
+
+
+def _edit(s):
+    s.ablate(0, 1, "a1")
+    s.ablate(1, 0, "a2")
+    s.set_head_lambda(0, 0, 1.7)
+    s.knockout("all", (-1, 0), (2, 9))
+    s.knockout(1, (5, 30), (0, 3))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_edits_match_cpu_in_every_kernel(gpu, impl, monkeypatch):
+    ids = list(range(3, 44))
+    monkeypatch.setenv("DS_ATTN_KERNEL", impl)
+    try:
+        g = diffscope.open(D64, backend="cuda")
+        g.run(ids, all_logits=True)
+    except diffscope.Error as e:
+        pytest.skip(f"{impl} does not run this shape here: {e}")
+    with g, diffscope.open(D64, backend="cpu", threads=2) as c:
+        base = g.logits(True).copy()
+        for s in (g, c):
+            _edit(s)
+            s.run(ids, all_logits=True)
+        got, want = g.logits(True), c.logits(True)
+        assert np.abs(want - base).max() > 0.05  # the edits matter more than bf16 rounding
+        assert np.abs(got - want).max() < 0.03 * max(1.0, np.abs(want).max()), impl
+        assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
+        mg, mc = g.maps(1), c.maps(1)  # the map queries show the knockout
+        assert mg.a1[:, 7, 0:3].max() == 0 and mg.a1[:, -1, 2:9].max() == 0
+        assert np.abs(mg.a1 - mc.a1).max() < 0.02 and np.abs(mg.a2 - mc.a2).max() < 0.02
+        sg, sc = g.stats(), c.stats()
+        np.testing.assert_allclose(sg["entropy_diff"], sc["entropy_diff"], rtol=0.05, atol=0.03)
+        lg, lc = g.lens(top_k=3), c.lens(top_k=3)
+        assert [l["positions"][0]["top"][0]["id"] for l in lg["layers"]] == \
+               [l["positions"][0]["top"][0]["id"] for l in lc["layers"]]
+
+
+def test_cuda_edits_carry_into_decoding(gpu):
+    with diffscope.open(D64, backend="cuda") as g:
+        g.ablate(0, 1, "a1")
+        g.set_head_lambda(1, 1, 0.2)
+        g.knockout("all", (10, 30), (2, 9))
+        ids = list(range(3, 34))
+        g.run(ids)
+        got = [t.id for t in g.generate(6, stop_at_eos=False)]
+        seq = list(g.ids)
+        for i, tok in enumerate(got):
+            g.run(seq[:len(ids) + i])
+            assert g.top_k(1)[0].id == tok, i
