@@ -231,6 +231,32 @@ def case_lambda(r):
         check(all((a is None and b is None) or abs(a - b) <= 1e-5 for a, b in zip(gr, wr)),
               "GUI importance row %s differs from diffscope-run's %s" % (gr, wr))
     check(got["modes"]["head"][2][0] == 0.0, "an ablated head's importance is 0: %s" % got["modes"]["head"][2])
+    # Dropped maps and a knockout (--ablate L.H:a1|a2, --knockout; the head panel's -A1 / -A2 boxes, the Lambda
+    # panel's knockout field) and the Row panel's logit lens (--lens): diffscope-run's with the same flags.
+    edits = ["--ablate", "1.1:a1", "--ablate", "2.0:a2", "--knockout", "all:-1:,3:9"]
+    rc5, s5, i5 = r.run("edits", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--lens", *edits)
+    assert_sane_run(rc5, s5, i5, 25)
+    lens_file = r.path("lens.json")
+    cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, *edits, "--lens", lens_file,
+           "--top-k", str(len(s5["next_token"])), "--json"]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=r.source)
+    check(out.returncode == 0, "diffscope-run with the edits failed: %s" % out.stderr)
+    cli_json = json.loads(out.stdout)
+    check(s5["interventions"] == cli_json["interventions"] and len(s5["interventions"]) == 3,
+          "GUI interventions %s, diffscope-run's %s" % (s5["interventions"], cli_json["interventions"]))
+    got, want = s5["next_token"], cli_json["top_k"]
+    check([t["id"] for t in got] == [t["id"] for t in want] and
+          all(abs(a["prob"] - b["prob"]) <= 1e-6 for a, b in zip(got, want)),
+          "GUI next tokens with the edits %s differ from diffscope-run's %s" % (got, want))
+    gl, wl = s5.get("lens"), json.load(open(lens_file))
+    check(gl is not None and gl["target"] == wl["target"] and len(gl["layers"]) == len(wl["layers"]),
+          "GUI lens %s, diffscope-run's target %s" % (gl and gl["target"], wl["target"]))
+    for a, b in zip(gl["layers"], wl["layers"]):
+        pa, pb = a["positions"][0], b["positions"][0]
+        check(pa["position"] == pb["position"] == 24 and [t["id"] for t in pa["top"]][:1] == [t["id"] for t in pb["top"]][:1]
+              and abs(pa["target_prob"] - pb["target_prob"]) <= 1e-6 and pa["target_rank"] == pb["target_rank"],
+              "GUI lens layer %d %s differs from diffscope-run's %s" % (a["layer"], pa, pb))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

@@ -184,6 +184,22 @@ bool AppState::ablated(int l, int h) const {
                      [&](const HeadScale& x) { return x.layer == l && x.head == h && x.factor == 0.f; });
 }
 
+bool AppState::map_dropped(int l, int h, int map) const {
+  for (const HeadMix& x : req.head_mixes)
+    if (x.layer == l && x.head == h) return map == 1 ? x.drop_a1 : (x.lambda && *x.lambda == 0.f);
+  return false;
+}
+
+void AppState::toggle_map(int l, int h, int map) {
+  auto& v = req.head_mixes;
+  auto it = std::find_if(v.begin(), v.end(), [&](const HeadMix& x) { return x.layer == l && x.head == h; });
+  if (it == v.end()) it = v.insert(v.end(), HeadMix{l, h});
+  if (map == 1) it->drop_a1 = !it->drop_a1;
+  else it->lambda = it->lambda && *it->lambda == 0.f ? std::nullopt : std::optional<float>(0.f);
+  if (!it->drop_a1 && !it->lambda) v.erase(it);
+  submit_now();
+}
+
 void AppState::toggle_ablation(int l, int h) {
   auto& v = req.head_scales;
   const auto it = std::find_if(v.begin(), v.end(), [&](const HeadScale& x) { return x.layer == l && x.head == h; });
@@ -507,7 +523,15 @@ void AppState::absorb_snapshot() {
     // Lambda controls sized to this model; the global scale survives a model change.
     req.lambda.override_.assign(size_t(m.cfg.layers), std::nullopt);
     if (!first_model)
-      req.head_scales.clear();  // another model's heads (--ablate applies to the first model)
+      req.head_scales.clear(), req.head_mixes.clear(), req.knockouts.clear();  // another model's (--ablate: the first)
+    for (const std::string& k : pending_knockouts) {
+      try {
+        req.knockouts.push_back(parse_knockout(k, int(m.cfg.layers)));
+      } catch (const std::exception& e) {
+        show_error(e.what());
+      }
+    }
+    pending_knockouts.clear();
     if (pending_scale) {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();

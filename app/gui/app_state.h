@@ -159,6 +159,7 @@ struct AppState {
   std::string error_line;  // shown in the banner and the modal
   bool open_error_modal = false;
   std::optional<double> pending_scale;  // --lambda-scale, applied to the first model
+  std::vector<std::string> pending_knockouts;  // --knockout, parsed against the first model's layers
   // --head, --row and --view as given, checked against the first model and prompt: out of range is said in the
   // banner (the view then shows the nearest thing there is), never silently clamped.
   std::optional<std::pair<int, int>> asked_head;
@@ -210,6 +211,10 @@ struct AppState {
   // turning that on or off (a re-run from layer l).
   bool ablated(int l, int h) const;
   void toggle_ablation(int l, int h);
+  // The head panel's -A1 / -A2 boxes (map 1 or 2 of view head h of layer l dropped), and turning one over.
+  bool map_dropped(int l, int h, int map) const;
+  void toggle_map(int l, int h, int map);
+  char knockout_input[64] = {};  // the Lambda panel's knockout field
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
   void select_row(int64_t q);  // the row view's query (negative counts from the end)

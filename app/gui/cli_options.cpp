@@ -32,7 +32,11 @@ const char* cli_usage() {
          "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
          "  --max-abs-hidden       read each layer's largest |hidden state| (Profiler, max |h|; paper Table 5)\n"
-         "  --ablate L.H           zero head H of layer L's output from the start (repeatable; the head panel's box)\n"
+         "  --ablate L.H[:MODE]    ablate head H of layer L from the start (repeatable; the head panel's boxes):\n"
+         "                         MODE head (its output zeroed; the default), a1 or a2 (that map dropped)\n"
+         "  --knockout L:Q0:Q1,K0:K1  queries [Q0, Q1) of layer L (a range A-B, or all) do not see keys [K0, K1)\n"
+         "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
+         "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
          "  --importance           measure every head's importance (Overview, importance mode) after the first run\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
@@ -179,15 +183,26 @@ CliOptions parse_cli(int argc, char** argv) {
       o.max_abs_hidden = true;
     } else if (a == "--importance") {
       o.importance = true;
+    } else if (a == "--knockout") {
+      o.knockout.push_back(need(i, a));
+    } else if (a == "--lens") {
+      o.lens = true;
     } else if (a == "--ablate") {
-      const std::string v = need(i, a);
+      std::string v = need(i, a);
+      std::string mode = "head";
+      if (const size_t colon = v.find(':'); colon != std::string::npos) {
+        mode = v.substr(colon + 1);
+        if (mode != "head" && mode != "a1" && mode != "a2")
+          throw Error("--ablate: mode '" + mode + "' is not known (L.H:a1, L.H:a2 or L.H:head)");
+        v.resize(colon);
+      }
       const size_t dot = v.find('.');
       if (dot == std::string::npos)
         throw Error("--ablate takes LAYER.HEAD, e.g. --ablate 3.1");
       const long long l = parse_integer(v.substr(0, dot), "--ablate layer"), h = parse_integer(v.substr(dot + 1), "--ablate head");
       if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX)
         throw Error("--ablate: layer and head must be >= 0");
-      o.ablate.push_back({int(l), int(h)});
+      o.ablate.push_back({int(l), int(h), mode});
     } else if (a == "--regenerate-lambda-scale") {
       o.regenerate_scale = parse_number(need(i, a), a);
     } else if (a == "--scan") {

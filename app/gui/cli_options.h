@@ -33,7 +33,13 @@ struct CliOptions {
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   bool max_abs_hidden = false;  // --max-abs-hidden: the Table 5 reader on from the start
-  std::vector<std::pair<int, int>> ablate;  // --ablate L.H (repeatable): heads ablated from the start
+  struct Ablation {
+    int layer = 0, head = 0;
+    std::string mode = "head";  // head | a1 | a2
+  };
+  std::vector<Ablation> ablate;        // --ablate L.H[:MODE] (repeatable): heads ablated from the start
+  std::vector<std::string> knockout;   // --knockout L:Q0:Q1,K0:K1 (repeatable; parsed against the model)
+  bool lens = false;                   // --lens: the Row panel's logit lens on
   bool importance = false;  // --importance: the Overview's head importance, measured after the first run
   std::optional<double> regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X and Regenerate
   // Corpus scan (the Corpus panel): --scan FILE starts one once the first prompt ran; the rest set its options and

@@ -269,12 +269,10 @@ nlohmann::json session_json(const AppState& st) {
                   {"attention_tflops", attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0.0},
                   {"kernels", kernels},
                   {"heads", heads}};
-  {
-    json iv = json::array();  // the head interventions asked for (--ablate, the head panel's box)
-    for (const HeadScale& x : st.req.head_scales)
-      iv.push_back({{"layer", x.layer}, {"head", x.head}, {"kind", "scale"}, {"factor", x.factor}});
-    j["interventions"] = iv;
-  }
+  // The interventions the result on screen ran with, as the engine records them (interventions_json).
+  j["interventions"] = r.interventions.empty() ? json::array() : json::parse(r.interventions);
+  if (const auto& lv = st.snap->lens; lv && lv->result_seq == r.seq)  // the Row panel's logit lens (--lens)
+    j["lens"] = json::parse(lens_json(lv->lens));
   if (const auto& imp = st.snap->importance)  // the Overview's importance mode (--importance)
     j["importance"] = json::parse(head_importance_json(imp->h));
   if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)

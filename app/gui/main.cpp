@@ -164,8 +164,19 @@ int main(int argc, char** argv) {
     st.generation.options.sampling.seed = *opt.seed;
   st.generation.options.stop_at_eos = !opt.ignore_eos;
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
-  for (const auto& [l, h] : opt.ablate)  // checked by the session against the model (a one-line error if bad)
-    st.req.head_scales.push_back({l, h, 0.f});
+  for (const auto& x : opt.ablate) {  // checked by the session against the model (a one-line error if bad)
+    if (x.mode == "head") {
+      st.req.head_scales.push_back({x.layer, x.head, 0.f});
+      continue;
+    }
+    auto it = std::find_if(st.req.head_mixes.begin(), st.req.head_mixes.end(),
+                           [&](const ds::HeadMix& m) { return m.layer == x.layer && m.head == x.head; });
+    if (it == st.req.head_mixes.end()) it = st.req.head_mixes.insert(st.req.head_mixes.end(), ds::HeadMix{x.layer, x.head});
+    if (x.mode == "a1") it->drop_a1 = true;
+    else it->lambda = 0.f;
+  }
+  st.pending_knockouts = opt.knockout;  // parsed once the model's layers are known
+  st.req.lens = opt.lens;
   if (opt.importance) {
     st.req.importance_seq = 1;
     st.ov_mode = OverviewMode::Importance;

@@ -191,6 +191,16 @@ void toolbar(AppState& st, const ModelInfo& m) {
                  "Zero this head's output (after its sub-layer norm, before o_proj) from now on: the model re-runs\n"
                  "from this layer, and predictions, later layers' maps and generation show the effect. The Lambda\n"
                  "panel lists the heads ablated; untick to restore.");
+    if (m.cfg.is_diff()) {
+      for (int map = 1; map <= 2; ++map) {
+        ImGui::SameLine();
+        bool drop = st.map_dropped(st.layer, st.head, map);
+        if (ImGui::Checkbox(map == 1 ? "-A1" : "-A2", &drop))
+          st.toggle_map(st.layer, st.head, map);
+        item_tooltip(map == 1 ? "Drop A1: the head keeps -lambda A2 V, then its norm as usual (a re-run from this layer)"
+                              : "Drop A2: lambda 0 for this head alone (a re-run from this layer)");
+      }
+    }
   }
   if (!implicit) {
     ImGui::SameLine();

@@ -76,17 +76,36 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   ImGui::SameLine();
   if (ImGui::Button("x1"))
     st.set_lambda_scale(1.0);
-  if (!st.req.head_scales.empty()) {  // head interventions (the head panel's "ablate" box, --ablate)
+  // Interventions (the head panel's ablate / -A1 / -A2 boxes, knockouts typed here, --ablate / --knockout), as the
+  // engine lists them for the result on screen.
+  if (st.snap->result && !st.snap->result->intervention_lines.empty()) {
     std::string list;
-    for (const HeadScale& x : st.req.head_scales)
-      list += (list.empty() ? "" : ", ") + std::to_string(x.layer) + "." + std::to_string(x.head);
-    ImGui::TextWrapped("ablated heads (layer.head): %s", list.c_str());
+    for (const std::string& x : st.snap->result->intervention_lines) list += (list.empty() ? "" : "; ") + x;
+    ImGui::TextWrapped("interventions: %s", list.c_str());
     same_line_if_fits(button_w("restore all"));
     if (ImGui::SmallButton("restore all")) {
       st.req.head_scales.clear();
+      st.req.head_mixes.clear();
+      st.req.knockouts.clear();
       st.submit_now();
     }
   }
+  ImGui::SetNextItemWidth(160);
+  const bool enter = ImGui::InputTextWithHint("##ko", "L:Q0:Q1,K0:K1", st.knockout_input, sizeof st.knockout_input,
+                                              ImGuiInputTextFlags_EnterReturnsTrue);
+  ImGui::SameLine();
+  if ((ImGui::SmallButton("knock out") || enter) && st.knockout_input[0]) {
+    try {
+      st.req.knockouts.push_back(parse_knockout(st.knockout_input, int(m.cfg.layers)));
+      st.knockout_input[0] = 0;
+      st.submit_now();
+    } catch (const std::exception& e) {
+      st.show_error(e.what());
+    }
+  }
+  item_tooltip("Attention knockout: query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps.\n"
+               "L: a layer, a range A-B or all; below 0 counts from the end (-1: the last token; Q1 left empty\n"
+               "after it: to the end). E.g. all:-1:,5:9 hides keys 5..8 from the last token in every layer.");
 
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
   if (!ImGui::BeginTable("lam", 4, tf, ImVec2(0, table_h)))

@@ -101,6 +101,12 @@ void row_header(AppState& st, const RowData& row, const AppState::AnswerMark* an
     st.row_color = 1, names[1] = rm.implicit ? "M" : "A";
   ImGui::SetNextItemWidth(130);
   ImGui::Combo("##rowcol", &st.row_color, names, rm.differential ? 3 : 2);
+  ImGui::SameLine();
+  if (ImGui::Checkbox("logit lens", &st.req.lens))
+    st.submit_now();
+  item_tooltip("What each layer predicts at this position: its output on the residual stream through the final\n"
+               "norm and the LM head (the last layer's is the model's own). Shown in place of the text, with the\n"
+               "probability and rank of the model's next token after the last position.");
   if (!ans || ans->begin > q)
     return;
   const Fractions12 f = row_fractions(rm, row.head, ans->begin, ans->end);
@@ -117,6 +123,44 @@ void row_header(AppState& st, const RowData& row, const AppState::AnswerMark* an
                "A1, A2 and D = A1 - %s*A2 summed over the span, over the row's sum\n"
                "(the scan's heatmap averages this over prompts)",
                ans->line, row.head, st.lam());
+}
+
+// The logit lens at the row's position (Request::lens): per layer the top token and its probability, and the
+// probability and rank of the target (the model's next token after the last position).
+void lens_table(const Snapshot& s, int64_t q) {
+  const auto& lv = s.lens;
+  if (!lv || lv->result_seq != s.result->seq || lv->lens.layers.empty() || lv->lens.layers[0].positions.empty() ||
+      lv->lens.layers[0].positions[0].position != q) {
+    ImGui::TextDisabled("logit lens: computing...");
+    return;
+  }
+  const Lens& lens = lv->lens;
+  ImGui::Text("logit lens at %lld   target \"%s\"", (long long)q, token_label(lens.target_text, 24).c_str());
+  const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
+  if (!ImGui::BeginTable("lens", 5, tf))
+    return;
+  ImGui::TableSetupScrollFreeze(0, 1);
+  ImGui::TableSetupColumn("layer");
+  ImGui::TableSetupColumn("top token");
+  ImGui::TableSetupColumn("p");
+  ImGui::TableSetupColumn("target p");
+  ImGui::TableSetupColumn("rank", ImGuiTableColumnFlags_WidthStretch);
+  ImGui::TableHeadersRow();
+  for (const LensLayer& l : lens.layers) {
+    const LensEntry& e = l.positions[0];
+    ImGui::TableNextRow();
+    ImGui::TableNextColumn();
+    ImGui::Text("%d", l.layer);
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(token_label(e.top.at(0).text, 16).c_str());
+    ImGui::TableNextColumn();
+    ImGui::Text("%.3f", double(e.top.at(0).prob));
+    ImGui::TableNextColumn();
+    ImGui::Text("%.3f", double(e.target_prob));
+    ImGui::TableNextColumn();
+    ImGui::Text("%lld", (long long)e.target_rank);
+  }
+  ImGui::EndTable();
 }
 
 // The row over key positions: A1, A2 and the difference, the answer span shaded, the key under the mouse.
@@ -274,7 +318,13 @@ void draw_row_panel(AppState& st) {
   row_plot(st, row, ans, plot_w, plot_h);
   if (side_by_side)
     ImGui::SameLine();
-  row_text(st, s, row, ans);
+  if (st.req.lens) {
+    ImGui::BeginChild("lens_child", ImVec2(0, 0));
+    lens_table(s, row.q);
+    ImGui::EndChild();
+  } else {
+    row_text(st, s, row, ans);
+  }
   end_panel();
 }
 

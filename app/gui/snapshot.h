@@ -16,6 +16,7 @@
 #include "engine/core/config.h"
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
+#include "engine/session/session_lens.h"
 #include "engine/session/session_scan.h"
 
 namespace ds::gui {
@@ -109,6 +110,8 @@ struct RunResult {
   double run_ms = 0;    // wall time of Session::run
   Profile profile;
   std::vector<float> max_abs_hidden;  // [L] with the Table 5 reader on (Session::max_abs_hidden), else empty
+  std::string interventions;                // the interventions this run had (interventions_json)
+  std::vector<std::string> intervention_lines;
 };
 
 struct SweepPoint {
@@ -253,6 +256,13 @@ struct Snapshot {
     HeadImportance h;
   };
   std::shared_ptr<const Importance> importance;
+  // The logit lens at the row view's position (Request::lens), for the result of result_seq.
+  struct LensView {
+    uint64_t result_seq = 0;
+    int64_t asked_row = -1;
+    Lens lens;
+  };
+  std::shared_ptr<const LensView> lens;
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
   std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first
 };

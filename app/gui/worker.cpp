@@ -15,6 +15,7 @@
 #include "engine/core/env.h"
 #include "engine/core/error.h"
 #include "engine/session/session_importance.h"
+#include "engine/session/session_lens.h"
 #include "engine/session/session_sweep.h"
 
 namespace ds::gui {
@@ -98,7 +99,8 @@ bool Worker::lambda_superseded(const Request& r) const {
     return false;
   return want_.open_seq != r.open_seq || want_.prompt_seq != r.prompt_seq || want_.gen_seq != r.gen_seq ||
          want_.scan_seq != r.scan_seq || want_.lambda.scale != r.lambda.scale ||
-         want_.lambda.override_ != r.lambda.override_ || want_.head_scales != r.head_scales;
+         want_.lambda.override_ != r.lambda.override_ || want_.head_scales != r.head_scales ||
+         want_.head_mixes != r.head_mixes || want_.knockouts != r.knockouts;
 }
 
 bool Worker::superseded() const {
@@ -225,6 +227,16 @@ void Worker::step(const Request& r) {
   } catch (const std::exception& e) {
     report_error(e.what());
   }
+  try {
+    if (session_->config().is_diff()) lambda_changed = session_->set_head_mixes(r.head_mixes) || lambda_changed;
+  } catch (const std::exception& e) {
+    report_error(e.what());
+  }
+  try {
+    lambda_changed = session_->set_knockouts(r.knockouts) || lambda_changed;
+  } catch (const std::exception& e) {
+    report_error(e.what());
+  }
   bool reader_on = false;  // the Table 5 reader turned on: the next run covers every layer
   if (r.max_abs_hidden != session_->watching_max_abs_hidden()) {
     session_->set_watch_max_abs_hidden(r.max_abs_hidden);
@@ -294,8 +306,26 @@ void Worker::step(const Request& r) {
     traced("overview", [&] { summarize(r); });
   if (r.sweep && session_->config().is_diff() && !superseded())
     traced("sweep", [&] { run_sweep(r); });
+  if (r.lens && !superseded())
+    traced("lens", [&] { refresh_lens(r); });
   if (r.importance_seq != applied_importance_ && !superseded())
     traced("importance", [&] { run_importance(r); });
+}
+
+// The logit lens at the row view's position, once per result and position (session_lens.h).
+void Worker::refresh_lens(const Request& r) {
+  if (lens_ && lens_->result_seq == result_seq_ && lens_->asked_row == r.row) return;
+  auto v = std::make_shared<Snapshot::LensView>();
+  v->result_seq = result_seq_;
+  v->asked_row = r.row;
+  try {
+    v->lens = logit_lens(*session_, LensRequest{{r.row}, {}, 5, -1});
+  } catch (const std::exception& e) {
+    report_error(e.what());
+    return;
+  }
+  lens_ = v;
+  publish([&](Snapshot& s) { s.lens = v; });
 }
 
 // The engine's head importance (engine/session/session_importance.h): one ablation per head, each a re-run from its
@@ -458,6 +488,8 @@ void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, in
     res->lambda.push_back(session_->effective_lambda(l));
   res->control = session_->lambda_control();
   res->profile = session_->backend().profile();
+  res->interventions = interventions_json(*session_);
+  res->intervention_lines = intervention_lines(*session_);
   if (session_->watching_max_abs_hidden()) {
     try {
       res->max_abs_hidden = session_->max_abs_hidden();

@@ -38,6 +38,9 @@ struct Request {
   std::vector<int32_t> ids;
   LambdaControl lambda;  // override_ sized to the model's layers, or empty
   std::vector<HeadScale> head_scales;  // head interventions in force (Session::set_head_scale), in order
+  std::vector<HeadMix> head_mixes;     // ... drop A1 / A2, a head's own lambda (Session::set_head_mix)
+  std::vector<Knockout> knockouts;     // ... key knockouts (Session::add_knockout)
+  bool lens = false;                   // the logit lens at the row view's position (session_lens.h)
   int layer = 0, head = 0;
   // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
   ViewRequest view;
@@ -95,6 +98,8 @@ class Worker {
   void run_sweep(const Request& r);
   void run_importance(const Request& r);
   uint64_t applied_importance_ = 0;
+  void refresh_lens(const Request& r);
+  std::shared_ptr<const Snapshot::LensView> lens_;
   void run_scan(const Request& r);  // worker_scan.cpp
   void publish_scan(std::shared_ptr<const ScanState> scan);
   bool scan_stop_requested(uint64_t stop_seq_at_start) const;

@@ -97,22 +97,28 @@ def test_interventions_list_rerun_and_errors(demo):
     assert demo.interventions == []
 
 
+def _generation_matches_full_forwards(s, k):
+    """Generates k greedy tokens after PROMPT under the interventions in force; each must be the greedy choice of a
+    full forward of the sequence so far under the same interventions. Leaves the session without them."""
+    s.run(PROMPT)
+    n0 = s.n
+    got = [t.id for t in s.generate(k, stop_at_eos=False)]
+    seq = list(s.ids)
+    for i, tok in enumerate(got):
+        s.run(seq[:n0 + i])
+        assert s.top_k(1)[0].id == tok, i
+    s.clear_interventions()
+    s.run(seq[:n0])
+    s.clear_generation()
+
+
 def test_interventions_apply_to_generation(demo):
     """The decoding steps carry the writer: each generated token is the greedy choice of a full forward of the
     sequence so far under the same intervention."""
     demo.clear_interventions()
     for h in range(demo.heads):
         demo.ablate(3, h)
-    demo.run(PROMPT)
-    n0 = demo.n
-    got = [t.id for t in demo.generate(5, stop_at_eos=False)]
-    seq = list(demo.ids)
-    for i, tok in enumerate(got):
-        demo.run(seq[:n0 + i])
-        assert demo.top_k(1)[0].id == tok, i
-    demo.clear_interventions()
-    demo.run(seq[:n0])
-    demo.clear_generation()
+    _generation_matches_full_forwards(demo, 5)
 
 
 def test_cli_ablate_bit_for_bit(tmp_path):
@@ -274,16 +280,7 @@ def test_edits_carry_into_generation(demo):
     demo.ablate(4, 0, "a1")
     demo.set_head_lambda(3, 2, 1.5)
     demo.knockout("all", (10, 19), (3, 8))
-    demo.run(PROMPT)
-    n0 = demo.n
-    got = [t.id for t in demo.generate(4, stop_at_eos=False)]
-    seq = list(demo.ids)
-    for i, tok in enumerate(got):
-        demo.run(seq[:n0 + i])
-        assert demo.top_k(1)[0].id == tok, i
-    demo.clear_interventions()
-    demo.run(seq[:n0])
-    demo.clear_generation()
+    _generation_matches_full_forwards(demo, 4)
 
 
 def test_edit_errors(demo):
