@@ -21,6 +21,7 @@
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
+#include "engine/session/session_outliers.h"
 #include "engine/session/session_sweep.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/safe_write.h"
@@ -204,6 +205,11 @@ int run(const Args& a) {
   if (!a.dump.empty()) ds::check_writable_target(a.dump, "the dump", inputs);
   if (!a.stats.empty()) ds::check_writable_target(a.stats, "the statistics", inputs);
   if (!a.dump.empty() && a.dump == a.stats) throw ArgError("--dump and --stats name the same file " + a.dump);
+  if (!a.outliers.empty()) {
+    ds::check_writable_target(a.outliers, "the outlier statistics", inputs);
+    for (const std::string* o : {&a.dump, &a.stats, &a.importance, &a.lens})
+      if (a.outliers == *o) throw ArgError("--outliers names the same file as another output: " + a.outliers);
+  }
   if (!a.lens.empty()) {
     ds::check_writable_target(a.lens, "the logit lens", inputs);
     if (a.lens == a.dump || a.lens == a.stats || a.lens == a.importance)
@@ -377,6 +383,17 @@ int run(const Args& a) {
         for (double x : p.entropy) e += x;
         std::printf("  %10.4f %12.5f %12.5f\n", p.lambda, p.logprob, e / double(std::max<size_t>(1, p.entropy.size())));
       }
+    }
+  }
+  if (!a.outliers.empty()) {
+    const ds::Outliers o = ds::outlier_stats(*s);
+    ds::write_file_safely(a.outliers, ds::outliers_json(o) + "\n", "the outlier statistics");
+    if (!a.json) {
+      std::printf("\nactivation outliers (top 1 / median):  hidden %.4g / %.4g", double(o.hidden.s.top[0]),
+                  double(o.hidden.s.median));
+      if (o.logit1.s.count) std::printf("   logit1 %.4g / %.4g", double(o.logit1.s.top[0]), double(o.logit1.s.median));
+      if (o.logit2.s.count) std::printf("   logit2 %.4g / %.4g", double(o.logit2.s.top[0]), double(o.logit2.s.median));
+      std::printf("\nwrote %s\n", a.outliers.c_str());
     }
   }
   if (!a.lens.empty()) {

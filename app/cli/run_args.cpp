@@ -42,6 +42,10 @@ const char* kUsage =
     "                         {\"target\", \"layers\": [{\"layer\", \"positions\": [{\"position\", \"top\": [{\"id\",\n"
     "                         \"prob\"}], \"target_prob\", \"target_rank\"}]}]} (the last layer's: the model's logits)\n"
     "  --lens-positions P,..  positions of the lens (default -1: the last; below 0 counts from the end)\n"
+    "  --outliers FILE.json   activation outliers (paper Table 5): per layer the 1st, 2nd, 3rd, 10th and 100th\n"
+    "                         largest |hidden state| and |attention logit| of map 1 and map 2, and their medians\n"
+    "                         (exact), as {\"layers\": [{\"layer\", \"hidden_top\", \"hidden_median\", \"logit_top1\",\n"
+    "                         \"logit_median1\", \"logit_top2\", \"logit_median2\"}], \"model\": {...}}\n"
     "  --lens-top-k K         tokens per position in the lens (default 5)\n"
     "  --lens-target ID       the token whose probability and rank the lens follows (default: the greedy next one)\n"
     "  --generate N           generate up to N tokens after the prompt (KV cache; stops at the model's EOS)\n"
@@ -301,6 +305,8 @@ Args parse_args(int argc, const char* const* argv) {
         a.importance_modes.push_back(m);
         p = c + 1;
       }
+    } else if (k == "--outliers") {
+      a.outliers = value(i);
     } else if (k == "--lens") {
       a.lens = value(i);
     } else if (k == "--lens-positions") {

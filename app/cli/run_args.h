@@ -56,6 +56,7 @@ struct Args {
   int32_t importance_target = -1;         // --importance-target ID (-1: the greedy next token)
   std::vector<std::string> importance_modes;  // --importance-modes a2,a1,head (default: all the model has)
   std::string lens;                       // --lens FILE.json (the logit lens, session_lens.h)
+  std::string outliers;                   // --outliers FILE.json (activation outliers, session_outliers.h)
   std::vector<int64_t> lens_positions;    // --lens-positions P,... (default: the last)
   int lens_top_k = 5;                     // --lens-top-k K
   int32_t lens_target = -1;               // --lens-target ID (default: the greedy next token)

@@ -15,6 +15,7 @@
 #include "engine/core/forward.h"
 #include "engine/core/map_query.h"
 #include "engine/core/model.h"
+#include "engine/core/outlier_select.h"
 
 namespace ds {
 
@@ -31,6 +32,7 @@ struct ForwardRequest {
   bool all_logits = false;       // logits for every position [n, vocab], else only the last [1, vocab]
   std::vector<uint8_t> want_maps;  // [L] (or empty = none): fill ForwardResult::maps for these layers
   bool keep_hidden = false;      // fill ForwardResult::hidden (tests)
+  bool all_rows = false;         // every row through the last layer (the outlier statistics read them all)
   // Decoding (append_from > 0) may leave the logits where they were computed: ForwardResult::logits then stays
   // empty, ForwardResult::argmax holds the greedy choice, and Backend::fetch_logits brings the logits when asked.
   // A backend that computes on the host fills the logits anyway.
@@ -136,6 +138,14 @@ class Backend {
   // The logit lens (session_lens.h): the final norm and the LM head applied to the residual stream leaving layer
   // `layer` < L - 1 (fwd::lens) at `position` of the last forward: [vocab] f32 into out.
   virtual void lens_logits(int layer, int64_t position, float* out) = 0;
+  // The outlier statistics' passes (session_outliers.h, outlier_select.h) over |x| of layer `layer`'s values in the
+  // last forward: logits false, every position and channel of the stream leaving the layer (the forward must have
+  // run every row); true, q.k / sqrt(d) over every causal cell inside the window of every view head's map 1 and map 2
+  // (Llama: map 1), recomputed from the cached Q and K. outlier_counts fills counts [maps][pass.histograms()][bins];
+  // outlier_values gives, per map, the values >= at_least[map] (throws when more than cap).
+  virtual void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) = 0;
+  virtual std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
+                                                         size_t cap) = 0;
   // [L]: the largest |hidden state| of each layer's output over the sequence, from the last forwards' max_abs
   // readers (fwd::max_abs_hidden_hook; NaN for a layer none read); empty when the last forward had no hooks.
   virtual std::vector<float> layer_max_abs() const = 0;

@@ -285,7 +285,7 @@ class CpuBackend final : public Backend {
     // holds the last row only; nothing reads the others).
     fwd::Plan plan;
     plan.from_layer = from;
-    plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps;
+    plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps && !req.all_rows;
     plan.lambda = layer_lambda_.data();
     plan.hooks = req.hooks.get();
     edits_ = req.edits;
@@ -328,6 +328,46 @@ class CpuBackend final : public Backend {
     const std::vector<float>& w = lm_head_.empty() ? embed_ : lm_head_;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, int(cfg_.vocab), int(D), 1.f, y.data(), int(D), w.data(),
                 int(D), 0.f, out, int(cfg_.vocab));
+  }
+
+  void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) override {
+    const size_t per = size_t(pass.histograms()) * size_t(pass.bins());
+    if (!logits) {
+      const std::vector<float>& h = outlier_stream(layer);
+      counts.assign(per, 0);
+      radix_count(h.data(), int64_t(h.size()), pass, counts.data());
+      return;
+    }
+    const int nmaps = cfg_.is_diff() ? 2 : 1;
+    std::vector<std::vector<uint64_t>> part(size_t(pool_.threads()), std::vector<uint64_t>(size_t(nmaps) * per, 0));
+    logit_rows(layer, [&](int th, int m, const float* row, int64_t lo, int64_t hi) {
+      radix_count(row + lo, hi - lo, pass, part[size_t(th)].data() + size_t(m) * per);
+    });
+    counts.assign(size_t(nmaps) * per, 0);
+    for (const auto& p : part)
+      for (size_t i = 0; i < counts.size(); ++i) counts[i] += p[i];
+  }
+
+  std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
+                                                 size_t cap) override {
+    const int nmaps = logits ? (cfg_.is_diff() ? 2 : 1) : 1;
+    std::vector<std::vector<std::vector<float>>> part(size_t(pool_.threads()), std::vector<std::vector<float>>(size_t(nmaps)));
+    auto take = [&](int th, int m, const float* x, int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        if (std::fabs(x[i]) >= at_least.at(size_t(m))) part[size_t(th)][size_t(m)].push_back(std::fabs(x[i]));
+    };
+    if (!logits) {
+      const std::vector<float>& h = outlier_stream(layer);
+      take(0, 0, h.data(), 0, int64_t(h.size()));
+    } else {
+      logit_rows(layer, take);
+    }
+    std::vector<std::vector<float>> out(static_cast<size_t>(nmaps));
+    for (const auto& p : part)
+      for (int m = 0; m < nmaps; ++m) out[size_t(m)].insert(out[size_t(m)].end(), p[size_t(m)].begin(), p[size_t(m)].end());
+    for (const auto& v : out)
+      if (v.size() > cap) throw Error("internal: more outlier values than asked for");
+    return out;
   }
 
   void layer_maps(int layer, LayerMaps& out) override {
@@ -624,6 +664,44 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < rows; ++i)
           f(th, r0 + i, b.s[0].data() + i * n, diff ? b.s[1].data() + i * n : nullptr, b.ml[0][size_t(i)],
             diff ? b.ml[1][size_t(i)] : 0.f);
+      }
+    });
+  }
+  // The stream leaving `layer` for the outlier statistics: every row of the last forward.
+  const std::vector<float>& outlier_stream(int layer) const {
+    require_run();
+    if (layer < 0 || layer >= cfg_.layers) throw Error("internal: outlier statistics of layer " + std::to_string(layer));
+    const std::vector<float>& h = layer_in_.at(size_t(layer + 1));
+    if (h.size() != ids_.size() * size_t(cfg_.hidden)) throw Error("internal: the layer's output rows are not all kept");
+    return h;
+  }
+  // Every causal logit row of every view head of layer l (scaled q.k, no softmax), in chunks on the pool:
+  // f(thread, map, scores, lo, hi) with the row's keys [lo, hi) at scores[lo, hi).
+  template <class F>
+  void logit_rows(int layer, F&& f) {
+    require_run();
+    check_layer(layer);
+    layer_q(layer);
+    const float* keys = keys_of(layer).data();
+    const int64_t n = int64_t(ids_.size()), H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim, Hv = cfg_.view_heads();
+    const bool diff = cfg_.is_diff();
+    const float scale = float(1.0 / std::sqrt(double(d)));
+    const int64_t chunk = std::max<int64_t>(16, (int64_t(1) << 20) / n);
+    const int64_t blocks = (n + chunk - 1) / chunk;
+    row_bufs_.resize(size_t(pool_.threads()));
+    pool_.run(Hv * blocks, [&](int64_t item, int th) {
+      const int64_t h = item % Hv, r0 = (item / Hv) * chunk, rows = std::min(chunk, n - r0);
+      const kern::ViewHeadMap hm = kern::view_head_map(diff, int(h), int(H), int(Hkv));
+      RowBuffers& b = row_bufs_[size_t(th)];
+      b.ws.resize(size_t(cpu_attn::scratch_floats(d, d)));
+      for (int m = 0; m < (diff ? 2 : 1); ++m) {
+        b.s[m].resize(size_t(rows * n));
+        cpu_attn::score_rows(qk_q_.data() + (r0 * H + hm.q[m]) * d, H * d, keys + hm.k[m] * d, Hkv * d, d, scale, rows,
+                             first_key(layer, r0), r0 + rows, b.s[m].data(), n, b.ws.data());
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t q = r0 + i;
+          f(th, m, b.s[m].data() + i * n, first_key(layer, q), q + 1);
+        }
       }
     });
   }

@@ -690,7 +690,8 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
                 std::to_string(limit) + " fit in its free memory with this model; HINT: shorten the prompt or use "
                 "--backend cpu");
   try {
-    run(req.ids.data(), 1, n, req.lambda, req.from_layer, !req.all_logits, !req.all_logits && !req.keep_hidden);
+    run(req.ids.data(), 1, n, req.lambda, req.from_layer, !req.all_logits,
+        !req.all_logits && !req.keep_hidden && !req.all_rows);
     out.n = n;
     const int64_t V = cfg_.vocab;
     if (req.all_logits) {

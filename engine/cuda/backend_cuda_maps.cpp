@@ -14,6 +14,7 @@
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/mamba_implicit.h"
+#include "kernels/outlier_count.h"
 
 namespace ds::cuda {
 
@@ -379,6 +380,86 @@ std::vector<RowMass> CudaBackend::row_mass(int layer, int64_t q, int64_t a0, int
       out[h].sink[m] = sums[h * 12 + 4 + size_t(m)];
       out[h].context[m] = sums[h * 12 + 8 + size_t(m)];
     }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// outlier statistics (session_outliers.h): radix passes over the stream leaving a layer (in place) or over its
+// logit rows, recomputed chunk by chunk into map_buf_ as the map queries do; only counts and values come back.
+
+template <class F>
+void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
+  if (!has_run_ || last_batch_ != 1) throw Error("no result: run a prompt first");
+  const int64_t n = last_n_, E = cfg_.hidden;
+  if (!logits) {
+    if (layer < 0 || layer >= int(cfg_.layers) || (layer == int(cfg_.layers) - 1 && partial_last_layer_))
+      throw Error("internal: outlier statistics of layer " + std::to_string(layer) + " without every row");
+    kern::OutlierCells c;
+    c.x = act_.hidden.as<float>() + size_t(layer + 1) * size_t(act_.cap) * size_t(E);
+    c.n = n * E;
+    return f(c);
+  }
+  kern::AttnParams p = layer_params(layer);
+  p.nko = 0;  // the logits themselves (a knockout hides cells from the softmax, not from q.k)
+  const int Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
+  if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+  for (int64_t r0 = 0; r0 < n; r0 += rpc) {
+    const int rows = int(std::min(rpc, n - r0));
+    DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, map_buf_.as<float>(), stream()));
+    kern::OutlierCells c;
+    c.x = map_buf_.as<float>();
+    c.groups = int64_t(Hv) * nmaps, c.rows = rows, c.n = n, c.nmaps = nmaps;
+    c.causal = true, c.row0 = int(r0), c.window = p.window;
+    f(c);
+  }
+}
+
+void CudaBackend::outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) {
+  const DeviceGuard on(device_);
+  const int nmaps = logits && cfg_.is_diff() ? 2 : 1, P = int(pass.prefixes.size());
+  const size_t per = size_t(pass.histograms()) * size_t(pass.bins()), bytes = size_t(nmaps) * per * 8 + size_t(P) * 4;
+  if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
+  auto* cnt = outlier_buf_.as<unsigned long long>();
+  auto* pre = reinterpret_cast<uint32_t*>(cnt + size_t(nmaps) * per);
+  DS_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(nmaps) * per * 8, stream()));
+  if (P > 0)
+    DS_CUDA_CHECK(cudaMemcpyAsync(pre, pass.prefixes.data(), size_t(P) * 4, cudaMemcpyHostToDevice, stream()));
+  timed("outlier_pass", layer, [&] {
+    outlier_cells(layer, logits, [&](const kern::OutlierCells& c) {
+      DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre, P, cnt, stream()));
+    });
+  });
+  counts.resize(size_t(nmaps) * per);
+  copy_to_host({{counts.data(), cnt, counts.size() * 8}});
+}
+
+std::vector<std::vector<float>> CudaBackend::outlier_values(int layer, bool logits, const std::vector<float>& at_least,
+                                                           size_t cap) {
+  const DeviceGuard on(device_);
+  const int nmaps = logits && cfg_.is_diff() ? 2 : 1;
+  if (at_least.size() < size_t(nmaps) || cap == 0 || cap > (size_t(1) << 24)) throw Error("internal: outlier_values");
+  const size_t bytes = size_t(nmaps) * (cap * 4 + 8);
+  if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
+  float* vals = outlier_buf_.as<float>();
+  float* thr = vals + size_t(nmaps) * cap;
+  auto* found = reinterpret_cast<unsigned*>(thr + nmaps);
+  DS_CUDA_CHECK(cudaMemcpyAsync(thr, at_least.data(), size_t(nmaps) * 4, cudaMemcpyHostToDevice, stream()));
+  DS_CUDA_CHECK(cudaMemsetAsync(found, 0, size_t(nmaps) * 4, stream()));
+  timed("outlier_collect", layer, [&] {
+    outlier_cells(layer, logits, [&](const kern::OutlierCells& c) {
+      DS_CUDA_CHECK(kern::launch_outlier_collect(c, thr, vals, int(cap), found, stream()));
+    });
+  });
+  std::vector<unsigned> nf(static_cast<size_t>(nmaps));
+  std::vector<float> host(size_t(nmaps) * cap);
+  copy_to_host({{nf.data(), found, size_t(nmaps) * 4}, {host.data(), vals, host.size() * 4}});
+  std::vector<std::vector<float>> out(static_cast<size_t>(nmaps));
+  for (int m = 0; m < nmaps; ++m) {
+    if (nf[size_t(m)] > cap) throw Error("internal: more outlier values than asked for");
+    out[size_t(m)].assign(host.begin() + size_t(m) * cap, host.begin() + size_t(m) * cap + nf[size_t(m)]);
+  }
   return out;
 }
 

@@ -129,7 +129,7 @@ int Session::stale_from() const {
   const std::vector<float> lam = run_lambda();
   for (int l = 0; l < L; ++l)
     if (!(lam[size_t(l)] == ran_lambda_[size_t(l)]) || l >= writers_stale_from_) return l;
-  return L;
+  return all_rows_wanted_ && !every_row_ ? L - 1 : L;
 }
 
 int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt) {
@@ -150,6 +150,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     req.edits = edits_;
   }
   req.all_logits = all_logits;
+  req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;
   try {
@@ -172,6 +173,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     throw;
   }
   has_result_ = true;
+  every_row_ = all_logits || all_rows_wanted_ || (hooks_ && hooks_->needs_all_rows());
   ids_dirty_ = false;
   reader_dirty_ = false;
   writers_stale_from_ = 1 << 30;
@@ -182,6 +184,17 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
   for (int l = from + 1; l < L; ++l) maps_cache_[size_t(l)] = LayerMaps{};
   if (from == 0) maps_cache_[0] = LayerMaps{};
   return from;
+}
+
+void Session::run_every_row() {
+  all_rows_wanted_ = true;
+  try {
+    run();
+  } catch (...) {
+    all_rows_wanted_ = false;
+    throw;
+  }
+  all_rows_wanted_ = false;
 }
 
 void Session::rebuild_hooks() {

@@ -175,6 +175,10 @@ class Session {
   // Every head scale, head mix and knockout removed.
   void clear_interventions();
 
+  // Runs what is stale, then makes the result cover every row of every layer (the last layer again for every row when
+  // the last run kept only the last position's): the outlier statistics read them all.
+  void run_every_row();
+
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);
   std::string token_label(int position) const;
@@ -210,6 +214,8 @@ class Session {
   void rebuild_hooks();
   std::vector<LayerMaps> maps_cache_;
   bool logits_stale_ = false;  // the backend was cut back: the next run() recomputes the last position's logits
+  bool every_row_ = false;       // the last run carried every row through the last layer
+  bool all_rows_wanted_ = false;  // run_every_row(): the next run must
   // generation
   int64_t prompt_len_ = 0;
   std::vector<int32_t> eos_;

@@ -336,6 +336,14 @@ class Session:
         lay = [] if layers is None else [_int(l, "layers") for l in layers]
         return json.loads(self._s.lens(pos, lay, _int(top_k, "top_k"), -1 if target is None else _int(target, "target")))
 
+    def outliers(self, logits: bool = True) -> dict:
+        """Activation outliers as in the paper's Table 5 (exact): per layer, the 1st, 2nd, 3rd, 10th and 100th
+        largest |value| and the median over every position and channel of the layer's output ("hidden_top",
+        "hidden_median") and over every causal |q.k / sqrt(d)| of the view heads' map 1 and map 2 ("logit_top1",
+        "logit_median1", "logit_top2", "logit_median2"; logits=False skips them), and the same over all layers
+        ("model"), as diffscope-run --outliers writes them."""
+        return json.loads(self._s.outliers(bool(logits)))
+
     # ------------------------------------------------------------------------------------------------ maps
     def maps(self, layer: int, *, device: bool = False, max_bytes: float = 1e9) -> Maps:
         """A layer's full maps: .a1, .a2 [heads, n, n] (post-softmax) and .diff = a1 - lambda_ * a2.

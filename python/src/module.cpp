@@ -34,6 +34,7 @@
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
+#include "engine/session/session_outliers.h"
 #include "engine/session/session_scan.h"
 #include "engine/cuda/backend_cuda.h"
 
@@ -903,6 +904,9 @@ NB_MODULE(_diffscope, m) {
                       int32_t target) {
         return ps.call([&](ds::Session& s) { return ds::lens_json(ds::logit_lens(s, {positions, layers, top_k, target})); });
       }, "positions"_a, "layers"_a, "top_k"_a, "target"_a)
+      .def("outliers", [](PySession& ps, bool logits) {
+        return ps.call([&](ds::Session& s) { return ds::outliers_json(ds::outlier_stats(s, {logits})); });
+      }, "logits"_a)
       .def("set_watch_max_abs_hidden", [](PySession& ps, bool on) {
         ps.call([&](ds::Session& s) { s.set_watch_max_abs_hidden(on); return 0; });
       })

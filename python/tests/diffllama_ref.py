@@ -49,8 +49,9 @@ def softmax_rows(s, allowed):
     return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
 
 
-def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None):
-    """Returns (logits [n, vocab], hidden [L + 1][n, E] (layer inputs, then the last output), maps {l: (a1, a2)})."""
+def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None, scores=None):
+    """Returns (logits [n, vocab], hidden [L + 1][n, E] (layer inputs, then the last output), maps {l: (a1, a2)}).
+    scores: a dict to fill with each layer's attention logits q.k / sqrt(d) [H, n, n] (before any mask)."""
     cfg, w = load(folder)
     head_coef, knockout, head_scale = head_coef or {}, knockout or {}, head_scale or {}
     L, H, Hkv, d = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -81,6 +82,8 @@ def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale
         for (q0, q1, k0, k1) in knockout.get(l, []):
             allowed[q0:q1, k0:k1] = False
         s = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+        if scores is not None:
+            scores[l] = s
         a = softmax_rows(s, allowed[None])
         a1, a2 = a[:Hv], a[Hv:]
         maps[l] = (a1, a2)

@@ -414,3 +414,68 @@ def test_lens_cli_and_errors(demo, tmp_path):
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--lens", out, "--lens-positions", "999",
               check=False)
     assert bad.returncode == 2 and "--lens" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activation outliers (Table 5) against the reference's hidden states and attention logits.
+def _summary(values):
+    a = np.sort(np.abs(np.asarray(values, dtype=np.float64).ravel()))[::-1]
+    top = [a[r - 1] if r <= a.size else None for r in (1, 2, 3, 10, 100)]
+    return top, float(np.median(a))
+
+
+def _close(got, want, rtol=2e-4):
+    for g, w in zip(got, want):
+        assert (g is None and w is None) or g == pytest.approx(w, rel=rtol, abs=1e-5), (got, want)
+
+
+@pytest.mark.parametrize("fixture", REF_FIXTURES[:1], ids=lambda p: p.name)
+def test_outliers_match_the_reference(fixture, tmp_path):
+    ids = list(range(3, 40))
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        s.run(ids)
+        lam = _layer_lambdas(s)
+        o = s.outliers()
+        assert s.outliers(logits=False)["layers"][0]["hidden_top"] == o["layers"][0]["hidden_top"]
+        assert "logit_top1" not in s.outliers(logits=False)["layers"][0]
+    scores = {}
+    _, hidden, _ = diffllama_ref.forward(fixture, ids, lambdas=lam, scores=scores)
+    n = len(ids)
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    all_h, all_1, all_2 = [], [], []
+    for l, lo in enumerate(o["layers"]):
+        assert lo["layer"] == l
+        top, med = _summary(hidden[l + 1])
+        _close(lo["hidden_top"], top)
+        assert lo["hidden_median"] == pytest.approx(med, rel=2e-4, abs=1e-6)
+        Hv = scores[l].shape[0] // 2
+        for key, part, pool in (("1", scores[l][:Hv], all_1), ("2", scores[l][Hv:], all_2)):
+            cells = part[:, causal]
+            top, med = _summary(cells)
+            _close(lo["logit_top" + key], top)
+            assert lo["logit_median" + key] == pytest.approx(med, rel=2e-4, abs=1e-6)
+            pool.append(cells.ravel())
+        all_h.append(hidden[l + 1].ravel())
+    for key, pool in (("hidden", all_h), ("1", all_1), ("2", all_2)):
+        top, med = _summary(np.concatenate(pool))
+        name_top, name_med = ("hidden_top", "hidden_median") if key == "hidden" else ("logit_top" + key, "logit_median" + key)
+        _close(o["model"][name_top], top)
+        assert o["model"][name_med] == pytest.approx(med, rel=2e-4, abs=1e-6)
+    out = tmp_path / "o.json"
+    cli("--model", fixture, "--token-ids-file", _ids_file(tmp_path, ids), "--backend", "cpu", "--threads", "2",
+        "--outliers", out)
+    assert json.loads(out.read_text()) == o  # the CLI writes the same numbers
+
+
+def test_outliers_plain_model_and_long_rows():
+    with diffscope.open(TWIN, backend="cpu", threads=2) as t:
+        t.run(PROMPT)
+        o = t.outliers()
+        assert "logit_top2" not in o["layers"][0] and "logit_top1" in o["layers"][0]
+        assert all(x is not None for x in o["model"]["logit_top1"])
+    with diffscope.open(DEMO, backend="cpu", threads=2) as d:  # more than 100 values per set; the last layer's rows
+        d.run(PROMPT)
+        a = d.outliers(logits=False)
+        d.run(PROMPT, all_logits=True)  # every row already there: the same numbers
+        assert d.outliers(logits=False) == a
+        assert a["layers"][-1]["hidden_top"][0] >= a["layers"][-1]["hidden_top"][4] > 0

@@ -172,6 +172,13 @@ class CudaBackend final : public Backend {
   int32_t device_argmax();
   void fetch_logits(ForwardResult& out) override;
   void lens_logits(int layer, int64_t position, float* out) override;
+  void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) override;
+  std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
+                                                 size_t cap) override;
+  // The cells the outlier passes read: the stream leaving `layer`, or each chunk of its logit rows (f per chunk).
+  template <class F>
+  void outlier_cells(int layer, bool logits, F&& f);
+  DeviceBuffer outlier_buf_;  // the passes' counts, prefixes, thresholds and collected values
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
   // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
   void set_decode_profile(bool on) { decode_profile_ = on; }

@@ -1,0 +1,58 @@
+// Exact order statistics of |x| over value sets too large to hold (every causal attention logit of a layer) or to
+// bring to the host (a long prompt's hidden states): a radix select over the bits of |x| (a non-negative float's bits
+// order as unsigned integers) in three passes over the values -- 12, 12 and 8 bits -- each pass counting, per wanted
+// rank, the values whose higher bits match what the earlier passes fixed. The values are produced again for each
+// pass (the backends recompute logits chunk by chunk), so memory stays O(chunk). Written by hand: the selection
+// libraries at hand (CUB's radix sort, std::nth_element) need every value in memory at once.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ds {
+
+// One pass: digit = (bits >> shift) & ((1 << width) - 1), counted for values whose bits >> (shift + width) equal
+// prefixes[p] (one histogram per prefix), or for every value when `prefixes` is empty (one histogram).
+struct RadixPass {
+  int shift = 20, width = 12;
+  std::vector<uint32_t> prefixes;
+  int histograms() const { return prefixes.empty() ? 1 : int(prefixes.size()); }
+  int bins() const { return 1 << width; }
+};
+
+// Adds the pass's counts of |x[0..count)| to counts [histograms][bins].
+void radix_count(const float* x, int64_t count, const RadixPass& pass, uint64_t* counts);
+// The bits of |x| the passes read (sign cleared).
+uint32_t abs_bits(float x);
+
+// The values at ascending ranks (0: the smallest) of one multiset, found over RankFinder::kPasses passes.
+class RankFinder {
+ public:
+  static constexpr int kPasses = 3;
+  explicit RankFinder(std::vector<uint64_t> ranks);
+  // This pass's query: the distinct prefixes of the ranks still to place (pass 0: none, one histogram).
+  RadixPass pass() const;
+  // Takes the pass's counts [pass().histograms()][bins] and moves to the next pass.
+  void take(const std::vector<uint64_t>& counts);
+  bool done() const { return pass_ == kPasses; }
+  float value(size_t i) const;  // rank i's value, once done()
+  size_t size() const { return rank_.size(); }
+
+ private:
+  std::vector<uint64_t> rank_;    // the ranks, then the rank left within the current prefix
+  std::vector<uint32_t> prefix_;  // the bits fixed so far
+  int pass_ = 0;
+};
+
+// The summary of one value set the outlier statistics report (paper Table 5): the 1st, 2nd, 3rd, 10th and 100th
+// largest |x| (NaN where the set has fewer values) and the median (the mean of the two middle values of an even set,
+// as numpy's), over `count` values.
+struct TopMedian {
+  float top[5] = {0, 0, 0, 0, 0};
+  float median = 0;
+  uint64_t count = 0;
+};
+// The ascending ranks a TopMedian needs of a set of `count` values: [count - 100 (or 0), lower middle, upper middle].
+std::vector<uint64_t> top_median_ranks(uint64_t count);
+
+}  // namespace ds

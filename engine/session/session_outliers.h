@@ -1,0 +1,50 @@
+// Activation outliers as in the paper's Table 5, for the current result: per layer, over |value| of every position
+// and channel of the layer's output (hidden), and over |q.k / sqrt(d)| of every causal cell (inside the window) of
+// every view head's map 1 and map 2 (logit1, logit2; Llama and other plain models have map 1 only; layers without
+// attention have none): the 1st, 2nd, 3rd, 10th and 100th largest value and the median -- exact, by a radix select
+// over the values recomputed pass by pass (engine/core/outlier_select.h), so no pass holds more than a chunk. The
+// model's line takes the same keys over the values of all layers. diffscope-run --outliers, diffscope-scan --outliers,
+// the GUI's outlier plot and the Python module's Session.outliers all call this.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/outlier_select.h"
+#include "engine/session/session.h"
+
+namespace ds {
+
+struct OutlierRequest {
+  bool logits = true;  // false: the hidden states only (the logits cost three recomputations of every layer's Q.K)
+};
+
+// One value set: the TopMedian summary and its 100 largest values, largest first (fewer when the set is smaller).
+struct OutlierSet {
+  TopMedian s;
+  std::vector<float> top100;
+};
+
+struct LayerOutliers {
+  int layer = 0;
+  OutlierSet hidden;
+  bool has_logits = false;  // an attention layer (and logits asked for)
+  OutlierSet logit1, logit2;  // logit2 only for differential heads
+};
+
+struct Outliers {
+  bool differential = false, logits = false;
+  std::vector<LayerOutliers> layers;
+  OutlierSet hidden, logit1, logit2;  // over every layer's values
+};
+
+Outliers outlier_stats(Session& s, const OutlierRequest& r = {});
+// {"layers": [{"layer", "hidden_top": [t1, t2, t3, t10, t100], "hidden_median", "logit_top1": [...5], "logit_median1",
+// "logit_top2", "logit_median2"}], "model": {the same keys}} (logit keys only where the layer has maps; *2 only for
+// differential models; null where a set has fewer values than the rank).
+std::string outliers_json(const Outliers& o);
+
+// The summary of a multiset given its 100 largest values and its size and median (the scan's aggregation).
+TopMedian top_median_of(const std::vector<float>& top100_desc, uint64_t count, float median);
+
+}  // namespace ds
