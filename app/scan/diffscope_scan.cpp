@@ -53,6 +53,9 @@ const char* kUsage =
     "  --compare-label NAME      the second run's name\n"
     "  --max-prompts N           stop after N prompts\n"
     "  --max-answer-tokens N     greedy tokens generated at most to check a target (default 32)\n"
+    "  --outliers                activation outliers of every prompt (paper Table 5; diffscope-run --outliers's\n"
+    "                            keys) in the report's \"outliers\": top values exact over all prompts, medians the\n"
+    "                            median of the prompts' medians\n"
     "  --no-progress             no progress bar\n"
     "  -h, --help                this text\n";
 
@@ -65,7 +68,7 @@ struct Args {
   std::optional<double> compare_lambda_scale;
   double lambda_scale = 1.0;
   int threads = 0, max_prompts = -1, max_answer_tokens = 32;
-  bool progress = true, help = false;
+  bool progress = true, help = false, outliers = false;
 };
 
 double parse_double(const std::string& flag, const std::string& v) {
@@ -100,6 +103,10 @@ Args parse_args(int argc, char** argv) {
     }
     if (f == "--no-progress") {
       a.progress = false;
+      continue;
+    }
+    if (f == "--outliers") {
+      a.outliers = true;
       continue;
     }
     if (f.rfind("--", 0) != 0) throw ArgError("unexpected argument '" + f + "' (options start with --)");
@@ -193,11 +200,11 @@ int scan(const Args& a) {
   std::unique_ptr<ds::Session> s2;
   if (!a.compare_model.empty()) s2 = ds::Session::open(a.compare_model, choice, nullptr, a.threads);
   std::vector<std::unique_ptr<ds::scan::Run>> runs;
-  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens}));
+  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers}));
   if (s2 || a.compare_lambda_scale)
     runs.push_back(std::make_unique<ds::scan::Run>(
         s2 ? *s2 : *s1,
-        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens}));
+        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens, a.outliers}));
   std::vector<const ds::scan::Run*> views;
   for (const auto& r : runs) views.push_back(r.get());
   std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),

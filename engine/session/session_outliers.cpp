@@ -147,6 +147,45 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   return out;
 }
 
+Outliers merge_outliers(const std::vector<const Outliers*>& prompts) {
+  Outliers out;
+  if (prompts.empty()) return out;
+  out.differential = prompts[0]->differential;
+  out.logits = prompts[0]->logits;
+  auto merge = [](const std::vector<const OutlierSet*>& sets) {
+    std::vector<float> top, med;
+    uint64_t count = 0;
+    for (const OutlierSet* s : sets) {
+      top.insert(top.end(), s->top100.begin(), s->top100.end());
+      med.push_back(s->s.median);
+      count += s->s.count;
+    }
+    std::sort(top.begin(), top.end(), std::greater<float>());
+    if (top.size() > 100) top.resize(100);
+    std::sort(med.begin(), med.end());
+    const size_t k = med.size();
+    const float m = k == 0 ? 0.f : float((double(med[(k - 1) / 2]) + double(med[k / 2])) / 2);
+    return OutlierSet{top_median_of(top, count, m), top};
+  };
+  for (size_t li = 0; li < prompts[0]->layers.size(); ++li) {
+    LayerOutliers lo;
+    lo.layer = prompts[0]->layers[li].layer;
+    lo.has_logits = prompts[0]->layers[li].has_logits;
+    std::vector<const OutlierSet*> h, a, b;
+    for (const Outliers* p : prompts) {
+      if (p->layers.size() != prompts[0]->layers.size()) throw Error("internal: merging outliers of other models");
+      h.push_back(&p->layers[li].hidden), a.push_back(&p->layers[li].logit1), b.push_back(&p->layers[li].logit2);
+    }
+    lo.hidden = merge(h);
+    if (lo.has_logits) lo.logit1 = merge(a), lo.logit2 = merge(b);
+    out.layers.push_back(std::move(lo));
+  }
+  std::vector<const OutlierSet*> h, a, b;
+  for (const Outliers* p : prompts) h.push_back(&p->hidden), a.push_back(&p->logit1), b.push_back(&p->logit2);
+  out.hidden = merge(h), out.logit1 = merge(a), out.logit2 = merge(b);
+  return out;
+}
+
 namespace {
 nlohmann::json num(float x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 void put(nlohmann::json& j, const char* top, const char* median, const OutlierSet& o) {

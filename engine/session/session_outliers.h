@@ -44,7 +44,11 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r = {});
 // differential models; null where a set has fewer values than the rank).
 std::string outliers_json(const Outliers& o);
 
-// The summary of a multiset given its 100 largest values and its size and median (the scan's aggregation).
+// The summary of a multiset given its 100 largest values and its size and median.
 TopMedian top_median_of(const std::vector<float>& top100_desc, uint64_t count, float median);
+// Several prompts' outliers as one corpus's (diffscope-scan --outliers): the top values exact over all prompts' values
+// (each prompt's 100 largest hold every value of the union's 100 largest); the medians are the median of the
+// prompts' medians (a corpus median would need every prompt's values again). Empty input: an empty result.
+Outliers merge_outliers(const std::vector<const Outliers*>& prompts);
 
 }  // namespace ds

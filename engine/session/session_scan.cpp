@@ -344,6 +344,10 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
     r.heads.push_back(std::move(hf));
   }
   r.mean = all.mean();
+  if (opt_.outliers) {  // before any answer token is generated: the prompt's own values
+    r.outliers = std::make_shared<const Outliers>(outlier_stats(s_));
+    check();
+  }
   if (p.has_target) {
     std::vector<int32_t> want = p.target_ids;
     std::string want_text = p.target_text;
@@ -398,6 +402,12 @@ RunReport Run::report() const {
   }
   o.accuracy = o.with_target ? double(o.correct) / double(o.with_target) : kNaN;
   o.mean = mean.mean();
+  if (opt_.outliers) {
+    std::vector<const Outliers*> per;
+    for (const PromptResult& r : results_)
+      if (r.outliers) per.push_back(r.outliers.get());
+    o.outliers = merge_outliers(per);
+  }
   for (size_t li = 0; li < layers_.size(); ++li) {  // per layer and head: means over prompts
     LayerReport lr{layers_[li], layer_kind_name(c.kind(layers_[li])), {}};
     for (int64_t h = 0; h < Run::heads(); ++h) {
@@ -467,6 +477,11 @@ nlohmann::json run_report_json(const RunReport& r) {
     layers.push_back({{"layer", l.layer}, {"kind", l.kind}, {"heads", heads}});
   }
   o["layers"] = std::move(layers);
+  if (r.outliers) {
+    nlohmann::json x = nlohmann::json::parse(outliers_json(*r.outliers));
+    x["medians"] = "median of the prompts' medians";
+    o["outliers"] = std::move(x);
+  }
   nlohmann::json groups = nlohmann::json::object();
   for (const auto& [key, arr] : r.groups) {
     nlohmann::json a = nlohmann::json::array();

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "engine/session/session.h"
+#include "engine/session/session_outliers.h"
 
 namespace ds::scan {
 
@@ -100,6 +101,7 @@ struct PromptResult {
   std::vector<int32_t> output_ids;
   double ms = 0;                             // wall time of the prompt (forward, rows and answer)
   nlohmann::json tags = nlohmann::json::object();
+  std::shared_ptr<const Outliers> outliers;  // RunOptions::outliers
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -109,6 +111,7 @@ struct RunOptions {
   std::string label;              // shown in the report and the plot (default: the model folder's name)
   double lambda_scale = 1.0;      // applied to every differential layer's lambda
   int max_answer_tokens = 32;     // greedy tokens generated at most to check a target
+  bool outliers = false;          // activation outliers of every prompt (session_outliers.h), merged in the report
 };
 
 class Run {
@@ -165,6 +168,7 @@ struct RunReport {
   std::vector<LayerReport> layers;   // the attention layers
   std::vector<std::pair<std::string, std::vector<GroupReport>>> groups;  // "length", "depth" where lines have them
   std::vector<PromptResult> per_prompt;  // in scan order (their per-head fractions left out)
+  std::optional<Outliers> outliers;      // RunOptions::outliers: merge_outliers over the prompts
 };
 struct Report {
   std::string input;
@@ -187,6 +191,7 @@ Report make_report(const std::vector<const Run*>& runs, const std::string& input
 //    "layers": [{"layer": l, "kind": "attention", "heads": [{"head": j, <fraction keys>}]}],
 //    "groups": {"length": [{"value", "prompts", "accuracy", "mean": {...}}], "depth": [...]}  (when lines have them),
 //    "per_prompt": [{"line", "tokens", "answer": [b, e), "tags", "mean": {...}, "target", "output", "correct", "ms"}]
+//    "outliers": {outliers_json's keys, "medians": "median of the prompts' medians"}  (RunOptions::outliers),
 //  and "compare": {the second run's keys} when there is one}.
 // Fraction values that are NaN are written as null.
 nlohmann::json report_json(const Report& r);

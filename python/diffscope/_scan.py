@@ -31,12 +31,14 @@ class RunReport:
     layers: list
     groups: dict = field(default_factory=dict)
     per_prompt: list = field(default_factory=list)
+    outliers: Optional[dict] = None  # scan(outliers=True): diffscope-scan --outliers's "outliers"
 
     @classmethod
     def _from(cls, d: dict) -> "RunReport":
         args = {k: d.get(k) for k in cls.__dataclass_fields__}
         args["groups"] = d.get("groups", {})
         args["per_prompt"] = d.get("per_prompt", [])
+        args["outliers"] = d.get("outliers")
         return cls(**args)
 
     def to_records(self) -> list:
@@ -79,6 +81,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
          compare: Union[str, os.PathLike, Session, None] = None, lambda_scale: float = 1.0,
          compare_lambda_scale: Optional[float] = None, label: str = "", compare_label: str = "",
          max_answer_tokens: int = 32, max_prompts: Optional[int] = None, backend: str = "auto", threads: int = 0,
+         outliers: bool = False,
          progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Scans prompts through a model as diffscope-scan does: per attention layer and head, how the last prompt
     token's attention row splits between the answer span, the sink and the rest, for A1, A2 and A1 - lambda*A2, and
@@ -88,13 +91,15 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     diffscope-scan reads it) or an iterable of dicts ({"text" or "ids", "answer": [b, e), "target", tags...}) or
     JSON lines. compare_lambda_scale alone compares the model with itself at another scale. A bad prompt is skipped
     and listed in report.skipped. Ctrl-C stops between prompts: the report of what was scanned comes back with
-    complete=False (and a warning). progress(done, total) is called after each prompt.
+    complete=False (and a warning). progress(done, total) is called after each prompt. outliers=True adds each run's
+    activation outliers over the prompts (report.run.outliers; Session.outliers's keys).
     """
     a = model if isinstance(model, Session) else Session(model, backend, threads)
     b = compare if isinstance(compare, Session) or compare is None else Session(compare, backend, threads)
     sc = _native._Scan(a._s, None if b is None else b._s, _str(label, "label"), _float(lambda_scale, "lambda_scale"),
                        None if compare_lambda_scale is None else _float(compare_lambda_scale, "compare_lambda_scale"),
-                       _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"))
+                       _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"),
+                       bool(outliers))
     if max_prompts is not None and _int(max_prompts, "max_prompts") < 1:
         raise Error(f"max_prompts: {max_prompts} must be at least 1")
     if isinstance(prompts, (str, os.PathLike)):

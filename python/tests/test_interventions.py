@@ -2,8 +2,11 @@
 a forward of a copy of the checkpoint whose o_proj columns of that head are scaled the same way (an independent
 construction of the same function); the CLI's --ablate / --scale-head give the same bits as the module."""
 import json
+import os
 import shutil
 import struct
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -479,3 +482,38 @@ def test_outliers_plain_model_and_long_rows():
         d.run(PROMPT, all_logits=True)  # every row already there: the same numbers
         assert d.outliers(logits=False) == a
         assert a["layers"][-1]["hidden_top"][0] >= a["layers"][-1]["hidden_top"][4] > 0
+
+
+def test_scan_outliers_merge_the_prompts(tmp_path):
+    """diffscope.scan(outliers=True) and diffscope-scan --outliers: the corpus's top values are those of the union of
+    every prompt's values (each prompt's 100 largest, exact), its medians the median of the prompts' medians."""
+    src = Path(DEMO).parents[2] / "tests" / "demo_eval_prompts.jsonl"
+    rows = [json.loads(x) for x in src.read_text().splitlines()[:3]]
+    lines = [json.dumps({"text": r["prompt"], "answer": r["span"]}) for r in rows]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    rep = diffscope.scan(DEMO, corpus, backend="cpu", threads=2, outliers=True, compare=TWIN)
+    got, got_twin = rep.run.outliers, rep.compare.outliers
+    assert got["medians"] == "median of the prompts' medians" and "logit_top2" in got["model"]
+    assert "logit_top2" not in got_twin["model"] and "logit_top1" in got_twin["model"]
+    per = []
+    with diffscope.open(DEMO, backend="cpu", threads=2) as s:
+        for line in lines:
+            s.run(json.loads(line)["text"])
+            per.append(s.outliers())
+    for key in ("hidden", "logit_top1"):
+        top_key, med_key = ("hidden_top", "hidden_median") if key == "hidden" else ("logit_top1", "logit_median1")
+        for l in range(len(got["layers"])):
+            tops = [p["layers"][l][top_key][0] for p in per]
+            assert got["layers"][l][top_key][0] == max(tops)
+            assert got["layers"][l][med_key] == pytest.approx(float(np.median([p["layers"][l][med_key] for p in per])),
+                                                              rel=1e-6)
+        assert got["model"][top_key][0] == max(p["model"][top_key][0] for p in per)
+    out = tmp_path / "r.json"
+    exe = Path(os.environ.get("DS_BINARY_DIR", "build")) / "diffscope-scan"
+    if not exe.exists():
+        pytest.skip(f"{exe} is not built")
+    subprocess.run([str(exe), "--model", DEMO, "--compare-model", TWIN, "--input", corpus, "--out", out, "--backend",
+                    "cpu", "--threads", "2", "--outliers", "--no-progress"], check=True, capture_output=True)
+    j = json.loads(out.read_text())
+    assert j["outliers"] == got and j["compare"]["outliers"] == got_twin
