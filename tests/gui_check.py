@@ -257,6 +257,16 @@ def case_lambda(r):
         check(pa["position"] == pb["position"] == 24 and [t["id"] for t in pa["top"]][:1] == [t["id"] for t in pb["top"]][:1]
               and abs(pa["target_prob"] - pb["target_prob"]) <= 1e-6 and pa["target_rank"] == pb["target_rank"],
               "GUI lens layer %d %s differs from diffscope-run's %s" % (a["layer"], pa, pb))
+    # The Profiler's activation outliers (--outliers): diffscope-run --outliers's numbers.
+    rc6, s6, i6 = r.run("outliers", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--outliers")
+    assert_sane_run(rc6, s6, i6, 25)
+    out_file = r.path("outliers.json")
+    cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, "--outliers", out_file]
+    print("$", " ".join(cmd), flush=True)
+    check(subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=HANG_GUARD_S, cwd=r.source).returncode == 0,
+          "diffscope-run --outliers failed")
+    check(s6.get("outliers") == json.load(open(out_file)),
+          "GUI outliers %s differ from diffscope-run's" % (s6.get("outliers") or {}).get("model"))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

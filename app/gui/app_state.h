@@ -215,6 +215,7 @@ struct AppState {
   bool map_dropped(int l, int h, int map) const;
   void toggle_map(int l, int h, int map);
   char knockout_input[64] = {};  // the Lambda panel's knockout field
+  bool focus_outliers = false;   // --outliers: the Profiler opens on its outliers tab
   void set_lambda_scale(double s);
   void select_head(int layer, int head);
   void select_row(int64_t q);  // the row view's query (negative counts from the end)

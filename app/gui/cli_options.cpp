@@ -37,6 +37,7 @@ const char* cli_usage() {
          "  --knockout L:Q0:Q1,K0:K1  queries [Q0, Q1) of layer L (a range A-B, or all) do not see keys [K0, K1)\n"
          "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
+         "  --outliers             the activation outliers of each result (Profiler, outliers; paper Table 5)\n"
          "  --importance           measure every head's importance (Overview, importance mode) after the first run\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
@@ -187,6 +188,8 @@ CliOptions parse_cli(int argc, char** argv) {
       o.knockout.push_back(need(i, a));
     } else if (a == "--lens") {
       o.lens = true;
+    } else if (a == "--outliers") {
+      o.outliers = true;
     } else if (a == "--ablate") {
       std::string v = need(i, a);
       std::string mode = "head";

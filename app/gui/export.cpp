@@ -273,6 +273,8 @@ nlohmann::json session_json(const AppState& st) {
   j["interventions"] = r.interventions.empty() ? json::array() : json::parse(r.interventions);
   if (const auto& lv = st.snap->lens; lv && lv->result_seq == r.seq)  // the Row panel's logit lens (--lens)
     j["lens"] = json::parse(lens_json(lv->lens));
+  if (const auto& ov = st.snap->outliers; ov && ov->result_seq == r.seq)  // the Profiler's outliers (--outliers)
+    j["outliers"] = json::parse(outliers_json(ov->o));
   if (const auto& imp = st.snap->importance)  // the Overview's importance mode (--importance)
     j["importance"] = json::parse(head_importance_json(imp->h));
   if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)

@@ -176,6 +176,55 @@ static void max_abs_tab(AppState& st, const RunResult& r) {
   }
 }
 
+// Activation outliers (session_outliers.h, Table 5): per layer the largest |hidden state| and |attention logit| of each
+// map, as bars, and the medians in the tooltips; computed once per result while the box is ticked.
+static void outliers_tab(AppState& st, const Snapshot& s) {
+  if (ImGui::Checkbox("Compute the activation outliers", &st.req.outliers))
+    st.submit_now();
+  item_tooltip("The paper's Table 5, exact: per layer the largest |hidden state| over every position and channel, and\n"
+               "the largest |q.k/sqrt(d)| over every causal cell of every head's map 1 and map 2, with their medians.\n"
+               "Recomputes each layer's Q.K three times (a radix select), once per result.");
+  if (!st.req.outliers) return empty_state("Off. Turn it on to compare the outliers of layers (and of models).");
+  const auto& ov = s.outliers;
+  if (!ov || !s.result || ov->result_seq != s.result->seq) return empty_state("Computing...");
+  const Outliers& o = ov->o;
+  ImGui::Text("model: |h| top %s (median %s)", fmt_value(o.hidden.s.top[0]).c_str(), fmt_value(o.hidden.s.median).c_str());
+  if (o.logit1.s.count) {
+    ImGui::SameLine();
+    ImGui::Text("  |logit| top %s / %s", fmt_value(o.logit1.s.top[0]).c_str(),
+                o.differential ? fmt_value(o.logit2.s.top[0]).c_str() : "-");
+  }
+  const int L = int(o.layers.size());
+  std::vector<float> hid(static_cast<size_t>(L)), lg(static_cast<size_t>(L), 0.f);
+  for (int l = 0; l < L; ++l) {
+    hid[size_t(l)] = o.layers[size_t(l)].hidden.s.top[0];
+    if (o.layers[size_t(l)].has_logits)
+      lg[size_t(l)] = std::max(o.layers[size_t(l)].logit1.s.top[0], o.differential ? o.layers[size_t(l)].logit2.s.top[0] : 0.f);
+  }
+  const float w = ImGui::GetContentRegionAvail().x, h = std::max(40.f, (ImGui::GetContentRegionAvail().y - 40) / 2);
+  auto bars = [&](const char* id, const std::vector<float>& v, const char* what) {
+    const float top = *std::max_element(v.begin(), v.end());
+    ImGui::PlotHistogram(id, v.data(), L, 0, what, 0.f, top * 1.1f, ImVec2(w, h));
+    if (ImGui::IsItemHovered()) {
+      const float x = (ImGui::GetMousePos().x - ImGui::GetItemRectMin().x) / std::max(1.f, ImGui::GetItemRectSize().x);
+      const LayerOutliers& lo = o.layers[size_t(std::clamp(int(x * float(L)), 0, L - 1))];
+      if (lo.has_logits)
+        ImGui::SetTooltip("layer %d\n|h|: top %s, 10th %s, median %s\n|logit| map 1: top %s, median %s%s%s%s%s", lo.layer,
+                          fmt_value(lo.hidden.s.top[0]).c_str(), fmt_value(lo.hidden.s.top[3]).c_str(),
+                          fmt_value(lo.hidden.s.median).c_str(), fmt_value(lo.logit1.s.top[0]).c_str(),
+                          fmt_value(lo.logit1.s.median).c_str(), o.differential ? "\n|logit| map 2: top " : "",
+                          o.differential ? fmt_value(lo.logit2.s.top[0]).c_str() : "", o.differential ? ", median " : "",
+                          o.differential ? fmt_value(lo.logit2.s.median).c_str() : "");
+      else
+        ImGui::SetTooltip("layer %d (no attention)\n|h|: top %s, 10th %s, median %s", lo.layer,
+                          fmt_value(lo.hidden.s.top[0]).c_str(), fmt_value(lo.hidden.s.top[3]).c_str(),
+                          fmt_value(lo.hidden.s.median).c_str());
+    }
+  };
+  bars("##out_h", hid, "max |hidden| per layer");
+  if (o.logit1.s.count) bars("##out_l", lg, "max |attention logit| per layer");
+}
+
 void draw_profiler_panel(AppState& st) {
   if (!begin_panel(st, "Profiler", &st.show_profiler, Slot::Profiler))
     return end_panel();
@@ -246,6 +295,12 @@ void draw_profiler_panel(AppState& st) {
     st.focus_max_abs = false;
     if (ImGui::BeginTabItem("max |h|", nullptr, sel)) {
       max_abs_tab(st, r);
+      ImGui::EndTabItem();
+    }
+    const ImGuiTabItemFlags sel_o = st.focus_outliers ? ImGuiTabItemFlags_SetSelected : 0;
+    st.focus_outliers = false;
+    if (ImGui::BeginTabItem("outliers", nullptr, sel_o)) {
+      outliers_tab(st, s);
       ImGui::EndTabItem();
     }
     ImGui::EndTabBar();

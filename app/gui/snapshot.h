@@ -17,6 +17,7 @@
 #include "engine/session/session.h"
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
+#include "engine/session/session_outliers.h"
 #include "engine/session/session_scan.h"
 
 namespace ds::gui {
@@ -263,6 +264,12 @@ struct Snapshot {
     Lens lens;
   };
   std::shared_ptr<const LensView> lens;
+  // The activation outliers (Request::outliers) of the result of result_seq.
+  struct OutlierView {
+    uint64_t result_seq = 0;
+    Outliers o;
+  };
+  std::shared_ptr<const OutlierView> outliers;
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
   std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first
 };

@@ -16,6 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
+#include "engine/session/session_outliers.h"
 #include "engine/session/session_sweep.h"
 
 namespace ds::gui {
@@ -308,8 +309,25 @@ void Worker::step(const Request& r) {
     traced("sweep", [&] { run_sweep(r); });
   if (r.lens && !superseded())
     traced("lens", [&] { refresh_lens(r); });
+  if (r.outliers && !superseded())
+    traced("outliers", [&] { refresh_outliers(); });
   if (r.importance_seq != applied_importance_ && !superseded())
     traced("importance", [&] { run_importance(r); });
+}
+
+// The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed three times).
+void Worker::refresh_outliers() {
+  if (outliers_seq_ == result_seq_) return;
+  auto v = std::make_shared<Snapshot::OutlierView>();
+  v->result_seq = result_seq_;
+  try {
+    v->o = outlier_stats(*session_);
+  } catch (const std::exception& e) {
+    report_error(e.what());
+    return;
+  }
+  outliers_seq_ = result_seq_;
+  publish([&](Snapshot& s) { s.outliers = v; });
 }
 
 // The logit lens at the row view's position, once per result and position (session_lens.h).

@@ -41,6 +41,7 @@ struct Request {
   std::vector<HeadMix> head_mixes;     // ... drop A1 / A2, a head's own lambda (Session::set_head_mix)
   std::vector<Knockout> knockouts;     // ... key knockouts (Session::add_knockout)
   bool lens = false;                   // the logit lens at the row view's position (session_lens.h)
+  bool outliers = false;               // the activation outliers of each result (session_outliers.h)
   int layer = 0, head = 0;
   // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
   ViewRequest view;
@@ -99,6 +100,8 @@ class Worker {
   void run_importance(const Request& r);
   uint64_t applied_importance_ = 0;
   void refresh_lens(const Request& r);
+  void refresh_outliers();
+  uint64_t outliers_seq_ = 0;  // the result whose outliers were published
   std::shared_ptr<const Snapshot::LensView> lens_;
   void run_scan(const Request& r);  // worker_scan.cpp
   void publish_scan(std::shared_ptr<const ScanState> scan);
