@@ -14,6 +14,11 @@ constexpr int kSmemBins = 4096;  // pass 0's digits (12 bits), privatised per bl
 
 // Flat cell index -> whether it counts, its map and value.
 __device__ __forceinline__ bool cell(const OutlierCells& c, int64_t i, int& map, float& v) {
+  if (!c.causal && c.nmaps == 1) {  // a dense array (the hidden states): no index arithmetic
+    map = 0;
+    v = c.x[i];
+    return true;
+  }
   const int64_t k = i % c.n, gr = i / c.n, r = gr % c.rows, g = gr / c.rows;
   if (c.causal) {
     const int row = c.row0 + int(r);

@@ -453,12 +453,12 @@ std::vector<std::vector<float>> CudaBackend::outlier_values(int layer, bool logi
     });
   });
   std::vector<unsigned> nf(static_cast<size_t>(nmaps));
-  std::vector<float> host(size_t(nmaps) * cap);
-  copy_to_host({{nf.data(), found, size_t(nmaps) * 4}, {host.data(), vals, host.size() * 4}});
+  copy_to_host({{nf.data(), found, size_t(nmaps) * 4}});
   std::vector<std::vector<float>> out(static_cast<size_t>(nmaps));
-  for (int m = 0; m < nmaps; ++m) {
+  for (int m = 0; m < nmaps; ++m) {  // only what was found comes back (cap is a bound, not the usual size)
     if (nf[size_t(m)] > cap) throw Error("internal: more outlier values than asked for");
-    out[size_t(m)].assign(host.begin() + size_t(m) * cap, host.begin() + size_t(m) * cap + nf[size_t(m)]);
+    out[size_t(m)].resize(nf[size_t(m)]);
+    if (nf[size_t(m)]) copy_to_host({{out[size_t(m)].data(), vals + size_t(m) * cap, size_t(nf[size_t(m)]) * 4}});
   }
   return out;
 }

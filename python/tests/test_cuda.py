@@ -154,3 +154,24 @@ def test_cuda_edits_carry_into_decoding(gpu):
         for i, tok in enumerate(got):
             g.run(seq[:len(ids) + i])
             assert g.top_k(1)[0].id == tok, i
+
+
+def test_cuda_outliers_and_lens_match_cpu(gpu):
+    """The device passes (kernels/outlier_count.cu over the stream and the recomputed logit rows) give the CPU
+    backend's statistics within bf16 tolerance; the lens's top tokens agree."""
+    ids = list(range(3, 44))
+    with diffscope.open(D64, backend="cuda") as g, diffscope.open(D64, backend="cpu", threads=2) as c:
+        for s in (g, c):
+            s.run(ids)
+        og, oc = g.outliers(), c.outliers()
+        for a, b in zip(og["layers"] + [og["model"]], oc["layers"] + [oc["model"]]):
+            for key in ("hidden_top", "logit_top1", "logit_top2"):
+                np.testing.assert_allclose(a[key], b[key], rtol=0.03, atol=0.02)
+            for key in ("hidden_median", "logit_median1", "logit_median2"):
+                assert a[key] == pytest.approx(b[key], rel=0.05, abs=0.02)
+        g.run(ids, all_logits=True)  # every row there already: the same statistics
+        assert g.outliers() == og
+        lg, lc = g.lens(positions=[-1, 7], top_k=1), c.lens(positions=[-1, 7], top_k=1)
+        same = [a["positions"][i]["top"][0]["id"] == b["positions"][i]["top"][0]["id"]
+                for a, b in zip(lg["layers"], lc["layers"]) for i in range(2)]
+        assert np.mean(same) >= 0.75, same
