@@ -11,35 +11,29 @@
 namespace ds {
 
 namespace {
-// The distribution of one row of logits: the top k, the target's probability and rank. Two passes over the
-// vocabulary: the maximum, the tokens above the target and the k largest (a small sorted list), then the sum of
-// exponentials.
+// The distribution of one row of logits: the top k, the target's probability and rank.
 LensEntry entry(const Session& s, const float* z, int64_t V, int64_t position, int k, int32_t target) {
-  const size_t kk = size_t(std::min<int64_t>(k, V));
-  std::vector<int32_t> top;  // the kk largest so far, largest first (ties: the lower id first)
-  top.reserve(kk + 1);
-  const float zt = z[target];
-  float mx = -INFINITY;
-  int64_t above = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    const float x = z[i];
-    mx = std::max(mx, x);
-    above += x > zt;
-    if (top.size() == kk && !(x > z[top.back()])) continue;
-    size_t at = top.size();
-    while (at > 0 && x > z[top[at - 1]]) --at;
-    top.insert(top.begin() + long(at), int32_t(i));
-    if (top.size() > kk) top.pop_back();
-  }
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(z[i]));
   double sum = 0;
-  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(z[i]) - double(mx));
-  const double logz = double(mx) + std::log(sum);
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(z[i]) - mx);
+  const double logz = mx + std::log(sum);
   LensEntry e;
   e.position = position;
-  for (int32_t id : top)
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) idx[size_t(i)] = int32_t(i);
+  const size_t kk = size_t(std::min<int64_t>(k, V));
+  std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(), [&](int32_t a, int32_t b) {
+    return z[a] > z[b] || (z[a] == z[b] && a < b);
+  });
+  for (size_t i = 0; i < kk; ++i) {
+    const int32_t id = idx[i];
     e.top.push_back({id, float(std::exp(double(z[id]) - logz)), z[id],
                      s.tokenizer() ? s.tokenizer()->token_text(id) : "#" + std::to_string(id)});
-  e.target_prob = float(std::exp(double(zt) - logz));
+  }
+  e.target_prob = float(std::exp(double(z[target]) - logz));
+  int64_t above = 0;
+  for (int64_t i = 0; i < V; ++i) above += z[i] > z[target];
   e.target_rank = above + 1;
   return e;
 }
