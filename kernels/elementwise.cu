@@ -205,6 +205,39 @@ cudaError_t launch_scale_columns(__nv_bfloat16* x, int64_t ld, int64_t rows, int
   return cudaGetLastError();
 }
 
+namespace {
+// One block per column: the sum over the rows, then the mean.
+__global__ void column_mean_kernel(const __nv_bfloat16* x, int64_t ld, int64_t rows, int c0, float* mean) {
+  __shared__ float part[THREADS];
+  const int c = int(blockIdx.x);
+  float s = 0.f;
+  for (int64_t r = threadIdx.x; r < rows; r += THREADS) s += __bfloat162float(x[r * ld + c0 + c]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int k = THREADS / 2; k > 0; k >>= 1) {
+    if (int(threadIdx.x) < k) part[threadIdx.x] += part[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) mean[c] = part[0] / float(rows);
+}
+__global__ void fill_columns_kernel(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int width, const float* v) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  x[(i / width) * ld + c0 + i % width] = __float2bfloat16(v[i % width]);
+}
+}  // namespace
+
+cudaError_t launch_mean_columns(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int c1, float* mean, bool compute,
+                                cudaStream_t stream) {
+  if (rows < 0 || c0 < 0 || c1 < c0 || ld < c1 || !mean || (rows > 0 && c1 > c0 && !x)) return cudaErrorInvalidValue;
+  const int width = c1 - c0;
+  if (rows == 0 || width == 0) return cudaSuccess;
+  if (compute) column_mean_kernel<<<unsigned(width), THREADS, 0, stream>>>(x, ld, rows, c0, mean);
+  const int64_t items = rows * width;
+  fill_columns_kernel<<<unsigned((items + THREADS - 1) / THREADS), THREADS, 0, stream>>>(x, ld, rows, c0, width, mean);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream) {
   return launch_max_abs_many(x, 0, 1, ld, rows, cols, slot, stream);
 }

@@ -27,12 +27,16 @@ cudaError_t launch_copy_row(const void* src, int64_t src_stride, const int32_t* 
 cudaError_t launch_copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, const int32_t* row,
                              int64_t row_bytes, int count, cudaStream_t stream);
 
-// *slot = max(*slot, max |x[r, c]|) over rows r < rows, columns c < cols (x's rows ld apart), by an atomic max on
-// the float's bits (non-negative floats order as their bits; a NaN in x wins over every number). *slot must start
-// non-negative (0). One launch per reader site: the Table 5 reader (forward.h max_abs_hidden_hook).
 // Columns [c0, c1) of `rows` rows of x (row stride ld) times f, in place (a writer hook's head ablation).
 cudaError_t launch_scale_columns(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int c1, float f,
                                  cudaStream_t stream);
+// The mean ablation (forward.h mean_head_hook): compute true: mean[c - c0] = the mean over the rows of column c
+// (f32, summed in f32 per block of rows then across them); then every row's columns [c0, c1) = mean (bf16).
+cudaError_t launch_mean_columns(__nv_bfloat16* x, int64_t ld, int64_t rows, int c0, int c1, float* mean, bool compute,
+                                cudaStream_t stream);
+// *slot = max(*slot, max |x[r, c]|) over rows r < rows, columns c < cols (x's rows ld apart), by an atomic max on
+// the float's bits (non-negative floats order as their bits; a NaN in x wins over every number). *slot must start
+// non-negative (0). One launch per reader site: the Table 5 reader (forward.h max_abs_hidden_hook).
 cudaError_t launch_max_abs(const float* x, int64_t ld, int64_t rows, int cols, float* slot, cudaStream_t stream);
 // The same for `count` tensors of one shape layer_stride elements apart, tensor i into slot[i], in one launch (the
 // reader's sites of a whole forward: every layer's output in the stream [L + 1][cap][E]).

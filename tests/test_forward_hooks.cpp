@@ -142,6 +142,10 @@ struct Recorder final : ds::fwd::Ops {
   void max_abs(ds::fwd::Ref in, int slot) override {
     log.push_back("max_abs" + std::to_string(slot) + (in.rows == ds::fwd::Rows::Last ? "(last)" : ""));
   }
+  void mean_columns(ds::fwd::Ref t, int64_t c0, int64_t c1, int slot) override {
+    log.push_back("mean" + std::to_string(t.layer) + ":" + std::to_string(c0) + "-" + std::to_string(c1) + "@" +
+                  std::to_string(slot));
+  }
   void scale_columns(ds::fwd::Ref t, int64_t c0, int64_t c1, float f) override {
     log.push_back("scale" + std::to_string(t.layer) + ":" + std::to_string(c0) + "-" + std::to_string(c1) + "x" +
                   std::to_string(f));

@@ -26,8 +26,9 @@ const char* kUsage =
     "  --lambda-scale X       multiply every layer's model lambda by X (layers without an override)\n"
     "  --ablate L.H[:MODE]    ablate view head H of layer L (repeatable). MODE head (the default): zero its output\n"
     "                         (after its sub-layer norm, before o_proj); a1: drop A1 (keep -lambda A2 V, then the\n"
-    "                         norm); a2: drop A2 (lambda 0 for that head). The --json output and the dump record\n"
-    "                         the interventions in force\n"
+    "                         norm); a2: drop A2 (lambda 0 for that head); mean: its output replaced by its mean\n"
+    "                         over the prompt's positions. The --json output and the dump record the interventions\n"
+    "                         in force\n"
     "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; the last one for a head wins)\n"
     "  --head-lambda L.H=V    lambda V for view head H of layer L alone (differential models)\n"
     "  --knockout L:Q0:Q1,K0:K1  query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps\n"
@@ -37,7 +38,8 @@ const char* kUsage =
     "                         ablated (one at a time, re-running from its layer), as {\"target\", \"base_logp\",\n"
     "                         \"layers\", \"modes\": {\"a2\": [[delta per head] per layer], \"a1\": ..., \"head\": ...}}\n"
     "  --importance-target ID the token whose log p is followed (default: the greedy next token)\n"
-    "  --importance-modes M,..  the ablation modes measured (a2, a1, head; default: every mode the model has)\n"
+    "  --importance-modes M,..  the ablation modes measured (a2, a1, head, mean; default: a2, a1, head, or head\n"
+    "                         alone for plain heads)\n"
     "  --lens FILE.json       the logit lens: each layer's output through the final norm and the LM head, as\n"
     "                         {\"target\", \"layers\": [{\"layer\", \"positions\": [{\"position\", \"top\": [{\"id\",\n"
     "                         \"prob\"}], \"target_prob\", \"target_rank\"}]}]} (the last layer's: the model's logits)\n"
@@ -271,9 +273,8 @@ Args parse_args(int argc, const char* const* argv) {
         const size_t colon = s.find(':');
         if (colon != std::string::npos) {
           x.mode = s.substr(colon + 1);
-          if (x.mode != "head" && x.mode != "a1" && x.mode != "a2")
-            throw ArgError("--ablate: mode '" + x.mode + "' is not known (L.H:a1, L.H:a2 or L.H:head" +
-                           (x.mode == "mean" ? std::string("; the mean over positions is not built yet)") : ")"));
+          if (x.mode != "head" && x.mode != "a1" && x.mode != "a2" && x.mode != "mean")
+            throw ArgError("--ablate: mode '" + x.mode + "' is not known (L.H:a1, L.H:a2, L.H:head or L.H:mean)");
           s.resize(colon);
         }
       } else {
@@ -300,8 +301,8 @@ Args parse_args(int argc, const char* const* argv) {
       for (size_t p = 0; p <= s.size();) {
         const size_t c = std::min(s.find(',', p), s.size());
         const std::string m = s.substr(p, c - p);
-        if (m != "a1" && m != "a2" && m != "head")
-          throw ArgError("--importance-modes: '" + m + "' is not a mode (a2, a1, head)");
+        if (m != "a1" && m != "a2" && m != "head" && m != "mean")
+          throw ArgError("--importance-modes: '" + m + "' is not a mode (a2, a1, head, mean)");
         a.importance_modes.push_back(m);
         p = c + 1;
       }

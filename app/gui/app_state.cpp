@@ -184,6 +184,18 @@ bool AppState::ablated(int l, int h) const {
                      [&](const HeadScale& x) { return x.layer == l && x.head == h && x.factor == 0.f; });
 }
 
+bool AppState::mean_ablated(int l, int h) const {
+  return std::find(req.head_means.begin(), req.head_means.end(), std::pair<int, int>{l, h}) != req.head_means.end();
+}
+
+void AppState::toggle_mean(int l, int h) {
+  auto& v = req.head_means;
+  const auto it = std::find(v.begin(), v.end(), std::pair<int, int>{l, h});
+  if (it != v.end()) v.erase(it);
+  else v.push_back({l, h});
+  submit_now();
+}
+
 bool AppState::map_dropped(int l, int h, int map) const {
   for (const HeadMix& x : req.head_mixes)
     if (x.layer == l && x.head == h) return map == 1 ? x.drop_a1 : (x.lambda && *x.lambda == 0.f);
@@ -523,7 +535,7 @@ void AppState::absorb_snapshot() {
     // Lambda controls sized to this model; the global scale survives a model change.
     req.lambda.override_.assign(size_t(m.cfg.layers), std::nullopt);
     if (!first_model)
-      req.head_scales.clear(), req.head_mixes.clear(), req.knockouts.clear();  // another model's (--ablate: the first)
+      req.head_scales.clear(), req.head_mixes.clear(), req.head_means.clear(), req.knockouts.clear();  // another model's (--ablate: the first)
     for (const std::string& k : pending_knockouts) {
       try {
         req.knockouts.push_back(parse_knockout(k, int(m.cfg.layers)));

@@ -213,6 +213,8 @@ struct AppState {
   void toggle_ablation(int l, int h);
   // The head panel's -A1 / -A2 boxes (map 1 or 2 of view head h of layer l dropped), and turning one over.
   bool map_dropped(int l, int h, int map) const;
+  bool mean_ablated(int l, int h) const;
+  void toggle_mean(int l, int h);
   void toggle_map(int l, int h, int map);
   char knockout_input[64] = {};  // the Lambda panel's knockout field
   bool focus_outliers = false;   // --outliers: the Profiler opens on its outliers tab

@@ -33,7 +33,8 @@ const char* cli_usage() {
          "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
          "  --max-abs-hidden       read each layer's largest |hidden state| (Profiler, max |h|; paper Table 5)\n"
          "  --ablate L.H[:MODE]    ablate head H of layer L from the start (repeatable; the head panel's boxes):\n"
-         "                         MODE head (its output zeroed; the default), a1 or a2 (that map dropped)\n"
+         "                         MODE head (its output zeroed; the default), a1 or a2 (that map dropped), mean\n"
+         "                         (its output replaced by its mean over positions)\n"
          "  --knockout L:Q0:Q1,K0:K1  queries [Q0, Q1) of layer L (a range A-B, or all) do not see keys [K0, K1)\n"
          "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
@@ -195,8 +196,8 @@ CliOptions parse_cli(int argc, char** argv) {
       std::string mode = "head";
       if (const size_t colon = v.find(':'); colon != std::string::npos) {
         mode = v.substr(colon + 1);
-        if (mode != "head" && mode != "a1" && mode != "a2")
-          throw Error("--ablate: mode '" + mode + "' is not known (L.H:a1, L.H:a2 or L.H:head)");
+        if (mode != "head" && mode != "a1" && mode != "a2" && mode != "mean")
+          throw Error("--ablate: mode '" + mode + "' is not known (L.H:a1, L.H:a2, L.H:head or L.H:mean)");
         v.resize(colon);
       }
       const size_t dot = v.find('.');

@@ -165,8 +165,9 @@ int main(int argc, char** argv) {
   st.generation.options.stop_at_eos = !opt.ignore_eos;
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
   for (const auto& x : opt.ablate) {  // checked by the session against the model (a one-line error if bad)
-    if (x.mode == "head") {
-      st.req.head_scales.push_back({x.layer, x.head, 0.f});
+    if (x.mode == "head" || x.mode == "mean") {
+      if (x.mode == "head") st.req.head_scales.push_back({x.layer, x.head, 0.f});
+      else st.req.head_means.push_back({x.layer, x.head});
       continue;
     }
     auto it = std::find_if(st.req.head_mixes.begin(), st.req.head_mixes.end(),

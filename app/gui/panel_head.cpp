@@ -191,6 +191,11 @@ void toolbar(AppState& st, const ModelInfo& m) {
                  "Zero this head's output (after its sub-layer norm, before o_proj) from now on: the model re-runs\n"
                  "from this layer, and predictions, later layers' maps and generation show the effect. The Lambda\n"
                  "panel lists the heads ablated; untick to restore.");
+    ImGui::SameLine();
+    bool mean = st.mean_ablated(st.layer, st.head);
+    if (ImGui::Checkbox("mean", &mean))
+      st.toggle_mean(st.layer, st.head);
+    item_tooltip("Replace this head's output by its mean over the prompt's positions (mean ablation)");
     if (m.cfg.is_diff()) {
       for (int map = 1; map <= 2; ++map) {
         ImGui::SameLine();

@@ -86,6 +86,7 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
     if (ImGui::SmallButton("restore all")) {
       st.req.head_scales.clear();
       st.req.head_mixes.clear();
+      st.req.head_means.clear();
       st.req.knockouts.clear();
       st.submit_now();
     }

@@ -101,7 +101,7 @@ bool Worker::lambda_superseded(const Request& r) const {
   return want_.open_seq != r.open_seq || want_.prompt_seq != r.prompt_seq || want_.gen_seq != r.gen_seq ||
          want_.scan_seq != r.scan_seq || want_.lambda.scale != r.lambda.scale ||
          want_.lambda.override_ != r.lambda.override_ || want_.head_scales != r.head_scales ||
-         want_.head_mixes != r.head_mixes || want_.knockouts != r.knockouts;
+         want_.head_mixes != r.head_mixes || want_.knockouts != r.knockouts || want_.head_means != r.head_means;
 }
 
 bool Worker::superseded() const {
@@ -230,6 +230,17 @@ void Worker::step(const Request& r) {
   }
   try {
     if (session_->config().is_diff()) lambda_changed = session_->set_head_mixes(r.head_mixes) || lambda_changed;
+  } catch (const std::exception& e) {
+    report_error(e.what());
+  }
+  try {  // mean ablations: those no longer asked for off, then the new ones on
+    const std::vector<std::pair<int, int>> have = session_->head_means();
+    for (const auto& m : have)
+      if (std::find(r.head_means.begin(), r.head_means.end(), m) == r.head_means.end())
+        session_->set_head_mean(m.first, m.second, false), lambda_changed = true;
+    for (const auto& m : r.head_means)
+      if (std::find(have.begin(), have.end(), m) == have.end())
+        session_->set_head_mean(m.first, m.second, true), lambda_changed = true;
   } catch (const std::exception& e) {
     report_error(e.what());
   }

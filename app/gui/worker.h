@@ -39,6 +39,7 @@ struct Request {
   LambdaControl lambda;  // override_ sized to the model's layers, or empty
   std::vector<HeadScale> head_scales;  // head interventions in force (Session::set_head_scale), in order
   std::vector<HeadMix> head_mixes;     // ... drop A1 / A2, a head's own lambda (Session::set_head_mix)
+  std::vector<std::pair<int, int>> head_means;  // ... mean ablations (Session::set_head_mean)
   std::vector<Knockout> knockouts;     // ... key knockouts (Session::add_knockout)
   bool lens = false;                   // the logit lens at the row view's position (session_lens.h)
   bool outliers = false;               // the activation outliers of each result (session_outliers.h)

@@ -54,6 +54,15 @@ std::vector<float> head_coefs(const AttnEdit* edit, float lambda, int view_heads
   return c;
 }
 
+Hook mean_head_hook(const ModelConfig& cfg, int layer, int head, int slot) {
+  const Hook h = scale_head_hook(cfg, layer, head, 0.f);  // the same checks
+  (void)h;
+  const std::pair<int64_t, int64_t> cols = head_columns(cfg, head);
+  const int64_t c0 = cols.first, c1 = cols.second;
+  return Hook{HookPoint::HeadOut, layer,
+              [c0, c1, slot](Ops& ops, const HookSite& s) { ops.mean_columns(s.tensor, c0, c1, slot); }, true};
+}
+
 namespace {
 
 // One hook point: nothing but a test of an empty vector when no hook is registered.

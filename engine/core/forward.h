@@ -112,6 +112,10 @@ class Ops {
   virtual void max_abs(Ref in, int slot) = 0;
   // A writer's op: columns [col0, col1) of every row of `t` times `factor` (0 zeroes them), in place.
   virtual void scale_columns(Ref t, int64_t col0, int64_t col1, float factor) = 0;
+  // A writer's op: columns [col0, col1) of every row of `t` replaced by their mean over the prompt's positions. A
+  // prompt's forward (every row: the hook asks for them) computes the mean into slot `slot` and writes it; a decoding
+  // step writes the slot's mean (the prompt's) into its row.
+  virtual void mean_columns(Ref t, int64_t col0, int64_t col1, int slot) = 0;
   // Polled between layers and between a layer's blocks: true stops the forward (ForwardCancelled).
   virtual bool cancelled() { return false; }
 };
@@ -153,6 +157,9 @@ Hook max_abs_hidden_hook();
 // A writer: view head `head` of attention layer `layer` has its output (after the differential heads' sub-layer norm
 // and 1 - lambda_init, before o_proj: Attn(layer)'s columns of that head) multiplied by `factor`; 0 ablates the head.
 Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor);
+// A writer: view head `head`'s output replaced by its mean over the prompt's positions (slot: the backend's place for
+// that mean; one per hook).
+Hook mean_head_hook(const ModelConfig& cfg, int layer, int head, int slot);
 // The columns of view head `head` in Attn(l): [first, second).
 std::pair<int64_t, int64_t> head_columns(const ModelConfig& cfg, int head);
 

@@ -998,6 +998,22 @@ class CpuBackend final : public Backend {
         for (int64_t i = c0; i < c1; ++i) x.p[r * x.ld + i] *= f;
     }
 
+    void mean_columns(fwd::Ref t, int64_t c0, int64_t c1, int slot) override {
+      const View x = view(t);
+      if (b_.mean_slots_.size() <= size_t(slot)) b_.mean_slots_.resize(size_t(slot) + 1);
+      std::vector<float>& m = b_.mean_slots_[size_t(slot)];
+      if (s_ == 0) {  // a prompt: every position's row is here
+        std::vector<double> sum(size_t(c1 - c0), 0.0);
+        for (int64_t r = 0; r < x.rows; ++r)
+          for (int64_t i = c0; i < c1; ++i) sum[size_t(i - c0)] += x.p[r * x.ld + i];
+        m.resize(sum.size());
+        for (size_t i = 0; i < sum.size(); ++i) m[i] = float(sum[i] / double(std::max<int64_t>(1, x.rows)));
+      } else if (m.size() != size_t(c1 - c0)) {
+        throw Error("internal: a decoding step's mean ablation before its prompt's");
+      }
+      for (int64_t r = 0; r < x.rows; ++r) std::copy(m.begin(), m.end(), x.p + r * x.ld + c0);
+    }
+
     bool cancelled() override { return !recompute_ && b_.poll_cancel(); }
 
    private:
@@ -1103,6 +1119,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> layer_in_;
   std::vector<float> layer_lambda_;
   std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;  // the last forward's attention edits (null: none)
+  std::vector<std::vector<float>> mean_slots_;  // the mean ablations' means (Ops::mean_columns), per slot
   std::vector<float> max_abs_;  // [L] the max_abs readers' slots (-1: no value), empty when the last forward had no hooks
   int qk_layer_ = -1;  // layer whose Q qk_q_ holds (-1: none; reset by every forward)
   int implicit_layer_ = -1;  // Mamba layer whose scan inputs implicit_in_ holds (-1: none; reset by every forward)

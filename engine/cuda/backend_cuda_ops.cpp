@@ -323,6 +323,20 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     DS_CUDA_CHECK(kern::launch_scale_columns(static_cast<bf16*>(x.p), x.ld, x.rows, int(c0), int(c1), f, b_.stream()));
   }
 
+  void mean_columns(fwd::Ref t, int64_t c0, int64_t c1, int slot) override {
+    const View x = view(t);
+    if (x.f32) throw Error("internal: mean_columns writes bf16 activations (a head's output)");
+    constexpr int kSlots = 64, kWidth = 1024;
+    if (slot < 0 || slot >= kSlots || c1 - c0 > kWidth)
+      throw Error("at most " + std::to_string(kSlots) + " heads can be mean-ablated at once on the CUDA backend");
+    if (!b_.mean_slots_.get()) b_.mean_slots_ = DeviceBuffer(size_t(kSlots) * kWidth * 4, "mean ablations");
+    float* m = b_.mean_slots_.as<float>() + size_t(slot) * kWidth;
+    step("mean_columns", t.layer, [&] {
+      DS_CUDA_CHECK(kern::launch_mean_columns(static_cast<bf16*>(x.p), x.ld, x.rows, int(c0), int(c1), m, !decode_,
+                                              b_.stream()));
+    });
+  }
+
   // The readers' pending reductions (call after the last layer, before anything reuses the stream's buffers).
   void finish() { flush_max_abs(); }
 

@@ -198,12 +198,14 @@ void Session::run_every_row() {
 }
 
 void Session::rebuild_hooks() {
-  if (!watch_max_abs_ && head_scales_.empty()) {
+  if (!watch_max_abs_ && head_scales_.empty() && head_means_.empty()) {
     hooks_ = nullptr;
     return;
   }
   auto h = std::make_shared<fwd::Hooks>();
   for (const HeadScale& x : head_scales_) h->add(fwd::scale_head_hook(cfg_, x.layer, x.head, x.factor));
+  for (size_t i = 0; i < head_means_.size(); ++i)
+    h->add(fwd::mean_head_hook(cfg_, head_means_[i].first, head_means_[i].second, int(i)));
   if (watch_max_abs_) h->add(fwd::max_abs_hidden_hook());
   hooks_ = std::move(h);
 }
@@ -329,11 +331,25 @@ bool Session::set_knockouts(const std::vector<Knockout>& want) {
   return true;
 }
 
+void Session::set_head_mean(int layer, int head, bool on) {
+  check_head(cfg_, layer, head, "heads to ablate");
+  const std::pair<int, int> x{layer, head};
+  const auto it = std::find(head_means_.begin(), head_means_.end(), x);
+  if (on == (it != head_means_.end())) return;
+  if (on) head_means_.push_back(x);
+  else head_means_.erase(it);
+  writers_stale_from_ = std::min<int64_t>(writers_stale_from_, layer);
+  // The slots are the list's order: every mean hook after a removed one moves, so the layers from the first of them
+  // on run again (their means are recomputed into their new slots).
+  for (const auto& m : head_means_) writers_stale_from_ = std::min<int64_t>(writers_stale_from_, m.first);
+  rebuild_hooks();
+}
+
 void Session::ablate(int layer, int head, const std::string& mode) {
   if (mode == "head") return set_head_scale(layer, head, 0.f);
+  if (mode == "mean") return set_head_mean(layer, head, true);
   if (mode != "a1" && mode != "a2")
-    throw Error("ablation mode '" + mode + "' is not known (modes: a1, a2, head" +
-                (mode == "mean" ? std::string("; the mean over positions is not built yet)") : std::string(")")));
+    throw Error("ablation mode '" + mode + "' is not known (modes: a1, a2, head, mean)");
   auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
                          [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
   const HeadMix now = it != head_mixes_.end() ? *it : HeadMix{layer, head};
@@ -343,6 +359,7 @@ void Session::ablate(int layer, int head, const std::string& mode) {
 
 void Session::clear_interventions() {
   clear_head_scales();
+  while (!head_means_.empty()) set_head_mean(head_means_.back().first, head_means_.back().second, false);
   set_head_mixes({});
   set_knockouts({});
 }

@@ -164,13 +164,18 @@ class Session {
   void set_head_mix(int layer, int head, bool drop_a1, std::optional<float> lambda);
   const std::vector<HeadMix>& head_mixes() const { return head_mixes_; }
   bool set_head_mixes(const std::vector<HeadMix>& want);
+  // Mean ablations: view head h of layer l's output replaced by its mean over the prompt's positions (the one
+  // forward's HeadOut writer, forward.h mean_head_hook; decoding steps write the prompt's mean). Same checks as above.
+  void set_head_mean(int layer, int head, bool on);
+  const std::vector<std::pair<int, int>>& head_means() const { return head_means_; }
   // Knockouts (Knockout), in force from the next run() on as the head interventions are. Throws ds::Error for layers
   // out of range or without attention, an empty or reversed span; spans past the prompt fail at run().
   void add_knockout(const Knockout& k);
   const std::vector<Knockout>& knockouts() const { return knockouts_; }
   bool set_knockouts(const std::vector<Knockout>& want);
   // One head ablated in a mode: "head" (its output zeroed: set_head_scale 0), "a1" (A1 dropped), "a2" (A2 dropped:
-  // its lambda 0), keeping the head's other interventions; throws ds::Error naming an unknown mode ("mean": not built).
+  // its lambda 0), "mean" (its output replaced by its mean over positions: set_head_mean), keeping the head's other
+  // interventions; throws ds::Error naming an unknown mode.
   void ablate(int layer, int head, const std::string& mode);
   // Every head scale, head mix and knockout removed.
   void clear_interventions();
@@ -205,6 +210,7 @@ class Session {
   bool reader_dirty_ = false;      // the reader was turned on (or its slots cut) since the last run: next from layer 0
   std::vector<HeadScale> head_scales_;
   std::vector<HeadMix> head_mixes_;
+  std::vector<std::pair<int, int>> head_means_;
   std::vector<Knockout> knockouts_;
   // The attention edits the last run resolved (the positions of the prompt it ran) and ran with; decoding steps bring
   // them. Null: none.

@@ -18,12 +18,11 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r) {
   if (r.target < -1 || r.target >= c.vocab)
     throw Error("head importance: target " + std::to_string(r.target) + " is outside the vocabulary (" +
                 std::to_string(c.vocab) + " tokens)");
-  if (r.modes.empty()) throw Error("head importance: no mode given (modes: a1, a2, head)");
+  if (r.modes.empty()) throw Error("head importance: no mode given (modes: a1, a2, head, mean)");
   for (const std::string& m : r.modes) {
-    if (m != "head" && m != "a1" && m != "a2")
-      throw Error("head importance: mode '" + m + "' is not known (modes: a1, a2, head" +
-                  (m == "mean" ? std::string("; the mean over positions is not built yet)") : std::string(")")));
-    if (m != "head" && !c.is_diff())
+    if (m != "head" && m != "a1" && m != "a2" && m != "mean")
+      throw Error("head importance: mode '" + m + "' is not known (modes: a1, a2, head, mean)");
+    if ((m == "a1" || m == "a2") && !c.is_diff())
       throw Error("head importance: mode '" + m + "' needs differential heads (this model's have one map)");
   }
   if (c.map_layers().empty()) throw Error("head importance: the model has no attention layer");
@@ -46,9 +45,12 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
   out.total = int64_t(out.modes.size() * out.layers.size()) * out.heads;
   const std::vector<HeadScale> keep = s.head_scales();
   const std::vector<HeadMix> keep_mix = s.head_mixes();
+  const std::vector<std::pair<int, int>> keep_mean = s.head_means();
   const auto restore = [&] {
     s.set_head_scales(keep);
     s.set_head_mixes(keep_mix);
+    for (const auto& m : std::vector<std::pair<int, int>>(s.head_means()))
+      if (std::find(keep_mean.begin(), keep_mean.end(), m) == keep_mean.end()) s.set_head_mean(m.first, m.second, false);
   };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)
@@ -90,6 +92,7 @@ std::string interventions_json(const Session& s) {
   nlohmann::json v = nlohmann::json::array();
   for (const HeadScale& x : s.head_scales())
     v.push_back({{"kind", "scale"}, {"layer", x.layer}, {"head", x.head}, {"factor", x.factor}});
+  for (const auto& [l, h] : s.head_means()) v.push_back({{"kind", "ablate"}, {"mode", "mean"}, {"layer", l}, {"head", h}});
   for (const HeadMix& x : s.head_mixes()) {
     if (x.drop_a1) v.push_back({{"kind", "ablate"}, {"mode", "a1"}, {"layer", x.layer}, {"head", x.head}});
     if (x.lambda && *x.lambda == 0.f) v.push_back({{"kind", "ablate"}, {"mode", "a2"}, {"layer", x.layer}, {"head", x.head}});
@@ -112,6 +115,7 @@ std::vector<std::string> intervention_lines(const Session& s) {
     std::snprintf(buf, sizeof buf, "%g", double(x.factor));
     out.push_back(head(x.layer, x.head) + " output x " + buf + (x.factor == 0.f ? " (ablated)" : ""));
   }
+  for (const auto& [l, h] : s.head_means()) out.push_back(head(l, h) + " output = its mean over positions");
   for (const HeadMix& x : s.head_mixes()) {
     if (x.drop_a1) out.push_back(head(x.layer, x.head) + " A1 dropped");
     if (x.lambda && *x.lambda == 0.f) {

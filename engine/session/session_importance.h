@@ -17,7 +17,7 @@ namespace ds {
 
 struct HeadImportanceRequest {
   int32_t target = -1;                      // -1: the current top-1 prediction
-  std::vector<std::string> modes{"head"};  // the ablation modes to measure: "head", "a1", "a2"
+  std::vector<std::string> modes{"head"};  // the ablation modes to measure: "head", "a1", "a2", "mean"
 };
 
 struct HeadImportance {

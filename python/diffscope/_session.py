@@ -259,8 +259,9 @@ class Session:
     def ablate(self, layer: int, head: int, mode: str = "head") -> None:
         """Ablates view head `head` of attention layer `layer` from the next run() on (which starts at that layer).
         mode "head": the head's output zeroed (after its sub-layer norm and 1 - lambda_init, before o_proj); "a1": A1
-        dropped (the head keeps -lambda A2 V, then its norm); "a2": A2 dropped (lambda 0 for this head). Modes on one
-        head combine; restore_head() undoes them."""
+        dropped (the head keeps -lambda A2 V, then its norm); "a2": A2 dropped (lambda 0 for this head); "mean": the
+        head's output replaced by its mean over the prompt's positions (decoding steps keep the prompt's mean). Modes
+        on one head combine; restore_head() undoes them."""
         self._s.ablate(_int(layer, "layer"), _int(head, "head"), _str(mode, "mode"))
 
     def scale_head(self, layer: int, head: int, factor: Optional[float]) -> None:

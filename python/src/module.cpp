@@ -862,6 +862,7 @@ NB_MODULE(_diffscope, m) {
       .def("restore_head", [](PySession& ps, int layer, int head) {
         ps.call([&](ds::Session& s) {
           s.set_head_scale(layer, head, std::nullopt);
+          s.set_head_mean(layer, head, false);
           if (s.config().is_diff()) s.set_head_mix(layer, head, false, std::nullopt);
           return 0;
         });

@@ -49,9 +49,11 @@ def softmax_rows(s, allowed):
     return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
 
 
-def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None, scores=None):
+def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None, scores=None, head_mean=None):
     """Returns (logits [n, vocab], hidden [L + 1][n, E] (layer inputs, then the last output), maps {l: (a1, a2)}).
-    scores: a dict to fill with each layer's attention logits q.k / sqrt(d) [H, n, n] (before any mask)."""
+    scores: a dict to fill with each layer's attention logits q.k / sqrt(d) [H, n, n] (before any mask).
+    head_mean {(layer, j): n0}: the head's output (after its norm) at every position replaced by its mean over
+    positions 0 .. n0 - 1 (the prompt's, for a decoding step's check)."""
     cfg, w = load(folder)
     head_coef, knockout, head_scale = head_coef or {}, knockout or {}, head_scale or {}
     L, H, Hkv, d = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -97,6 +99,8 @@ def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale
         out = (1 - lam_init) * rms(out, None, eps)
         for j in range(Hv):
             out[j] *= head_scale.get((l, j), 1.0)
+            if (l, j) in (head_mean or {}):
+                out[j][:] = out[j][:head_mean[(l, j)]].mean(0)
         attn = out.transpose(1, 0, 2).reshape(n, Hv * 2 * d)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"], eps)

@@ -112,6 +112,7 @@ def _edit(s):
     s.set_head_lambda(0, 0, 1.7)
     s.knockout("all", (-1, 0), (2, 9))
     s.knockout(1, (5, 30), (0, 3))
+    s.ablate(1, 1, "mean")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -148,6 +149,7 @@ def test_cuda_edits_carry_into_decoding(gpu):
         g.set_head_lambda(1, 1, 0.2)
         g.knockout("all", (10, 30), (2, 9))
         ids = list(range(3, 34))
+        # (the decoding steps' check: a full forward of the longer sequence; a mean ablation's mean would change)
         g.run(ids)
         got = [t.id for t in g.generate(6, stop_at_eos=False)]
         seq = list(g.ids)

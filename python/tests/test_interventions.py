@@ -92,7 +92,6 @@ def test_interventions_list_rerun_and_errors(demo):
     np.testing.assert_array_equal(demo.logprobs(), base)  # reversible, bit for bit
     assert not np.array_equal(changed, base)
     for f, needle in [(lambda: demo.ablate(99, 0), "does not exist"), (lambda: demo.ablate(0, 99), "head 99"),
-                      (lambda: demo.ablate(0, 0, mode="mean"), "not built yet"),
                       (lambda: demo.ablate(0, 0, mode="a3"), "not known"),
                       (lambda: demo.scale_head(0, 0, float("nan")), "finite")]:
         with pytest.raises(diffscope.Error, match=needle):
@@ -139,8 +138,8 @@ def test_cli_ablate_bit_for_bit(tmp_path):
         assert [(t.id, np.float32(t.prob)) for t in s.top_k(6)] == [(t["id"], np.float32(t["prob"])) for t in want["top_k"]]
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.9", check=False)
     assert bad.returncode == 2 and "head 9" in bad.stderr and bad.stderr.count("\n") == 1
-    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.1:mean", check=False)
-    assert bad.returncode == 2 and "not built yet" in bad.stderr
+    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--ablate", "3.1:avg", check=False)
+    assert bad.returncode == 2 and "not known" in bad.stderr
 
 
 def test_cuda_head_scale_matches_the_scaled_checkpoint(tmp_path):
@@ -193,8 +192,8 @@ def test_head_importance_cli_and_errors(demo, tmp_path):
     assert j["target"] == 953 and j["complete"] and j["layers"] == imp["layers"]
     assert np.array_equal(np.array(j["modes"]["head"]), imp["modes"]["head"])
     assert j["base_logp"] == imp["base_logp"]
-    with pytest.raises(diffscope.Error, match="not built yet"):
-        demo.head_importance(modes=("mean",))
+    with pytest.raises(diffscope.Error, match="not known"):
+        demo.head_importance(modes=("median",))
     with pytest.raises(diffscope.Error, match="vocabulary"):
         demo.head_importance(target=10 ** 6)
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--importance", out, "--importance-target",
@@ -517,3 +516,31 @@ def test_scan_outliers_merge_the_prompts(tmp_path):
                     "cpu", "--threads", "2", "--outliers", "--no-progress"], check=True, capture_output=True)
     j = json.loads(out.read_text())
     assert j["outliers"] == got and j["compare"]["outliers"] == got_twin
+
+
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_mean_ablation_matches_the_reference(fixture):
+    """A head's output replaced by its mean over the prompt's positions; a decoding step writes the prompt's mean."""
+    ids = list(range(3, 40))
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        L, H = s.layers, s.heads
+        lam = _layer_lambdas(s)
+        s.ablate(1, 2, "mean")
+        s.ablate(L - 1, 0, "mean")
+        s.run(ids, all_logits=True)
+        got = s.logits(True).copy()
+        assert [x["mode"] for x in s.interventions] == ["mean", "mean"]
+        imp = s.head_importance(modes=("mean",))
+        assert imp["modes"]["mean"][1, 2] == 0.0  # already mean-ablated: ablating it again changes nothing
+        assert s.interventions == [{"kind": "ablate", "mode": "mean", "layer": 1, "head": 2},
+                                   {"kind": "ablate", "mode": "mean", "layer": L - 1, "head": 0}]
+        step = [t.id for t in s.generate(1, stop_at_eos=False)]
+        after = s.logprobs().copy()  # the next token's after one decoding step under the prompt's means
+    want, _, _ = diffllama_ref.forward(fixture, ids, lambdas=lam, head_mean={(1, 2): len(ids), (L - 1, 0): len(ids)})
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert step[0] == int(np.argmax(want[-1]))
+    want2, _, _ = diffllama_ref.forward(fixture, ids + step, lambdas=lam,
+                                        head_mean={(1, 2): len(ids), (L - 1, 0): len(ids)})
+    lp = want2[-1] - want2[-1].max()
+    lp = lp - np.log(np.exp(lp).sum())
+    np.testing.assert_allclose(after, lp, atol=1e-4)
