@@ -41,6 +41,33 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
       for (int i = lane; i < d && m < nmaps; i += 32)
         sq[warp][m][i] = __bfloat162float(base[int64_t(row) * p.row_stride + p.q_off + int64_t(qh[m]) * d + i]) * sl2;
     __syncwarp();
+    // q . k of key `key` for map m (scaled to log2 units), as the loop below takes it.
+    auto dot_of = [&](int key, int m) {
+      float dot = 0.f;
+      const bf16* kr = kvb + int64_t(key) * p.row_stride + p.k_off + int64_t(kh[m]) * d;
+      for (int i = 0; i < d; i += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
+        const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 kf = __bfloat1622float2(k2[e]);
+          dot = fmaf(sq[warp][m][i + 2 * e], kf.x, dot);
+          dot = fmaf(sq[warp][m][i + 2 * e + 1], kf.y, dot);
+        }
+      }
+      return dot;
+    };
+    // Quantised logits (AttnParams::logit_bits): the row's largest |score| over the keys it sees, first.
+    float amax[2] = {0.f, 0.f};
+    if (p.logit_bits > 0) {
+      for (int c0 = window_first_key(p.window, row); c0 <= row; c0 += 32) {
+        const int key = c0 + lane;
+        if (key > row || (p.nko && knocked_out(p, row, key))) continue;
+        for (int m = 0; m < nmaps; ++m) amax[m] = fmaxf(amax[m], fabsf(dot_of(key, m)));
+      }
+      amax[0] = warp_max(amax[0]);
+      amax[1] = warp_max(amax[1]);
+    }
     float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};
     float acc[2][MAXV];
 #pragma unroll
@@ -53,20 +80,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         if (m >= nmaps) break;
-        float dot = 0.f;
-        if (valid) {
-          const bf16* kr = kvb + int64_t(key) * p.row_stride + p.k_off + int64_t(kh[m]) * d;
-          for (int i = 0; i < d; i += 8) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
-            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 kf = __bfloat1622float2(k2[e]);
-              dot = fmaf(sq[warp][m][i + 2 * e], kf.x, dot);
-              dot = fmaf(sq[warp][m][i + 2 * e + 1], kf.y, dot);
-            }
-          }
-        }
+        float dot = valid ? dot_of(key, m) : 0.f;
+        if (valid && p.logit_bits > 0) dot = quantize_logit(dot, amax[m], p.logit_bits);
         const float s = valid ? dot : -INFINITY;
         // finite once a key of the row was valid (key c0 <= row is, unless knocked out)
         const float m_new = fmaxf(m_run[m], warp_max(s));

@@ -79,6 +79,17 @@ __global__ void __launch_bounds__(128) map_softmax_kernel(const AttnParams p, in
   mx2 = warp_max(mx2);
   mn1 = warp_min(mn1);
   mn2 = warp_min(mn2);
+  if (p.logit_bits > 0) {  // quantised logits (AttnParams::logit_bits), as the forward's, before the softmax
+    const float a1 = fmaxf(fabsf(mx1 == -INFINITY ? 0.f : mx1), fabsf(mn1 == INFINITY ? 0.f : mn1));
+    const float a2 = fmaxf(fabsf(mx2 == -INFINITY ? 0.f : mx2), fabsf(mn2 == INFINITY ? 0.f : mn2));
+    for (int c = c_lo + lane; c < ncols; c += 32) {
+      if (s1[c] != -INFINITY) s1[c] = quantize_logit(s1[c], a1, p.logit_bits);
+      if (s2 && s2[c] != -INFINITY) s2[c] = quantize_logit(s2[c], a2, p.logit_bits);
+    }
+    __syncwarp();
+    mx1 = mx1 == -INFINITY ? mx1 : quantize_logit(mx1, a1, p.logit_bits);
+    mx2 = mx2 == -INFINITY ? mx2 : quantize_logit(mx2, a2, p.logit_bits);
+  }
   // A row whose every key is knocked out attends to nothing (probabilities 0, entropy 0).
   const bool none1 = mx1 == -INFINITY, none2 = mx2 == -INFINITY;
   if (none1) mx1 = 0.f, mn1 = 0.f;

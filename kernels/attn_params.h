@@ -50,7 +50,18 @@ struct AttnParams {
   int nko = 0;
   int4 ko[kMaxKnockouts] = {};
   int row0 = 0, row1 = 0;  // generic kernel: the query rows it computes (row1 0: to n)
+  // > 0: the logits fake-quantised to this many bits before the softmax (forward.h AttnEdit::logit_bits): the generic
+  // kernel (a first pass for each row's largest |score|) and the map kernels take it; the CUDA backend runs such a
+  // layer with the generic kernel, and its decoding steps refuse it.
+  int logit_bits = 0;
 };
+
+// The symmetric absmax fake-quantisation of one logit (cpu_attn::quantize_logit's formula).
+__host__ __device__ __forceinline__ float quantize_logit(float x, float amax, int bits) {
+  if (!(amax > 0.f)) return x;
+  const float step = amax / float((1 << (bits - 1)) - 1);
+  return rintf(x / step) * step;
+}
 
 // Whether query row `row` may not see key `key` (a knockout).
 __device__ __forceinline__ bool knocked_out(const AttnParams& p, int row, int key) {

@@ -267,6 +267,18 @@ def case_lambda(r):
           "diffscope-run --outliers failed")
     check(s6.get("outliers") == json.load(open(out_file)),
           "GUI outliers %s differ from diffscope-run's" % (s6.get("outliers") or {}).get("model"))
+    # The quantisation what-if (--quantize-logits; the lambda panel's menu): diffscope-run's next tokens.
+    rc7, s7, i7 = r.run("quantize", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--quantize-logits", "4")
+    assert_sane_run(rc7, s7, i7, 25)
+    cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, "--quantize-logits", "4",
+           "--top-k", str(len(s7["next_token"])), "--json"]
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=r.source)
+    check(out.returncode == 0, "diffscope-run --quantize-logits failed: %s" % out.stderr)
+    want = json.loads(out.stdout)["top_k"]
+    check(s7["logit_bits"] == 4 and [t["id"] for t in s7["next_token"]] == [t["id"] for t in want] and
+          all(abs(a["prob"] - b["prob"]) <= 1e-6 for a, b in zip(s7["next_token"], want)),
+          "GUI next tokens at 4 bits %s differ from diffscope-run's %s" % (s7["next_token"], want))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

@@ -22,6 +22,7 @@
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
 #include "engine/session/session_outliers.h"
+#include "engine/session/session_quantize.h"
 #include "engine/session/session_sweep.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/safe_write.h"
@@ -266,6 +267,7 @@ int run(const Args& a) {
       throw ArgError(what + ": " + e.what());
     }
   }
+  if (a.quantize_bits) s->set_logit_bits(a.quantize_bits);
   check_queries(*s, a);  // before any work: a bad --rows, --view or --rect is a usage error (exit 2)
   std::optional<ds::LambdaSweepRequest> sweep;
   if (a.sweep) {  // the same: a sweep the model cannot do is refused before the forward
@@ -282,6 +284,11 @@ int run(const Args& a) {
   s->run(full_maps && a.generate == 0);
   if (const std::string bad = s->nonfinite_logits(); !bad.empty()) throw ds::Error(bad);
   const double prefill_ms = s->result().ms;
+  std::optional<ds::QuantizeReport> quant;  // --quantize-logits: against full precision, then the quantised run again
+  if (a.quantize_bits) {
+    quant = ds::quantize_report(*s, a.quantize_bits);
+    s->run(full_maps && a.generate == 0);
+  }
   if (!a.json) {
     const size_t with_maps = c.map_layers().size();
     const std::string attn_layers =
@@ -292,6 +299,10 @@ int run(const Args& a) {
                 prefill_ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
     for (const std::string& line : ds::intervention_lines(*s)) std::printf("edit    %s\n", line.c_str());
+    if (quant)
+      std::printf("quant   attention logits at %d bits: KL from full precision %.3g nats, max |change of A1 - "
+                  "lambda A2| %.3g over the last position's rows, top-1 %d (full precision %d)\n",
+                  quant->bits, quant->kl, quant->max_diff_change, quant->top_quantised, quant->top_full);
   }
   double gen_ms = 0;
   if (a.generate > 0) {
@@ -351,6 +362,7 @@ int run(const Args& a) {
     for (const auto& t : top) tk.push_back({{"id", t.id}, {"prob", t.prob}, {"logit", t.logit}, {"text", t.text}});
     j["top_k"] = tk;
     j["interventions"] = nlohmann::json::parse(ds::interventions_json(*s));  // the interventions in force
+    if (quant) j["quantization"] = nlohmann::json::parse(ds::quantize_report_json(*quant));
     if (c.is_diff()) {  // [L]: 0 for layers without attention
       std::vector<double> lam;
       for (int l = 0; l < c.layers; ++l) lam.push_back(s->effective_lambda(l));

@@ -44,6 +44,10 @@ const char* kUsage =
     "                         {\"target\", \"layers\": [{\"layer\", \"positions\": [{\"position\", \"top\": [{\"id\",\n"
     "                         \"prob\"}], \"target_prob\", \"target_rank\"}]}]} (the last layer's: the model's logits)\n"
     "  --lens-positions P,..  positions of the lens (default -1: the last; below 0 counts from the end)\n"
+    "  --quantize-logits BITS every attention logit fake-quantised to BITS (2..16) bits before the softmax (symmetric,\n"
+    "                         absmax per query row and head; paper Figure 8): every output is the quantised model's,\n"
+    "                         and the KL of the next token from full precision's and the largest change of\n"
+    "                         A1 - lambda A2 over the last position's rows are printed (--json: \"quantization\")\n"
     "  --outliers FILE.json   activation outliers (paper Table 5): per layer the 1st, 2nd, 3rd, 10th and 100th\n"
     "                         largest |hidden state| and |attention logit| of map 1 and map 2, and their medians\n"
     "                         (exact), as {\"layers\": [{\"layer\", \"hidden_top\", \"hidden_median\", \"logit_top1\",\n"
@@ -306,6 +310,10 @@ Args parse_args(int argc, const char* const* argv) {
         a.importance_modes.push_back(m);
         p = c + 1;
       }
+    } else if (k == "--quantize-logits") {
+      const long long b = parse_int(value(i), "--quantize-logits");
+      if (b < 2 || b > 16) throw ArgError("--quantize-logits: " + std::to_string(b) + " bits is outside 2..16");
+      a.quantize_bits = int(b);
     } else if (k == "--outliers") {
       a.outliers = value(i);
     } else if (k == "--lens") {

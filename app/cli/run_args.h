@@ -57,6 +57,7 @@ struct Args {
   std::vector<std::string> importance_modes;  // --importance-modes a2,a1,head (default: all the model has)
   std::string lens;                       // --lens FILE.json (the logit lens, session_lens.h)
   std::string outliers;                   // --outliers FILE.json (activation outliers, session_outliers.h)
+  int quantize_bits = 0;                  // --quantize-logits BITS (session_quantize.h)
   std::vector<int64_t> lens_positions;    // --lens-positions P,... (default: the last)
   int lens_top_k = 5;                     // --lens-top-k K
   int32_t lens_target = -1;               // --lens-target ID (default: the greedy next token)

@@ -39,6 +39,7 @@ const char* cli_usage() {
          "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
          "  --outliers             the activation outliers of each result (Profiler, outliers; paper Table 5)\n"
+         "  --quantize-logits BITS attention logits fake-quantised to BITS (2..16) bits (the lambda panel's menu)\n"
          "  --importance           measure every head's importance (Overview, importance mode) after the first run\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
          "                         same options (the Generate panel compares the two continuations)\n"
@@ -191,6 +192,10 @@ CliOptions parse_cli(int argc, char** argv) {
       o.lens = true;
     } else if (a == "--outliers") {
       o.outliers = true;
+    } else if (a == "--quantize-logits") {
+      const long long b = parse_integer(need(i, a), a);
+      if (b < 2 || b > 16) throw Error("--quantize-logits: " + std::to_string(b) + " bits is outside 2..16");
+      o.quantize_bits = int(b);
     } else if (a == "--ablate") {
       std::string v = need(i, a);
       std::string mode = "head";

@@ -271,6 +271,7 @@ nlohmann::json session_json(const AppState& st) {
                   {"heads", heads}};
   // The interventions the result on screen ran with, as the engine records them (interventions_json).
   j["interventions"] = r.interventions.empty() ? json::array() : json::parse(r.interventions);
+  j["logit_bits"] = r.logit_bits;
   if (const auto& lv = st.snap->lens; lv && lv->result_seq == r.seq)  // the Row panel's logit lens (--lens)
     j["lens"] = json::parse(lens_json(lv->lens));
   if (const auto& ov = st.snap->outliers; ov && ov->result_seq == r.seq)  // the Profiler's outliers (--outliers)

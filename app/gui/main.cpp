@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
   st.pending_knockouts = opt.knockout;  // parsed once the model's layers are known
   st.req.lens = opt.lens;
   st.req.outliers = st.focus_outliers = opt.outliers;
+  st.req.logit_bits = opt.quantize_bits;
   if (opt.importance) {
     st.req.importance_seq = 1;
     st.ov_mode = OverviewMode::Importance;

@@ -91,6 +91,21 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
       st.submit_now();
     }
   }
+  {  // the quantisation what-if (the paper's Figure 8)
+    static const int bits[] = {0, 16, 8, 6, 4};
+    const char* names[] = {"full precision", "16 bits", "8 bits", "6 bits", "4 bits"};
+    int cur = 0;
+    for (int i = 0; i < 5; ++i)
+      if (bits[i] == st.req.logit_bits) cur = i;
+    ImGui::SetNextItemWidth(130);
+    if (ImGui::Combo("attention logits", &cur, names, 5)) {
+      st.req.logit_bits = bits[cur];
+      st.submit_now();
+    }
+    item_tooltip("Fake-quantise every attention logit before the softmax (symmetric, absmax per query row and head;\n"
+                 "the paper's Figure 8): the maps, the predictions and the statistics become the quantised model's.\n"
+                 "diffscope-run --quantize-logits BITS reports the KL from full precision.");
+  }
   ImGui::SetNextItemWidth(160);
   const bool enter = ImGui::InputTextWithHint("##ko", "L:Q0:Q1,K0:K1", st.knockout_input, sizeof st.knockout_input,
                                               ImGuiInputTextFlags_EnterReturnsTrue);

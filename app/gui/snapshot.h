@@ -112,6 +112,7 @@ struct RunResult {
   Profile profile;
   std::vector<float> max_abs_hidden;  // [L] with the Table 5 reader on (Session::max_abs_hidden), else empty
   std::string interventions;                // the interventions this run had (interventions_json)
+  int logit_bits = 0;                       // its attention logits' quantisation (0: full precision)
   std::vector<std::string> intervention_lines;
 };
 

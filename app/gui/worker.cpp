@@ -101,7 +101,8 @@ bool Worker::lambda_superseded(const Request& r) const {
   return want_.open_seq != r.open_seq || want_.prompt_seq != r.prompt_seq || want_.gen_seq != r.gen_seq ||
          want_.scan_seq != r.scan_seq || want_.lambda.scale != r.lambda.scale ||
          want_.lambda.override_ != r.lambda.override_ || want_.head_scales != r.head_scales ||
-         want_.head_mixes != r.head_mixes || want_.knockouts != r.knockouts || want_.head_means != r.head_means;
+         want_.head_mixes != r.head_mixes || want_.knockouts != r.knockouts || want_.head_means != r.head_means ||
+         want_.logit_bits != r.logit_bits;
 }
 
 bool Worker::superseded() const {
@@ -232,6 +233,14 @@ void Worker::step(const Request& r) {
     if (session_->config().is_diff()) lambda_changed = session_->set_head_mixes(r.head_mixes) || lambda_changed;
   } catch (const std::exception& e) {
     report_error(e.what());
+  }
+  if (r.logit_bits != session_->logit_bits()) {  // the quantisation what-if: every layer from the first again
+    try {
+      session_->set_logit_bits(r.logit_bits);
+      lambda_changed = true;
+    } catch (const std::exception& e) {
+      report_error(e.what());
+    }
   }
   try {  // mean ablations: those no longer asked for off, then the new ones on
     const std::vector<std::pair<int, int>> have = session_->head_means();
@@ -518,6 +527,7 @@ void Worker::publish_result(int first_layer, double run_ms, bool ids_changed, in
   res->control = session_->lambda_control();
   res->profile = session_->backend().profile();
   res->interventions = interventions_json(*session_);
+  res->logit_bits = session_->logit_bits();
   res->intervention_lines = intervention_lines(*session_);
   if (session_->watching_max_abs_hidden()) {
     try {

@@ -43,6 +43,7 @@ struct Request {
   std::vector<Knockout> knockouts;     // ... key knockouts (Session::add_knockout)
   bool lens = false;                   // the logit lens at the row view's position (session_lens.h)
   bool outliers = false;               // the activation outliers of each result (session_outliers.h)
+  int logit_bits = 0;                  // the quantisation what-if (Session::set_logit_bits; 0: full precision)
   int layer = 0, head = 0;
   // The head view's rectangle and grid (Backend::map_view; -1 = up to n), from the panel's zoom, pan and size.
   ViewRequest view;

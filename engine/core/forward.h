@@ -62,7 +62,10 @@ struct AttnEdit {
   std::vector<float> a1;      // [view heads] or empty (every head 1)
   std::vector<float> lambda;  // [view heads] or empty (every head the layer's); NaN: the layer's
   std::vector<KeySpan> knockout;
-  bool empty() const { return a1.empty() && lambda.empty() && knockout.empty(); }
+  // > 0: the attention logits fake-quantised to this many bits (2..16) before the softmax, symmetric absmax per query
+  // row and head (the paper's Figure 8 what-if; cpu_attn::quantize_logit has the formula)
+  int logit_bits = 0;
+  bool empty() const { return a1.empty() && lambda.empty() && knockout.empty() && logit_bits == 0; }
   bool operator==(const AttnEdit&) const = default;
 };
 // Per view head (c1, c2) with O = c1 A1 V - c2 A2 V for a layer whose lambda is `lambda`: [2 Hv] (c1, c2 interleaved),

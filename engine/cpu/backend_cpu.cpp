@@ -640,6 +640,7 @@ class CpuBackend final : public Backend {
     if (parts.empty()) parts = {q0, q1};
     static const std::vector<fwd::KeySpan> none;
     const std::vector<fwd::KeySpan>& knockout = edits_ ? edits_->at(size_t(layer)).knockout : none;
+    const int bits = edits_ ? edits_->at(size_t(layer)).logit_bits : 0;
     const int64_t chunk = std::max<int64_t>(16, std::min<int64_t>(q1 - q0, (int64_t(1) << 20) / n));
     row_bufs_.resize(size_t(pool_.threads()));
     const int64_t P = int64_t(parts.size()) - 1;
@@ -658,6 +659,15 @@ class CpuBackend final : public Backend {
             for (int64_t q = std::max(k.q0, r0); q < std::min(k.q1, r0 + rows); ++q)
               std::fill(b.s[m].data() + (q - r0) * n + std::min(k.k0, n), b.s[m].data() + (q - r0) * n + std::min(k.k1, n),
                         -std::numeric_limits<float>::infinity());
+          for (int64_t i = 0; i < rows && bits > 0; ++i) {  // quantised logits, as the forward's (run_block)
+            float* row = b.s[m].data() + i * n;
+            const int64_t lo = first_key(layer, r0 + i), hi = r0 + i;
+            float amax = 0.f;
+            for (int64_t k = lo; k <= hi; ++k)
+              if (row[k] != -std::numeric_limits<float>::infinity()) amax = std::max(amax, std::fabs(row[k]));
+            for (int64_t k = lo; k <= hi; ++k)
+              if (row[k] != -std::numeric_limits<float>::infinity()) row[k] = cpu_attn::quantize_logit(row[k], amax, bits);
+          }
           for (int64_t i = 0; i < rows; ++i)
             b.ml[m][size_t(i)] = cpu_attn::softmax_row(b.s[m].data() + i * n, n, first_key(layer, r0 + i), r0 + i);
         }
@@ -870,6 +880,7 @@ class CpuBackend final : public Backend {
         bl.c2 = coef.empty() ? lam : coef[size_t(2 * j + 1)];
         bl.ko = ko.data();
         bl.nko = int(ko.size());
+        bl.bits = edit ? edit->logit_bits : 0;
         for (int i = 0; i < bl.maps; ++i) {
           bl.q[i] = qp + hm.q[i] * d;
           bl.k[i] = k + hm.k[i] * d;

@@ -57,7 +57,7 @@ Kernels& kernels() {
 
 int64_t scratch_floats(int64_t d, int64_t vw) {
   const int64_t vwp = (vw + 15) / 16 * 16;
-  return kBlockQ * d + d * kBlockK + kBlockQ * kBlockK + kBlockK * vwp + kBlockQ * vwp + 2 * kBlockQ;
+  return kBlockQ * d + d * kBlockK + kBlockQ * kBlockK + kBlockK * vwp + kBlockQ * vwp + 3 * kBlockQ;
 }
 const char* isa() { return kernels().isa; }
 bool use_isa(const char* name) {

@@ -526,6 +526,7 @@ kern::AttnParams CudaBackend::layer_attn(int layer, int64_t n, int batch, float 
   if (edits_ && size_t(layer) < edits_->size()) {  // the forward's edits of this layer (forward.h AttnEdit)
     if (p.diff && size_t(layer) < has_coef_.size() && has_coef_[size_t(layer)])
       p.head_coef = head_coef_.as<float2>() + size_t(layer) * size_t(view_heads());
+    p.logit_bits = (*edits_)[size_t(layer)].logit_bits;
     const std::vector<fwd::KeySpan>& ko = (*edits_)[size_t(layer)].knockout;
     if (ko.size() > size_t(kern::AttnParams::kMaxKnockouts))
       throw Error("layer " + std::to_string(layer) + ": at most " + std::to_string(kern::AttnParams::kMaxKnockouts) +

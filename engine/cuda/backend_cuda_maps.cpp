@@ -141,7 +141,7 @@ std::vector<HeadStats> CudaBackend::head_stats(int layer, std::optional<float> l
 // sm_80+ with room for their shared memory; elsewhere the map kernels run in chunks of rows.
 bool CudaBackend::fused_map_queries(const kern::AttnParams& p) const {
   // (the fused kernels take no knockout mask: a layer with one takes the map kernels)
-  return p.nko == 0 && (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) &&
+  return p.nko == 0 && p.logit_bits == 0 && (p.d == 64 || p.d == 128) && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) &&
          attn_dev_.cc >= 80 &&
          kern::attn_row_stats_smem(p.d) <= attn_dev_.smem_block;
 }

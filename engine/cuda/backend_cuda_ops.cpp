@@ -219,6 +219,9 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.out_scale = float(1.0 - c_.lambda_init(l));
     p.eps = float(c_.subln_eps);
     if (decode_) {
+      if (p.logit_bits > 0)
+        throw Error("quantised attention logits: the CUDA decoding step does not take them (its kernel has no pass for "
+                    "each row's largest logit); HINT: generate on the CPU backend, or without the quantisation");
       p.out = b_.dec_->attn.as<bf16>();
       p.out_row_stride = p.out_batch_stride = Hd;
       return step("decode_attention", l, [&] {
@@ -230,6 +233,8 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.out_row_stride = Hd;
     p.out_batch_stride = n_ * Hd;
     p.head_ns = b_.profiling_ ? b_.head_ns_.as<unsigned long long>() + size_t(l) * size_t(b_.view_heads()) : nullptr;
+    if (p.logit_bits > 0)  // quantised logits: the generic kernel alone has the pass for each row's largest logit
+      return step("attention_quantized", l, [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
     const kern::AttnChoice choice = b_.attn_choice(p);
     step(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, b_.stream())); });
     if (edit && p.nko > 0 && choice.impl != kern::AttnImpl::Generic) {

@@ -364,10 +364,20 @@ void Session::clear_interventions() {
   set_knockouts({});
 }
 
+void Session::set_logit_bits(int bits) {
+  if (bits != 0 && (bits < 2 || bits > 16))
+    throw Error("quantised logits: " + std::to_string(bits) + " bits is outside 2..16 (0: full precision)");
+  if (bits == logit_bits_) return;
+  logit_bits_ = bits;
+  writers_stale_from_ = 0;
+}
+
 std::shared_ptr<const std::vector<fwd::AttnEdit>> Session::resolve_edits(int64_t n) const {
-  if (head_mixes_.empty() && knockouts_.empty()) return nullptr;
+  if (head_mixes_.empty() && knockouts_.empty() && logit_bits_ == 0) return nullptr;
   const int L = int(cfg_.layers), Hv = int(cfg_.view_heads());
   auto e = std::make_shared<std::vector<fwd::AttnEdit>>(size_t(L));
+  for (int l = 0; l < L; ++l)
+    if (cfg_.has_maps(l)) (*e)[size_t(l)].logit_bits = logit_bits_;
   for (const HeadMix& m : head_mixes_) {
     fwd::AttnEdit& x = (*e)[size_t(m.layer)];
     if (x.a1.empty()) x.a1.assign(size_t(Hv), 1.f), x.lambda.assign(size_t(Hv), std::nanf(""));
@@ -582,8 +592,10 @@ int32_t Session::generate_step() {
   req.lambda = ran_lambda_;
   req.hooks = hooks_;
   req.edits = edits_;
-  req.append_from = n;
-  req.logits_on_demand = greedy;
+  // Quantised logits: the whole sequence again instead of a decoding step (the CUDA decoding kernel has no pass for
+  // each row's largest logit; the answer is the same on every backend, the step costs a forward).
+  req.append_from = logit_bits_ > 0 ? 0 : n;
+  req.logits_on_demand = greedy && logit_bits_ == 0;
   try {
     backend_->forward(req, res_);
   } catch (...) {
@@ -592,6 +604,7 @@ int32_t Session::generate_step() {
     set_stop(StopReason::Stopped);
     throw;
   }
+  if (req.append_from == 0) every_row_ = hooks_ && hooks_->needs_all_rows();  // a whole forward, rows-only at the end
   ids_.push_back(id);
   TokenSpan t;
   t.id = id;

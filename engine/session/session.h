@@ -177,6 +177,12 @@ class Session {
   // its lambda 0), "mean" (its output replaced by its mean over positions: set_head_mean), keeping the head's other
   // interventions; throws ds::Error naming an unknown mode.
   void ablate(int layer, int head, const std::string& mode);
+  // The quantisation what-if (the paper's Figure 8): every attention layer's logits fake-quantised to `bits` bits
+  // (2..16; 0: full precision) before the softmax, symmetric absmax per query row and head (forward.h
+  // AttnEdit::logit_bits), in the forward and the map queries, from the next run() on. Throws ds::Error for bits
+  // outside 2..16. Not an intervention: clear_interventions() leaves it.
+  void set_logit_bits(int bits);
+  int logit_bits() const { return logit_bits_; }
   // Every head scale, head mix and knockout removed.
   void clear_interventions();
 
@@ -212,6 +218,7 @@ class Session {
   std::vector<HeadMix> head_mixes_;
   std::vector<std::pair<int, int>> head_means_;
   std::vector<Knockout> knockouts_;
+  int logit_bits_ = 0;
   // The attention edits the last run resolved (the positions of the prompt it ran) and ran with; decoding steps bring
   // them. Null: none.
   std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;

@@ -337,6 +337,24 @@ class Session:
         lay = [] if layers is None else [_int(l, "layers") for l in layers]
         return json.loads(self._s.lens(pos, lay, _int(top_k, "top_k"), -1 if target is None else _int(target, "target")))
 
+    @property
+    def logit_bits(self) -> int:
+        """The quantisation what-if in force: attention logits fake-quantised to this many bits (0: full precision)."""
+        return int(self._s.logit_bits)
+
+    def set_logit_bits(self, bits: Optional[int]) -> None:
+        """Every attention logit fake-quantised to `bits` bits (2..16; None or 0: full precision) before the softmax,
+        symmetric absmax per query row and head (the paper's Figure 8), from the next run() on, in the forward and the
+        maps. Generation under it runs a whole forward per token (the CUDA decoding kernel has no pass for each row's
+        largest logit)."""
+        self._s.set_logit_bits(0 if bits is None else _int(bits, "bits"))
+
+    def quantize_report(self, bits: int) -> dict:
+        """What quantising the logits to `bits` bits does to the current prompt: {"bits", "kl" (of the next token's
+        distribution from full precision's), "max_diff_change" (largest change of A1 - lambda A2 over the last
+        position's rows), "top_full", "top_quantised"}; the session's own setting is kept."""
+        return json.loads(self._s.quantize_report(_int(bits, "bits")))
+
     def outliers(self, logits: bool = True) -> dict:
         """Activation outliers as in the paper's Table 5 (exact): per layer, the 1st, 2nd, 3rd, 10th and 100th
         largest |value| and the median over every position and channel of the layer's output ("hidden_top",

@@ -35,6 +35,7 @@
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
 #include "engine/session/session_outliers.h"
+#include "engine/session/session_quantize.h"
 #include "engine/session/session_scan.h"
 #include "engine/cuda/backend_cuda.h"
 
@@ -905,6 +906,11 @@ NB_MODULE(_diffscope, m) {
                       int32_t target) {
         return ps.call([&](ds::Session& s) { return ds::lens_json(ds::logit_lens(s, {positions, layers, top_k, target})); });
       }, "positions"_a, "layers"_a, "top_k"_a, "target"_a)
+      .def("set_logit_bits", [](PySession& ps, int bits) { ps.call([&](ds::Session& s) { s.set_logit_bits(bits); return 0; }); })
+      .def_prop_ro("logit_bits", [](PySession& ps) { return ps.call([](ds::Session& s) { return s.logit_bits(); }); })
+      .def("quantize_report", [](PySession& ps, int bits) {
+        return ps.call([&](ds::Session& s) { return ds::quantize_report_json(ds::quantize_report(s, bits)); });
+      }, "bits"_a)
       .def("outliers", [](PySession& ps, bool logits) {
         return ps.call([&](ds::Session& s) { return ds::outliers_json(ds::outlier_stats(s, {logits})); });
       }, "logits"_a)

@@ -49,11 +49,14 @@ def softmax_rows(s, allowed):
     return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
 
 
-def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None, scores=None, head_mean=None):
+def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale=None, scores=None, head_mean=None,
+            logit_bits=0):
     """Returns (logits [n, vocab], hidden [L + 1][n, E] (layer inputs, then the last output), maps {l: (a1, a2)}).
     scores: a dict to fill with each layer's attention logits q.k / sqrt(d) [H, n, n] (before any mask).
     head_mean {(layer, j): n0}: the head's output (after its norm) at every position replaced by its mean over
-    positions 0 .. n0 - 1 (the prompt's, for a decoding step's check)."""
+    positions 0 .. n0 - 1 (the prompt's, for a decoding step's check).
+    logit_bits: every logit fake-quantised before the softmax, symmetric absmax per query row and head over the keys
+    the row sees: step = amax / (2^(bits-1) - 1), rint(s / step) * step, in float32 as the engines compute it."""
     cfg, w = load(folder)
     head_coef, knockout, head_scale = head_coef or {}, knockout or {}, head_scale or {}
     L, H, Hkv, d = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -86,6 +89,13 @@ def forward(folder, ids, lambdas=None, head_coef=None, knockout=None, head_scale
         s = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
         if scores is not None:
             scores[l] = s
+        if logit_bits:
+            s32 = s.astype(np.float32)
+            amax = np.where(allowed[None], np.abs(s32), np.float32(0)).max(-1, keepdims=True)
+            step = (amax / np.float32((1 << (logit_bits - 1)) - 1)).astype(np.float32)
+            safe = np.where(step > 0, step, np.float32(1))
+            q = (np.rint(s32 / safe) * safe).astype(np.float32)
+            s = np.where(step > 0, q, s32).astype(np.float64)
         a = softmax_rows(s, allowed[None])
         a1, a2 = a[:Hv], a[Hv:]
         maps[l] = (a1, a2)

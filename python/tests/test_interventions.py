@@ -544,3 +544,78 @@ def test_mean_ablation_matches_the_reference(fixture):
     lp = want2[-1] - want2[-1].max()
     lp = lp - np.log(np.exp(lp).sum())
     np.testing.assert_allclose(after, lp, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The quantisation what-if (Figure 8): logits fake-quantised per row and head before the softmax.
+def _no_midpoint_ids(fixture, lam, bits):
+    """A prompt none of whose quantised logits lies within float32 rounding of a step's midpoint (the engine sums its
+    dot products in another order, so such a logit may round either way, equally right): the first of a few
+    candidate id sequences for which the reference finds none."""
+    for start in range(3, 120, 4):
+        ids = list(range(start, start + 14))  # short: fewer logits, so that some prompt has none at a midpoint
+        scores = {}
+        diffllama_ref.forward(fixture, ids, lambdas=lam, logit_bits=bits, scores=scores)
+        n = len(ids)
+        causal = np.tril(np.ones((n, n), dtype=bool))
+        near = False
+        for sc in scores.values():
+            s32 = sc.astype(np.float32)
+            step = np.where(causal[None], np.abs(s32), 0).max(-1, keepdims=True) / np.float32((1 << (bits - 1)) - 1)
+            frac = s32 / step - np.floor(s32 / step)
+            near |= bool(((np.abs(frac - 0.5) < 2e-4) & causal[None]).any())  # |engine - reference| / step ~1e-4
+        if not near:
+            return ids
+    raise AssertionError("no candidate prompt without a logit at a rounding midpoint")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("fixture", REF_FIXTURES, ids=lambda p: p.name)
+def test_quantised_logits_match_the_reference(fixture, bits):
+    with diffscope.open(fixture, backend="cpu", threads=2) as s:
+        lam = _layer_lambdas(s)
+        ids = _no_midpoint_ids(fixture, lam, bits)
+        s.run(ids, all_logits=True)
+        full = s.logits(True).copy()
+        s.set_logit_bits(bits)
+        assert s.logit_bits == bits and s.stale_from == 0
+        s.run(all_logits=True)
+        got = s.logits(True).copy()
+        maps = s.maps(1)
+        s.set_logit_bits(None)
+        s.run(all_logits=True)
+        np.testing.assert_array_equal(s.logits(True), full)  # reversible
+    want, _, ref_maps = diffllama_ref.forward(fixture, ids, lambdas=lam, logit_bits=bits)
+    assert np.abs(want - full).max() > 1e-3  # quantisation matters at these bits
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(maps.a1, ref_maps[1][0], atol=1e-5)  # the maps are the quantised model's
+    np.testing.assert_allclose(maps.a2, ref_maps[1][1], atol=1e-5)
+
+
+def test_quantize_report_and_errors(tmp_path):
+    with diffscope.open(DEMO, backend="cpu", threads=2) as s:
+        s.run(PROMPT)
+        base = s.logprobs().copy()
+        r16, r4 = s.quantize_report(16), s.quantize_report(4)
+        assert s.logit_bits == 0 and np.array_equal(s.logprobs(), base)  # the session's setting is kept
+        assert 0 <= r16["kl"] < 1e-4 and r4["kl"] > r16["kl"] and r4["max_diff_change"] > r16["max_diff_change"]
+        s.set_logit_bits(4)
+        s.run()
+        q = s.logprobs()
+        p = base
+        assert r4["kl"] == pytest.approx(float(np.sum(np.exp(p) * (p - q))), rel=1e-3, abs=1e-7)
+        assert r4["top_quantised"] == int(np.argmax(q)) and r4["top_full"] == int(np.argmax(p))
+        gen = [t.id for t in s.generate(2, stop_at_eos=False)]  # the CPU backend decodes under quantisation
+        assert len(gen) == 2
+        for bad in (1, 17, -3):
+            with pytest.raises(diffscope.Error, match="outside 2..16"):
+                s.set_logit_bits(bad)
+        with pytest.raises(diffscope.Error, match="outside 2..16"):
+            s.quantize_report(20)
+    out = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--quantize-logits", "4",
+              "--top-k", "3", "--json")
+    j = json.loads(out.stdout)
+    assert j["quantization"]["bits"] == 4 and j["quantization"]["kl"] == pytest.approx(r4["kl"], rel=1e-5)
+    assert j["top_k"][0]["id"] == r4["top_quantised"]
+    bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--quantize-logits", "1", check=False)
+    assert bad.returncode == 2 and "outside 2..16" in bad.stderr

@@ -27,6 +27,7 @@ struct Block {
   };
   const Knock* ko = nullptr;
   int nko = 0;
+  int bits = 0;  // > 0: the scores fake-quantised (quantize_logit) with each row's largest |score| over its keys
   const float* q[2] = {nullptr, nullptr};  // row r at q[m] + r * ldq (rows from position s)
   int64_t ldq = 0;
   const float* k[2] = {nullptr, nullptr};  // key p at k[m] + p * ldk
@@ -36,6 +37,14 @@ struct Block {
   float* out = nullptr;  // row r at out + r * ldo, vw values (rows from position s)
   int64_t ldo = 0;
 };
+
+// Attention logits fake-quantised to `bits` bits (the quantisation what-if, forward.h AttnEdit::logit_bits): symmetric,
+// absmax-scaled per query row and head: step = amax / (2^(bits-1) - 1), x -> rint(x / step) * step (ties to even).
+inline float quantize_logit(float x, float amax, int bits) {
+  if (!(amax > 0.f)) return x;
+  const float step = amax / float((1 << (bits - 1)) - 1);
+  return __builtin_rintf(x / step) * step;
+}
 
 constexpr int64_t kBlockQ = 64;  // query rows per work item
 constexpr int64_t kBlockK = 64;  // keys per tile
