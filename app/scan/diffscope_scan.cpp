@@ -53,6 +53,8 @@ const char* kUsage =
     "  --compare-label NAME      the second run's name\n"
     "  --max-prompts N           stop after N prompts\n"
     "  --max-answer-tokens N     greedy tokens generated at most to check a target (default 32)\n"
+    "  --quantize-logits BITS    attention logits fake-quantised to BITS (2..16) bits in every run (paper Figure 8:\n"
+    "                            accuracy and attention under quantisation; generation then runs whole forwards)\n"
     "  --outliers                activation outliers of every prompt (paper Table 5; diffscope-run --outliers's\n"
     "                            keys) in the report's \"outliers\": top values exact over all prompts, medians the\n"
     "                            median of the prompts' medians\n"
@@ -69,6 +71,7 @@ struct Args {
   double lambda_scale = 1.0;
   int threads = 0, max_prompts = -1, max_answer_tokens = 32;
   bool progress = true, help = false, outliers = false;
+  int logit_bits = 0;
 };
 
 double parse_double(const std::string& flag, const std::string& v) {
@@ -126,6 +129,10 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--threads") a.threads = parse_int(f, v, 0);
     else if (f == "--max-prompts") a.max_prompts = parse_int(f, v, 1);
     else if (f == "--max-answer-tokens") a.max_answer_tokens = parse_int(f, v, 1);
+    else if (f == "--quantize-logits") {
+      a.logit_bits = parse_int(f, v, 2);
+      if (a.logit_bits > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
+    }
     else throw ArgError("unknown option " + f + " (see --help)");
   }
   try {
@@ -200,11 +207,12 @@ int scan(const Args& a) {
   std::unique_ptr<ds::Session> s2;
   if (!a.compare_model.empty()) s2 = ds::Session::open(a.compare_model, choice, nullptr, a.threads);
   std::vector<std::unique_ptr<ds::scan::Run>> runs;
-  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers}));
+  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers, a.logit_bits}));
   if (s2 || a.compare_lambda_scale)
     runs.push_back(std::make_unique<ds::scan::Run>(
         s2 ? *s2 : *s1,
-        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens, a.outliers}));
+        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens, a.outliers,
+                             a.logit_bits}));
   std::vector<const ds::scan::Run*> views;
   for (const auto& r : runs) views.push_back(r.get());
   std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),

@@ -328,6 +328,7 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   r.tokens = int64_t(ids.size());
   s_.set_ids(ids);  // checks the vocabulary, the positions and the backend's memory
   s_.set_lambda_scale(opt_.lambda_scale);
+  s_.set_logit_bits(opt_.logit_bits);
   check();
   s_.run();
   check();
@@ -392,6 +393,7 @@ RunReport Run::report() const {
   o.differential = differential();
   o.backend = s_.backend().name();
   o.lambda_scale = opt_.lambda_scale;
+  o.logit_bits = opt_.logit_bits;
   o.prompts = int64_t(results_.size());
   MeanAcc mean;
   for (const PromptResult& r : results_) {
@@ -460,6 +462,7 @@ nlohmann::json run_report_json(const RunReport& r) {
   o["differential"] = diff;
   o["backend"] = r.backend;
   o["lambda_scale"] = r.lambda_scale;
+  o["logit_bits"] = r.logit_bits;
   o["prompts"] = r.prompts;
   o["tokens"] = r.tokens;
   o["with_target"] = r.with_target;

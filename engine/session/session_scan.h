@@ -112,6 +112,7 @@ struct RunOptions {
   double lambda_scale = 1.0;      // applied to every differential layer's lambda
   int max_answer_tokens = 32;     // greedy tokens generated at most to check a target
   bool outliers = false;          // activation outliers of every prompt (session_outliers.h), merged in the report
+  int logit_bits = 0;             // attention logits fake-quantised to this many bits (Session::set_logit_bits)
 };
 
 class Run {
@@ -162,6 +163,7 @@ struct RunReport {
   std::string label, model, architecture, backend;
   bool differential = false;
   double lambda_scale = 1.0;
+  int logit_bits = 0;                // RunOptions::logit_bits (0: full precision)
   int64_t prompts = 0, tokens = 0, with_target = 0, correct = 0;
   double accuracy = 0;               // NaN without targets
   Fractions mean;                    // over layers, heads and prompts
@@ -185,7 +187,7 @@ Report make_report(const std::vector<const Run*>& runs, const std::string& input
 // The report file's JSON:
 // {"tool": "diffscope-scan", "input": path, "complete": bool, "skipped": [{"line", "error"}], "elapsed_s",
 //  then the first run's keys:
-//    "label", "model", "architecture", "differential", "backend", "lambda_scale",
+//    "label", "model", "architecture", "differential", "backend", "lambda_scale", "logit_bits",
 //    "prompts": N, "tokens", "accuracy" (null without targets), "with_target", "correct",
 //    "mean": {fraction keys}  (over layers, heads and prompts),
 //    "layers": [{"layer": l, "kind": "attention", "heads": [{"head": j, <fraction keys>}]}],

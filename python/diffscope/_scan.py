@@ -23,6 +23,7 @@ class RunReport:
     backend: str
     lambda_scale: float
     prompts: int
+    logit_bits: int
     tokens: int
     accuracy: Optional[float]
     with_target: int
@@ -81,7 +82,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
          compare: Union[str, os.PathLike, Session, None] = None, lambda_scale: float = 1.0,
          compare_lambda_scale: Optional[float] = None, label: str = "", compare_label: str = "",
          max_answer_tokens: int = 32, max_prompts: Optional[int] = None, backend: str = "auto", threads: int = 0,
-         outliers: bool = False,
+         outliers: bool = False, logit_bits: int = 0,
          progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Scans prompts through a model as diffscope-scan does: per attention layer and head, how the last prompt
     token's attention row splits between the answer span, the sink and the rest, for A1, A2 and A1 - lambda*A2, and
@@ -92,14 +93,15 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     JSON lines. compare_lambda_scale alone compares the model with itself at another scale. A bad prompt is skipped
     and listed in report.skipped. Ctrl-C stops between prompts: the report of what was scanned comes back with
     complete=False (and a warning). progress(done, total) is called after each prompt. outliers=True adds each run's
-    activation outliers over the prompts (report.run.outliers; Session.outliers's keys).
+    activation outliers over the prompts (report.run.outliers; Session.outliers's keys). logit_bits: the attention
+    logits fake-quantised to that many bits in every run (Session.set_logit_bits; accuracy under quantisation).
     """
     a = model if isinstance(model, Session) else Session(model, backend, threads)
     b = compare if isinstance(compare, Session) or compare is None else Session(compare, backend, threads)
     sc = _native._Scan(a._s, None if b is None else b._s, _str(label, "label"), _float(lambda_scale, "lambda_scale"),
                        None if compare_lambda_scale is None else _float(compare_lambda_scale, "compare_lambda_scale"),
                        _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"),
-                       bool(outliers))
+                       bool(outliers), _int(logit_bits, "logit_bits"))
     if max_prompts is not None and _int(max_prompts, "max_prompts") < 1:
         raise Error(f"max_prompts: {max_prompts} must be at least 1")
     if isinstance(prompts, (str, os.PathLike)):

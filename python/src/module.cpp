@@ -319,15 +319,15 @@ nb::dict config_dict(const ds::Session& s) {
 class PyScan {
  public:
   PyScan(PySession& a, PySession* b, const std::string& label, double lambda_scale, std::optional<double> compare_scale,
-         const std::string& compare_label, int max_answer_tokens, bool outliers)
+         const std::string& compare_label, int max_answer_tokens, bool outliers, int logit_bits)
       : a_(a), b_(b) {
     if (max_answer_tokens < 1)
       throw ds::Error("max_answer_tokens: " + std::to_string(max_answer_tokens) + " must be at least 1");
-    runs_.push_back(std::make_unique<ds::scan::Run>(a.unsafe(), ds::scan::RunOptions{label, lambda_scale, max_answer_tokens, outliers}));
+    runs_.push_back(std::make_unique<ds::scan::Run>(a.unsafe(), ds::scan::RunOptions{label, lambda_scale, max_answer_tokens, outliers, logit_bits}));
     if (b || compare_scale)
       runs_.push_back(std::make_unique<ds::scan::Run>(
           b ? b->unsafe() : a.unsafe(),
-          ds::scan::RunOptions{compare_label, compare_scale.value_or(1.0), max_answer_tokens, outliers}));
+          ds::scan::RunOptions{compare_label, compare_scale.value_or(1.0), max_answer_tokens, outliers, logit_bits}));
     t0_ = std::chrono::steady_clock::now();
   }
   PyScan(const PyScan&) = delete;
@@ -959,9 +959,10 @@ NB_MODULE(_diffscope, m) {
 
   nb::class_<PyScan>(m, "_Scan")
       .def(nb::init<PySession&, PySession*, const std::string&, double, std::optional<double>, const std::string&, int,
-                    bool>(),
+                    bool, int>(),
            "session"_a, "compare"_a.none(), "label"_a, "lambda_scale"_a, "compare_lambda_scale"_a.none(),
-           "compare_label"_a, "max_answer_tokens"_a, "outliers"_a, nb::keep_alive<1, 2>(), nb::keep_alive<1, 3>())
+           "compare_label"_a, "max_answer_tokens"_a, "outliers"_a, "logit_bits"_a, nb::keep_alive<1, 2>(),
+           nb::keep_alive<1, 3>())
       .def("add", &PyScan::add, "line"_a, "line_no"_a)
       .def("load", &PyScan::load, "path"_a)
       .def("run_loaded", &PyScan::run_loaded, "index"_a)

@@ -619,3 +619,31 @@ def test_quantize_report_and_errors(tmp_path):
     assert j["top_k"][0]["id"] == r4["top_quantised"]
     bad = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--quantize-logits", "1", check=False)
     assert bad.returncode == 2 and "outside 2..16" in bad.stderr
+
+
+def test_scan_under_quantisation(tmp_path):
+    """diffscope.scan(logit_bits=) / diffscope-scan --quantize-logits: every prompt runs quantised; the greedy answer
+    is the session's under the same setting."""
+    src = Path(DEMO).parents[2] / "tests" / "demo_eval_prompts.jsonl"
+    rows = [json.loads(x) for x in src.read_text().splitlines()[:2]]
+    lines = [json.dumps({"text": r["prompt"], "answer": r["span"], "target": r["answer"]}) for r in rows]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    rep = diffscope.scan(DEMO, corpus, backend="cpu", threads=2, logit_bits=4, max_answer_tokens=4)
+    assert rep.run.logit_bits == 4 and rep.run.with_target == 2
+    with diffscope.open(DEMO, backend="cpu", threads=2) as s:
+        s.set_logit_bits(4)
+        for r, pp in zip(rows, rep.run.per_prompt):
+            s.run(r["prompt"])
+            out = "".join(t.text for t in s.generate(4, stop_at_eos=True))
+            assert pp["output"] == out[:len(pp["output"])] and len(pp["output"]) > 0
+            s.clear_generation()
+    exe = Path(os.environ.get("DS_BINARY_DIR", "build")) / "diffscope-scan"
+    if not exe.exists():
+        pytest.skip(f"{exe} is not built")
+    out = tmp_path / "r.json"
+    subprocess.run([str(exe), "--model", DEMO, "--input", corpus, "--out", out, "--backend", "cpu", "--threads", "2",
+                    "--quantize-logits", "4", "--max-answer-tokens", "4", "--no-progress"], check=True, capture_output=True)
+    j = json.loads(out.read_text())
+    assert j["logit_bits"] == 4 and j["correct"] == rep.run.correct
+    assert [p["output"] for p in j["per_prompt"]] == [p["output"] for p in rep.run.per_prompt]
