@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readme_block import write_block  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- outliers:begin -->", "<!-- outliers:end -->"
 
@@ -44,7 +47,7 @@ def main():
         logit = m["logit_top1"] if not r["differential"] else [max(x, y) for x, y in zip(m["logit_top1"], m["logit_top2"])]
         lmed = m["logit_median1"] if not r["differential"] else max(m["logit_median1"], m["logit_median2"])
         rows.append((r["label"], logit, lmed, m["hidden_top"], m["hidden_median"]))
-    lines = [BEGIN, "",
+    lines = [
              f"Activation outliers over the {rep['prompts']} prompts of `report/needles.jsonl` (the paper's Table 5; "
              f"`tools/reproduce_outliers.py`, {rep['backend']}, {datetime.date.today()}): the largest |attention logit| "
              "q.k/sqrt(d) over every causal cell of every head (the DiffLlama: the larger of map 1 and map 2) and the "
@@ -61,15 +64,8 @@ def main():
               + ("Both lower, as in the paper." if d_logit < t_logit and d_hid < t_hid else
                  "Not both lower here: at 6 M parameters and 6 layers the pair has no massive activations to tame "
                  "(the twin's top hidden state is about " + f"{t_hid:.0f}" + ", the paper's Transformer's 3608), so "
-                 "the direction of Table 5 is not reproduced by this pair."), "", END]
-    readme = Path(a.readme)
-    text = readme.read_text()
-    block = "\n".join(lines)
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.replace("## What changed (issue 26)", "## Activation outliers\n\n" + block + "\n\n## What changed (issue 26)")
-    readme.write_text(text)
+                 "the direction of Table 5 is not reproduced by this pair.")]
+    block = write_block(a.readme, BEGIN, END, lines, "Activation outliers")
     print(block)
 
 

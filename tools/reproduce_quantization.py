@@ -14,6 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readme_block import write_block  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- quantization:begin -->", "<!-- quantization:end -->"
 BITS = [0, 16, 8, 6, 4]
@@ -45,7 +48,7 @@ def main():
         acc[bits] = (rep["accuracy"], rep["compare"]["accuracy"])
         prompts, backend = rep["prompts"], rep["backend"]
     head = "| model | " + " | ".join("full" if b == 0 else f"{b} bits" for b in BITS) + " |"
-    lines = [BEGIN, "",
+    lines = [
              f"Accuracy under quantised attention logits over the {prompts} prompts of `report/needles.jsonl` (the "
              f"paper's Figure 8; `tools/reproduce_quantization.py`, {backend}, {datetime.date.today()}): every "
              "attention logit fake-quantised to the bits shown before the softmax (symmetric, absmax per query row and "
@@ -58,15 +61,8 @@ def main():
               + ("The DiffLlama's accuracy falls less, as in the paper."
                  if drop[0][0] < drop[1][0] and drop[0][1] <= drop[1][1] else
                  "The DiffLlama's accuracy does not fall less at both 6 and 4 bits here: Figure 8's direction is not "
-                 "reproduced by this pair."), "", END]
-    readme = Path(a.readme)
-    text = readme.read_text()
-    block = "\n".join(lines)
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.replace("## What changed (issue 26)", "## Quantised attention\n\n" + block + "\n\n## What changed (issue 26)")
-    readme.write_text(text)
+                 "reproduced by this pair.")]
+    block = write_block(a.readme, BEGIN, END, lines, "Quantised attention")
     print(block)
 
 
