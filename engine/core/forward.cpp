@@ -33,10 +33,17 @@ std::pair<int64_t, int64_t> head_columns(const ModelConfig& cfg, int head) {
   return {head * width, (head + 1) * width};
 }
 
-Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor) {
+namespace {
+// A head writer's site: an attention layer's view head.
+void check_head_site(const ModelConfig& cfg, int layer, int head, const char* what) {
   if (layer < 0 || layer >= cfg.layers || !cfg.has_maps(layer))
-    throw Error("scale_head_hook: layer " + std::to_string(layer) + " has no attention");
-  if (head < 0 || head >= cfg.view_heads()) throw Error("scale_head_hook: head " + std::to_string(head));
+    throw Error(std::string(what) + ": layer " + std::to_string(layer) + " has no attention");
+  if (head < 0 || head >= cfg.view_heads()) throw Error(std::string(what) + ": head " + std::to_string(head));
+}
+}  // namespace
+
+Hook scale_head_hook(const ModelConfig& cfg, int layer, int head, float factor) {
+  check_head_site(cfg, layer, head, "scale_head_hook");
   const std::pair<int64_t, int64_t> cols = head_columns(cfg, head);
   const int64_t c0 = cols.first, c1 = cols.second;  // (clang 14 captures no structured binding)
   return Hook{HookPoint::HeadOut, layer,
@@ -55,8 +62,7 @@ std::vector<float> head_coefs(const AttnEdit* edit, float lambda, int view_heads
 }
 
 Hook mean_head_hook(const ModelConfig& cfg, int layer, int head, int slot) {
-  const Hook h = scale_head_hook(cfg, layer, head, 0.f);  // the same checks
-  (void)h;
+  check_head_site(cfg, layer, head, "mean_head_hook");
   const std::pair<int64_t, int64_t> cols = head_columns(cfg, head);
   const int64_t c0 = cols.first, c1 = cols.second;
   return Hook{HookPoint::HeadOut, layer,
