@@ -2,6 +2,7 @@
 """The residual-stream readers against the forward they read (issue 46's speed goals), in one process:
 
   lens       Session.lens() of every layer at the last position after the forward (goal: <= 20 ms at 32K tokens)
+  quantised  the forward with 8-bit attention logits (Session.set_logit_bits; goal: <= 10 % slower)
   outliers   Session.outliers(logits=False) (every layer's |hidden| over every position and channel) and
              Session.outliers() (plus every causal |attention logit| of both maps, recomputed three times), against
              the forward of the same prompt (goal: <= 5 % of a forward)
@@ -67,8 +68,13 @@ def main():
             fwd = timed(forward, a.repeat)
             lens = timed(lambda: s.lens(top_k=5), a.repeat)
             hid = timed(lambda: s.outliers(logits=False), a.repeat)
+            s.set_logit_bits(8)  # the quantisation what-if: the same forward with 8-bit logits
+            fwd_q = timed(forward, a.repeat)
+            s.set_logit_bits(None)
+            s.run()
             r = {"tokens": n, "forward_ms": fwd, "lens_all_layers_ms": lens, "outliers_hidden_ms": hid,
-                 "outliers_hidden_vs_forward": hid / fwd}
+                 "outliers_hidden_vs_forward": hid / fwd, "forward_quantized8_ms": fwd_q,
+                 "quantized_vs_forward": fwd_q / fwd}
             if n <= a.logits_max_tokens:
                 full = timed(lambda: s.outliers(), a.repeat)
                 r.update(outliers_all_ms=full, outliers_all_vs_forward=full / fwd)
