@@ -256,11 +256,8 @@ int run(const Args& a) {
     try {
       if (x.kind == K::Ablate) s->ablate(x.layer, x.head, x.mode);
       else if (x.kind == K::Scale) s->set_head_scale(x.layer, x.head, x.value);
-      else if (x.kind == K::HeadLambda) {
-        const auto& m = s->head_mixes();
-        const auto it = std::find_if(m.begin(), m.end(), [&](const ds::HeadMix& h) { return h.layer == x.layer && h.head == x.head; });
-        s->set_head_mix(x.layer, x.head, it != m.end() && it->drop_a1, x.value);
-      } else {
+      else if (x.kind == K::HeadLambda) s->set_head_lambda(x.layer, x.head, x.value);
+      else {
         s->add_knockout(ds::parse_knockout(x.knockout, int(c.layers)));
       }
     } catch (const ds::Error& e) {

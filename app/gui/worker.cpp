@@ -242,14 +242,8 @@ void Worker::step(const Request& r) {
       report_error(e.what());
     }
   }
-  try {  // mean ablations: those no longer asked for off, then the new ones on
-    const std::vector<std::pair<int, int>> have = session_->head_means();
-    for (const auto& m : have)
-      if (std::find(r.head_means.begin(), r.head_means.end(), m) == r.head_means.end())
-        session_->set_head_mean(m.first, m.second, false), lambda_changed = true;
-    for (const auto& m : r.head_means)
-      if (std::find(have.begin(), have.end(), m) == have.end())
-        session_->set_head_mean(m.first, m.second, true), lambda_changed = true;
+  try {
+    lambda_changed = session_->set_head_means(r.head_means) || lambda_changed;
   } catch (const std::exception& e) {
     report_error(e.what());
   }

@@ -217,14 +217,20 @@ void Session::set_watch_max_abs_hidden(bool on) {
   rebuild_hooks();
 }
 
-void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
-  if (layer < 0 || layer >= cfg_.layers)
-    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+namespace {
+void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
+  if (layer < 0 || layer >= cfg.layers)
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg.layers) +
                 " layers)");
-  if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "heads to ablate"));
-  if (head < 0 || head >= cfg_.view_heads())
-    throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg_.view_heads()) +
+  if (!cfg.has_maps(layer)) throw Error(cfg.no_attention(layer, what));
+  if (head < 0 || head >= cfg.view_heads())
+    throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg.view_heads()) +
                 " view heads)");
+}
+}  // namespace
+
+void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
+  check_head(cfg_, layer, head, "heads to ablate");
   if (factor && !std::isfinite(*factor)) throw Error("a head's scale must be a finite number");
   auto it = std::find_if(head_scales_.begin(), head_scales_.end(),
                          [&](const HeadScale& x) { return x.layer == layer && x.head == head; });
@@ -253,17 +259,6 @@ void Session::clear_head_scales() {
   rebuild_hooks();
 }
 
-namespace {
-void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
-  if (layer < 0 || layer >= cfg.layers)
-    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg.layers) +
-                " layers)");
-  if (!cfg.has_maps(layer)) throw Error(cfg.no_attention(layer, what));
-  if (head < 0 || head >= cfg.view_heads())
-    throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg.view_heads()) +
-                " view heads)");
-}
-}  // namespace
 
 void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<float> lambda) {
   if (!cfg_.is_diff())
@@ -280,6 +275,12 @@ void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<floa
   else if (it != head_mixes_.end()) it->drop_a1 = drop_a1, it->lambda = lambda;
   else head_mixes_.push_back({layer, head, drop_a1, lambda});
   writers_stale_from_ = std::min<int64_t>(writers_stale_from_, layer);
+}
+
+void Session::set_head_lambda(int layer, int head, std::optional<float> lambda) {
+  const auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
+                               [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
+  set_head_mix(layer, head, it != head_mixes_.end() && it->drop_a1, lambda);
 }
 
 bool Session::set_head_mixes(const std::vector<HeadMix>& want) {
@@ -300,7 +301,6 @@ void Session::add_knockout(const Knockout& k) {
   bool any = false;
   for (int l = k.layer0; l < k.layer1; ++l) any |= cfg_.has_maps(l);
   if (!any) throw Error(cfg_.no_attention(k.layer0, "keys to knock out"));
-  if (k.layer1 - k.layer0 == 1 && !cfg_.has_maps(k.layer0)) throw Error(cfg_.no_attention(k.layer0, "keys to knock out"));
   // A span is [a, b) from the start (0 <= a < b), from the end (a < b < 0), or from a to the end (a < 0, b = 0).
   auto check = [](int64_t a, int64_t b, const char* what) {
     const bool ok = (a >= 0 && b > a) || (a < 0 && (b == 0 || (b < 0 && b > a)));
@@ -345,21 +345,28 @@ void Session::set_head_mean(int layer, int head, bool on) {
   rebuild_hooks();
 }
 
+bool Session::set_head_means(const std::vector<std::pair<int, int>>& want) {
+  if (want == head_means_) return false;
+  for (const auto& m : std::vector<std::pair<int, int>>(head_means_))  // those no longer wanted, then the new ones
+    if (std::find(want.begin(), want.end(), m) == want.end()) set_head_mean(m.first, m.second, false);
+  for (const auto& m : want) set_head_mean(m.first, m.second, true);
+  return true;
+}
+
 void Session::ablate(int layer, int head, const std::string& mode) {
   if (mode == "head") return set_head_scale(layer, head, 0.f);
   if (mode == "mean") return set_head_mean(layer, head, true);
   if (mode != "a1" && mode != "a2")
     throw Error("ablation mode '" + mode + "' is not known (modes: a1, a2, head, mean)");
+  if (mode == "a2") return set_head_lambda(layer, head, 0.f);
   auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
                          [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
-  const HeadMix now = it != head_mixes_.end() ? *it : HeadMix{layer, head};
-  if (mode == "a1") set_head_mix(layer, head, true, now.lambda);
-  else set_head_mix(layer, head, now.drop_a1, 0.f);
+  set_head_mix(layer, head, true, it != head_mixes_.end() ? it->lambda : std::nullopt);
 }
 
 void Session::clear_interventions() {
   clear_head_scales();
-  while (!head_means_.empty()) set_head_mean(head_means_.back().first, head_means_.back().second, false);
+  set_head_means({});
   set_head_mixes({});
   set_knockouts({});
 }

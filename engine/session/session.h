@@ -164,10 +164,14 @@ class Session {
   void set_head_mix(int layer, int head, bool drop_a1, std::optional<float> lambda);
   const std::vector<HeadMix>& head_mixes() const { return head_mixes_; }
   bool set_head_mixes(const std::vector<HeadMix>& want);
+  // One head's own lambda (nullopt: the layer's again), keeping whether its A1 is dropped.
+  void set_head_lambda(int layer, int head, std::optional<float> lambda);
   // Mean ablations: view head h of layer l's output replaced by its mean over the prompt's positions (the one
   // forward's HeadOut writer, forward.h mean_head_hook; decoding steps write the prompt's mean). Same checks as above.
   void set_head_mean(int layer, int head, bool on);
   const std::vector<std::pair<int, int>>& head_means() const { return head_means_; }
+  // Makes the mean ablations exactly `want`, in its order; returns whether they changed.
+  bool set_head_means(const std::vector<std::pair<int, int>>& want);
   // Knockouts (Knockout), in force from the next run() on as the head interventions are. Throws ds::Error for layers
   // out of range or without attention, an empty or reversed span; spans past the prompt fail at run().
   void add_knockout(const Knockout& k);

@@ -49,8 +49,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
   const auto restore = [&] {
     s.set_head_scales(keep);
     s.set_head_mixes(keep_mix);
-    for (const auto& m : std::vector<std::pair<int, int>>(s.head_means()))
-      if (std::find(keep_mean.begin(), keep_mean.end(), m) == keep_mean.end()) s.set_head_mean(m.first, m.second, false);
+    s.set_head_means(keep_mean);
   };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)

@@ -853,12 +853,7 @@ NB_MODULE(_diffscope, m) {
         ps.call([&](ds::Session& s) { s.ablate(layer, head, mode); return 0; });
       }, "layer"_a, "head"_a, "mode"_a)
       .def("set_head_lambda", [](PySession& ps, int layer, int head, std::optional<float> lambda) {
-        ps.call([&](ds::Session& s) {
-          const auto& m = s.head_mixes();
-          const auto it = std::find_if(m.begin(), m.end(), [&](const ds::HeadMix& x) { return x.layer == layer && x.head == head; });
-          s.set_head_mix(layer, head, it != m.end() && it->drop_a1, lambda);
-          return 0;
-        });
+        ps.call([&](ds::Session& s) { s.set_head_lambda(layer, head, lambda); return 0; });
       }, "layer"_a, "head"_a, "lambda_"_a.none())
       .def("restore_head", [](PySession& ps, int layer, int head) {
         ps.call([&](ds::Session& s) {
