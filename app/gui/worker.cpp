@@ -756,7 +756,7 @@ void Worker::publish_head(const Request& r, std::optional<float> lambda) {
   hm->layer = layer;
   hm->head = head;
   hm->n = int64_t(session_->ids().size());
-  hm->lambda = lambda ? double(*lambda) : session_->effective_lambda(layer);
+  hm->lambda = lambda ? double(*lambda) : session_->head_lambda(layer, head);
   hm->differential = !implicit && cfg.is_diff();
   hm->implicit = implicit;
   hm->window = cfg.layer_window(layer);
@@ -809,7 +809,7 @@ void Worker::refresh_row(const Request& r) {
     row.resize(size_t(n), 0.f);  // masked keys after q
     rm->rows.a1 = std::move(row);
   } else {
-    rm->lambda = session_->effective_lambda(layer);
+    rm->lambda = session_->head_lambda(layer, std::clamp(r.head, 0, int(cfg.view_heads()) - 1));  // the shown head's
     rm->differential = cfg.is_diff();
     session_->backend().map_rows(layer, {q}, rm->rows);
   }

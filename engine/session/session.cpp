@@ -277,6 +277,12 @@ void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<floa
   writers_stale_from_ = std::min<int64_t>(writers_stale_from_, layer);
 }
 
+double Session::head_lambda(int layer, int head) const {
+  for (const HeadMix& m : head_mixes_)
+    if (m.layer == layer && m.head == head && m.lambda) return double(*m.lambda);
+  return effective_lambda(layer);
+}
+
 void Session::set_head_lambda(int layer, int head, std::optional<float> lambda) {
   const auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
                                [&](const HeadMix& x) { return x.layer == layer && x.head == head; });

@@ -89,6 +89,8 @@ class Session {
   // Lambda (differential families; no-ops report 0 for the others and for layers without attention).
   double model_lambda(int layer) const;
   double effective_lambda(int layer) const;
+  // The lambda view head `head` of `layer` runs with: its own (set_head_lambda, or 0 with A2 dropped), else the layer's.
+  double head_lambda(int layer, int head) const;
   const LambdaControl& lambda_control() const { return lam_; }
   void set_lambda_scale(double s);
   void set_lambda_override(int layer, std::optional<double> value);
