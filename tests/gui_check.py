@@ -799,7 +799,62 @@ def case_bad_args(r):
         check(p.returncode == 2 and bad[0] in p.stdout.decode(), "%s: rc %d, %r" % (bad, p.returncode, p.stdout))
 
 
-CASES = {"fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
+def case_compare(r):
+    # The Compare panel (--compare): the twin opened beside the demo model on the same token ids; both rows' masses on
+    # the answer span are diffscope-scan's fractions of the same heads, both models' outliers are diffscope-run's, and
+    # the panel is drawn. A folder that is not a model is a one-line error in the panel; the main model stays.
+    model, twin = os.path.join(r.source, DEMO), os.path.join(r.source, "assets/models/llama-demo")
+    line = demo_corpus_line(2, 1)
+    src = r.path("text.jsonl")
+    with open(src, "w") as f:
+        f.write(json.dumps({"text": line["text"]}) + "\n" + json.dumps({"text": line["text"][:line["answer"][0]]}) + "\n")
+    p = subprocess.run([r.run_exe, "--tokenizer", os.path.join(model, "tokenizer.json"), "--tokenize-jsonl", src],
+                       stdout=subprocess.PIPE, check=True)
+    full, before = [json.loads(l)["ids"] for l in p.stdout.decode().splitlines()]
+    b = len(before)
+    ids, span = ",".join(map(str, full)), [b, b + 2]
+    corpus = r.path("one.jsonl")
+    with open(corpus, "w") as f:
+        f.write(json.dumps({"ids": full, "answer": span}) + "\n")
+    cells, outl = {}, {}
+    for name, m in (("main", model), ("second", twin)):
+        rep_path, out_path = r.path(name + "_scan.json"), r.path(name + "_outliers.json")
+        subprocess.run([r.scan_exe, "--backend", "cpu", "--model", m, "--input", corpus, "--out", rep_path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True)
+        cells[name] = json.load(open(rep_path))["layers"][4]["heads"][2]
+        subprocess.run([r.run_exe, "--backend", "cpu", "--model", m, "--token-ids", ids, "--outliers", out_path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True)
+        outl[name] = json.load(open(out_path))
+    rc, st, img = r.run("compare", "--model", model, "--backend", "cpu", "--ids", ids, "--head", "4.2", "--outliers",
+                        "--compare", twin, "--compare-answer", "%d:%d" % tuple(span))
+    check(rc == 0 and st and not st["error_shown"], "rc %d, error %s" % (rc, st and st["error"]))
+    c = st["compare"]
+    check(c and c["error"] == "" and c["same_ids"] and c["n_tokens"] == len(full) and c["family"] == "Llama",
+          "compare state %s" % {k: v for k, v in (c or {}).items() if k not in ("main", "second")})
+    check(c["answer"] == span, "answer span %s, asked %s" % (c["answer"], span))
+    for name in ("main", "second"):
+        side = c[name]
+        check(side and side["layer"] == 4 and side["head"] == 2 and side["q"] == len(full) - 1, "%s row %s" % (name, side))
+        for k, v in cells[name].items():
+            if k != "head":
+                check(v is None or abs(v - side["fractions"][k]) < 1e-4,
+                      "%s %s: diffscope-scan %s, the Compare panel %s" % (name, k, v, side["fractions"].get(k)))
+        check(side["outliers"] == outl[name], "%s outliers differ from diffscope-run's" % name)
+    check(set(cells["second"]) - {"head"} == set(c["second"]["fractions"]), "plain model keys %s" % sorted(c["second"]["fractions"]))
+    px = region(img, st["panels"]["Compare"])
+    check(len(set(px)) >= 40, "Compare panel nearly uniform (%d colours)" % len(set(px)))
+    # Not a model: the panel says so in one line, the main model and its result stay.
+    rc, st, img = r.run("compare_bad", "--model", model, "--backend", "cpu", "--ids", ids, "--compare", r.path("nowhere"))
+    c = st["compare"]
+    check(st["has_model"] and st["n_tokens"] == len(full), "main model after a bad --compare")
+    check("nowhere" in c["error"] and "\n" not in c["error"], "compare error %r" % c["error"])
+    for bad in (["--compare-answer", "3:1", "--compare", twin], ["--compare-answer", "1:2"]):
+        p = subprocess.run([r.exe, "--model", model] + bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=QUICK_GUARD_S)
+        out = p.stdout.decode(errors="replace").strip()
+        check(p.returncode == 2 and "--compare" in out and len(out.splitlines()) == 1, "%s: rc %d, %r" % (bad, p.returncode, out))
+
+
+CASES = {"compare": case_compare, "fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
          "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay,
          "hybrid": case_hybrid, "generate": case_generate, "corpus": case_corpus}

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -126,9 +127,27 @@ struct CorpusPanelState {
   std::optional<AnswerMark> answer_mark;
 };
 
+// The Compare panel (panel_compare.cpp): a second model on its own worker, given the main result's token ids (the
+// models share a tokenizer), its row on the main row view's query, its outliers beside the main model's.
+struct ComparePanelState {
+  std::unique_ptr<Worker> worker;        // made by the first open_compare(); reset by close_compare()
+  Request req;                           // what the second worker was last sent
+  std::shared_ptr<const Snapshot> snap;  // taken once per frame (AppState::sync_compare)
+  std::string path;                      // the panel's path field
+  std::string error;                     // its last error (shown in the panel, not the main banner)
+  uint64_t seen_model_seq = 0, seen_error_seq = 0;
+  int head = -1;            // the second model's head in the row plots (-1: the main view's head index)
+  std::string answer;       // the answer span field, "B:E" token positions (empty: the corpus mark, else none)
+  std::string answer_error; // why the field does not parse
+  bool raise = false;
+};
+
 struct AppState {
   // --- engine link
   Worker* worker = nullptr;
+  std::function<void()> wake;      // what a worker calls when it publishes (main.cpp: glfwPostEmptyEvent)
+  BackendChoice backend;           // --backend and --threads: the Compare panel's worker takes the same
+  int cpu_threads = 0;
   std::shared_ptr<const Snapshot> snap;  // taken once per frame
   Request req;
   bool req_dirty = false;
@@ -175,6 +194,18 @@ struct AppState {
 
   // --- corpus analysis (panel_corpus.cpp; the scan runs on the worker, worker_scan.cpp)
   CorpusPanelState corpus;
+
+  // --- a second model side by side (panel_compare.cpp)
+  ComparePanelState compare;
+  bool show_compare = false;  // over the overview and lambda panels, as the Corpus panel
+  void open_compare(const std::string& dir);
+  void close_compare();
+  // Once per frame after absorb_snapshot: takes the second worker's snapshot and sends it the main result's ids,
+  // row, layer and head when they changed (not while a generation streams: it follows when it stops).
+  void sync_compare();
+  bool compare_ready() const;  // the second model is open and shows what the main view shows (or its error)
+  // The answer span the Compare panel measures the row's masses on: its field, else the corpus mark on screen.
+  std::optional<std::pair<int64_t, int64_t>> compare_answer() const;
 
   // --- selection and views
   int layer = 0, head = 0;

@@ -39,6 +39,9 @@ const char* cli_usage() {
          "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
          "  --outliers             the activation outliers of each result (Profiler, outliers; paper Table 5)\n"
+         "  --compare DIR          open DIR beside the model in the Compare panel, on the same tokens (its twin, or\n"
+         "                         any model with the same tokenizer): rows, their masses and the outliers of both\n"
+         "  --compare-answer B:E   the Compare panel's answer span, token positions [B, E)\n"
          "  --quantize-logits BITS attention logits fake-quantised to BITS (2..16) bits (the lambda panel's menu)\n"
          "  --importance           measure every head's importance (Overview, importance mode) after the first run\n"
          "  --regenerate-lambda-scale X  with --generate: then set the lambda scale to X and regenerate with the\n"
@@ -192,6 +195,16 @@ CliOptions parse_cli(int argc, char** argv) {
       o.lens = true;
     } else if (a == "--outliers") {
       o.outliers = true;
+    } else if (a == "--compare") {
+      o.compare = need(i, a);
+      if (o.compare.empty()) throw Error("--compare: no folder given. HINT: --compare assets/models/llama-demo");
+    } else if (a == "--compare-answer") {
+      const std::string v = need(i, a);
+      long long b = 0, e = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%lld:%lld%c", &b, &e, &tail) != 2 || b < 0 || e <= b)
+        throw Error("--compare-answer: '" + v + "' is not B:E with 0 <= B < E (token positions)");
+      o.compare_answer = v;
     } else if (a == "--quantize-logits") {
       const long long b = parse_integer(need(i, a), a);
       if (b < 2 || b > 16) throw Error("--quantize-logits: " + std::to_string(b) + " bits is outside 2..16");
@@ -332,6 +345,8 @@ CliOptions parse_cli(int argc, char** argv) {
     throw Error("--scan-view compare|difference needs --scan-compare X");
   if (o.scan_stop_after && o.screenshot.empty())
     throw Error("--scan-stop-after needs --screenshot");
+  if (!o.compare_answer.empty() && o.compare.empty())
+    throw Error("--compare-answer needs --compare DIR");
   if (!o.replay_log.empty() && !o.replay)
     throw Error("--replay-log needs --replay-lambda");
   return o;

@@ -41,6 +41,8 @@ struct CliOptions {
   std::vector<std::string> knockout;   // --knockout L:Q0:Q1,K0:K1 (repeatable; parsed against the model)
   bool lens = false;                   // --lens: the Row panel's logit lens on
   bool outliers = false;               // --outliers: the Profiler's activation outliers on
+  std::string compare;                 // --compare DIR: a second model in the Compare panel
+  std::string compare_answer;          // --compare-answer B:E (checked)
   int quantize_bits = 0;               // --quantize-logits BITS: the lambda panel's quantisation from the start
   bool importance = false;  // --importance: the Overview's head importance, measured after the first run
   std::optional<double> regenerate_scale;  // --regenerate-lambda-scale X: then lambda scale X and Regenerate

@@ -34,6 +34,8 @@ void draw_frame(AppState& st) {
     draw_profiler_panel(st);
   if (st.show_corpus)  // after the overview and the lambda panel: it starts over them
     draw_corpus_panel(st);
+  if (st.show_compare)
+    draw_compare_panel(st);
   draw_status(st);
   if (st.show_imgui_demo)
     ImGui::ShowDemoWindow(&st.show_imgui_demo);

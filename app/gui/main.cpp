@@ -135,7 +135,10 @@ int main(int argc, char** argv) {
   glfwSetWindowUserPointer(window, &st);
   glfwSetDropCallback(window, on_drop);
 
-  auto worker = std::make_unique<Worker>([] { glfwPostEmptyEvent(); }, backend, opt.threads);
+  st.wake = [] { glfwPostEmptyEvent(); };
+  st.backend = backend;
+  st.cpu_threads = opt.threads;
+  auto worker = std::make_unique<Worker>(st.wake, backend, opt.threads);
   st.worker = worker.get();
   st.prompt.text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
   st.prompt.path = opt.prompt_file;
@@ -237,12 +240,16 @@ int main(int argc, char** argv) {
   st.path_input = model;
   if (!model.empty())
     st.open_model(model);
+  if (!opt.compare.empty())
+    st.open_compare(opt.compare);
+  st.compare.answer = opt.compare_answer;
 
   ScreenshotDriver driver(opt);
   int rc = 0;
   while (!glfwWindowShouldClose(window) && !st.quit) {
     // Sleep until input or a worker publication when nothing moves; poll while the engine works.
-    const bool busy = !worker->idle() || (st.snap && (st.snap->loading || st.snap->running));
+    const bool busy = !worker->idle() || (st.snap && (st.snap->loading || st.snap->running)) ||
+                      (st.compare.worker && !st.compare.worker->idle());
     if (shot)
       glfwWaitEventsTimeout(st.scanning() ? 0.1 : 0.02);
     else if (st.scanning() && !ImGui::IsAnyMouseDown())
@@ -254,6 +261,7 @@ int main(int argc, char** argv) {
 
     st.snap = worker->snapshot();
     st.absorb_snapshot();
+    st.sync_compare();
     int fb_w = 0, fb_h = 0, win_w = 0, win_h = 0;
     glfwGetFramebufferSize(window, &fb_w, &fb_h);
     glfwGetWindowSize(window, &win_w, &win_h);
@@ -300,7 +308,8 @@ int main(int argc, char** argv) {
   }
   if (st.persist)
     save_settings(st.settings);
-  worker.reset();  // joins the engine thread while GLFW (its wake-up call) is still alive
+  st.close_compare();  // joins the engine threads while GLFW (their wake-up call) is still alive
+  worker.reset();
   st.worker = nullptr;
   st.head_tex = HeadTextures{};  // GL objects go before the context
   st.ov_tex = OverviewTexture{};

@@ -179,7 +179,7 @@ void draw_menu_bar(AppState& st) {
     if (ImGui::BeginMenu("Export PNG")) {
       if (ImGui::MenuItem("Whole window", "Ctrl+P"))
         export_png(st, "");
-      for (const char* p : {"Model", "Prompt", "Generate", "Head", "Row", "Overview", "Lambda", "Profiler", "Corpus"})
+      for (const char* p : {"Model", "Prompt", "Generate", "Head", "Row", "Overview", "Lambda", "Profiler", "Corpus", "Compare"})
         if (ImGui::MenuItem(p, nullptr, false, st.panel_rects.count(p) > 0))
           export_png(st, p);
       ImGui::EndMenu();
@@ -230,6 +230,8 @@ void draw_menu_bar(AppState& st) {
     ImGui::MenuItem("Profiler", nullptr, &st.show_profiler);
     if (ImGui::MenuItem("Corpus", nullptr, &st.show_corpus) && st.show_corpus)
       st.raise_corpus = true;
+    if (ImGui::MenuItem("Compare (a second model)", nullptr, &st.show_compare) && st.show_compare)
+      st.compare.raise = true;
     ImGui::Separator();
     if (ImGui::MenuItem("Dark theme", "Ctrl+T", st.settings.dark))
       st.settings.dark = true;

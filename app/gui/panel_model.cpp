@@ -105,8 +105,8 @@ void draw_model_panel(AppState& st) {
   }
   const ModelInfo& m = *s.model;
   const ModelConfig& c = m.cfg;
-  // A model and its twin side by side in one folder (diffllama-demo / llama-demo): one click switches, keeping
-  // the prompt, so the differential and the softmax maps of the same text can be compared.
+  // A model and its twin side by side in one folder (diffllama-demo / llama-demo): one click opens the twin in the
+  // Compare panel on the same tokens; "switch" opens it here instead, keeping the prompt.
   const std::filesystem::path dir(m.dir);
   const std::string base = dir.filename().string();
   const std::string twin = base.rfind("diff", 0) == 0 ? base.substr(4) : "diff" + base;
@@ -114,10 +114,15 @@ void draw_model_panel(AppState& st) {
   if (!s.loading && base.size() > 4 && std::filesystem::exists(dir.parent_path() / twin / "config.json", ec)) {
     const std::string label = std::string(c.is_diff() ? "Compare with the Transformer twin (" : "Compare with the "
                                                         "differential twin (") + twin + ")";
-    if (ImGui::Button(label.c_str())) {
+    if (ImGui::Button(label.c_str()))
+      st.open_compare((dir.parent_path() / twin).string());
+    item_tooltip("Opens %s beside this model in the Compare panel, on the same tokens.", twin.c_str());
+    same_line_if_fits(button_w("switch"));
+    if (ImGui::SmallButton("switch")) {
       st.path_input = (dir.parent_path() / twin).string();
       st.open_model(st.path_input);
     }
+    item_tooltip("Opens %s here in place of this model, keeping the prompt.", twin.c_str());
   }
   char buf[256];
   if (!ImGui::BeginTable("info", 2, ImGuiTableFlags_SizingFixedFit))

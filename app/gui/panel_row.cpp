@@ -20,28 +20,6 @@ namespace {
 
 TokenFlow g_flow;
 
-// One series over keys [0, count) drawn as a per-pixel-column min..max envelope joined column to column, so a
-// row of 128K keys costs one pass and every spike stays visible.
-void plot_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col) {
-  const int W = std::max(1, int(b.x - a.x));
-  auto y_of = [&](float x) { return b.y - (x - lo) / (hi - lo) * (b.y - a.y); };
-  float prev_x = -1, prev_y = 0;
-  for (int px = 0; px < W; ++px) {
-    const int64_t k0 = int64_t(px) * count / W, k1 = std::max(k0 + 1, int64_t(px + 1) * count / W);
-    if (k0 >= count)
-      break;
-    float mn = v[k0], mx = v[k0];
-    for (int64_t k = k0; k < k1 && k < count; ++k)
-      mn = std::min(mn, v[k]), mx = std::max(mx, v[k]);
-    const float x = count <= W ? a.x + (float(k0) + 0.5f) / float(count) * (b.x - a.x) : a.x + float(px) + 0.5f;
-    if (prev_x >= 0)
-      dl->AddLine(ImVec2(prev_x, prev_y), ImVec2(x, y_of(v[k0])), col, 1.5f);
-    dl->AddLine(ImVec2(x, y_of(mn)), ImVec2(x, y_of(mx) - 0.5f), col, 1.5f);
-    prev_x = x;
-    prev_y = y_of(v[std::min(k1, count) - 1]);
-  }
-}
-
 }  // namespace
 
 namespace {
@@ -192,10 +170,10 @@ void row_plot(const AppState& st, const RowData& row, const AppState::AnswerMark
     const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
     dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
     if (a2)
-      plot_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
-    plot_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);
+      draw_row_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
+    draw_row_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);
     if (a2)
-      plot_series(dl, a, b, row.d.data(), count, lo, hi, tc.selection);
+      draw_row_series(dl, a, b, row.d.data(), count, lo, hi, tc.selection);
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", hi);
     dl->AddText(ImVec2(p0.x, a.y), text, buf);

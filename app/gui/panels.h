@@ -22,6 +22,7 @@ void draw_lambda_panel(AppState& st);    // panel_lambda.cpp
 void draw_profiler_panel(AppState& st);  // panel_profiler.cpp
 void draw_row_panel(AppState& st);       // panel_row.cpp
 void draw_corpus_panel(AppState& st);    // panel_corpus.cpp
+void draw_compare_panel(AppState& st);   // panel_compare.cpp
 void draw_status(AppState& st);          // panel_status.cpp: error modal, toasts, shortcut help
 
 // [SECTION] panel frame (panel_layout.cpp): default tiling, rectangle bookkeeping for PNG export

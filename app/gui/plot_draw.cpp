@@ -123,4 +123,26 @@ void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const
   dl->AddText(ImVec2((q0.x + q1.x - ns.x) * 0.5f, q1.y + 2), text, x_name);
 }
 
+// One series over keys [0, count) drawn as a per-pixel-column min..max envelope joined column to column, so a
+// row of 128K keys costs one pass and every spike stays visible.
+void draw_row_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col) {
+  const int W = std::max(1, int(b.x - a.x));
+  auto y_of = [&](float x) { return b.y - (x - lo) / (hi - lo) * (b.y - a.y); };
+  float prev_x = -1, prev_y = 0;
+  for (int px = 0; px < W; ++px) {
+    const int64_t k0 = int64_t(px) * count / W, k1 = std::max(k0 + 1, int64_t(px + 1) * count / W);
+    if (k0 >= count)
+      break;
+    float mn = v[k0], mx = v[k0];
+    for (int64_t k = k0; k < k1 && k < count; ++k)
+      mn = std::min(mn, v[k]), mx = std::max(mx, v[k]);
+    const float x = count <= W ? a.x + (float(k0) + 0.5f) / float(count) * (b.x - a.x) : a.x + float(px) + 0.5f;
+    if (prev_x >= 0)
+      dl->AddLine(ImVec2(prev_x, prev_y), ImVec2(x, y_of(v[k0])), col, 1.5f);
+    dl->AddLine(ImVec2(x, y_of(mn)), ImVec2(x, y_of(mx) - 0.5f), col, 1.5f);
+    prev_x = x;
+    prev_y = y_of(v[std::min(k1, count) - 1]);
+  }
+}
+
 }  // namespace ds::gui

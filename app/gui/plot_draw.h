@@ -1,6 +1,7 @@
 // Drawing primitives the panels share, on ImGui draw lists: vertical text (key labels under a map), colour bars
 // with tick labels, token labels made readable, and a two-series line plot with its own axes.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,9 @@ struct Series {
 // marker_x: a vertical line (e.g. the current lambda); NaN for none.
 void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const Series& b, float marker_x,
                     const char* x_name);
+
+// One series over keys [0, count) in [a, b] on the y range [lo, hi], drawn as a per-pixel-column min..max envelope
+// joined column to column, so a row of 128K keys costs one pass and every spike stays visible.
+void draw_row_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col);
 
 }  // namespace ds::gui

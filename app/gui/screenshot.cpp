@@ -83,10 +83,41 @@ static nlohmann::json scan_json(const AppState& st) {
   return j;
 }
 
+// The Compare panel (--compare): the second model, whether its tokens are the main result's, both rows' masses of the
+// selected heads on the answer span (session_scan.h's keys) and both models' outliers (diffscope-run --outliers's JSON).
+static nlohmann::json compare_json(const AppState& st) {
+  const ComparePanelState& c = st.compare;
+  if (!c.worker || !c.snap) return nullptr;
+  const Snapshot& cs = *c.snap;
+  nlohmann::json j = {{"dir", cs.model ? cs.model->dir : ""}, {"error", c.error}, {"shown", st.show_compare}};
+  if (!cs.model || !st.snap || !st.snap->result) return j;
+  j["family"] = cs.model->cfg.family();
+  j["same_ids"] = cs.result && cs.result->ids == st.snap->result->ids;
+  j["n_tokens"] = cs.result ? cs.result->ids.size() : 0;
+  if (cs.result && !cs.result->top.empty()) j["next_token"] = {{"id", cs.result->top[0].id}, {"prob", cs.result->top[0].prob}};
+  const auto ans = st.compare_answer();
+  j["answer"] = ans ? nlohmann::json{ans->first, ans->second} : nlohmann::json(nullptr);
+  auto side = [&](const Snapshot& s, int head) -> nlohmann::json {
+    if (!s.row || !s.result || s.row->result_seq != s.result->seq || s.row->implicit) return nullptr;
+    const RowMaps& rm = *s.row;
+    const int h = std::clamp(head, 0, int(rm.rows.heads) - 1);
+    const Fractions12 fr = row_fractions(rm, h, ans ? ans->first : 0, ans ? ans->second : 0);
+    nlohmann::json fj = nlohmann::json::object();
+    for (int i = 0; i < ds::scan::kNumFractions; ++i)
+      if (std::isfinite(fr[size_t(i)]) && ds::scan::fraction_applies(i, rm.differential)) fj[ds::scan::kFractionKeys[i]] = fr[size_t(i)];
+    nlohmann::json o = {{"layer", rm.layer}, {"head", h}, {"q", rm.q}, {"fractions", fj}};
+    if (s.outliers && s.outliers->result_seq == s.result->seq) o["outliers"] = nlohmann::json::parse(outliers_json(s.outliers->o));
+    return o;
+  };
+  j["main"] = side(*st.snap, st.head);
+  j["second"] = side(cs, c.req.head);
+  return j;
+}
+
 ScreenshotDriver::ScreenshotDriver(const CliOptions& opt) : opt_(opt) {}
 
 bool ScreenshotDriver::ready(const AppState& st) const {
-  if (!st.worker->idle() || st.req_dirty || !st.snap || st.snap->loading)
+  if (!st.worker->idle() || st.req_dirty || !st.snap || st.snap->loading || !st.compare_ready())
     return false;
   const Snapshot& s = *st.snap;
   if (st.seen_error_seq > 0 && s.error_seq == st.seen_error_seq)
@@ -316,6 +347,7 @@ int ScreenshotDriver::finish(AppState& st, int fb_w, int fb_h) {
       }
     }
     j["scan"] = scan_json(st);
+    j["compare"] = compare_json(st);
     try {
       ds::write_file_safely(opt_.state_json, j.dump(2) + "\n", "the state JSON");
     } catch (const std::exception& e) {
