@@ -367,3 +367,37 @@ TEST(ScanReport, ShapeGroupsCompareAndFiles) {
 }
 
 }  // namespace
+
+// The means of a scan are sums of fractions over prompts; a sharded or multi-GPU scan adds them in another order.
+// ExactSum's value is the exact sum rounded once: the same bits in every order, and equal to a quad-precision sum
+// (exact here: terms of one binade, 2000 of them, need 64 bits) rounded to double. Its partials carried to another
+// sum (a shard's totals merged) give the same value too.
+TEST(ScanExactSum, EveryOrderGivesTheCorrectlyRoundedSum) {
+  std::mt19937_64 rng(20261128);
+  std::uniform_real_distribution<double> mag(0.5, 1.0);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<double> v(2000);
+    for (double& x : v) x = (rng() & 1 ? 1.0 : -1.0) * mag(rng) * (trial % 2 ? 1e-3 : 1.0);
+    __float128 exact = 0;
+    for (double x : v) exact += __float128(x);
+    const double want = double(exact);
+    for (int order = 0; order < 4; ++order) {
+      std::shuffle(v.begin(), v.end(), rng);
+      ds::scan::ExactSum s, a, b;
+      for (size_t i = 0; i < v.size(); ++i) {
+        s.add(v[i]);
+        (i % 3 ? a : b).add(v[i]);
+      }
+      EXPECT_EQ(s.value(), want) << "trial " << trial << " order " << order;
+      a.add(b);
+      EXPECT_EQ(a.value(), want) << "merged partials, trial " << trial;
+    }
+    double naive = 0;  // what a plain loop gives: it may differ (and does for some trials), which is the point
+    for (double x : v) naive += x;
+    EXPECT_NEAR(naive, want, 1e-9);
+  }
+  ds::scan::ExactSum e;
+  EXPECT_EQ(e.value(), 0.0);
+  e.add(1e16), e.add(1.0), e.add(-1e16);
+  EXPECT_EQ(e.value(), 1.0);  // a plain sum loses the 1
+}

@@ -803,7 +803,9 @@ void write_plot_png(const Report& report, const std::string& path) {
     if (!input.empty()) parts.push_back({"input " + input, kMuted});
     if (const size_t sk = report.skipped.size())
       parts.push_back({std::to_string(sk) + (sk == 1 ? " line skipped" : " lines skipped"), kMuted});
-    if (std::isfinite(report.elapsed_s)) parts.push_back({printf_str("%.1f s", report.elapsed_s), kMuted});
+    // The prompts, not the scan's wall time: the figure depends on the data alone, so a report merged from shards
+    // (diffscope-scan --merge) draws the same picture as one run.
+    parts.push_back({printf_str("%lld prompts", (long long)report.run.prompts), kMuted});
     if (!report.complete) parts.push_back({"incomplete: the scan was interrupted", kWarn});
     if (runs.size() == 2) parts.push_back({runs[0].label + " vs " + runs[1].label, kMuted});
     c.font(13);

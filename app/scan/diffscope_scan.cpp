@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <chrono>
 #include <csignal>
@@ -58,6 +59,12 @@ const char* kUsage =
     "  --outliers                activation outliers of every prompt (paper Table 5; diffscope-run --outliers's\n"
     "                            keys) in the report's \"outliers\": top values exact over all prompts, medians the\n"
     "                            median of the prompts' medians\n"
+    "  --shard I/N               scan only the I-th of N slices of the input (lines l with (l - 1) % N == I; I from\n"
+    "                            0): N machines or jobs each run one, and --merge makes the whole input's report\n"
+    "  --merge A.json B.json ... --out REPORT.json [--csv F] [--plot F]\n"
+    "                            merge the reports of every shard of one scan into exactly the report of one run\n"
+    "                            over the whole input (means, groups, accuracy, outliers, per-prompt list in input\n"
+    "                            order; only the timings are the shards' own)\n"
     "  --no-progress             no progress bar\n"
     "  -h, --help                this text\n";
 
@@ -72,6 +79,8 @@ struct Args {
   int threads = 0, max_prompts = -1, max_answer_tokens = 32;
   bool progress = true, help = false, outliers = false;
   int logit_bits = 0;
+  std::optional<std::pair<int, int>> shard;  // --shard I/N
+  std::vector<std::string> merge;            // --merge FILES
 };
 
 double parse_double(const std::string& flag, const std::string& v) {
@@ -112,6 +121,11 @@ Args parse_args(int argc, char** argv) {
       a.outliers = true;
       continue;
     }
+    if (f == "--merge") {
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) a.merge.push_back(argv[++i]);
+      if (a.merge.empty()) throw ArgError("--merge needs the shard reports: --merge A.json B.json ... --out REPORT.json");
+      continue;
+    }
     if (f.rfind("--", 0) != 0) throw ArgError("unexpected argument '" + f + "' (options start with --)");
     if (i + 1 >= argc) throw ArgError(f + " needs a value");
     const std::string v = argv[++i];
@@ -129,6 +143,13 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--threads") a.threads = parse_int(f, v, 0);
     else if (f == "--max-prompts") a.max_prompts = parse_int(f, v, 1);
     else if (f == "--max-answer-tokens") a.max_answer_tokens = parse_int(f, v, 1);
+    else if (f == "--shard") {
+      long long si = -1, sn = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%lld/%lld%c", &si, &sn, &tail) != 2 || sn < 1 || sn > 1000000 || si < 0 || si >= sn)
+        throw ArgError("--shard: '" + v + "' is not I/N with 0 <= I < N (e.g. --shard 0/4 ... --shard 3/4)");
+      a.shard = std::pair(int(si), int(sn));
+    }
     else if (f == "--quantize-logits") {
       a.logit_bits = parse_int(f, v, 2);
       if (a.logit_bits > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
@@ -139,6 +160,12 @@ Args parse_args(int argc, char** argv) {
     ds::parse_backend_choice(a.backend);
   } catch (const ds::Error& e) {
     throw ArgError(e.what());
+  }
+  if (!a.merge.empty()) {
+    if (!a.model.empty() || !a.input.empty() || a.shard || !a.compare_model.empty() || a.compare_lambda_scale || a.outliers)
+      throw ArgError("--merge takes shard reports, --out and optionally --csv and --plot: the scan's options were the shards'");
+    if (a.out.empty()) throw ArgError("--merge needs --out REPORT.json");
+    return a;
   }
   if (a.model.empty()) throw ArgError("--model DIR is required");
   if (a.input.empty()) throw ArgError("--input PROMPTS.jsonl is required");
@@ -191,6 +218,49 @@ class ProgressBar {
   size_t total_, last_ = 0;
 };
 
+void print_summary(const ds::scan::Report& report) {
+  for (const ds::scan::RunReport* r : {&report.run, report.compare ? &*report.compare : nullptr}) {
+    if (!r) continue;
+    const ds::scan::Fractions& m = r->mean;
+    const bool d = r->differential;
+    std::printf("%-28s prompts %lld  answer %.4f  context %.4f  sink %.4f%s", r->label.c_str(), (long long)r->prompts,
+                d ? m.answer_diff : m.answer1, d ? m.context_diff : m.context1, d ? m.sink_diff : m.sink1,
+                d ? " (A1 - lambda*A2)" : " (softmax)");
+    if (std::isfinite(r->accuracy)) std::printf("  accuracy %.3f", r->accuracy);
+    std::printf("\n");
+  }
+}
+
+// --merge: the shard reports read (each a one-line error naming the file when it is not one), merged, written.
+int merge(const Args& a) {
+  const std::vector<std::pair<std::string, std::string>> outs{{a.out, "the report"}, {a.csv, "the CSV"}, {a.plot, "the plot"}};
+  for (const auto& [path, what] : outs)
+    if (!path.empty()) ds::check_writable_target(path, what, a.merge);
+  std::vector<std::pair<std::string, ds::scan::Report>> shards;
+  for (const std::string& f : a.merge) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(f, ec)) throw ds::Error(f + ": no such file");
+    const auto size = std::filesystem::file_size(f, ec);
+    if (ec || size > (size_t(2) << 30)) throw ds::Error(f + ": cannot be read, or larger than 2 GiB");
+    std::ifstream in(f, std::ios::binary);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ds::Error(f + ": not JSON (" + std::string(e.what()).substr(0, 120) + ")");
+    }
+    shards.emplace_back(f, ds::scan::shard_report_from_json(j, f));
+  }
+  const ds::scan::Report report = ds::scan::merge_shard_reports(shards);
+  ds::scan::write_json_atomic(report, a.out);
+  if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
+  if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
+  std::fprintf(stderr, "scan: merged %zu shards of %s: %lld prompts%s\n", shards.size(), report.input.c_str(),
+               (long long)report.run.prompts, report.complete ? "" : " (a shard was incomplete: the report is too)");
+  print_summary(report);
+  return 0;
+}
+
 int scan(const Args& a) {
   const ds::BackendChoice choice = ds::parse_backend_choice(a.backend);
   // Every output before any work: none may be the corpus, a directory or a device, nor two of them one file.
@@ -203,6 +273,16 @@ int scan(const Args& a) {
         throw ds::Error(path + ": named for both " + what + " and " + other_what);
   }
   ds::scan::Corpus corpus = ds::scan::read_corpus(a.input);
+  bool cut = false;  // --max-prompts left prompts out: the report is not of the whole input (or slice)
+  if (a.max_prompts > 0 && corpus.prompts.size() > size_t(a.max_prompts)) {
+    corpus.prompts.resize(size_t(a.max_prompts));  // the first N prompts of the input, then the slice of them
+    cut = true;
+  }
+  if (a.shard) {  // the I-th slice: lines l with (l - 1) % N == I, bad lines included
+    const auto mine = [&](int line) { return (line - 1) % a.shard->second == a.shard->first; };
+    std::erase_if(corpus.prompts, [&](const ds::scan::Prompt& p) { return !mine(p.line); });
+    std::erase_if(corpus.errors, [&](const ds::scan::LineError& e) { return !mine(e.line); });
+  }
   std::unique_ptr<ds::Session> s1 = ds::Session::open(a.model, choice, nullptr, a.threads);
   std::unique_ptr<ds::Session> s2;
   if (!a.compare_model.empty()) s2 = ds::Session::open(a.compare_model, choice, nullptr, a.threads);
@@ -227,12 +307,15 @@ int scan(const Args& a) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   std::vector<ds::scan::LineError> skipped = corpus.errors;
-  const size_t total = a.max_prompts > 0 ? std::min(corpus.prompts.size(), size_t(a.max_prompts)) : corpus.prompts.size();
+  const size_t total = corpus.prompts.size();
   ProgressBar bar(a.progress, total);
   const auto cancelled = [] { return g_interrupted.load(); };
-  const auto write = [&](bool complete) {
-    ds::scan::write_json_atomic(ds::scan::make_report(views, a.input, skipped, complete, elapsed()), a.out);
+  const auto report_now = [&](bool complete) {
+    ds::scan::Report r = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
+    r.shard = a.shard;
+    return r;
   };
+  const auto write = [&](bool complete) { ds::scan::write_json_atomic(report_now(complete), a.out); };
   write(false);  // a valid (empty) report from the start
   double last_write = 0;
   int64_t tokens = 0;
@@ -258,28 +341,19 @@ int scan(const Args& a) {
       last_write = elapsed();
     }
   }
-  const bool complete = !interrupted && total == corpus.prompts.size() && !runs[0]->results().empty();
+  const bool complete = !interrupted && !cut && !runs[0]->results().empty();
   write(complete);
   if (interrupted) {
     bar.clear_line();
     std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n",
                  runs[0]->results().size(), a.out.c_str());
   }
-  const ds::scan::Report report = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
+  const ds::scan::Report report = report_now(complete);
   if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
   if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
-  for (const ds::scan::RunReport* r : {&report.run, report.compare ? &*report.compare : nullptr}) {
-    if (!r) continue;
-    const ds::scan::Fractions& m = r->mean;
-    const bool d = r->differential;
-    std::printf("%-28s prompts %lld  answer %.4f  context %.4f  sink %.4f%s", r->label.c_str(), (long long)r->prompts,
-                d ? m.answer_diff : m.answer1, d ? m.context_diff : m.context1, d ? m.sink_diff : m.sink1,
-                d ? " (A1 - lambda*A2)" : " (softmax)");
-    if (std::isfinite(r->accuracy)) std::printf("  accuracy %.3f", r->accuracy);
-    std::printf("\n");
-  }
+  print_summary(report);
   if (interrupted) return kExitInterrupted;
-  if (runs[0]->results().empty())  // a report of nothing is no success
+  if (runs[0]->results().empty() && !a.shard)  // a report of nothing is no success (a shard's slice may be all bad)
     throw ds::Error(a.input + ": no prompt could be scanned (" + std::to_string(skipped.size()) +
                     " lines skipped; the report says why)");
   return 0;
@@ -300,7 +374,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return scan(a);
+    return a.merge.empty() ? scan(a) : merge(a);
   } catch (const ds::Error& e) {
     std::fprintf(stderr, "diffscope-scan: %s\n", e.what());
     return kExitInput;

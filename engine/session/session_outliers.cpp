@@ -147,43 +147,130 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   return out;
 }
 
-Outliers merge_outliers(const std::vector<const Outliers*>& prompts) {
+namespace {
+void merge_part(OutlierPart& a, const OutlierPart& b) {
+  a.top100.insert(a.top100.end(), b.top100.begin(), b.top100.end());
+  std::sort(a.top100.begin(), a.top100.end(), std::greater<float>());
+  if (a.top100.size() > 100) a.top100.resize(100);
+  a.count += b.count;
+  a.medians.insert(a.medians.end(), b.medians.begin(), b.medians.end());
+  std::sort(a.medians.begin(), a.medians.end());
+}
+OutlierPart part_of(const OutlierSet& s) { return OutlierPart{s.top100, s.s.count, {s.s.median}}; }
+OutlierSet set_of(const OutlierPart& p) {
+  const size_t k = p.medians.size();
+  const float m = k == 0 ? 0.f : float((double(p.medians[(k - 1) / 2]) + double(p.medians[k / 2])) / 2);
+  return OutlierSet{top_median_of(p.top100, p.count, m), p.top100};
+}
+}  // namespace
+
+OutlierParts outlier_parts(const std::vector<const Outliers*>& prompts) {
+  OutlierParts out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Outliers& o = *prompts[i];
+    OutlierParts one;
+    one.differential = o.differential;
+    one.logits = o.logits;
+    for (const LayerOutliers& l : o.layers)
+      one.layers.push_back({l.layer, l.has_logits, part_of(l.hidden), part_of(l.logit1), part_of(l.logit2)});
+    one.hidden = part_of(o.hidden), one.logit1 = part_of(o.logit1), one.logit2 = part_of(o.logit2);
+    if (i == 0) out = std::move(one);
+    else merge_parts(out, one);
+  }
+  return out;
+}
+
+void merge_parts(OutlierParts& a, const OutlierParts& b) {
+  if (b.layers.empty() && b.hidden.count == 0) return;  // nothing on that side
+  if (a.layers.empty() && a.hidden.count == 0) {
+    a = b;
+    return;
+  }
+  if (a.layers.size() != b.layers.size() || a.differential != b.differential || a.logits != b.logits)
+    throw Error("the outliers describe different models (layers or maps differ)");
+  for (size_t li = 0; li < a.layers.size(); ++li) {
+    OutlierParts::Layer &x = a.layers[li];
+    const OutlierParts::Layer& y = b.layers[li];
+    if (x.layer != y.layer || x.has_logits != y.has_logits) throw Error("the outliers describe different models (layers differ)");
+    merge_part(x.hidden, y.hidden), merge_part(x.logit1, y.logit1), merge_part(x.logit2, y.logit2);
+  }
+  merge_part(a.hidden, b.hidden), merge_part(a.logit1, b.logit1), merge_part(a.logit2, b.logit2);
+}
+
+Outliers outliers_of(const OutlierParts& p) {
   Outliers out;
-  if (prompts.empty()) return out;
-  out.differential = prompts[0]->differential;
-  out.logits = prompts[0]->logits;
-  auto merge = [](const std::vector<const OutlierSet*>& sets) {
-    std::vector<float> top, med;
-    uint64_t count = 0;
-    for (const OutlierSet* s : sets) {
-      top.insert(top.end(), s->top100.begin(), s->top100.end());
-      med.push_back(s->s.median);
-      count += s->s.count;
-    }
-    std::sort(top.begin(), top.end(), std::greater<float>());
-    if (top.size() > 100) top.resize(100);
-    std::sort(med.begin(), med.end());
-    const size_t k = med.size();
-    const float m = k == 0 ? 0.f : float((double(med[(k - 1) / 2]) + double(med[k / 2])) / 2);
-    return OutlierSet{top_median_of(top, count, m), top};
-  };
-  for (size_t li = 0; li < prompts[0]->layers.size(); ++li) {
+  out.differential = p.differential;
+  out.logits = p.logits;
+  for (const OutlierParts::Layer& l : p.layers) {
     LayerOutliers lo;
-    lo.layer = prompts[0]->layers[li].layer;
-    lo.has_logits = prompts[0]->layers[li].has_logits;
-    std::vector<const OutlierSet*> h, a, b;
-    for (const Outliers* p : prompts) {
-      if (p->layers.size() != prompts[0]->layers.size()) throw Error("internal: merging outliers of other models");
-      h.push_back(&p->layers[li].hidden), a.push_back(&p->layers[li].logit1), b.push_back(&p->layers[li].logit2);
-    }
-    lo.hidden = merge(h);
-    if (lo.has_logits) lo.logit1 = merge(a), lo.logit2 = merge(b);
+    lo.layer = l.layer;
+    lo.has_logits = l.has_logits;
+    lo.hidden = set_of(l.hidden);
+    if (lo.has_logits) lo.logit1 = set_of(l.logit1), lo.logit2 = set_of(l.logit2);
     out.layers.push_back(std::move(lo));
   }
-  std::vector<const OutlierSet*> h, a, b;
-  for (const Outliers* p : prompts) h.push_back(&p->hidden), a.push_back(&p->logit1), b.push_back(&p->logit2);
-  out.hidden = merge(h), out.logit1 = merge(a), out.logit2 = merge(b);
+  out.hidden = set_of(p.hidden), out.logit1 = set_of(p.logit1), out.logit2 = set_of(p.logit2);
   return out;
+}
+
+Outliers merge_outliers(const std::vector<const Outliers*>& prompts) {
+  if (prompts.empty()) return Outliers{};
+  for (const Outliers* p : prompts)
+    if (p->layers.size() != prompts[0]->layers.size()) throw Error("internal: merging outliers of other models");
+  return outliers_of(outlier_parts(prompts));
+}
+
+namespace {
+nlohmann::json part_json(const OutlierPart& p) {
+  return {{"top100", p.top100}, {"count", p.count}, {"medians", p.medians}};
+}
+std::vector<float> floats(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_array()) throw Error(what + " is not a list of numbers");
+  std::vector<float> v;
+  for (const auto& x : j) {
+    if (!x.is_number()) throw Error(what + " holds something that is not a number");
+    v.push_back(x.get<float>());
+  }
+  return v;
+}
+OutlierPart part_from(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_object() || !j.contains("count") || !j["count"].is_number_unsigned())
+    throw Error(what + " is not an outlier part (top100, count, medians)");
+  OutlierPart p{floats(j.value("top100", nlohmann::json()), what + ".top100"), j["count"].get<uint64_t>(),
+                floats(j.value("medians", nlohmann::json()), what + ".medians")};
+  if (p.top100.size() > 100 || !std::is_sorted(p.top100.begin(), p.top100.end(), std::greater<float>()) ||
+      !std::is_sorted(p.medians.begin(), p.medians.end()))
+    throw Error(what + ": top100 is not 100 values at most, largest first, or medians not ascending");
+  return p;
+}
+}  // namespace
+
+nlohmann::json outlier_parts_json(const OutlierParts& p) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const OutlierParts::Layer& l : p.layers)
+    layers.push_back({{"layer", l.layer}, {"has_logits", l.has_logits}, {"hidden", part_json(l.hidden)},
+                      {"logit1", part_json(l.logit1)}, {"logit2", part_json(l.logit2)}});
+  return {{"differential", p.differential}, {"logits", p.logits}, {"layers", layers}, {"hidden", part_json(p.hidden)},
+          {"logit1", part_json(p.logit1)}, {"logit2", part_json(p.logit2)}};
+}
+
+OutlierParts outlier_parts_from_json(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_object() || !j.contains("layers") || !j["layers"].is_array())
+    throw Error(what + " is not the outliers' merge state");
+  OutlierParts p;
+  p.differential = j.value("differential", false);
+  p.logits = j.value("logits", false);
+  for (const auto& l : j["layers"]) {
+    if (!l.is_object() || !l.contains("layer") || !l["layer"].is_number_integer())
+      throw Error(what + ".layers holds an entry without a layer");
+    p.layers.push_back({l["layer"].get<int>(), l.value("has_logits", false), part_from(l.value("hidden", nlohmann::json()), what + ".hidden"),
+                        part_from(l.value("logit1", nlohmann::json()), what + ".logit1"),
+                        part_from(l.value("logit2", nlohmann::json()), what + ".logit2")});
+  }
+  p.hidden = part_from(j.value("hidden", nlohmann::json()), what + ".hidden");
+  p.logit1 = part_from(j.value("logit1", nlohmann::json()), what + ".logit1");
+  p.logit2 = part_from(j.value("logit2", nlohmann::json()), what + ".logit2");
+  return p;
 }
 
 namespace {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/core/outlier_select.h"
 #include "engine/session/session.h"
 
@@ -50,5 +52,31 @@ TopMedian top_median_of(const std::vector<float>& top100_desc, uint64_t count, f
 // (each prompt's 100 largest hold every value of the union's 100 largest); the medians are the median of the
 // prompts' medians (a corpus median would need every prompt's values again). Empty input: an empty result.
 Outliers merge_outliers(const std::vector<const Outliers*>& prompts);
+
+// What merge_outliers keeps of a set of prompts, per value set: the 100 largest values of their union, the number
+// of values and every prompt's median. Two parts of one corpus (diffscope-scan --shard) merge exactly: the result is
+// the part of all their prompts, whatever the order.
+struct OutlierPart {
+  std::vector<float> top100;  // largest first
+  uint64_t count = 0;
+  std::vector<float> medians;  // ascending
+};
+struct OutlierParts {
+  bool differential = false, logits = false;
+  struct Layer {
+    int layer = 0;
+    bool has_logits = false;
+    OutlierPart hidden, logit1, logit2;
+  };
+  std::vector<Layer> layers;
+  OutlierPart hidden, logit1, logit2;  // over every layer's values
+};
+OutlierParts outlier_parts(const std::vector<const Outliers*>& prompts);
+// a += b; throws ds::Error when they describe different models (layers or maps).
+void merge_parts(OutlierParts& a, const OutlierParts& b);
+Outliers outliers_of(const OutlierParts& p);
+nlohmann::json outlier_parts_json(const OutlierParts& p);
+// Throws ds::Error naming `what` when j is not outlier_parts_json's shape.
+OutlierParts outlier_parts_from_json(const nlohmann::json& j, const std::string& what);
 
 }  // namespace ds

@@ -99,29 +99,90 @@ Fractions fractions_of(const RowMass& m, bool differential) {
   return f;
 }
 
-namespace {
+void ExactSum::add(double x) {
+  size_t i = 0;
+  for (size_t j = 0; j < p_.size(); ++j) {
+    double y = p_[j];
+    if (std::fabs(x) < std::fabs(y)) std::swap(x, y);
+    const double hi = x + y, lo = y - (hi - x);
+    if (lo != 0.0) p_[i++] = lo;
+    x = hi;
+  }
+  p_.resize(i);
+  p_.push_back(x);
+}
 
-// Mean of each fraction over entries, NaN entries left out (NaN when none is finite).
-struct MeanAcc {
-  double sum[kNumFractions] = {};
-  int64_t count[kNumFractions] = {};
-  void add(const Fractions& f) {
-    for (int i = 0; i < kNumFractions; ++i) {
-      const double v = fraction(f, i);
-      if (std::isfinite(v)) {
-        sum[i] += v;
-        count[i]++;
-      }
+double ExactSum::value() const {
+  // The partials sum to the exact total; add them from the largest down until the rest cannot change the rounding,
+  // then correct a half-way case (as math.fsum).
+  size_t n = p_.size();
+  if (n == 0) return 0.0;
+  double hi = p_[--n], lo = 0.0;
+  while (n > 0) {
+    const double x = hi, y = p_[--n];
+    hi = x + y;
+    lo = y - (hi - x);
+    if (lo != 0.0) break;
+  }
+  if (n > 0 && ((lo < 0 && p_[n - 1] < 0) || (lo > 0 && p_[n - 1] > 0))) {
+    const double y = lo * 2, x = hi + y;
+    if (y == x - hi) hi = x;
+  }
+  return hi;
+}
+
+void FractionSums::add(const Fractions& f) {
+  for (int i = 0; i < kNumFractions; ++i) {
+    const double v = fraction(f, i);
+    if (std::isfinite(v)) {
+      sum[i].add(v);
+      count[i]++;
     }
   }
-  Fractions mean() const {
-    Fractions f;
-    for (int i = 0; i < kNumFractions; ++i) fraction(f, i) = count[i] ? sum[i] / double(count[i]) : kNaN;
-    return f;
-  }
-};
+}
 
+void FractionSums::add(const FractionSums& o) {
+  for (int i = 0; i < kNumFractions; ++i) {
+    sum[i].add(o.sum[i]);
+    count[i] += o.count[i];
+  }
+}
+
+Fractions FractionSums::mean() const {
+  Fractions f;
+  for (int i = 0; i < kNumFractions; ++i) fraction(f, i) = count[i] ? sum[i].value() / double(count[i]) : kNaN;
+  return f;
+}
+
+namespace {
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+nlohmann::json sums_json(const FractionSums& f) {
+  nlohmann::json p = nlohmann::json::array(), c = nlohmann::json::array();
+  for (int i = 0; i < kNumFractions; ++i) p.push_back(f.sum[i].partials()), c.push_back(f.count[i]);
+  return {{"partials", p}, {"count", c}};
+}
+
+nlohmann::json totals_json(const RunTotals& t) {
+  nlohmann::json heads = nlohmann::json::array();
+  for (const auto& l : t.heads) {
+    nlohmann::json hl = nlohmann::json::array();
+    for (const FractionSums& h : l) hl.push_back(sums_json(h));
+    heads.push_back(std::move(hl));
+  }
+  nlohmann::json groups = nlohmann::json::object();
+  for (const auto& [key, arr] : t.groups) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const GroupTotals& g : arr)
+      a.push_back({{"value", g.value}, {"prompts", g.prompts}, {"with_target", g.with_target}, {"correct", g.correct},
+                   {"mean", sums_json(g.mean)}});
+    groups.push_back({key, a});
+  }
+  nlohmann::json o{{"prompts", t.prompts}, {"tokens", t.tokens}, {"with_target", t.with_target}, {"correct", t.correct},
+                   {"mean", sums_json(t.mean)}, {"heads", heads}, {"groups", groups}};
+  if (t.outliers) o["outliers"] = outlier_parts_json(*t.outliers);
+  return o;
+}
 
 nlohmann::json fractions_json(const Fractions& f, bool differential) {
   nlohmann::json o = nlohmann::json::object();
@@ -333,7 +394,7 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   s_.run();
   check();
   const int64_t q = r.tokens - 1;
-  MeanAcc all;
+  FractionSums all;
   for (int l : layers_) {
     const std::vector<RowMass> m = s_.backend().row_mass(l, q, r.answer_begin, r.answer_end);
     std::vector<Fractions> hf;
@@ -384,6 +445,103 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   return results_.back();
 }
 
+RunTotals totals_of(const std::vector<PromptResult>& results, size_t layers, int64_t heads, bool outliers) {
+  RunTotals t;
+  t.heads.assign(layers, std::vector<FractionSums>(size_t(heads)));
+  for (const PromptResult& r : results) {
+    ++t.prompts;
+    t.tokens += r.tokens;
+    t.with_target += r.has_target;
+    t.correct += r.has_target && r.correct;
+    t.mean.add(r.mean);
+    if (r.heads.size() != layers) throw Error("internal: a prompt's result without its per-head fractions");
+    for (size_t li = 0; li < layers; ++li)
+      for (int64_t h = 0; h < heads; ++h) t.heads[li][size_t(h)].add(r.heads[li][size_t(h)]);
+  }
+  for (const char* key : {"length", "depth"}) {  // groups by the tags "length" and "depth"
+    std::vector<GroupTotals> arr;
+    for (const PromptResult& r : results) {
+      if (!r.tags.contains(key)) continue;
+      auto it = std::find_if(arr.begin(), arr.end(), [&](const GroupTotals& g) { return g.value == r.tags[key]; });
+      if (it == arr.end()) {
+        it = arr.insert(arr.end(), GroupTotals{});
+        it->value = r.tags[key];
+      }
+      ++it->prompts;
+      it->mean.add(r.mean);
+      it->with_target += r.has_target;
+      it->correct += r.has_target && r.correct;
+    }
+    if (arr.empty()) continue;
+    std::sort(arr.begin(), arr.end(), [](const GroupTotals& a, const GroupTotals& b) { return a.value < b.value; });
+    t.groups.emplace_back(key, std::move(arr));  // numbers before strings, each in order
+  }
+  if (outliers) {
+    std::vector<const Outliers*> per;
+    for (const PromptResult& r : results)
+      if (r.outliers) per.push_back(r.outliers.get());
+    t.outliers = outlier_parts(per);
+  }
+  return t;
+}
+
+void merge_totals(RunTotals& a, const RunTotals& b) {
+  if (a.heads.size() != b.heads.size() || (!a.heads.empty() && a.heads[0].size() != b.heads[0].size()))
+    throw Error("the runs have different layers or heads");
+  a.prompts += b.prompts, a.tokens += b.tokens, a.with_target += b.with_target, a.correct += b.correct;
+  a.mean.add(b.mean);
+  for (size_t li = 0; li < a.heads.size(); ++li)
+    for (size_t h = 0; h < a.heads[li].size(); ++h) a.heads[li][h].add(b.heads[li][h]);
+  for (const auto& [key, arr] : b.groups) {
+    auto g = std::find_if(a.groups.begin(), a.groups.end(), [&](const auto& x) { return x.first == key; });
+    if (g == a.groups.end()) {
+      a.groups.emplace_back(key, std::vector<GroupTotals>{});
+      g = a.groups.end() - 1;
+    }
+    for (const GroupTotals& y : arr) {
+      auto it = std::find_if(g->second.begin(), g->second.end(), [&](const GroupTotals& x) { return x.value == y.value; });
+      if (it == g->second.end()) {
+        g->second.push_back(y);
+        continue;
+      }
+      it->prompts += y.prompts, it->with_target += y.with_target, it->correct += y.correct;
+      it->mean.add(y.mean);
+    }
+    std::sort(g->second.begin(), g->second.end(), [](const GroupTotals& x, const GroupTotals& y) { return x.value < y.value; });
+  }
+  std::stable_sort(a.groups.begin(), a.groups.end(), [](const auto& x, const auto& y) {
+    return (x.first == "length" ? 0 : 1) < (y.first == "length" ? 0 : 1);  // "length" before "depth", as one run
+  });
+  if (b.outliers) {
+    if (!a.outliers) a.outliers = OutlierParts{};
+    merge_parts(*a.outliers, *b.outliers);
+  }
+}
+
+void finish_report(RunReport& o) {
+  const RunTotals& t = o.totals;
+  o.prompts = t.prompts;
+  o.tokens = t.tokens;
+  o.with_target = t.with_target;
+  o.correct = t.correct;
+  o.accuracy = o.with_target ? double(o.correct) / double(o.with_target) : kNaN;
+  o.mean = t.mean.mean();
+  if (t.heads.size() != o.layers.size()) throw Error("internal: totals of other layers");
+  for (size_t li = 0; li < o.layers.size(); ++li) {  // per layer and head: means over prompts
+    o.layers[li].heads.clear();
+    for (const FractionSums& h : t.heads[li]) o.layers[li].heads.push_back(h.mean());
+  }
+  o.groups.clear();
+  for (const auto& [key, arr] : t.groups) {
+    std::vector<GroupReport> g;
+    for (const GroupTotals& x : arr)
+      g.push_back({x.value, x.prompts, x.with_target ? double(x.correct) / double(x.with_target) : kNaN, x.mean.mean()});
+    o.groups.emplace_back(key, std::move(g));
+  }
+  if (t.outliers) o.outliers = outliers_of(*t.outliers);
+  else o.outliers.reset();
+}
+
 RunReport Run::report() const {
   const ModelConfig& c = s_.config();
   RunReport o;
@@ -394,66 +552,19 @@ RunReport Run::report() const {
   o.backend = s_.backend().name();
   o.lambda_scale = opt_.lambda_scale;
   o.logit_bits = opt_.logit_bits;
-  o.prompts = int64_t(results_.size());
-  MeanAcc mean;
-  for (const PromptResult& r : results_) {
-    o.tokens += r.tokens;
-    o.with_target += r.has_target;
-    o.correct += r.has_target && r.correct;
-    mean.add(r.mean);
-  }
-  o.accuracy = o.with_target ? double(o.correct) / double(o.with_target) : kNaN;
-  o.mean = mean.mean();
-  if (opt_.outliers) {
-    std::vector<const Outliers*> per;
-    for (const PromptResult& r : results_)
-      if (r.outliers) per.push_back(r.outliers.get());
-    o.outliers = merge_outliers(per);
-  }
-  for (size_t li = 0; li < layers_.size(); ++li) {  // per layer and head: means over prompts
-    LayerReport lr{layers_[li], layer_kind_name(c.kind(layers_[li])), {}};
-    for (int64_t h = 0; h < Run::heads(); ++h) {
-      MeanAcc acc;
-      for (const PromptResult& r : results_) acc.add(r.heads[li][size_t(h)]);
-      lr.heads.push_back(acc.mean());
-    }
-    o.layers.push_back(std::move(lr));
-  }
-  for (const char* key : {"length", "depth"}) {  // groups by the tags "length" and "depth"
-    std::vector<nlohmann::json> values;
-    for (const PromptResult& r : results_)
-      if (r.tags.contains(key) && std::find(values.begin(), values.end(), r.tags[key]) == values.end())
-        values.push_back(r.tags[key]);
-    if (values.empty()) continue;
-    std::sort(values.begin(), values.end());  // numbers before strings, each in order
-    std::vector<GroupReport> arr;
-    for (const nlohmann::json& v : values) {
-      MeanAcc acc;
-      GroupReport g;
-      g.value = v;
-      int64_t wt = 0, ok = 0;
-      for (const PromptResult& r : results_)
-        if (r.tags.contains(key) && r.tags[key] == v) {
-          ++g.prompts;
-          acc.add(r.mean);
-          wt += r.has_target;
-          ok += r.has_target && r.correct;
-        }
-      g.accuracy = wt ? double(ok) / double(wt) : kNaN;
-      g.mean = acc.mean();
-      arr.push_back(std::move(g));
-    }
-    o.groups.emplace_back(key, std::move(arr));
-  }
+  for (int l : layers_) o.layers.push_back(LayerReport{l, layer_kind_name(c.kind(l)), {}});
+  o.totals = totals_of(results_, layers_.size(), Run::heads(), opt_.outliers);
+  finish_report(o);
   for (const PromptResult& r : results_) {
     PromptResult p = r;
     p.heads.clear();
+    p.outliers = nullptr;
     o.per_prompt.push_back(std::move(p));
   }
   return o;
 }
 
-nlohmann::json run_report_json(const RunReport& r) {
+nlohmann::json run_report_json(const RunReport& r, bool with_totals) {
   const bool diff = r.differential;
   nlohmann::json o;
   o["label"] = r.label;
@@ -510,6 +621,7 @@ nlohmann::json run_report_json(const RunReport& r) {
     per.push_back(std::move(pj));
   }
   o["per_prompt"] = std::move(per);
+  if (with_totals) o["totals"] = totals_json(r.totals);
   return o;
 }
 
@@ -532,8 +644,11 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p, co
 Report make_report(const std::vector<const Run*>& runs, const std::string& input, const std::vector<LineError>& skipped,
                    bool complete, double elapsed_s) {
   if (runs.empty() || runs.size() > 2) throw Error("a report holds one run, or two to compare");
-  Report r{input, complete, elapsed_s, skipped, runs[0]->report(), std::nullopt};
+  Report r{input, complete, elapsed_s, skipped, runs[0]->report(), std::nullopt, std::nullopt};
   if (runs.size() == 2) r.compare = runs[1]->report();
+  // Bad lines in line order, whether the corpus reader or the model refused them (a sharded or multi-GPU scan
+  // finds them in another order).
+  std::stable_sort(r.skipped.begin(), r.skipped.end(), [](const LineError& a, const LineError& b) { return a.line < b.line; });
   return r;
 }
 
@@ -542,8 +657,10 @@ nlohmann::json report_json(const Report& r) {
   nlohmann::json sk = nlohmann::json::array();
   for (const LineError& e : r.skipped) sk.push_back({{"line", e.line}, {"error", e.error}});
   o["skipped"] = std::move(sk);
-  o.update(run_report_json(r.run));
-  if (r.compare) o["compare"] = run_report_json(*r.compare);
+  const bool shard = r.shard.has_value();
+  if (shard) o["shard"] = {{"index", r.shard->first}, {"count", r.shard->second}};
+  o.update(run_report_json(r.run, shard));
+  if (r.compare) o["compare"] = run_report_json(*r.compare, shard);
   return o;
 }
 
@@ -579,6 +696,236 @@ void write_csv(const Report& report, const std::string& path) {
   run_rows(report.run);
   if (report.compare) run_rows(*report.compare);
   write_file_safely(path, s.str(), "the CSV");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// shards: a report read back, and the reports of the N slices of one input merged
+
+namespace {
+
+// The readers name what they read: "FILE: compare.per_prompt[3].tokens is not an integer".
+struct Reader {
+  std::string where;
+  const nlohmann::json& at(const nlohmann::json& j, const char* key) const {
+    if (!j.is_object() || !j.contains(key)) throw Error(where + ": no \"" + key + "\"");
+    return j[key];
+  }
+  int64_t integer(const nlohmann::json& j, const char* key, int64_t lo = 0) const {
+    return as_int(at(j, key), where + ": \"" + key + "\"", lo, std::numeric_limits<int64_t>::max());
+  }
+  double number(const nlohmann::json& j, const char* key) const {
+    const nlohmann::json& v = at(j, key);
+    if (v.is_null()) return kNaN;
+    if (!v.is_number()) throw Error(where + ": \"" + key + "\" is not a number");
+    return v.get<double>();
+  }
+  std::string text(const nlohmann::json& j, const char* key) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_string()) throw Error(where + ": \"" + key + "\" is not a string");
+    return v.get<std::string>();
+  }
+  bool flag(const nlohmann::json& j, const char* key) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_boolean()) throw Error(where + ": \"" + key + "\" is not true or false");
+    return v.get<bool>();
+  }
+  const nlohmann::json& array(const nlohmann::json& j, const char* key) const {
+    const nlohmann::json& v = at(j, key);
+    if (!v.is_array()) throw Error(where + ": \"" + key + "\" is not a list");
+    return v;
+  }
+  Reader in(const std::string& sub) const { return Reader{where + "." + sub}; }
+};
+
+Fractions fractions_from(const Reader& rd, const nlohmann::json& j) {
+  if (!j.is_object()) throw Error(rd.where + " is not an object of fractions");
+  Fractions f;
+  for (int i = 0; i < kNumFractions; ++i)
+    fraction(f, i) = j.contains(kFractionKeys[i]) ? rd.number(j, kFractionKeys[i]) : kNaN;
+  return f;
+}
+
+FractionSums sums_from(const Reader& rd, const nlohmann::json& j) {
+  const nlohmann::json& p = rd.array(j, "partials");
+  const nlohmann::json& c = rd.array(j, "count");
+  if (p.size() != size_t(kNumFractions) || c.size() != size_t(kNumFractions))
+    throw Error(rd.where + ": partials and count need " + std::to_string(kNumFractions) + " entries");
+  FractionSums s;
+  for (int i = 0; i < kNumFractions; ++i) {
+    if (!p[size_t(i)].is_array()) throw Error(rd.where + ": partials[" + std::to_string(i) + "] is not a list");
+    for (const auto& x : p[size_t(i)]) {
+      if (!x.is_number() || !std::isfinite(x.get<double>())) throw Error(rd.where + ": a partial sum is not a finite number");
+      s.sum[i].add(x.get<double>());
+    }
+    s.count[i] = as_int(c[size_t(i)], rd.where + ": count", 0, std::numeric_limits<int64_t>::max());
+  }
+  return s;
+}
+
+RunTotals totals_from(const Reader& rd, const nlohmann::json& j) {
+  RunTotals t;
+  t.prompts = rd.integer(j, "prompts");
+  t.tokens = rd.integer(j, "tokens");
+  t.with_target = rd.integer(j, "with_target");
+  t.correct = rd.integer(j, "correct");
+  t.mean = sums_from(rd.in("mean"), rd.at(j, "mean"));
+  const nlohmann::json& heads = rd.array(j, "heads");
+  for (size_t l = 0; l < heads.size(); ++l) {
+    if (!heads[l].is_array()) throw Error(rd.where + ": heads[" + std::to_string(l) + "] is not a list");
+    std::vector<FractionSums> hl;
+    for (const auto& h : heads[l]) hl.push_back(sums_from(rd.in("heads"), h));
+    t.heads.push_back(std::move(hl));
+  }
+  const nlohmann::json& groups = rd.at(j, "groups");
+  if (!groups.is_object()) throw Error(rd.where + ": \"groups\" is not an object");
+  for (const char* key : {"length", "depth"}) {
+    if (!groups.contains(key)) continue;
+    const Reader g = rd.in(std::string("groups.") + key);
+    std::vector<GroupTotals> arr;
+    for (const auto& x : g.array(groups, key)) {
+      GroupTotals gt;
+      gt.value = g.at(x, "value");
+      gt.prompts = g.integer(x, "prompts");
+      gt.with_target = g.integer(x, "with_target");
+      gt.correct = g.integer(x, "correct");
+      gt.mean = sums_from(g.in("mean"), g.at(x, "mean"));
+      arr.push_back(std::move(gt));
+    }
+    t.groups.emplace_back(key, std::move(arr));
+  }
+  if (j.contains("outliers")) t.outliers = outlier_parts_from_json(j["outliers"], rd.where + ".outliers");
+  return t;
+}
+
+RunReport run_from(const Reader& rd, const nlohmann::json& j) {
+  RunReport r;
+  r.label = rd.text(j, "label");
+  r.model = rd.text(j, "model");
+  r.architecture = rd.text(j, "architecture");
+  r.differential = rd.flag(j, "differential");
+  r.backend = rd.text(j, "backend");
+  r.lambda_scale = rd.number(j, "lambda_scale");
+  r.logit_bits = int(as_int(rd.at(j, "logit_bits"), rd.where + ": \"logit_bits\"", 0, 16));
+  for (const auto& l : rd.array(j, "layers"))
+    r.layers.push_back(LayerReport{int(as_int(rd.at(l, "layer"), rd.where + ": a layer", 0, 1 << 20)), rd.text(l, "kind"), {}});
+  const Reader pr = rd.in("per_prompt");
+  for (const auto& p : rd.array(j, "per_prompt")) {
+    PromptResult x;
+    x.line = int(as_int(pr.at(p, "line"), pr.where + ": \"line\"", 1, std::numeric_limits<int>::max()));
+    x.tokens = pr.integer(p, "tokens", 1);
+    const nlohmann::json& ans = pr.array(p, "answer");
+    if (ans.size() != 2) throw Error(pr.where + ": \"answer\" is not [begin, end]");
+    x.answer_begin = as_int(ans[0], pr.where + ": answer", 0, std::numeric_limits<int64_t>::max());
+    x.answer_end = as_int(ans[1], pr.where + ": answer", 0, std::numeric_limits<int64_t>::max());
+    x.tags = pr.at(p, "tags");
+    x.mean = fractions_from(pr.in("mean"), pr.at(p, "mean"));
+    x.ms = pr.number(p, "ms");
+    if (p.contains("target")) {
+      x.has_target = true;
+      x.target = pr.text(p, "target");
+      x.output = pr.text(p, "output");
+      x.correct = pr.flag(p, "correct");
+    }
+    r.per_prompt.push_back(std::move(x));
+  }
+  r.totals = totals_from(rd.in("totals"), rd.at(j, "totals"));
+  if (r.totals.heads.size() != r.layers.size()) throw Error(rd.where + ": totals for other layers than \"layers\"");
+  if (r.totals.prompts != int64_t(r.per_prompt.size())) throw Error(rd.where + ": totals and per_prompt count other prompts");
+  finish_report(r);
+  return r;
+}
+
+// Two runs of the shards of one scan: the same model, settings and layers, or a one-line error naming the file.
+void check_same_run(const RunReport& a, const RunReport& b, const std::string& file, const char* which) {
+  auto differ = [&](const char* key) {
+    throw Error(file + ": its " + which + " run has another \"" + key + "\" than the first shard's: not a shard of the same scan");
+  };
+  if (a.label != b.label) differ("label");
+  if (a.model != b.model) differ("model");
+  if (a.architecture != b.architecture) differ("architecture");
+  if (a.differential != b.differential) differ("differential");
+  if (a.lambda_scale != b.lambda_scale) differ("lambda_scale");
+  if (a.logit_bits != b.logit_bits) differ("logit_bits");
+  if (a.layers.size() != b.layers.size()) differ("layers");
+  for (size_t i = 0; i < a.layers.size(); ++i)
+    if (a.layers[i].layer != b.layers[i].layer) differ("layers");
+  if (a.totals.outliers.has_value() != b.totals.outliers.has_value()) differ("outliers");
+}
+
+void merge_run(RunReport& a, const RunReport& b) {
+  merge_totals(a.totals, b.totals);
+  a.per_prompt.insert(a.per_prompt.end(), b.per_prompt.begin(), b.per_prompt.end());
+  if (a.backend != b.backend && a.backend.find(b.backend) == std::string::npos) a.backend += " + " + b.backend;
+}
+
+void finish_merged(RunReport& r) {
+  std::stable_sort(r.per_prompt.begin(), r.per_prompt.end(),
+                   [](const PromptResult& x, const PromptResult& y) { return x.line < y.line; });
+  finish_report(r);
+}
+
+}  // namespace
+
+Report shard_report_from_json(const nlohmann::json& j, const std::string& file) {
+  const Reader rd{file};
+  if (!j.is_object() || j.value("tool", "") != "diffscope-scan") throw Error(file + ": not a diffscope-scan report");
+  if (!j.contains("shard"))
+    throw Error(file + ": a report without \"shard\": only the reports of diffscope-scan --shard I/N can be merged");
+  const nlohmann::json& sh = j["shard"];
+  const int count = int(as_int(rd.at(sh, "count"), file + ": shard count", 1, 1 << 20));
+  const int index = int(as_int(rd.at(sh, "index"), file + ": shard index", 0, count - 1));
+  Report r;
+  r.shard = std::pair(index, count);
+  r.input = rd.text(j, "input");
+  r.complete = rd.flag(j, "complete");
+  r.elapsed_s = rd.number(j, "elapsed_s");
+  for (const auto& e : rd.array(j, "skipped"))
+    r.skipped.push_back({int(as_int(rd.at(e, "line"), file + ": a skipped line", 1, std::numeric_limits<int>::max())),
+                         rd.text(e, "error")});
+  r.run = run_from(rd, j);
+  if (j.contains("compare")) r.compare = run_from(rd.in("compare"), j["compare"]);
+  return r;
+}
+
+Report merge_shard_reports(const std::vector<std::pair<std::string, Report>>& shards) {
+  if (shards.empty()) throw Error("--merge: no shard reports given");
+  const auto& [file0, first] = shards[0];
+  const int count = first.shard->second;
+  std::vector<std::string> seen(static_cast<size_t>(count));
+  for (const auto& [file, r] : shards) {
+    if (r.shard->second != count)
+      throw Error(file + ": shard " + std::to_string(r.shard->first) + "/" + std::to_string(r.shard->second) + ", but " +
+                  file0 + " is one of " + std::to_string(count));
+    if (!seen[size_t(r.shard->first)].empty())
+      throw Error(file + ": shard " + std::to_string(r.shard->first) + "/" + std::to_string(count) + " is also " +
+                  seen[size_t(r.shard->first)]);
+    seen[size_t(r.shard->first)] = file;
+    if (r.input != first.input) throw Error(file + ": a shard of " + r.input + ", but " + file0 + " is one of " + first.input);
+    if (r.compare.has_value() != first.compare.has_value())
+      throw Error(file + ": " + (r.compare ? "has" : "has no") + " compare run, unlike " + file0);
+    check_same_run(first.run, r.run, file, "first");
+    if (r.compare) check_same_run(*first.compare, *r.compare, file, "compare");
+  }
+  std::string missing;
+  for (int i = 0; i < count; ++i)
+    if (seen[size_t(i)].empty()) missing += std::string(missing.empty() ? "" : ", ") + std::to_string(i);
+  if (!missing.empty())
+    throw Error("--merge: shard" + std::string(missing.find(',') != std::string::npos ? "s " : " ") + missing + " of " +
+                std::to_string(count) + " missing (run diffscope-scan --shard I/" + std::to_string(count) + " for each)");
+  Report m = first;
+  m.shard.reset();
+  for (size_t i = 1; i < shards.size(); ++i) {
+    const Report& r = shards[i].second;
+    m.complete = m.complete && r.complete;
+    m.elapsed_s = std::max(m.elapsed_s, r.elapsed_s);
+    m.skipped.insert(m.skipped.end(), r.skipped.begin(), r.skipped.end());
+    merge_run(m.run, r.run);
+    if (m.compare) merge_run(*m.compare, *r.compare);
+  }
+  std::stable_sort(m.skipped.begin(), m.skipped.end(), [](const LineError& a, const LineError& b) { return a.line < b.line; });
+  finish_merged(m.run);
+  if (m.compare) finish_merged(*m.compare);
+  return m;
 }
 
 }  // namespace ds::scan

@@ -90,6 +90,31 @@ bool fraction_applies(int i, bool differential);
 // shows the same numbers).
 Fractions fractions_of(const RowMass& m, bool differential);
 
+// An exactly rounded sum (Shewchuk's non-overlapping partials, the algorithm of Python's math.fsum; written here, as
+// no Debian library offers it): value() is the exact sum of the terms rounded once, whatever their order, so means
+// over prompts that finished in any order, or over shards merged afterwards, equal one run's bit for bit.
+class ExactSum {
+ public:
+  void add(double x);
+  void add(const ExactSum& o) {
+    for (double v : o.p_) add(v);
+  }
+  double value() const;
+  const std::vector<double>& partials() const { return p_; }
+
+ private:
+  std::vector<double> p_;
+};
+
+// The mean of each of the twelve fractions, NaN entries left out (NaN when none is finite).
+struct FractionSums {
+  ExactSum sum[kNumFractions];
+  int64_t count[kNumFractions] = {};
+  void add(const Fractions& f);
+  void add(const FractionSums& o);
+  Fractions mean() const;
+};
+
 struct PromptResult {
   int line = 0;
   int64_t tokens = 0;                        // prompt length (special tokens included)
@@ -148,6 +173,25 @@ void scan_all(const std::vector<std::unique_ptr<Run>>& runs, const Prompt& p,
 // ---------------------------------------------------------------------------------------------------------------
 // the report: a struct from the engine to the CLI, the GUI and the plot; JSON only at the file boundary
 
+// What a run's report is computed from (sums, counts, outlier parts): the totals of two sets of prompts of one corpus
+// merge exactly into the totals of their union (diffscope-scan --shard / --merge, a scan over several GPUs).
+struct GroupTotals {
+  nlohmann::json value;
+  int64_t prompts = 0, with_target = 0, correct = 0;
+  FractionSums mean;
+};
+struct RunTotals {
+  int64_t prompts = 0, tokens = 0, with_target = 0, correct = 0;
+  FractionSums mean;                                 // over layers, heads and prompts
+  std::vector<std::vector<FractionSums>> heads;      // [attention layer][view head]
+  std::vector<std::pair<std::string, std::vector<GroupTotals>>> groups;  // "length", "depth"; values sorted
+  std::optional<OutlierParts> outliers;
+};
+// The totals of `results` (every one with its per-head fractions) over `layers` x `heads`.
+RunTotals totals_of(const std::vector<PromptResult>& results, size_t layers, int64_t heads, bool outliers);
+// a += b (b's prompts are others of the same corpus); throws ds::Error when their layers or heads differ.
+void merge_totals(RunTotals& a, const RunTotals& b);
+
 struct GroupReport {                 // the prompts whose tag "length" or "depth" has one value
   nlohmann::json value;              // the tag's value (a number or a string)
   int64_t prompts = 0;
@@ -169,9 +213,13 @@ struct RunReport {
   Fractions mean;                    // over layers, heads and prompts
   std::vector<LayerReport> layers;   // the attention layers
   std::vector<std::pair<std::string, std::vector<GroupReport>>> groups;  // "length", "depth" where lines have them
-  std::vector<PromptResult> per_prompt;  // in scan order (their per-head fractions left out)
+  std::vector<PromptResult> per_prompt;  // in input order (their per-head fractions left out)
   std::optional<Outliers> outliers;      // RunOptions::outliers: merge_outliers over the prompts
+  RunTotals totals;                      // what the numbers above were computed from (a shard's report keeps it)
 };
+// Fills prompts, tokens, accuracy, mean, the layers' heads, groups and outliers from r.totals (r.layers holds the
+// layers' indices and kinds).
+void finish_report(RunReport& r);
 struct Report {
   std::string input;
   bool complete = false;
@@ -179,6 +227,9 @@ struct Report {
   std::vector<LineError> skipped;
   RunReport run;
   std::optional<RunReport> compare;  // the second run of a comparison (same prompts, same order)
+  // diffscope-scan --shard I/N: this report covers the I-th of N slices of the input (input lines l with
+  // (l - 1) % N == I), and its JSON carries each run's totals so that --merge can make the whole input's report.
+  std::optional<std::pair<int, int>> shard;
 };
 
 // Throws ds::Error unless there are one or two runs.
@@ -197,7 +248,13 @@ Report make_report(const std::vector<const Run*>& runs, const std::string& input
 //  and "compare": {the second run's keys} when there is one}.
 // Fraction values that are NaN are written as null.
 nlohmann::json report_json(const Report& r);
-nlohmann::json run_report_json(const RunReport& r);
+nlohmann::json run_report_json(const RunReport& r, bool with_totals = false);
+// A shard report's JSON read back (with its totals); throws ds::Error naming `file` when it is not one.
+Report shard_report_from_json(const nlohmann::json& j, const std::string& file);
+// The reports of the N shards of one input (every index once, the same runs) merged into the report one run over
+// the whole input writes: the same means, groups, accuracy, outliers and per-prompt list in input order (only the
+// timings are the shards' own; elapsed_s is the longest shard's). Throws ds::Error naming the file at fault.
+Report merge_shard_reports(const std::vector<std::pair<std::string, Report>>& shards);
 // Writes the report's JSON to `path` atomically (engine/core/safe_write.h: a temporary renamed over it), so an
 // interrupted scan leaves a valid report. Throws ds::Error naming the file.
 void write_json_atomic(const Report& report, const std::string& path);

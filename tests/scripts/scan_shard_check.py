@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""diffscope-scan --shard I/N and --merge on the demo pair (CPU): the shards' reports merged in any order are the
+report of one run over the whole input (JSON except the timings, CSV and plot byte for byte), and every way a merge
+can be wrong is a one-line error naming the file.
+
+usage: scan_shard_check.py DIFFSCOPE_SCAN DIFF_MODEL TWIN_MODEL WORK_DIR"""
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+scan, diff_dir, twin_dir, work = sys.argv[1:5]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(args, code=0):
+    p = subprocess.run([scan] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+    check(p.returncode == code, f"{args}: exit {p.returncode}, expected {code}\n{p.stderr}")
+    return p
+
+
+def line(i, depth):
+    """A retrieval prompt of the demo's training format: four pass codes, one asked for, its characters the span."""
+    facts = [("blue door", "4729"), ("red door", "1185"), ("blue gate", "6032"), ("green box", "3310")]
+    key, code = facts[i]
+    parts = ["The pass code of the %s is %s." % f for j, f in enumerate(facts) if j != i]
+    parts.insert(depth, "The pass code of the %s is %s." % (key, code))
+    text = " ".join(parts) + " Question: what is the pass code of the %s? Answer:" % key
+    b = text.index(code)
+    return {"text": text, "answer": [b, b + len(code)], "target": " " + code, "depth": depth, "length": len(text) // 64}
+
+
+lines = [json.dumps(line(i % 4, i % 3)) for i in range(10)]
+lines.insert(3, '{"text": "a broken line"')
+lines.insert(6, json.dumps({"ids": [0, 17, 42, 99, 5, 17, 42, 99, 5], "answer": [2, 4], "depth": "ids"}))
+lines.insert(8, json.dumps({"ids": [0, 17, 99999], "answer": [1, 2]}))  # an id outside the vocabulary
+corpus = os.path.join(work, "corpus.jsonl")
+with open(corpus, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+common = ["--backend", "cpu", "--model", diff_dir, "--compare-model", twin_dir, "--input", "corpus.jsonl", "--outliers",
+          "--no-progress"]
+run(common + ["--out", "one.json", "--csv", "one.csv", "--plot", "one.png"])
+N = 3
+for i in range(N):
+    run(common + ["--shard", f"{i}/{N}", "--out", f"s{i}.json"])
+shard0 = json.load(open(os.path.join(work, "s0.json")))
+check(shard0["shard"] == {"index": 0, "count": N} and "totals" in shard0 and "totals" in shard0["compare"], "shard keys")
+check([p["line"] for p in shard0["per_prompt"]] == [l for l in range(1, len(lines) + 1) if (l - 1) % N == 0 and l not in (4, 9)],
+      "shard 0 holds lines %s" % [p["line"] for p in shard0["per_prompt"]])
+run(["--merge", "s2.json", "s0.json", "s1.json", "--out", "merged.json", "--csv", "merged.csv", "--plot", "merged.png"])
+
+
+def timeless(r):
+    r = dict(r)
+    r.pop("elapsed_s")
+    for run_ in [r] + ([r["compare"]] if "compare" in r else []):
+        for p in run_["per_prompt"]:
+            p.pop("ms")
+    return r
+
+
+one, merged = (timeless(json.load(open(os.path.join(work, f)))) for f in ("one.json", "merged.json"))
+for k in one:
+    check(one[k] == merged.get(k), f"merged report differs from one run's in {k!r}")
+check(set(one) == set(merged), f"keys {sorted(set(one) ^ set(merged))}")
+check(one["prompts"] == 11 and [e["line"] for e in one["skipped"]] == [4, 9] and one["complete"], "one run: %s prompts, skipped %s" % (one["prompts"], one["skipped"]))
+check("outliers" in one and "groups" in one and one["groups"].get("depth"), "the report has outliers and groups")
+for ext in ("csv", "png"):
+    a, b = (open(os.path.join(work, f"{n}.{ext}"), "rb").read() for n in ("one", "merged"))
+    check(a == b, f"merged .{ext} differs from one run's")
+
+# Wrong merges: one-line errors naming the file, exit 3 (bad arguments: 2).
+run(common + ["--lambda-scale", "0.5", "--shard", f"1/{N}", "--out", "other.json"])
+with open(os.path.join(work, "pickle.json"), "wb") as f:
+    pickle.dump({"a": 1}, f)
+with open(os.path.join(work, "cut.json"), "w") as f:
+    f.write(open(os.path.join(work, "s1.json")).read()[:-200])
+cases = [(["s0.json", "s2.json"], "shard 1 of 3 missing"), (["s0.json", "s1.json", "s1.json", "s2.json"], "also"),
+         (["s0.json", "other.json", "s2.json"], "other.json"), (["one.json"], "one.json"), (["pickle.json"], "pickle.json"),
+         (["cut.json", "s0.json", "s2.json"], "cut.json"), (["nowhere.json"], "nowhere.json")]
+for files, needle in cases:
+    p = run(["--merge"] + files + ["--out", "x.json"], 3)
+    err = p.stderr.strip()
+    check(needle in err and len(err.splitlines()) == 1, f"--merge {files}: {err!r}")
+check(not os.path.exists(os.path.join(work, "x.json")), "a failed merge wrote a report")
+p = run(["--merge", "s0.json", "s1.json", "s2.json", "--out", "s1.json"], 3)
+check("s1.json" in p.stderr, "the merge refuses to overwrite a shard: %r" % p.stderr)
+for bad in (["--merge", "s0.json"], ["--merge", "s0.json", "--model", diff_dir, "--out", "x.json"], ["--merge", "--out", "x.json"],
+            common + ["--shard", "3/3", "--out", "x.json"], common + ["--shard", "1", "--out", "x.json"]):
+    p = run(bad, 2)
+    check(len(p.stderr.strip().splitlines()) == 1, f"{bad}: {p.stderr!r}")
+
+if failures:
+    sys.exit(f"{len(failures)} check(s) failed")
+print("scan shards: all checks passed")
