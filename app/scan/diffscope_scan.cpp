@@ -25,6 +25,7 @@
 #include "engine/core/error.h"
 #include "engine/session/session.h"
 #include "engine/session/session_scan.h"
+#include "engine/session/session_scan_replicas.h"
 #include "engine/core/safe_write.h"
 
 namespace {
@@ -43,7 +44,9 @@ const char* kUsage =
     "              optional \"target\": \"text\" or [ids]; other keys (\"length\", \"depth\", ...) are kept as tags\n"
     "\n"
     "options:\n"
-    "  --backend B               auto (default: CUDA when a GPU is usable), cpu, cuda, cuda:N\n"
+    "  --backend B               auto (default: CUDA when a GPU is usable), cpu, cuda, cuda:N; or one replica of\n"
+    "                            the model per entry of a list, prompts handed to whichever is free: cuda:all\n"
+    "                            (every GPU), cuda:0,1, cpu,cpu (the same report as one backend)\n"
     "  --threads N               CPU backend threads (default: all cores)\n"
     "  --csv FILE                per (run, layer, head) fractions as CSV\n"
     "  --plot FILE.png           answer vs noise bars (the paper's Figure 1), layer x head heatmaps, depth/length\n"
@@ -157,7 +160,7 @@ Args parse_args(int argc, char** argv) {
     else throw ArgError("unknown option " + f + " (see --help)");
   }
   try {
-    ds::parse_backend_choice(a.backend);
+    ds::parse_backend_list(a.backend);
   } catch (const ds::Error& e) {
     throw ArgError(e.what());
   }
@@ -262,7 +265,7 @@ int merge(const Args& a) {
 }
 
 int scan(const Args& a) {
-  const ds::BackendChoice choice = ds::parse_backend_choice(a.backend);
+  const std::vector<ds::BackendChoice> backends = ds::parse_backend_list(a.backend);
   // Every output before any work: none may be the corpus, a directory or a device, nor two of them one file.
   const std::vector<std::pair<std::string, std::string>> outs{{a.out, "the report"}, {a.csv, "the CSV"}, {a.plot, "the plot"}};
   for (const auto& [path, what] : outs) {
@@ -283,22 +286,21 @@ int scan(const Args& a) {
     std::erase_if(corpus.prompts, [&](const ds::scan::Prompt& p) { return !mine(p.line); });
     std::erase_if(corpus.errors, [&](const ds::scan::LineError& e) { return !mine(e.line); });
   }
-  std::unique_ptr<ds::Session> s1 = ds::Session::open(a.model, choice, nullptr, a.threads);
-  std::unique_ptr<ds::Session> s2;
-  if (!a.compare_model.empty()) s2 = ds::Session::open(a.compare_model, choice, nullptr, a.threads);
-  std::vector<std::unique_ptr<ds::scan::Run>> runs;
-  runs.push_back(std::make_unique<ds::scan::Run>(*s1, ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers, a.logit_bits}));
-  if (s2 || a.compare_lambda_scale)
-    runs.push_back(std::make_unique<ds::scan::Run>(
-        s2 ? *s2 : *s1,
-        ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens, a.outliers,
-                             a.logit_bits}));
-  std::vector<const ds::scan::Run*> views;
-  for (const auto& r : runs) views.push_back(r.get());
+  ds::scan::ReplicaScanOptions ro;
+  ro.model = a.model;
+  ro.compare_model = a.compare_model;
+  ro.backends = backends;
+  ro.threads = a.threads;
+  ro.first = ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers, a.logit_bits};
+  if (!a.compare_model.empty() || a.compare_lambda_scale)
+    ro.second = ds::scan::RunOptions{a.compare_label, a.compare_lambda_scale.value_or(1.0), a.max_answer_tokens,
+                                     a.outliers, a.logit_bits};
+  ds::scan::ReplicaScan rs(ro);
+  const ds::scan::Report first = rs.report(a.input, {}, false, 0);
   std::fprintf(stderr, "scan: %zu prompts from %s on %s%s\n", corpus.prompts.size(), a.input.c_str(),
-               s1->backend().name().c_str(), runs.size() == 2 ? (", comparing " + runs[0]->options().label + " with " +
-                                                                 runs[1]->options().label).c_str()
-                                                              : "");
+               rs.backend_name().c_str(), first.compare ? (", comparing " + first.run.label + " with " +
+                                                           first.compare->label).c_str()
+                                                        : "");
   for (const ds::scan::LineError& e : corpus.errors)
     std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), e.line, e.error.c_str());
 
@@ -311,7 +313,7 @@ int scan(const Args& a) {
   ProgressBar bar(a.progress, total);
   const auto cancelled = [] { return g_interrupted.load(); };
   const auto report_now = [&](bool complete) {
-    ds::scan::Report r = ds::scan::make_report(views, a.input, skipped, complete, elapsed());
+    ds::scan::Report r = rs.report(a.input, skipped, complete, elapsed());
     r.shard = a.shard;
     return r;
   };
@@ -320,40 +322,34 @@ int scan(const Args& a) {
   double last_write = 0;
   int64_t tokens = 0;
   size_t done = 0;
-  bool interrupted = false;
-  for (size_t i = 0; i < total && !interrupted; ++i) {
-    const ds::scan::Prompt& p = corpus.prompts[i];
-    try {
-      ds::scan::scan_all(runs, p, cancelled);  // every run or none
-      tokens += runs[0]->results().back().tokens;
-    } catch (const ds::Cancelled&) {
-      interrupted = true;
-    } catch (const ds::Error& e) {
-      bar.clear_line();
-      std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), p.line, e.what());
-      skipped.push_back({p.line, e.what()});
-    }
-    ++done;
-    if (g_interrupted) interrupted = true;
-    bar.update(done, tokens, elapsed(), skipped.size());
-    if (elapsed() - last_write > 2.0) {
-      write(false);
-      last_write = elapsed();
-    }
-  }
-  const bool complete = !interrupted && !cut && !runs[0]->results().empty();
+  const bool all = rs.run(corpus.prompts, cancelled,
+                          [&](const ds::scan::Prompt& p, const ds::scan::PromptResult* r, const std::string* err) {
+                            if (r) tokens += r->tokens;
+                            else {
+                              bar.clear_line();
+                              std::fprintf(stderr, "%s: line %d skipped: %s\n", a.input.c_str(), p.line, err->c_str());
+                              skipped.push_back({p.line, *err});
+                            }
+                            ++done;
+                            bar.update(done, tokens, elapsed(), skipped.size());
+                            if (elapsed() - last_write > 2.0) {
+                              write(false);
+                              last_write = elapsed();
+                            }
+                          });
+  const bool interrupted = !all || g_interrupted;
+  const bool complete = !interrupted && !cut && rs.scanned() > 0;
   write(complete);
   if (interrupted) {
     bar.clear_line();
-    std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n",
-                 runs[0]->results().size(), a.out.c_str());
+    std::fprintf(stderr, "scan: interrupted after %zu prompts; partial report in %s\n", rs.scanned(), a.out.c_str());
   }
   const ds::scan::Report report = report_now(complete);
   if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
   if (!a.plot.empty()) ds::scan::write_plot_png(report, a.plot);
   print_summary(report);
   if (interrupted) return kExitInterrupted;
-  if (runs[0]->results().empty() && !a.shard)  // a report of nothing is no success (a shard's slice may be all bad)
+  if (rs.scanned() == 0 && !a.shard)  // a report of nothing is no success (a shard's slice may be all bad)
     throw ds::Error(a.input + ": no prompt could be scanned (" + std::to_string(skipped.size()) +
                     " lines skipped; the report says why)");
   return 0;

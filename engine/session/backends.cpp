@@ -17,6 +17,50 @@ BackendChoice parse_backend_choice(const std::string& s) {
   throw Error("unknown backend '" + s + "' (use cpu, cuda, cuda:N for GPU N, or auto)");
 }
 
+std::vector<BackendChoice> parse_backend_list(const std::string& s) {
+  std::vector<BackendChoice> out;
+  if (s == "cuda:all") {
+    const int n = cuda_device_count();
+    if (n == 0) {
+      std::string why;
+      cuda_backend_available(&why, 0);
+      throw Error("--backend cuda:all: no usable CUDA device (" + why + ")");
+    }
+    for (int d = 0; d < n; ++d) out.push_back({BackendChoice::Kind::Cuda, d});
+    return out;
+  }
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = s.find(',', at);
+    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty()) throw Error("--backend '" + s + "': an empty entry in the list");
+    const bool bare = item.find_first_not_of("0123456789") == std::string::npos && item.size() <= 3;
+    if (bare) {
+      if (out.empty() || out.back().kind != BackendChoice::Kind::Cuda)
+        throw Error("--backend '" + s + "': '" + item + "' follows no CUDA entry (cuda:0,1 lists GPUs 0 and 1)");
+      out.push_back({BackendChoice::Kind::Cuda, std::stoi(item)});
+    } else {
+      out.push_back(parse_backend_choice(item));
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (out.size() > 1)
+    for (const BackendChoice& c : out)
+      if (c.kind == BackendChoice::Kind::Auto) throw Error("--backend '" + s + "': auto cannot be one of several");
+  return out;
+}
+
+std::string backend_list_text(const std::vector<BackendChoice>& list) {
+  std::string t;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const BackendChoice& c = list[i];
+    t += i ? "," : "";
+    t += c.kind == BackendChoice::Kind::Cpu ? "cpu" : c.kind == BackendChoice::Kind::Auto ? "auto" : "cuda:" + std::to_string(c.device);
+  }
+  return t;
+}
+
 std::unique_ptr<Backend> make_backend(BackendChoice choice, int cpu_threads) {
   std::string why;
   if (choice.kind == BackendChoice::Kind::Cuda ||

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/core/backend.h"
 
@@ -22,6 +23,13 @@ inline constexpr BackendChoice BackendChoice::Cuda{BackendChoice::Kind::Cuda, 0}
 
 // "cpu" | "cuda" | "cuda:N" (GPU N) | "auto"; throws ds::Error naming the value on anything else.
 BackendChoice parse_backend_choice(const std::string& s);
+
+// Several backends, one per replica of a scan: "cuda:all" (every usable GPU), "cuda:0,1" (a bare number after a CUDA
+// entry is another GPU), "cuda:0,0" (two on one GPU), "cpu,cpu" (CPU backends standing in for devices: the tests), or
+// one choice as above. Throws ds::Error naming the value (an unknown entry, a GPU that is not there, cuda:all with
+// none).
+std::vector<BackendChoice> parse_backend_list(const std::string& s);
+std::string backend_list_text(const std::vector<BackendChoice>& list);  // "cuda:0,1", "cpu,cpu"
 
 // Auto: CUDA when a usable device is present in a build with CUDA, else the CPU. Cuda: throws ds::Error saying
 // why when that cannot be had. cpu_threads: 0 = all cores.

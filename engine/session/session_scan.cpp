@@ -542,7 +542,9 @@ void finish_report(RunReport& o) {
   else o.outliers.reset();
 }
 
-RunReport Run::report() const {
+RunReport Run::report() const { return report_for(results_); }
+
+RunReport Run::report_for(const std::vector<PromptResult>& results) const {
   const ModelConfig& c = s_.config();
   RunReport o;
   o.label = opt_.label;
@@ -553,14 +555,16 @@ RunReport Run::report() const {
   o.lambda_scale = opt_.lambda_scale;
   o.logit_bits = opt_.logit_bits;
   for (int l : layers_) o.layers.push_back(LayerReport{l, layer_kind_name(c.kind(l)), {}});
-  o.totals = totals_of(results_, layers_.size(), Run::heads(), opt_.outliers);
+  o.totals = totals_of(results, layers_.size(), Run::heads(), opt_.outliers);
   finish_report(o);
-  for (const PromptResult& r : results_) {
+  for (const PromptResult& r : results) {
     PromptResult p = r;
     p.heads.clear();
     p.outliers = nullptr;
     o.per_prompt.push_back(std::move(p));
   }
+  std::stable_sort(o.per_prompt.begin(), o.per_prompt.end(),
+                   [](const PromptResult& x, const PromptResult& y) { return x.line < y.line; });  // input order
   return o;
 }
 
@@ -648,6 +652,16 @@ Report make_report(const std::vector<const Run*>& runs, const std::string& input
   if (runs.size() == 2) r.compare = runs[1]->report();
   // Bad lines in line order, whether the corpus reader or the model refused them (a sharded or multi-GPU scan
   // finds them in another order).
+  std::stable_sort(r.skipped.begin(), r.skipped.end(), [](const LineError& a, const LineError& b) { return a.line < b.line; });
+  return r;
+}
+
+Report make_report(const std::vector<const Run*>& runs, const std::vector<std::vector<PromptResult>>& results,
+                   const std::string& input, const std::vector<LineError>& skipped, bool complete, double elapsed_s) {
+  if (runs.empty() || runs.size() > 2 || results.size() != runs.size())
+    throw Error("a report holds one run, or two to compare");
+  Report r{input, complete, elapsed_s, skipped, runs[0]->report_for(results[0]), std::nullopt, std::nullopt};
+  if (runs.size() == 2) r.compare = runs[1]->report_for(results[1]);
   std::stable_sort(r.skipped.begin(), r.skipped.end(), [](const LineError& a, const LineError& b) { return a.line < b.line; });
   return r;
 }

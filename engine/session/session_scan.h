@@ -157,6 +157,9 @@ class Run {
   const RunOptions& options() const { return opt_; }
   // The run's part of the report (see make_report).
   struct RunReport report() const;
+  // The same for results this run's session (or a replica's, the same model and options) computed; they need not
+  // be in input order.
+  struct RunReport report_for(const std::vector<PromptResult>& results) const;
 
  private:
   Session& s_;
@@ -235,6 +238,9 @@ struct Report {
 // Throws ds::Error unless there are one or two runs.
 Report make_report(const std::vector<const Run*>& runs, const std::string& input, const std::vector<LineError>& skipped,
                    bool complete, double elapsed_s);
+// The same over results kept apart from the runs (results[k]: run k's; a scan on several replicas), any order.
+Report make_report(const std::vector<const Run*>& runs, const std::vector<std::vector<PromptResult>>& results,
+                   const std::string& input, const std::vector<LineError>& skipped, bool complete, double elapsed_s);
 // The report file's JSON:
 // {"tool": "diffscope-scan", "input": path, "complete": bool, "skipped": [{"line", "error"}], "elapsed_s",
 //  then the first run's keys:

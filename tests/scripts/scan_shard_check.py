@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""diffscope-scan --shard I/N and --merge on the demo pair (CPU): the shards' reports merged in any order are the
-report of one run over the whole input (JSON except the timings, CSV and plot byte for byte), and every way a merge
-can be wrong is a one-line error naming the file.
+"""diffscope-scan --shard I/N and --merge, and replicas (--backend cpu,cpu: two CPU backends standing in for two GPUs),
+on the demo pair: the shards' reports merged in any order, and a scan whose prompts two replicas share, are the report
+of one run over the whole input (JSON except the timings, CSV and plot byte for byte); every way a merge can be wrong
+is a one-line error naming the file; Ctrl-C stops every replica and leaves a valid partial report.
 
 usage: scan_shard_check.py DIFFSCOPE_SCAN DIFF_MODEL TWIN_MODEL WORK_DIR"""
 import json
@@ -100,6 +101,49 @@ for bad in (["--merge", "s0.json"], ["--merge", "s0.json", "--model", diff_dir, 
             common + ["--shard", "3/3", "--out", "x.json"], common + ["--shard", "1", "--out", "x.json"]):
     p = run(bad, 2)
     check(len(p.stderr.strip().splitlines()) == 1, f"{bad}: {p.stderr!r}")
+
+# Replicas: two CPU backends of one thread each share the prompts; the report is one one-thread backend's.
+rep_args = ["--backend", "cpu", "--threads", "1", "--model", diff_dir, "--compare-model", twin_dir, "--input", "corpus.jsonl",
+            "--outliers", "--no-progress"]
+run(rep_args + ["--out", "t1.json", "--csv", "t1.csv", "--plot", "t1.png"])
+rep_args[1] = "cpu,cpu"
+p = run(rep_args + ["--out", "t2.json", "--csv", "t2.csv", "--plot", "t2.png"])
+check("2 replicas" in p.stderr, "the scan says it runs on two replicas: %r" % p.stderr.splitlines()[:1])
+t1, t2 = (timeless(json.load(open(os.path.join(work, f)))) for f in ("t1.json", "t2.json"))
+for k in t1:
+    check(t1[k] == t2.get(k), f"the two-replica report differs from one backend's in {k!r}")
+for ext in ("csv", "png"):
+    a, b = (open(os.path.join(work, f"t{n}.{ext}"), "rb").read() for n in (1, 2))
+    check(a == b, f"two replicas' .{ext} differs from one backend's")
+for bad in ("cpu,1", "cpu,,cpu", "cpu,auto", "gpu:0"):
+    p = run(["--backend", bad, "--model", diff_dir, "--input", "corpus.jsonl", "--out", "x.json"], 2)
+    check(bad in p.stderr and len(p.stderr.strip().splitlines()) == 1, f"--backend {bad}: {p.stderr!r}")
+
+# Ctrl-C with two replicas: both stop, exit 130, the prompts finished so far in a valid partial report.
+import signal
+import time
+with open(os.path.join(work, "long.jsonl"), "w") as f:
+    for i in range(2000):
+        f.write(lines[i % 3] + "\n")
+partial = os.path.join(work, "partial.json")
+proc = subprocess.Popen([scan, "--backend", "cpu,cpu", "--threads", "1", "--model", diff_dir, "--input", "long.jsonl",
+                         "--out", partial, "--no-progress"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+seen = 0
+while proc.poll() is None:  # waits for the first finished prompt in the report, however long a loaded machine takes
+    time.sleep(0.3)
+    try:
+        seen = json.load(open(partial))["prompts"]
+    except (OSError, ValueError, KeyError):
+        continue
+    if seen >= 2:
+        break
+proc.send_signal(signal.SIGINT)
+out, err = proc.communicate()
+check(proc.returncode == 130, f"interrupted two-replica scan exits 130, got {proc.returncode}\n{err}")
+pr = json.load(open(partial))
+lines_done = [q["line"] for q in pr["per_prompt"]]
+check(pr["complete"] is False and 2 <= pr["prompts"] < 2000 and len(lines_done) == pr["prompts"], f"partial report {pr['prompts']}")
+check(lines_done == sorted(lines_done), "the partial report's prompts are in input order")
 
 if failures:
     sys.exit(f"{len(failures)} check(s) failed")

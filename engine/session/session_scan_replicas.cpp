@@ -1,0 +1,111 @@
+// A corpus scan on several replicas (session_scan_replicas.h).
+#include "engine/session/session_scan_replicas.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "engine/core/error.h"
+
+namespace ds::scan {
+
+struct ReplicaScan::Replica {
+  BackendChoice backend;
+  std::unique_ptr<Session> s1, s2;
+  std::vector<std::unique_ptr<Run>> runs;
+};
+
+ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
+  if (opt.backends.empty()) throw Error("a scan needs at least one backend");
+  int cpu_reps = 0;
+  for (const BackendChoice& b : opt.backends) cpu_reps += b.kind == BackendChoice::Kind::Cpu;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // CPU replicas share the cores unless told otherwise: two of them on a 2-core machine run one thread each.
+  const int cpu_threads = opt.threads > 0 ? opt.threads : cpu_reps > 1 ? std::max(1, int(cores) / cpu_reps) : 0;
+  for (size_t i = 0; i < opt.backends.size(); ++i) {
+    auto r = std::make_unique<Replica>();
+    r->backend = opt.backends[i];
+    const std::string tag = opt.backends.size() > 1 ? "replica " + std::to_string(i + 1) + "/" +
+                                                          std::to_string(opt.backends.size()) + ": " : "";
+    auto progress = [&](double f, const std::string& what) {
+      if (opt.load_progress) opt.load_progress(f, tag + what);
+    };
+    r->s1 = Session::open(opt.model, r->backend, progress, cpu_threads);
+    if (!opt.compare_model.empty()) r->s2 = Session::open(opt.compare_model, r->backend, progress, cpu_threads);
+    r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
+    if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));
+    reps_.push_back(std::move(r));
+  }
+  results_.resize(reps_[0]->runs.size());
+}
+
+ReplicaScan::~ReplicaScan() = default;
+
+std::string ReplicaScan::backend_name() const {
+  const std::string one = reps_[0]->s1->backend().name();
+  return reps_.size() == 1 ? one : one + " (" + std::to_string(reps_.size()) + " replicas: " +
+                                       backend_list_text([&] {
+                                         std::vector<BackendChoice> v;
+                                         for (const auto& r : reps_) v.push_back(r->backend);
+                                         return v;
+                                       }()) + ")";
+}
+
+bool ReplicaScan::run(const std::vector<Prompt>& prompts, const std::function<bool()>& cancelled,
+                      const std::function<void(const Prompt&, const PromptResult*, const std::string*)>& done) {
+  std::mutex mu;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr fault;
+  size_t finished = 0;  // prompts scanned or skipped
+  const auto stopped = [&] { return stop.load() || (cancelled && cancelled()); };
+  const auto work = [&](Replica& rep) {
+    for (;;) {
+      if (stopped()) return;
+      const size_t i = next.fetch_add(1);
+      if (i >= prompts.size()) return;
+      const Prompt& p = prompts[i];
+      std::string why;
+      bool ok = false;
+      try {
+        scan_all(rep.runs, p, stopped);  // every run or none
+        ok = true;
+      } catch (const Cancelled&) {
+        return;  // nothing of this prompt counts
+      } catch (const Error& e) {
+        why = e.what();  // the prompt's: skipped
+      } catch (...) {
+        std::lock_guard lk(mu);
+        if (!fault) fault = std::current_exception();
+        stop = true;
+        return;
+      }
+      std::lock_guard lk(mu);
+      if (ok)
+        for (size_t k = 0; k < rep.runs.size(); ++k) {
+          results_[k].push_back(rep.runs[k]->results().back());
+          rep.runs[k]->drop_last();  // kept here only: the replica's runs compute, the scan keeps
+        }
+      ++finished;
+      if (done) done(p, ok ? &results_[0].back() : nullptr, ok ? nullptr : &why);
+    }
+  };
+  if (reps_.size() == 1) {
+    work(*reps_[0]);
+  } else {
+    std::vector<std::thread> threads;
+    for (auto& r : reps_) threads.emplace_back([&, rp = r.get()] { work(*rp); });
+    for (std::thread& t : threads) t.join();
+  }
+  if (fault) std::rethrow_exception(fault);
+  return finished == prompts.size();
+}
+
+Report ReplicaScan::report(const std::string& input, const std::vector<LineError>& skipped, bool complete,
+                           double elapsed_s) const {
+  std::vector<const Run*> runs;
+  for (const auto& r : reps_[0]->runs) runs.push_back(r.get());
+  return make_report(runs, results_, input, skipped, complete, elapsed_s);
+}
+
+}  // namespace ds::scan

@@ -1,0 +1,57 @@
+// A corpus scan on several replicas of the model (diffscope-scan --backend cuda:all, cuda:0,1, ...; one replica is
+// the plain scan): one Session per backend (and one more per backend for a compare model), the prompts handed out
+// one at a time to whichever replica is free, so long and short prompts mix without one GPU waiting on another. Each
+// replica computes a prompt exactly as a one-GPU scan would (the same kernels on the same kind of device); the
+// results are kept per prompt and the report is made from all of them in input order, with exactly rounded sums
+// (session_scan.h ExactSum): the same report, whatever the order in which prompts finish.
+#pragma once
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/session/backends.h"
+#include "engine/session/session_scan.h"
+
+namespace ds::scan {
+
+struct ReplicaScanOptions {
+  std::string model, compare_model;     // compare_model empty: a second run (if any) is of `model`
+  std::vector<BackendChoice> backends;  // one replica each (parse_backend_list)
+  int threads = 0;                      // CPU backends: threads each (0: the cores shared out among the CPU replicas)
+  RunOptions first;
+  std::optional<RunOptions> second;     // a comparison: every prompt through both runs, or through neither
+  ProgressFn load_progress;             // the models' loading, replica by replica
+};
+
+class ReplicaScan {
+ public:
+  // Opens every replica's sessions; throws ds::Error (naming the backend) when one cannot be had.
+  explicit ReplicaScan(const ReplicaScanOptions& opt);
+  ~ReplicaScan();
+  size_t replicas() const { return reps_.size(); }
+  std::string backend_name() const;  // the first replica's, and how many there are
+
+  // Scans `prompts` over the replicas. After each prompt, done(prompt, error) runs on the scanning thread with the
+  // scan's lock held (error: null when it was scanned, else why it was skipped, one line); report() may be called
+  // there. cancelled() is polled by every replica between steps; once true no new prompt starts, the ones in flight
+  // stop (and count for nothing), and run returns false. An error that is not the prompt's (a device fault) stops
+  // every replica and is thrown from here after they have stopped.
+  // result: the first run's result for the prompt (null when skipped).
+  bool run(const std::vector<Prompt>& prompts, const std::function<bool()>& cancelled,
+           const std::function<void(const Prompt&, const PromptResult* result, const std::string* error)>& done);
+
+  // The report of the prompts scanned so far (from done(), or after run).
+  Report report(const std::string& input, const std::vector<LineError>& skipped, bool complete, double elapsed_s) const;
+  size_t scanned() const { return results_.empty() ? 0 : results_[0].size(); }
+
+ private:
+  struct Replica;
+  std::vector<std::unique_ptr<Replica>> reps_;
+  std::vector<std::vector<PromptResult>> results_;  // [run][prompt], in the order they finished
+};
+
+}  // namespace ds::scan
