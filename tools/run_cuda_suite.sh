@@ -18,7 +18,8 @@
 #                                             binary packed from PREV_COMMIT, alternating with this one), python
 #                                             (the module's pytest suite; pack with PY_MODULE_DIR, see there) and
 #                                             python_bench (bench/python_api_bench.py), importance_bench
-#                                             (bench/head_importance_bench.py).
+#                                             (bench/head_importance_bench.py), scan_gpus (bench/scan_gpus.py:
+#                                             diffscope-scan on one GPU against cuda:all).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -137,6 +138,15 @@ if has importance_bench; then
   log "## Head importance against the transformers hook loop"
   PYTHONPATH="$DS/python" timeout 400 python3 bench/head_importance_bench.py --backend cuda --bench "$DS/bin/diffscope-bench" \
     --json "$OUT/head_importance_bench.json" 2>&1 | tee "$OUT/importance_bench.log" | tail -12 | tee -a "$SUMMARY"
+fi
+# Scans on every GPU (issue 47): diffscope-scan on one GPU against cuda:all on a random kajuma-shaped checkpoint, and
+# the reports compared (bench/scan_gpus.py). SCAN_GPUS_ARGS adds to its arguments.
+if has scan_gpus; then
+  log "## Corpus scans on every GPU"
+  nvidia-smi -L | tee -a "$SUMMARY"
+  [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
+  timeout 560 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand \
+    --json "$OUT/scan_gpus.json" ${SCAN_GPUS_ARGS:-} 2>&1 | tee "$OUT/scan_gpus.log" | tail -12 | tee -a "$SUMMARY"
 fi
 if has python_bench; then
   log "## Python API benchmark"

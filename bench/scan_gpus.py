@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Corpus scans on several GPUs (issue 47): diffscope-scan on one GPU against diffscope-scan --backend cuda:all (or a
+given list) in the same run, on the same corpus of random-id prompts (a random model of kajuma's shape, no tokenizer
+needed), alternating rounds. Prompts/s is prompts over the report's elapsed_s (the scan's wall time after the models
+are loaded). The reports must be identical but for the timings: the per-prompt numbers of N GPUs are one GPU's.
+
+    bench/scan_gpus.py --scan build/diffscope-scan --model DIR [--lengths 4096,16384] [--prompts 64]
+                       [--multi cuda:all] [--rounds 2] [--json OUT.json]
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+
+def timeless(r):
+    r = dict(r)
+    r.pop("elapsed_s")
+    r.pop("backend", None)
+    for p in r["per_prompt"]:
+        p.pop("ms")
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scan", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--lengths", default="4096,16384")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per length")
+    ap.add_argument("--vocab", type=int, default=8192, help="ids drawn below this")
+    ap.add_argument("--single", default="cuda:0")
+    ap.add_argument("--multi", default="cuda:all")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="scan_gpus_")
+    rng = random.Random(47)
+    out = {"model": a.model, "single": a.single, "multi": a.multi, "rows": []}
+    for n in [int(x) for x in a.lengths.split(",")]:
+        corpus = os.path.join(work, f"c{n}.jsonl")
+        with open(corpus, "w") as f:
+            for i in range(a.prompts):
+                # Mixed lengths around n (long and short prompts mix), the answer span at a random depth.
+                m = rng.randint(n // 2, n)
+                b = rng.randint(1, m - 9)
+                f.write(json.dumps({"ids": [rng.randrange(a.vocab) for _ in range(m)], "answer": [b, b + 8]}) + "\n")
+        rates = {"single": [], "multi": []}
+        reports = {}
+        for rnd in range(a.rounds):
+            for which in ("single", "multi") if rnd % 2 == 0 else ("multi", "single"):
+                rep = os.path.join(work, f"{which}{n}.json")
+                p = subprocess.run([a.scan, "--backend", getattr(a, which), "--model", a.model, "--input", corpus,
+                                    "--out", rep, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                if p.returncode != 0:
+                    sys.exit(f"{which} scan failed ({p.returncode}): {p.stderr[-2000:]}")
+                r = json.load(open(rep))
+                rates[which].append(r["prompts"] / r["elapsed_s"])
+                reports[which] = r
+                print(f"{n:>6} tokens  {which:6} {getattr(a, which):10} {r['prompts']} prompts in {r['elapsed_s']:.2f} s: "
+                      f"{rates[which][-1]:.2f} prompts/s", flush=True)
+        same = timeless(reports["single"]) == timeless(reports["multi"])
+        s, m = max(rates["single"]), max(rates["multi"])
+        row = {"tokens_max": n, "prompts": a.prompts, "single_prompts_per_s": s, "multi_prompts_per_s": m,
+               "speedup": m / s, "reports_identical": same, "rounds": a.rounds,
+               "single_all": rates["single"], "multi_all": rates["multi"]}
+        print(f"{n:>6} tokens: {a.multi} {m:.2f} prompts/s vs {a.single} {s:.2f}: {m / s:.2f}x; reports identical "
+              f"but timings: {same}", flush=True)
+        out["rows"].append(row)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if not all(r["reports_identical"] for r in out["rows"]):
+        sys.exit("the multi-GPU report differs from the one-GPU report")
+
+
+if __name__ == "__main__":
+    main()
