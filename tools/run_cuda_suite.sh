@@ -144,6 +144,10 @@ fi
 if has scan_gpus; then
   log "## Corpus scans on every GPU"
   nvidia-smi -L | tee -a "$SUMMARY"
+  for multi in cuda:0,0 cuda:all; do  # the demo model first: two replicas on one GPU, then one per GPU
+    timeout 200 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model assets/models/diffllama-demo \
+      --lengths 1024 --prompts 48 --multi "$multi" --json "$OUT/scan_gpus_demo_${multi//[:,]/_}.json" 2>&1 | tail -2 | tee -a "$SUMMARY"
+  done
   [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
   timeout 560 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand \
     --json "$OUT/scan_gpus.json" ${SCAN_GPUS_ARGS:-} 2>&1 | tee "$OUT/scan_gpus.log" | tail -12 | tee -a "$SUMMARY"
