@@ -2,7 +2,10 @@
 """Corpus scans on several GPUs (issue 47): diffscope-scan on one GPU against diffscope-scan --backend cuda:all (or a
 given list) in the same run, on the same corpus of random-id prompts (a random model of kajuma's shape, no tokenizer
 needed), alternating rounds. Prompts/s is prompts over the report's elapsed_s (the scan's wall time after the models
-are loaded). The reports must be identical but for the timings: the per-prompt numbers of N GPUs are one GPU's.
+are loaded). The reports must be identical but for the timings: the per-prompt numbers of N GPUs are one GPU's. The
+timed rounds run with the GEMM autotuning on (the default; each GPU times its own candidates, so two GPUs may pick
+different algorithms for a shape); the identity check runs once more with DS_GEMM_AUTOTUNE=0, the heuristic's
+deterministic choice, as the issue asks ("pin the GEMM algorithm choice").
 
     bench/scan_gpus.py --scan build/diffscope-scan --model DIR [--lengths 4096,16384] [--prompts 64]
                        [--multi cuda:all] [--rounds 2] [--json OUT.json]
@@ -30,7 +33,7 @@ def main():
     ap.add_argument("--scan", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--lengths", default="4096,16384")
-    ap.add_argument("--prompts", type=int, default=64, help="prompts per length")
+    ap.add_argument("--prompts", type=int, default=128, help="prompts per length")
     ap.add_argument("--vocab", type=int, default=8192, help="ids drawn below this")
     ap.add_argument("--single", default="cuda:0")
     ap.add_argument("--multi", default="cuda:all")
@@ -62,13 +65,23 @@ def main():
                 reports[which] = r
                 print(f"{n:>6} tokens  {which:6} {getattr(a, which):10} {r['prompts']} prompts in {r['elapsed_s']:.2f} s: "
                       f"{rates[which][-1]:.2f} prompts/s", flush=True)
-        same = timeless(reports["single"]) == timeless(reports["multi"])
+        pinned = {}
+        for which in ("single", "multi"):
+            rep = os.path.join(work, f"pinned_{which}{n}.json")
+            p = subprocess.run([a.scan, "--backend", getattr(a, which), "--model", a.model, "--input", corpus, "--out", rep,
+                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, DS_GEMM_AUTOTUNE="0"))
+            if p.returncode != 0:
+                sys.exit(f"pinned {which} scan failed ({p.returncode}): {p.stderr[-2000:]}")
+            pinned[which] = json.load(open(rep))
+        same = timeless(pinned["single"]) == timeless(pinned["multi"])
+        same_tuned = timeless(reports["single"]) == timeless(reports["multi"])
         s, m = max(rates["single"]), max(rates["multi"])
         row = {"tokens_max": n, "prompts": a.prompts, "single_prompts_per_s": s, "multi_prompts_per_s": m,
-               "speedup": m / s, "reports_identical": same, "rounds": a.rounds,
+               "speedup": m / s, "reports_identical": same, "reports_identical_tuned": same_tuned, "rounds": a.rounds,
                "single_all": rates["single"], "multi_all": rates["multi"]}
         print(f"{n:>6} tokens: {a.multi} {m:.2f} prompts/s vs {a.single} {s:.2f}: {m / s:.2f}x; reports identical "
-              f"but timings: {same}", flush=True)
+              f"but timings: {same} (GEMM choice pinned), {same_tuned} (each GPU tuning its own)", flush=True)
         out["rows"].append(row)
     if a.json:
         with open(a.json, "w") as f:

@@ -12,6 +12,9 @@
 //     staging area, as kernels/swiglu.cu forms it, and store it by TMA. The tensor cores never wait on SwiGLU.
 // The GATED instance (launch_gemm_silu_mul_sm90, the gated memory unit's in_proj) runs the same pipeline over a
 // plain GEMM's outputs c and N/2 + c and multiplies silu of both by a gate tensor read from device memory.
+#include <array>
+#include <map>
+#include <mutex>
 #include "gemm_swiglu_sm90.h"
 
 #include <cuda.h>
@@ -345,13 +348,22 @@ cudaError_t launch_impl(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16
     return cudaErrorNotSupported;
   // CTAs that run at once (the persistent grid) for clusters of one and of two; 0 where the device cannot place
   // clusters of two (a partitioned GPU, say): the automatic choice then takes single CTAs.
-  static int ctas[3] = {-1, -1, -1};
+  // Per device (a kernel's shared-memory attribute and the occupancy are a device's: a scan with one replica per GPU
+  // launches on several), under a lock (their threads launch at once).
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  static std::mutex ctas_mu;
+  static std::map<int, std::array<int, 3>> ctas_of;
+  std::array<int, 3> ctas;
+  {
+    std::lock_guard<std::mutex> lk(ctas_mu);
+    ctas = ctas_of.emplace(dev, std::array<int, 3>{-1, -1, -1}).first->second;
+  }
   for (int c = 1; c <= 2; ++c) {
     if (ctas[c] >= 0) continue;
     const auto kernel = c == 2 ? gemm_swiglu_sm90_kernel<2, GATED> : gemm_swiglu_sm90_kernel<1, GATED>;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    int dev = 0, sms = 0, clusters = 0;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    int sms = 0, clusters = 0;
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaLaunchConfig_t q{};
     cudaLaunchAttribute qa[1];
@@ -369,6 +381,10 @@ cudaError_t launch_impl(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16
       clusters = 0;
     }
     ctas[c] = clusters * c;
+  }
+  {
+    std::lock_guard<std::mutex> lk(ctas_mu);
+    ctas_of[dev] = ctas;
   }
   if (cluster == 0) cluster = ctas[2] > 0 ? 2 : 1;
   if (ctas[cluster] <= 0) return cudaErrorNotSupported;

@@ -100,6 +100,7 @@ CudaBackend::~CudaBackend() {
     reset_model();
     act_ = Activations{};
     gemm_plans_.clear();
+    tuned_algos_.clear();
     lt_ws_.reset();
     events_.clear();
     lt_.reset();

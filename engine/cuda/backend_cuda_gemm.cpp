@@ -44,6 +44,16 @@ size_t gemm_out_bytes(const GemmArgs& g) {
   return (size_t(g.tokens - 1) * size_t(ld_y(g)) + size_t(g.out_f)) * elem_y(g);
 }
 
+// The tokens rounded up to an eighth of their power of two (exact up to 64): the GEMMs of prompts whose lengths fall
+// in one bucket are timed once. A corpus of prompts of many lengths paid the timing (it synchronises, up to ~0.1 s a
+// shape) at every prompt: half of a mixed-length scan's time on the H200 (bench/EXPERIMENTS.md).
+int64_t tune_bucket(int64_t n) {
+  if (n <= 64) return n;
+  int64_t step = 1;
+  while ((step << 4) <= n) step <<= 1;  // 8 <= n / step < 16
+  return (n + step - 1) / step * step;
+}
+
 }  // namespace
 
 // Row-major y[tokens, out] = x[tokens, in] w[out, in]^T is, column-major, y^T = w^T(op T on [in, out]) x^T: A = w
@@ -91,6 +101,17 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     p->lt = !p->candidates.empty();
     if (p->lt) p->algo = p->candidates.front();
     p->tuned = !p->lt || !autotune_ || p->candidates.size() == 1;
+    if (!p->tuned) {  // a length of a tuned bucket: its algorithm, where the heuristic offers it for this shape too
+      GemmKey bucket = key;
+      bucket.n = tune_bucket(key.n);
+      if (const auto t = tuned_algos_.find(bucket); t != tuned_algos_.end())
+        for (const cublasLtMatmulAlgo_t& a : p->candidates)
+          if (std::memcmp(&a, &t->second, sizeof a) == 0) {
+            p->algo = a;
+            p->tuned = true;
+            break;
+          }
+    }
     if (p->tuned) p->candidates.clear();
     it = gemm_plans_.emplace(key, std::move(plan)).first;
   }
@@ -100,6 +121,11 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     // (every run then writes the same y = xw^T + c); an in-place accumulation needs the caller's spare bytes.
     void* d = g.beta == 0.f || c != g.y ? g.y : (g.spare_bytes >= gemm_out_bytes(g) ? g.spare : nullptr);
     if (d) gemm_tune(p, g, d);
+    if (p.tuned) {
+      GemmKey bucket = key;
+      bucket.n = tune_bucket(key.n);
+      tuned_algos_.emplace(bucket, p.algo);
+    }
   }
   return p;
 }
