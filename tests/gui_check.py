@@ -740,6 +740,23 @@ def case_corpus(r):
         for a, b in zip(ref["per_prompt"], rep["per_prompt"]):
             check(a["output"] == b["output"] if "output" in a else "output" not in b, "outputs differ at line %d" % a["line"])
 
+    # Two replicas (--backend cpu,cpu: two CPU backends standing in for two GPUs, one thread each): the panel says so,
+    # and its report is diffscope-scan's on one one-thread backend, number for number.
+    if r.scan_exe and os.path.exists(r.scan_exe):
+        rc, st2, img2 = r.run("corpus_replicas", "--model", model, "--backend", "cpu,cpu", "--threads", "1", "--prompt",
+                              SHORT_PROMPT, "--scan", corpus)
+        check(rc == 0 and st2 and not st2["error_shown"], "replicas: rc %d, error %s" % (rc, st2 and st2["error"]))
+        sc2 = st2["scan"]
+        check(sc2["replicas"] == 2 and sc2["complete"] and sc2["done"] == 5, "replica scan state %s" % {k: sc2[k] for k in sc2 if k != "report"})
+        cli1 = r.path("cli_one_thread.json")
+        subprocess.run([r.scan_exe, "--model", model, "--backend", "cpu", "--threads", "1", "--input", corpus, "--out", cli1,
+                        "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S, cwd=r.source)
+        ref1 = json.load(open(cli1))
+        rep2 = sc2["report"]
+        for key in ("mean", "layers", "groups", "skipped", "prompts", "accuracy"):
+            check(ref1[key] == rep2[key], "two replicas' %s differs from diffscope-scan's on one backend" % key)
+        check([p["line"] for p in ref1["per_prompt"]] == [p["line"] for p in rep2["per_prompt"]], "per-prompt order")
+
     # One prompt: the row view's answer fractions of the opened head (recomputed from the exact row) are the scan's.
     one = r.path("one.jsonl")
     with open(one, "w") as f:

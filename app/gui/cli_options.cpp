@@ -63,6 +63,8 @@ const char* cli_usage() {
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
          "                         entropy-a2 | max-logit | max-logit2\n"
          "  --backend auto|cpu|cuda|cuda:N   --threads N\n"
+         "                         (a list, cuda:all or cuda:0,1: the model runs on the first; the Corpus panel's\n"
+         "                         scans run one replica of it on each)\n"
          "  --screenshot OUT.png   render the window once the run is complete, save it, exit\n"
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"

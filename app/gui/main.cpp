@@ -68,9 +68,11 @@ void on_glfw_error(int code, const char* what) {
 int main(int argc, char** argv) {
   CliOptions opt;
   ds::BackendChoice backend = ds::BackendChoice::Auto;
+  std::vector<ds::BackendChoice> backends;  // --backend cuda:all etc.: the Corpus panel's scan replicas
   try {
     opt = parse_cli(argc, argv);
-    backend = ds::parse_backend_choice(opt.backend);
+    backends = ds::parse_backend_list(opt.backend);
+    backend = backends[0];
   } catch (const std::exception& e) {
     std::fprintf(stderr, "diffscope: %s\n", e.what());
     return 2;
@@ -138,7 +140,7 @@ int main(int argc, char** argv) {
   st.wake = [] { glfwPostEmptyEvent(); };
   st.backend = backend;
   st.cpu_threads = opt.threads;
-  auto worker = std::make_unique<Worker>(st.wake, backend, opt.threads);
+  auto worker = std::make_unique<Worker>(st.wake, backend, opt.threads, backends);
   st.worker = worker.get();
   st.prompt.text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
   st.prompt.path = opt.prompt_file;

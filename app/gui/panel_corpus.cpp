@@ -280,7 +280,9 @@ void status_line(AppState& st, const ScanState& sc) {
     ImGui::ProgressBar(frac, ImVec2(std::clamp(ImGui::GetContentRegionAvail().x * 0.28f, 140.0f, 300.0f), 0), overlay);
     ImGui::SameLine();
     ImGui::AlignTextToFramePadding();
-    if (sc.tried > 0)
+    if (sc.tried > 0 && sc.replicas > 1)
+      ImGui::Text("%.2f prompts/s on %d replicas   ETA %s", sc.prompts_per_s(), sc.replicas, fmt_duration(sc.eta_s()).c_str());
+    else if (sc.tried > 0)
       ImGui::Text("%.2f prompts/s   ETA %s   line %d", sc.prompts_per_s(), fmt_duration(sc.eta_s()).c_str(),
                   sc.current_line);
     else

@@ -64,6 +64,7 @@ static nlohmann::json scan_json(const AppState& st) {
             {"error", sc->error},
             {"total", sc->total},
             {"tried", sc->tried},
+            {"replicas", sc->replicas},
             {"done", sc->done},
             {"elapsed_s", sc->elapsed_s},
             {"skipped", skipped},

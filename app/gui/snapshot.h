@@ -221,7 +221,8 @@ struct ScanState {
   int total = 0;          // prompts the file holds (bad lines not counted)
   int tried = 0;          // prompts run so far (the ones the model refused included)
   int done = 0;           // prompts in the report
-  int current_line = 0;   // the line being run
+  int current_line = 0;   // the line being run (the last one handed out)
+  int replicas = 1;       // model replicas scanning (diffscope --backend cuda:all: one a GPU)
   double elapsed_s = 0;
   std::shared_ptr<const ds::scan::Corpus> corpus;                   // the prompts, to open one in the views
   std::shared_ptr<const std::vector<ds::scan::LineError>> skipped;  // bad lines and prompts the model refused

@@ -30,8 +30,9 @@ constexpr int64_t k_thumb_max_tokens = 4096;
 constexpr int k_thumb_size = 32;
 }  // namespace
 
-Worker::Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads)
-    : wake_(std::move(wake)), backend_(backend), cpu_threads_(cpu_threads), snap_(std::make_shared<Snapshot>()) {
+Worker::Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads, std::vector<BackendChoice> scan_backends)
+    : wake_(std::move(wake)), backend_(backend), cpu_threads_(cpu_threads), scan_backends_(std::move(scan_backends)),
+      snap_(std::make_shared<Snapshot>()) {
   thread_ = std::thread([this] { loop(); });
 }
 

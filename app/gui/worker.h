@@ -69,7 +69,9 @@ struct Request {
 class Worker {
  public:
   // wake() is called (from the worker thread) whenever a new snapshot is published.
-  Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads);
+  // scan_backends: the Corpus panel's replicas (--backend cuda:all, cuda:0,1, cpu,cpu); the first is `backend`, the
+  // worker's own session, the others open the model for a scan. Empty: the worker's session alone.
+  Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads, std::vector<BackendChoice> scan_backends = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -119,6 +121,7 @@ class Worker {
   std::function<void()> wake_;
   BackendChoice backend_;
   int cpu_threads_;
+  std::vector<BackendChoice> scan_backends_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -5,12 +5,14 @@
 // inside one (ds::Cancelled): a prompt counts for every run or for none, what was done stays. A bad line or a
 // prompt the model refuses is listed with its line number and skipped, never fatal.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <exception>
 #include <filesystem>
 
 #include "engine/core/error.h"
+#include "engine/session/session_scan_replicas.h"
 #include "worker.h"
 
 namespace ds::gui {
@@ -135,30 +137,34 @@ void Worker::run_scan(const Request& r) {
   if (!std::filesystem::exists(o.path, ec))
     return fail(o.path + ": no such file (a JSONL corpus: one JSON object a line)");
 
-  std::vector<std::unique_ptr<sc::Run>> runs;
   std::shared_ptr<const sc::Corpus> corpus;
+  std::unique_ptr<sc::ReplicaScan> rs;
   try {
     corpus = std::make_shared<const sc::Corpus>(sc::read_corpus(o.path));
-    runs.push_back(std::make_unique<sc::Run>(*session_, sc::RunOptions{"", o.lambda_scale, o.max_answer_tokens}));
-    if (o.compare)
-      runs.push_back(std::make_unique<sc::Run>(*session_, sc::RunOptions{"", o.compare_scale, o.max_answer_tokens}));
+    // The session's sequence and lambda are the scan's now: the continuation is gone, and the lambda is the runs'
+    // scale alone (no per-layer overrides, as diffscope-scan). step() brings the session back afterwards.
+    reset_generation();
+    session_->reset_lambda();
+    sc::ReplicaScanOptions ro;
+    ro.model = session_->model_dir();
+    ro.first_session = session_.get();  // replica 0 is the views' own session; --backend lists add the others
+    ro.backends = scan_backends_.empty() ? std::vector<BackendChoice>{backend_} : scan_backends_;
+    ro.threads = cpu_threads_;
+    ro.first = sc::RunOptions{"", o.lambda_scale, o.max_answer_tokens};
+    if (o.compare) ro.second = sc::RunOptions{"", o.compare_scale, o.max_answer_tokens};
+    rs = std::make_unique<sc::ReplicaScan>(ro);
   } catch (const std::exception& e) {
     return fail(e.what());
   }
   st->corpus = corpus;
   st->total = int(corpus->prompts.size());
+  st->replicas = int(rs->replicas());
   *skipped = corpus->errors;
   st->skipped = std::make_shared<const std::vector<sc::LineError>>(*skipped);
-  // The scan replaces the session's sequence and lambda: the continuation is gone, and the lambda is the runs'
-  // scale alone (no per-layer overrides, as diffscope-scan). step() brings the session back afterwards.
-  reset_generation();
-  session_->reset_lambda();
 
-  std::vector<const sc::Run*> views;
-  for (const auto& run : runs) views.push_back(run.get());
   const auto make_report = [&](bool complete) {
     auto rep = std::make_shared<ScanReport>();
-    rep->report = sc::make_report(views, o.path, *skipped, complete, elapsed());
+    rep->report = rs->report(o.path, *skipped, complete, elapsed());
     rep->complete = complete;
     rep->run = run_view(rep->report.run);
     if (rep->report.compare) {
@@ -170,32 +176,24 @@ void Worker::run_scan(const Request& r) {
 
   try {
     const uint64_t stop_seq = r.scan_stop_base;
-    const std::function<bool()> cancelled = [&] { return scan_stop_requested(stop_seq); };
+    std::atomic<bool> enough{false};  // --scan-stop-after N reached
+    const std::function<bool()> cancelled = [&] { return enough.load() || scan_stop_requested(stop_seq); };
     Clock::time_point last_publish{}, last_report = t0;
     double report_cost = 0;
     publish_state();
-    for (size_t i = 0; i < corpus->prompts.size(); ++i) {
-      if (cancelled() || (o.stop_after > 0 && st->done >= o.stop_after)) {
-        st->stopped = true;
-        break;
-      }
-      const sc::Prompt& p = corpus->prompts[i];
+    // Every replica calls back here, one at a time, as a prompt finishes.
+    const bool all = rs->run(corpus->prompts, cancelled,
+                             [&](const sc::Prompt& p, const sc::PromptResult* res, const std::string* err) {
       st->current_line = p.line;
-      try {
-        sc::scan_all(runs, p, cancelled);  // every run or none
-      } catch (const Cancelled&) {
-        st->stopped = true;
-      } catch (const std::exception& e) {
-        // A prompt this model cannot run (too long, a span outside it, ...): listed, skipped.
+      if (!res) {  // a prompt this model cannot run (too long, a span outside it, ...): listed, skipped
         const auto at = std::upper_bound(skipped->begin(), skipped->end(), p.line,
                                          [](int l, const sc::LineError& x) { return l < x.line; });
-        skipped->insert(at, sc::LineError{p.line, e.what()});
+        skipped->insert(at, sc::LineError{p.line, *err});
         st->skipped = std::make_shared<const std::vector<sc::LineError>>(*skipped);
       }
-      if (st->stopped)
-        break;
-      st->tried = int(i) + 1;
-      st->done = int(runs[0]->results().size());
+      ++st->tried;
+      st->done = int(rs->scanned());
+      if (o.stop_after > 0 && st->done >= o.stop_after) enough = true;
       const auto now = Clock::now();
       if (now - last_publish >= std::chrono::milliseconds(100)) {
         // The report costs a pass over every prompt's heads: re-made at most every half second, and less often
@@ -209,14 +207,15 @@ void Worker::run_scan(const Request& r) {
         publish_state();
         last_publish = Clock::now();
       }
-    }
-    st->complete = !st->stopped && st->tried == st->total;
+    });
+    st->stopped = !all;
+    st->complete = all && st->tried == st->total;
     st->running = false;
     st->current_line = 0;
     st->report = make_report(st->complete);
     publish_state();
   } catch (const std::exception& e) {
-    // Not a prompt's fault (the report, memory): the scan ends here with what it has.
+    // Not a prompt's fault (the report, memory, a device): the scan ends here with what it has.
     fail(std::string("corpus scan: ") + e.what());
   }
 }

@@ -11,7 +11,8 @@ namespace ds::scan {
 
 struct ReplicaScan::Replica {
   BackendChoice backend;
-  std::unique_ptr<Session> s1, s2;
+  std::unique_ptr<Session> own1, s2;
+  Session* s1 = nullptr;
   std::vector<std::unique_ptr<Run>> runs;
 };
 
@@ -30,7 +31,13 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
     auto progress = [&](double f, const std::string& what) {
       if (opt.load_progress) opt.load_progress(f, tag + what);
     };
-    r->s1 = Session::open(opt.model, r->backend, progress, cpu_threads);
+    if (i == 0 && opt.first_session) {
+      r->s1 = opt.first_session;
+    } else {
+      r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backend, progress,
+                              cpu_threads);
+      r->s1 = r->own1.get();
+    }
     if (!opt.compare_model.empty()) r->s2 = Session::open(opt.compare_model, r->backend, progress, cpu_threads);
     r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
     if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));

@@ -25,6 +25,9 @@ struct ReplicaScanOptions {
   RunOptions first;
   std::optional<RunOptions> second;     // a comparison: every prompt through both runs, or through neither
   ProgressFn load_progress;             // the models' loading, replica by replica
+  // Replica 0's session for `model` (not owned; the GUI's own, on backends[0]): the other replicas open the model
+  // on backends[1..]. Null: every replica opens its own.
+  Session* first_session = nullptr;
 };
 
 class ReplicaScan {
