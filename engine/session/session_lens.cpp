@@ -2,6 +2,10 @@
 #include "engine/session/session_lens.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -71,20 +75,47 @@ Lens logit_lens(Session& s, const LensRequest& r) {
   Lens out;
   out.target = r.target >= 0 ? r.target : s.top_k(1).at(0).id;
   out.target_text = s.tokenizer() ? s.tokenizer()->token_text(out.target) : "#" + std::to_string(out.target);
-  std::vector<float> z(static_cast<size_t>(V));
-  for (int l : layers) {
-    LensLayer ll;
-    ll.layer = l;
-    for (int64_t p : pos) {
-      const float* row = z.data();
-      if (l == L - 1) {  // the model's own logits: the last layer's lens by definition
+  // The rows' logits first (the backend, one call each), then their distributions (softmax, top k, rank: passes over
+  // the vocabulary on the host, the lens's main cost at 128K tokens) on every core at once. Host memory: one row of
+  // the vocabulary per (layer, position) asked for, never n of them.
+  const size_t rows = layers.size() * pos.size();
+  std::vector<float> z(rows * size_t(V));
+  std::vector<const float*> src(rows);
+  for (size_t li = 0; li < layers.size(); ++li)
+    for (size_t pi = 0; pi < pos.size(); ++pi) {
+      const size_t i = li * pos.size() + pi;
+      if (layers[li] == L - 1) {  // the model's own logits: the last layer's lens by definition
         const ForwardResult& res = s.result();
-        row = res.logits.data() + (res.logit_rows == n ? p : 0) * V;
+        src[i] = res.logits.data() + (res.logit_rows == n ? pos[pi] : 0) * V;
       } else {
-        s.backend().lens_logits(l, p, z.data());
+        s.backend().lens_logits(layers[li], pos[pi], z.data() + i * size_t(V));
+        src[i] = z.data() + i * size_t(V);
       }
-      ll.positions.push_back(entry(s, row, V, p, r.top_k, out.target));
     }
+  std::vector<LensEntry> entries(rows);
+  std::atomic<size_t> next{0};
+  std::exception_ptr fault;
+  std::mutex fault_mu;
+  const auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < rows;) {
+      try {
+        entries[i] = entry(s, src[i], V, pos[i % pos.size()], r.top_k, out.target);
+      } catch (...) {
+        std::lock_guard lk(fault_mu);
+        fault = std::current_exception();
+      }
+    }
+  };
+  const size_t nthreads = std::min<size_t>(rows, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < nthreads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (fault) std::rethrow_exception(fault);
+  for (size_t li = 0; li < layers.size(); ++li) {
+    LensLayer ll;
+    ll.layer = layers[li];
+    for (size_t pi = 0; pi < pos.size(); ++pi) ll.positions.push_back(std::move(entries[li * pos.size() + pi]));
     out.layers.push_back(std::move(ll));
   }
   return out;
