@@ -95,7 +95,13 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     complete=False (and a warning). progress(done, total) is called after each prompt. outliers=True adds each run's
     activation outliers over the prompts (report.run.outliers; Session.outliers's keys). logit_bits: the attention
     logits fake-quantised to that many bits in every run (Session.set_logit_bits; accuracy under quantisation).
+    backend may be a list, one replica of the model each ("cuda:all", "cuda:0,1", "cpu,cpu"): the prompts go to
+    whichever replica is free and the report is the one a single backend gives (model and compare then are folders).
     """
+    backend = _str(backend, "backend")
+    if "," in backend or backend == "cuda:all":
+        return _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale, compare_lambda_scale,
+                             compare_label, max_answer_tokens, max_prompts, outliers, logit_bits, progress)
     a = model if isinstance(model, Session) else Session(model, backend, threads)
     b = compare if isinstance(compare, Session) or compare is None else Session(compare, backend, threads)
     sc = _native._Scan(a._s, None if b is None else b._s, _str(label, "label"), _float(lambda_scale, "lambda_scale"),
@@ -142,6 +148,41 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
                     f"{_first_reason(sc, source)})")
     # complete as diffscope-scan says it: every prompt of the input tried, and at least one scanned
     return _report(sc.report_json(source, complete and total == available and sc.scanned > 0))
+
+
+def _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale, compare_lambda_scale, compare_label,
+                  max_answer_tokens, max_prompts, outliers, logit_bits, progress) -> Report:
+    if isinstance(model, Session) or isinstance(compare, Session):
+        raise Error(f"backend {backend!r}: a scan on several backends opens the models itself: give model folders, "
+                    "not Sessions")
+    if max_prompts is not None and _int(max_prompts, "max_prompts") < 1:
+        raise Error(f"max_prompts: {max_prompts} must be at least 1")
+    if isinstance(prompts, (str, os.PathLike)):
+        source, lines = os.fspath(prompts), []
+    else:
+        source, lines = "<python>", []
+        for i, p in enumerate(prompts):
+            if isinstance(p, dict):
+                lines.append(json.dumps(p))
+            elif isinstance(p, str):
+                lines.append(p)
+            else:
+                raise TypeError(f"prompts[{i}] must be a dict or a JSON line, not {type(p).__name__}")
+        if not lines:
+            raise Error("scan: no prompts given")
+    text, interrupted, scanned = _native._replica_scan(
+        os.fspath(model), "" if compare is None else os.fspath(compare), backend, _int(threads, "threads"),
+        _str(label, "label"), _float(lambda_scale, "lambda_scale"),
+        None if compare_lambda_scale is None else _float(compare_lambda_scale, "compare_lambda_scale"),
+        _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"), bool(outliers),
+        _int(logit_bits, "logit_bits"), source, lines, max_prompts, progress)
+    if interrupted:
+        warnings.warn(f"scan interrupted after {scanned} prompts: the report holds those (complete=False)", stacklevel=3)
+    elif scanned == 0:
+        d = json.loads(text)
+        raise Error(f"{source}: no prompt could be scanned (the first reason: "
+                    f"{d['skipped'][0]['error'] if d['skipped'] else 'none given'})")
+    return _report(text)
 
 
 def _first_reason(sc, source: str) -> str:

@@ -37,6 +37,7 @@
 #include "engine/session/session_outliers.h"
 #include "engine/session/session_quantize.h"
 #include "engine/session/session_scan.h"
+#include "engine/session/session_scan_replicas.h"
 #include "engine/cuda/backend_cuda.h"
 
 namespace nb = nanobind;
@@ -391,6 +392,74 @@ class PyScan {
   std::vector<ds::scan::LineError> skipped_;
   std::chrono::steady_clock::time_point t0_;
 };
+
+// A scan on several replicas (engine/session/session_scan_replicas.h): the models opened once per backend of the list,
+// the prompts (a file, or JSON lines) handed to whichever replica is free. Returns the report's JSON and whether
+// Ctrl-C stopped it; progress(done, total) is called (with the GIL) as prompts finish.
+nb::tuple replica_scan(const std::string& model, const std::string& compare, const std::string& backend, int threads,
+                       const std::string& label, double lambda_scale, std::optional<double> compare_scale,
+                       const std::string& compare_label, int max_answer_tokens, bool outliers, int logit_bits,
+                       const std::string& source, const std::vector<std::string>& lines, std::optional<int> max_prompts,
+                       nb::object progress) {
+  if (max_answer_tokens < 1)
+    throw ds::Error("max_answer_tokens: " + std::to_string(max_answer_tokens) + " must be at least 1");
+  ds::scan::Corpus corpus;
+  if (lines.empty()) {
+    corpus = ds::scan::read_corpus(source);
+  } else {
+    for (size_t i = 0; i < lines.size(); ++i) {
+      try {
+        corpus.prompts.push_back(ds::scan::parse_line(lines[i], int(i) + 1));
+      } catch (const ds::Error& e) {
+        corpus.errors.push_back({int(i) + 1, e.what()});
+      }
+    }
+  }
+  const size_t available = corpus.prompts.size();
+  if (max_prompts && size_t(*max_prompts) < corpus.prompts.size()) corpus.prompts.resize(size_t(*max_prompts));
+  ds::scan::ReplicaScanOptions ro;
+  ro.model = model;
+  ro.compare_model = compare;
+  ro.backends = ds::parse_backend_list(backend);
+  ro.threads = threads;
+  ro.first = ds::scan::RunOptions{label, lambda_scale, max_answer_tokens, outliers, logit_bits};
+  if (!compare.empty() || compare_scale)
+    ro.second = ds::scan::RunOptions{compare_label, compare_scale.value_or(1.0), max_answer_tokens, outliers, logit_bits};
+  std::unique_ptr<ds::scan::ReplicaScan> rs;
+  {
+    nb::gil_scoped_release nogil;
+    rs = std::make_unique<ds::scan::ReplicaScan>(ro);
+  }
+  std::vector<ds::scan::LineError> skipped = corpus.errors;
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t done = 0;
+  std::string callback_error;
+  bool all = false;
+  {
+    InterruptScope ctrl_c;
+    nb::gil_scoped_release nogil;
+    all = rs->run(corpus.prompts, [&] { return InterruptScope::hit() || !callback_error.empty(); },
+                  [&](const ds::scan::Prompt& p, const ds::scan::PromptResult*, const std::string* err) {
+                    if (err) skipped.push_back({p.line, *err});
+                    ++done;
+                    if (progress.is_none()) return;
+                    nb::gil_scoped_acquire gil;
+                    try {
+                      progress(done, corpus.prompts.size());
+                    } catch (nb::python_error& e) {
+                      callback_error = e.what();  // stops the scan; raised below
+                    }
+                  });
+  }
+  if (!callback_error.empty()) throw std::runtime_error("scan: the progress callback raised: " + callback_error);
+  const bool interrupted = !all;
+  if (interrupted) InterruptScope::consume();  // the partial report comes back (a warning), not an exception
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool complete = all && corpus.prompts.size() == available && rs->scanned() > 0;
+  const std::string j = ds::scan::report_json(rs->report(lines.empty() ? source : "<python>", skipped, complete, elapsed))
+                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return nb::make_tuple(j, interrupted, rs->scanned());
+}
 
 }  // namespace
 
@@ -964,4 +1033,7 @@ NB_MODULE(_diffscope, m) {
       .def("skip", &PyScan::skip, "line_no"_a, "why"_a)
       .def("report_json", &PyScan::report_json, "input"_a, "complete"_a)
       .def_prop_ro("scanned", &PyScan::scanned);
+  m.def("_replica_scan", &replica_scan, "model"_a, "compare"_a, "backend"_a, "threads"_a, "label"_a, "lambda_scale"_a,
+        "compare_lambda_scale"_a.none(), "compare_label"_a, "max_answer_tokens"_a, "outliers"_a, "logit_bits"_a,
+        "source"_a, "lines"_a, "max_prompts"_a.none(), "progress"_a.none());
 }

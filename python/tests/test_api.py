@@ -210,6 +210,29 @@ def test_scan_equals_diffscope_scan(tmp_path):
     assert r2.run.mean == r.run.mean and r2.input == "<python>"
 
 
+def test_scan_on_two_replicas_equals_one_backend(tmp_path):
+    """backend="cpu,cpu": two CPU backends stand in for two GPUs, the prompts going to whichever is free; the report
+    is one backend's (the same threads each), progress counts every prompt, and Sessions are refused."""
+    corpus, prompts = _small_corpus(tmp_path)
+    one = diffscope.scan(DEMO, corpus, compare=TWIN, backend="cpu", threads=1, outliers=True).to_dict()
+    seen = []
+    two = diffscope.scan(DEMO, corpus, compare=TWIN, backend="cpu,cpu", threads=1, outliers=True,
+                         progress=lambda d, t: seen.append((d, t))).to_dict()
+    for d in (one, two):
+        d.pop("elapsed_s")
+        for run in (d, d["compare"]):
+            for p in run["per_prompt"]:
+                p.pop("ms")
+    assert two == one
+    assert sorted(seen)[-1] == (len(prompts), len(prompts))
+    three = diffscope.scan(DEMO, prompts, backend="cpu,cpu", threads=1, max_prompts=2)
+    assert three.run.prompts == 2 and not three.complete and three.input == "<python>"
+    with pytest.raises(diffscope.Error, match="folders"):
+        diffscope.scan(diffscope.open(DEMO, backend="cpu"), corpus, backend="cpu,cpu")
+    with pytest.raises(diffscope.Error, match="cpu,2"):
+        diffscope.scan(DEMO, corpus, backend="cpu,2")
+
+
 def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
     """Ctrl-C (SIGINT to this process) during a long forward: KeyboardInterrupt, then the same session runs again
     and gives what a fresh session gives. Run in a child process so that the signal reaches only it."""
