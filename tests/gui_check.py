@@ -871,7 +871,28 @@ def case_compare(r):
         check(p.returncode == 2 and "--compare" in out and len(out.splitlines()) == 1, "%s: rc %d, %r" % (bad, p.returncode, out))
 
 
-CASES = {"compare": case_compare, "fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
+def case_split(r):
+    # A layer split (--backend cpu,cpu --gpu-mem-limit: two CPU backends stand in for two GPUs, forced to split the
+    # demo model): the Model panel says where the layers are, and the maps, rows, statistics, next token and a
+    # generation equal one CPU backend's (the same threads) bit for bit.
+    model = os.path.join(r.source, DEMO)
+    common = ["--model", model, "--threads", "1", "--prompt", SHORT_PROMPT, "--head", "4.1", "--generate", "3"]
+    rc, one, _ = r.run("one", "--backend", "cpu", *common)
+    check(rc == 0 and not one["error_shown"], "one backend: rc %d, %s" % (rc, one and one["error"]))
+    rc, two, img = r.run("split", "--backend", "cpu,cpu", "--gpu-mem-limit", "80M", *common)
+    check(rc == 0 and not two["error_shown"], "split: rc %d, %s" % (rc, two and two["error"]))
+    check("layer split: layers 0-" in two["device"]["backend"], "backend %r" % two["device"]["backend"])
+    for key in ("statistics", "next_token", "generated", "head_maps", "row_view"):
+        check(one[key] == two[key], "%s differs between one backend and the split" % key)
+    check(len(two["generated"]) == 3, "generated %s" % two["generated"])
+    px = region(img, two["panels"]["Model"])
+    check(len(set(px)) >= 20, "Model panel nearly uniform")
+    # A limit nothing fits: one line with the numbers; the window stays up with no model.
+    rc, bad, _ = r.run("split_bad", "--backend", "cpu,cpu", "--gpu-mem-limit", "1M", *common)
+    check(bad["error_shown"] and "does not fit the 2 devices" in bad["error"] and "\n" not in bad["error"], "error %r" % bad["error"])
+
+
+CASES = {"compare": case_compare, "split": case_split, "fixture": case_fixture, "lambda": case_lambda, "corrupt": case_corrupt, "text": case_text,
          "light": case_light, "demo": case_demo, "bad_args": case_bad_args, "export": case_export,
          "view": case_view, "row": case_row, "prompt_file": case_prompt_file, "replay": case_replay,
          "hybrid": case_hybrid, "generate": case_generate, "corpus": case_corpus}

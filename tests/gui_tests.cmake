@@ -10,7 +10,7 @@ if(DS_BUILD_GUI AND TARGET diffscope)
   endif()
   set(DS_GUI_CASES fixture lambda corrupt text light export bad_args view row replay hybrid generate)
   if(EXISTS ${PROJECT_SOURCE_DIR}/assets/models/diffllama-demo/config.json)
-    list(APPEND DS_GUI_CASES demo prompt_file corpus compare)
+    list(APPEND DS_GUI_CASES demo prompt_file corpus compare split)
   endif()
   # gui_corpus compares the Corpus panel's report with diffscope-scan's when that program is built.
   set(DS_GUI_SCAN_EXE "")

@@ -232,7 +232,8 @@ int run(const Args& a) {
       throw ds::Error(e.what());  // a bad file is bad input (exit 3), not a bad argument
     }
   }
-  auto s = ds::Session::open(a.model, ds::parse_backend_choice(a.backend), nullptr, a.threads);
+  auto s = ds::Session::open(a.model, ds::parse_backend_list(a.backend), nullptr, a.threads, a.gpu_mem_limit);
+  if (s->backend().devices_used() > 1) std::fprintf(stderr, "diffscope-run: %s\n", s->backend().name().c_str());
   if (a.have_prompt) s->set_prompt(prompt);
   else s->set_ids(*ids);
   const ds::ModelConfig& c = s->config();

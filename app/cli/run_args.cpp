@@ -19,7 +19,11 @@ const char* kUsage =
     "  --token-ids LIST       comma-separated token ids instead of a prompt\n"
     "  --prompt-file FILE     the prompt's text from a file (UTF-8)\n"
     "  --token-ids-file FILE  token ids from a file, separated by commas or whitespace\n"
-    "  --backend cpu|cuda|cuda:N|auto  compute backend (default auto: CUDA when a GPU is usable; cuda:N = GPU N)\n"
+    "  --backend cpu|cuda|cuda:N|auto  compute backend (default auto: CUDA when a GPU is usable; cuda:N = GPU N);\n"
+    "                         a list (cuda:0,1 or cuda:all) puts the model on as few of them as hold it, its layers\n"
+    "                         in contiguous blocks (the residual stream handed across once per boundary)\n"
+    "  --gpu-mem-limit SIZE   with a list: at most SIZE (20G, 512M) on each device, forcing a split a large card\n"
+    "                         would not need; the placement is printed (--json: \"backend\")\n"
     "  --threads N            CPU threads (default: all cores)\n"
     "  --top-k N              next-token candidates to print (default 5)\n"
     "  --lambda LAYER=VALUE   override lambda of one layer (repeatable; differential models only)\n"
@@ -224,9 +228,15 @@ Args parse_args(int argc, const char* const* argv) {
     } else if (k == "--backend") {
       a.backend = value(i);
       try {
-        ds::parse_backend_choice(a.backend);
+        ds::parse_backend_list(a.backend);
       } catch (const ds::Error&) {
-        throw ArgError("--backend must be cpu, cuda, cuda:N or auto, not '" + a.backend + "'");
+        throw ArgError("--backend must be cpu, cuda, cuda:N or auto, or a list (cuda:0,1, cuda:all), not '" + a.backend + "'");
+      }
+    } else if (k == "--gpu-mem-limit") {
+      try {
+        a.gpu_mem_limit = ds::parse_size(value(i), "--gpu-mem-limit");
+      } catch (const ds::Error& e) {
+        throw ArgError(e.what());
       }
     } else if (k == "--threads") {
       const long long t = parse_int(value(i), "--threads");

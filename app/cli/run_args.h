@@ -32,6 +32,7 @@ struct SweepArgs {
 
 struct Args {
   std::string model, prompt, dump, tokenizer, tokenize_jsonl, backend = "auto";
+  int64_t gpu_mem_limit = 0;  // --gpu-mem-limit (0: each device's free memory)
   std::string prompt_file, token_ids_file, stats;  // files read / written by run(), not by the parser
   std::vector<int64_t> rows;                        // --rows positions (negative: from the end)
   std::optional<ViewArgs> view;

@@ -146,8 +146,9 @@ struct AppState {
   // --- engine link
   Worker* worker = nullptr;
   std::function<void()> wake;      // what a worker calls when it publishes (main.cpp: glfwPostEmptyEvent)
-  BackendChoice backend;           // --backend and --threads: the Compare panel's worker takes the same
+  std::vector<BackendChoice> backends;  // --backend, --threads, --gpu-mem-limit: the Compare panel's worker takes the same
   int cpu_threads = 0;
+  int64_t gpu_mem_limit = 0;
   std::shared_ptr<const Snapshot> snap;  // taken once per frame
   Request req;
   bool req_dirty = false;

@@ -63,8 +63,9 @@ const char* cli_usage() {
          "  --overview MODE        a1 | a2 | diff | entropy | entropy-diff | first | first-diff | negative |\n"
          "                         entropy-a2 | max-logit | max-logit2\n"
          "  --backend auto|cpu|cuda|cuda:N   --threads N\n"
-         "                         (a list, cuda:all or cuda:0,1: the model runs on the first; the Corpus panel's\n"
-         "                         scans run one replica of it on each)\n"
+         "                         (a list, cuda:all or cuda:0,1: the model on as few of them as hold it, its layers\n"
+         "                         split in blocks when one is too small; the Corpus panel's scans run a replica on\n"
+         "                         each device left)   --gpu-mem-limit SIZE  at most SIZE (20G) on each device\n"
          "  --screenshot OUT.png   render the window once the run is complete, save it, exit\n"
          "  --state-json OUT.json  with --screenshot: write the engine state and panel rectangles\n"
          "  --open-after DIR       with --screenshot: then open DIR (tests the error path)\n"
@@ -287,6 +288,8 @@ CliOptions parse_cli(int argc, char** argv) {
                     "max-logit2");
     } else if (a == "--backend") {
       o.backend = need(i, a);
+    } else if (a == "--gpu-mem-limit") {
+      o.gpu_mem_limit = ds::parse_size(need(i, a), a);
     } else if (a == "--threads") {
       o.threads = std::atoi(need(i, a).c_str());
     } else if (a == "--screenshot") {

@@ -42,6 +42,7 @@ struct CliOptions {
   bool lens = false;                   // --lens: the Row panel's logit lens on
   bool outliers = false;               // --outliers: the Profiler's activation outliers on
   std::string compare;                 // --compare DIR: a second model in the Compare panel
+  int64_t gpu_mem_limit = 0;           // --gpu-mem-limit SIZE (bytes; 0: each device's free memory)
   std::string compare_answer;          // --compare-answer B:E (checked)
   int quantize_bits = 0;               // --quantize-logits BITS: the lambda panel's quantisation from the start
   bool importance = false;  // --importance: the Overview's head importance, measured after the first run

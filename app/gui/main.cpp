@@ -67,12 +67,10 @@ void on_glfw_error(int code, const char* what) {
 
 int main(int argc, char** argv) {
   CliOptions opt;
-  ds::BackendChoice backend = ds::BackendChoice::Auto;
-  std::vector<ds::BackendChoice> backends;  // --backend cuda:all etc.: the Corpus panel's scan replicas
+  std::vector<ds::BackendChoice> backends;  // --backend: one device, or a list (a layer split; the scans' replicas)
   try {
     opt = parse_cli(argc, argv);
     backends = ds::parse_backend_list(opt.backend);
-    backend = backends[0];
   } catch (const std::exception& e) {
     std::fprintf(stderr, "diffscope: %s\n", e.what());
     return 2;
@@ -138,9 +136,10 @@ int main(int argc, char** argv) {
   glfwSetDropCallback(window, on_drop);
 
   st.wake = [] { glfwPostEmptyEvent(); };
-  st.backend = backend;
+  st.backends = backends;
   st.cpu_threads = opt.threads;
-  auto worker = std::make_unique<Worker>(st.wake, backend, opt.threads, backends);
+  st.gpu_mem_limit = opt.gpu_mem_limit;
+  auto worker = std::make_unique<Worker>(st.wake, backends, opt.threads, opt.gpu_mem_limit);
   st.worker = worker.get();
   st.prompt.text = opt.prompt ? *opt.prompt : !opt.prompt_file.empty() ? file_prompt : st.default_prompt();
   st.prompt.path = opt.prompt_file;

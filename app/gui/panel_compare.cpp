@@ -24,7 +24,7 @@ void AppState::open_compare(const std::string& dir) {
     return;
   ComparePanelState& c = compare;
   if (!c.worker)
-    c.worker = std::make_unique<Worker>(wake, backend, cpu_threads);
+    c.worker = std::make_unique<Worker>(wake, backends, cpu_threads, gpu_mem_limit);
   c.path = dir;
   c.error.clear();
   c.req.open_dir = dir;

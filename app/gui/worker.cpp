@@ -30,8 +30,8 @@ constexpr int64_t k_thumb_max_tokens = 4096;
 constexpr int k_thumb_size = 32;
 }  // namespace
 
-Worker::Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads, std::vector<BackendChoice> scan_backends)
-    : wake_(std::move(wake)), backend_(backend), cpu_threads_(cpu_threads), scan_backends_(std::move(scan_backends)),
+Worker::Worker(std::function<void()> wake, std::vector<BackendChoice> backends, int cpu_threads, int64_t gpu_mem_limit)
+    : wake_(std::move(wake)), backends_(std::move(backends)), cpu_threads_(cpu_threads), gpu_mem_limit_(gpu_mem_limit),
       snap_(std::make_shared<Snapshot>()) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -418,7 +418,7 @@ void Worker::open(const std::string& dir) {
   const auto t0 = Clock::now();
   std::unique_ptr<Session> fresh;
   try {
-    fresh = Session::open(dir, backend_, progress, cpu_threads_);
+    fresh = Session::open(dir, backends_, progress, cpu_threads_, gpu_mem_limit_);
   } catch (const std::exception& e) {
     publish([&](Snapshot& s) {
       s.loading = false;

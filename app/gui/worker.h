@@ -71,7 +71,9 @@ class Worker {
   // wake() is called (from the worker thread) whenever a new snapshot is published.
   // scan_backends: the Corpus panel's replicas (--backend cuda:all, cuda:0,1, cpu,cpu); the first is `backend`, the
   // worker's own session, the others open the model for a scan. Empty: the worker's session alone.
-  Worker(std::function<void()> wake, BackendChoice backend, int cpu_threads, std::vector<BackendChoice> scan_backends = {});
+  // backends: the devices (--backend cuda:0,1 / cuda:all): the model on as few of them as hold it (a layer split when
+  // one is too small, or with gpu_mem_limit); the Corpus panel's scans run a replica on each device (group) left.
+  Worker(std::function<void()> wake, std::vector<BackendChoice> backends, int cpu_threads, int64_t gpu_mem_limit = 0);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -119,9 +121,9 @@ class Worker {
   void publish(F&& edit);
 
   std::function<void()> wake_;
-  BackendChoice backend_;
+  std::vector<BackendChoice> backends_;
   int cpu_threads_;
-  std::vector<BackendChoice> scan_backends_;
+  int64_t gpu_mem_limit_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -148,7 +148,8 @@ void Worker::run_scan(const Request& r) {
     sc::ReplicaScanOptions ro;
     ro.model = session_->model_dir();
     ro.first_session = session_.get();  // replica 0 is the views' own session; --backend lists add the others
-    ro.backends = scan_backends_.empty() ? std::vector<BackendChoice>{backend_} : scan_backends_;
+    ro.backends = backends_;
+    ro.mem_limit = gpu_mem_limit_;
     ro.threads = cpu_threads_;
     ro.first = sc::RunOptions{"", o.lambda_scale, o.max_answer_tokens};
     if (o.compare) ro.second = sc::RunOptions{"", o.compare_scale, o.max_answer_tokens};

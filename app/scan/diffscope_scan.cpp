@@ -46,7 +46,9 @@ const char* kUsage =
     "options:\n"
     "  --backend B               auto (default: CUDA when a GPU is usable), cpu, cuda, cuda:N; or one replica of\n"
     "                            the model per entry of a list, prompts handed to whichever is free: cuda:all\n"
-    "                            (every GPU), cuda:0,1, cpu,cpu (the same report as one backend)\n"
+    "                            (every GPU), cuda:0,1, cpu,cpu (the same report as one backend); a model larger\n"
+    "                            than one device runs as one replica per group of devices its layer split needs\n"
+    "  --gpu-mem-limit SIZE      at most SIZE (20G) on each device: forces the split a smaller card would need\n"
     "  --threads N               CPU backend threads (default: all cores)\n"
     "  --csv FILE                per (run, layer, head) fractions as CSV\n"
     "  --plot FILE.png           answer vs noise bars (the paper's Figure 1), layer x head heatmaps, depth/length\n"
@@ -83,6 +85,7 @@ struct Args {
   bool progress = true, help = false, outliers = false;
   int logit_bits = 0;
   std::optional<std::pair<int, int>> shard;  // --shard I/N
+  int64_t gpu_mem_limit = 0;
   std::vector<std::string> merge;            // --merge FILES
 };
 
@@ -146,6 +149,13 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--threads") a.threads = parse_int(f, v, 0);
     else if (f == "--max-prompts") a.max_prompts = parse_int(f, v, 1);
     else if (f == "--max-answer-tokens") a.max_answer_tokens = parse_int(f, v, 1);
+    else if (f == "--gpu-mem-limit") {
+      try {
+        a.gpu_mem_limit = ds::parse_size(v, f);
+      } catch (const ds::Error& e) {
+        throw ArgError(e.what());
+      }
+    }
     else if (f == "--shard") {
       long long si = -1, sn = 0;
       char tail = 0;
@@ -290,6 +300,7 @@ int scan(const Args& a) {
   ro.model = a.model;
   ro.compare_model = a.compare_model;
   ro.backends = backends;
+  ro.mem_limit = a.gpu_mem_limit;
   ro.threads = a.threads;
   ro.first = ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers, a.logit_bits};
   if (!a.compare_model.empty() || a.compare_lambda_scale)

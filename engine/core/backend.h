@@ -48,6 +48,11 @@ struct ForwardRequest {
   // The attention op's edits per layer ([L]; head coefficients and key knockouts, forward.h AttnEdit). Null: none.
   // A decoding step must bring the edits its prompt ran with; the map queries read the last forward's.
   std::shared_ptr<const std::vector<fwd::AttnEdit>> edits;
+  // A later block of a layer split (Backend::set_layer_range with first > 0): Stream(first)'s rows of this call
+  // (every position of a prompt, the new one of a decoding step), [rows, hidden] f32, on the host (stream_in_device
+  // < 0) or on GPU stream_in_device (then copied peer to peer). The previous block's Backend::stream_rows.
+  const float* stream_in = nullptr;
+  int stream_in_device = -1;
 };
 
 struct LayerMaps {
@@ -151,6 +156,37 @@ class Backend {
   virtual std::vector<float> layer_max_abs() const = 0;
   // Device memory in use by this process (bytes), for soak tests; -1 where there is no device.
   virtual int64_t device_memory_used() const { return -1; }
+
+  // Devices the model's layers are spread over (a layer split: more than one).
+  virtual int devices_used() const { return 1; }
+
+  // --- a layer split's block (engine/session/split_backend.h) ---
+  // Holds and runs layers [first, last) only; called before load (false: this backend cannot). The embedding lives
+  // where layer 0 does, the final norm and the LM head where the last layer does: a block without them returns no
+  // logits, and a later block starts from ForwardRequest::stream_in. Queries name only the block's layers.
+  virtual bool set_layer_range(int first, int last) {
+    (void)first, (void)last;
+    return false;
+  }
+  // Stream(l)'s row r0 onwards of the last forward (l in [first, last]; rows contiguous, hidden f32 each), where it
+  // lives: device < 0 host memory, else that GPU's. Valid until the next forward.
+  struct StreamRows {
+    const float* data = nullptr;
+    int device = -1;
+  };
+  virtual StreamRows stream_rows(int l, int64_t r0) const {
+    (void)l, (void)r0;
+    return {};
+  }
+  // Overwrites rows [r0, r0 + rows) of Stream(l) with host or device memory (the split's logit lens: another
+  // block's row through this block's final norm and LM head).
+  virtual void write_stream(int l, int64_t r0, int64_t rows, const float* in) {
+    (void)l, (void)r0, (void)rows, (void)in;
+  }
+  // Rows [r0, r0 + rows) of Stream(l) into host memory.
+  virtual void read_stream(int l, int64_t r0, int64_t rows, float* out) {
+    (void)l, (void)r0, (void)rows, (void)out;
+  }
 };
 
 }  // namespace ds

@@ -1,6 +1,7 @@
 // The forward pass written once (forward.h): the blocks of every layer kind as sequences of operations.
 #include "engine/core/forward.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/core/error.h"
@@ -154,9 +155,10 @@ bool last_rows_only(const Plan& plan) {
 
 void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan) {
   const int L = int(cfg.layers);
+  const int end = plan.to_layer < 0 ? L : std::min(plan.to_layer, L);
   if (plan.from_layer == 0) ops.embed();
   const bool last_only = last_rows_only(plan);
-  for (int l = plan.from_layer; l < L; ++l) {
+  for (int l = plan.from_layer; l < end; ++l) {
     if (ops.cancelled()) throw ForwardCancelled(l);
     const float lam = cfg.is_diff() && cfg.has_maps(l) && plan.lambda ? plan.lambda[l] : 0.f;
     const AttnEdit* edit = plan.edits && size_t(l) < plan.edits->size() ? &(*plan.edits)[size_t(l)] : nullptr;

@@ -173,11 +173,12 @@ struct Plan {
   const float* lambda = nullptr; // [L] (differential families; ignored otherwise)
   const Hooks* hooks = nullptr;
   const std::vector<AttnEdit>* edits = nullptr;  // [L] or null: the attention op's edits per layer
+  int to_layer = -1;             // one past the last layer to run (-1: every layer); a layer split's block stops there
 };
 
 // Whether the last layer runs its MLP on the last positions only: plan.last_rows_only, unless a hook needs every row.
 bool last_rows_only(const Plan& plan);
-// Embedding (from_layer 0), then layers from_layer .. L-1. Throws ForwardCancelled(l) when ops.cancelled() turns
+// Embedding (from_layer 0), then layers from_layer .. to_layer - 1 (L - 1). Throws ForwardCancelled(l) when ops.cancelled() turns
 // true before or inside layer l.
 void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan);
 // One layer: its mixer block (attention, Mamba or GMU, with its pre-norm and residual add) and its MLP block.

@@ -152,9 +152,40 @@ class CpuBackend final : public Backend {
   }
   std::string kind() const override { return "cpu"; }
 
+  // A layer split's block (engine/session/split_backend.h; two CPU backends stand in for two GPUs in the tests).
+  bool set_layer_range(int first, int last) override {
+    first_ = first;
+    last_ = last;
+    return true;
+  }
+  int end_layer() const { return last_ < 0 ? int(cfg_.layers) : last_; }
+  StreamRows stream_rows(int l, int64_t r0) const override {
+    if (l < first_ || l > end_layer() || size_t(l) >= layer_in_.size()) throw Error("internal: stream of another block");
+    return {layer_in_[size_t(l)].data() + r0 * cfg_.hidden, -1};
+  }
+  void write_stream(int l, int64_t r0, int64_t rows, const float* in) override {
+    if (l < first_ || l > end_layer() || size_t(l) >= layer_in_.size() ||
+        layer_in_[size_t(l)].size() < size_t((r0 + rows) * cfg_.hidden))
+      throw Error("internal: write_stream outside the last forward");
+    std::copy(in, in + rows * cfg_.hidden, layer_in_[size_t(l)].begin() + r0 * cfg_.hidden);
+  }
+
+  void read_stream(int l, int64_t r0, int64_t rows, float* out) override {
+    if (l < first_ || l > end_layer() || size_t(l) >= layer_in_.size() ||
+        layer_in_[size_t(l)].size() < size_t((r0 + rows) * cfg_.hidden))
+      throw Error("internal: read_stream outside the last forward");
+    std::copy_n(layer_in_[size_t(l)].begin() + r0 * cfg_.hidden, rows * cfg_.hidden, out);
+  }
+
   void load(const Model& m, const ProgressFn& progress) override {
-    // Weights become f32 here: refuse before allocating when they cannot fit.
-    const double need = 4.0 * double(m.cfg.params()), have = available_memory();
+    const int first = first_, end = last_ < 0 ? int(m.cfg.layers) : last_;
+    const bool tied = m.lm_head == m.embed;
+    // Weights become f32 here: refuse before allocating when they cannot fit (a block of a split: its share).
+    const double embed_f = double(m.cfg.vocab * m.cfg.hidden);
+    const double per_layer = (double(m.cfg.params()) - embed_f * (tied ? 1 : 2)) / double(m.cfg.layers);
+    const double need = 4.0 * (per_layer * (end - first) + (first == 0 || (tied && end == m.cfg.layers) ? embed_f : 0) +
+                               (end == m.cfg.layers && !tied ? embed_f : 0)),
+                 have = available_memory();
     if (need > have * 0.9)
       fail_file(m.dir, "the CPU backend needs " + std::to_string(int64_t(need / 1e6)) + " MB for the weights as f32 but only " +
                            std::to_string(int64_t(have / 1e6)) + " MB of memory is available");
@@ -167,12 +198,14 @@ class CpuBackend final : public Backend {
       done += t->nbytes;
       if (progress) progress(total ? double(done) / double(total) : 1.0, t->name);
     };
-    conv(m.embed, embed_);
-    conv(m.final_norm, final_norm_);
-    if (m.final_norm_b) conv(m.final_norm_b, final_norm_b_);
-    if (m.lm_head != m.embed) conv(m.lm_head, lm_head_);
+    if (first == 0 || (tied && end == cfg_.layers)) conv(m.embed, embed_);
+    if (end == cfg_.layers) {
+      conv(m.final_norm, final_norm_);
+      if (m.final_norm_b) conv(m.final_norm_b, final_norm_b_);
+      if (!tied) conv(m.lm_head, lm_head_);
+    }
     layers_.assign(size_t(cfg_.layers), {});
-    for (size_t l = 0; l < layers_.size(); ++l) {
+    for (size_t l = size_t(first); l < size_t(end); ++l) {
       const LayerTensors& t = m.layers[l];
       LayerW& w = layers_[l];
       conv(t.ln1, w.ln1);
@@ -235,12 +268,15 @@ class CpuBackend final : public Backend {
       if (from != 0 || s != int64_t(ids_.size()) || s >= n || int64_t(layer_in_.size()) != L + 1 ||
           !std::equal(ids_.begin(), ids_.end(), req.ids.begin()))
         throw Error("internal: a decoding step must extend the last forward's tokens");
-      for (int64_t l = 0; l < L; ++l)
+      for (int64_t l = first_; l < end_layer(); ++l)  // (a layer split's block: its own layers)
         if (cfg_.is_diff() && req.lambda.at(size_t(l)) != layer_lambda_[size_t(l)])
           throw Error("internal: a decoding step must use the lambda its cached positions ran with");
     }
-    if (from > 0 && (ids_ != req.ids || int64_t(layer_in_.size()) != L + 1)) from = 0;  // nothing valid to reuse
-    from = int(std::clamp<int64_t>(from, 0, L));
+    const int first = first_, end = end_layer();
+    if (from > first && (ids_ != req.ids || int64_t(layer_in_.size()) != L + 1)) from = first;  // nothing to reuse
+    from = int(std::clamp<int64_t>(from, first, end));
+    if (first > 0 && from == first && (!req.stream_in || req.stream_in_device >= 0))
+      throw Error("internal: layers " + std::to_string(first) + ".. of a layer split run without their input on the host");
     for (int64_t i = s; i < n; ++i) {
       const int64_t id = req.ids[size_t(i)];
       if (id < 0 || id >= cfg_.vocab) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
@@ -249,7 +285,7 @@ class CpuBackend final : public Backend {
     head_times_.clear();
     qk_layer_ = -1;
     implicit_layer_ = -1;
-    if (from == 0) {
+    if (from == first) {
       if (s == 0) {
         layer_in_.assign(size_t(L + 1), {});
         layer_lambda_.assign(size_t(L), 0.f);
@@ -261,11 +297,16 @@ class CpuBackend final : public Backend {
       }
       ids_ = req.ids;
       if (cfg_.spec().rotary) rope_tables(inv_freq_, n, cos_, sin_);
+      if (first > 0) {  // the previous block's output rows of this call
+        std::vector<float>& in = layer_in_[size_t(first)];
+        in.resize(size_t(n * cfg_.hidden));
+        std::copy(req.stream_in, req.stream_in + (n - s) * cfg_.hidden, in.begin() + s * cfg_.hidden);
+      }
     }
     // The readers' slots: layers that run start over (a prompt), a decoding step adds its rows to what they hold.
     if (req.hooks && !req.hooks->empty()) {
-      if (max_abs_.size() != size_t(L) || (s == 0 && from == 0)) max_abs_.assign(size_t(L), -1.f);
-      for (int64_t l = from; l < L && s == 0; ++l) max_abs_[size_t(l)] = -1.f;
+      if (max_abs_.size() != size_t(L) || (s == 0 && from == first)) max_abs_.assign(size_t(L), -1.f);
+      for (int64_t l = from; l < end && s == 0; ++l) max_abs_[size_t(l)] = -1.f;
     } else {
       max_abs_.clear();
     }
@@ -277,7 +318,7 @@ class CpuBackend final : public Backend {
     } scope{*this};
     cancel_ = s == 0 && req.cancel ? &req.cancel : nullptr;
     cancel_hit_ = false;
-    for (int64_t l = from; l < L; ++l) layer_lambda_[size_t(l)] = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
+    for (int64_t l = from; l < end; ++l) layer_lambda_[size_t(l)] = cfg_.is_diff() ? req.lambda.at(size_t(l)) : 0.f;
     bool any_maps = false;
     for (int64_t l = 0; l < L && s == 0 && size_t(l) < req.want_maps.size(); ++l) any_maps |= req.want_maps[size_t(l)] != 0;
     // The last layer of a forward that keeps only the last position's logits needs the others' keys and values
@@ -285,7 +326,8 @@ class CpuBackend final : public Backend {
     // holds the last row only; nothing reads the others).
     fwd::Plan plan;
     plan.from_layer = from;
-    plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps && !req.all_rows;
+    plan.to_layer = end;
+    plan.last_rows_only = !req.all_logits && !req.keep_hidden && !any_maps && !req.all_rows && end == L;
     plan.lambda = layer_lambda_.data();
     plan.hooks = req.hooks.get();
     edits_ = req.edits;
@@ -293,11 +335,11 @@ class CpuBackend final : public Backend {
     Ops ops(*this, s, n);
     fwd::run_layers(cfg_, ops, plan);
     for (int64_t l = 0; l < L && s == 0 && size_t(l) < req.want_maps.size(); ++l)
-      if (req.want_maps[size_t(l)]) full_maps(int(l), out.maps[size_t(l)]);
-    const int64_t rows = req.all_logits && s == 0 ? n : 1;
+      if (req.want_maps[size_t(l)] && l >= first && l < end) full_maps(int(l), out.maps[size_t(l)]);
+    const int64_t rows = end < L ? 0 : req.all_logits && s == 0 ? n : 1;  // an earlier block of a split: no logits
     out.logits.resize(size_t(rows * cfg_.vocab));
     ops.logits = out.logits.data();
-    fwd::logits(cfg_, ops, rows == 1 ? fwd::Rows::Last : fwd::Rows::New);
+    if (rows > 0) fwd::logits(cfg_, ops, rows == 1 ? fwd::Rows::Last : fwd::Rows::New);
     out.n = n;
     out.logit_rows = rows;
     if (req.keep_hidden) out.hidden = layer_in_;
@@ -319,7 +361,8 @@ class CpuBackend final : public Backend {
   void lens_logits(int layer, int64_t position, float* out) override {
     require_run();
     const int64_t n = int64_t(ids_.size()), D = cfg_.hidden;
-    if (layer < 0 || layer >= cfg_.layers - 1 || position < 0 || position >= n)
+    // (layer L - 1: a layer split's lens, whose row was written into Stream(L) here for the LM head)
+    if (layer < first_ - 1 || layer >= end_layer() || end_layer() != cfg_.layers || position < 0 || position >= n)
       throw Error("internal: lens of layer " + std::to_string(layer) + " at position " + std::to_string(position));
     const float* x = layer_in_.at(size_t(layer + 1)).data() + position * D;
     std::vector<float> y(static_cast<size_t>(D));
@@ -1115,6 +1158,7 @@ class CpuBackend final : public Backend {
   std::atomic<bool> cancel_hit_{false};
 
   int threads_;
+  int first_ = 0, last_ = -1;  // set_layer_range (-1: to the last layer)
   cpu_attn::Pool pool_;
   std::vector<std::vector<float>> scratch_;  // [threads]: each pool thread's attention work space
   std::vector<RowBuffers> row_bufs_;         // [threads]: each pool thread's rows in head_rows

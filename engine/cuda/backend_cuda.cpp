@@ -194,7 +194,16 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   const int64_t E = c.hidden, d = c.head_dim, H = c.heads, Hkv = c.kv_heads, I = c.intermediate;
   // bf16 bytes of everything we keep (norms are f32 but tiny)
   // bf16 bytes of the parameters (the f32 norms, biases and Mamba vectors are a rounding error of this)
-  size_t need = size_t(c.params()) * 2;
+  cfg_ = c;  // (end_layer() reads the layer count)
+  const int first = first_, end = end_layer();
+  if (first >= end || end > int(c.layers)) throw Error("internal: layer range " + std::to_string(first) + ".." + std::to_string(end));
+  // A block of a layer split holds its share: its layers' parameters, the embedding where layer 0 is, the LM head
+  // where the last layer is (the embedding again when they are tied).
+  const size_t embed_bytes = size_t(c.vocab * E) * 2;
+  const size_t layer_bytes = (size_t(c.params()) * 2 - embed_bytes * (c.tie_embeddings ? 1 : 2)) / size_t(c.layers);
+  size_t need = c.layers == end - first ? size_t(c.params()) * 2
+                                        : layer_bytes * size_t(end - first) + (first == 0 ? embed_bytes : 0) +
+                                              (end == int(c.layers) ? embed_bytes : 0);
   size_t free_b = 0, total_b = 0;
   DS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (need + kReserve > free_b)
@@ -220,7 +229,7 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   auto f32_of = [&](const TensorInfo* t, DeviceBuffer& dst) {
     if (t) upload_f32(rounded(tensor_to_f32(*t)), dst, "weights", stream());
   };
-  for (int64_t l = 0; l < c.layers; ++l) {
+  for (int64_t l = first; l < end; ++l) {
     const LayerTensors& t = model.layers[size_t(l)];
     LayerWeights& w = layers_[size_t(l)];
     if (c.has_maps(l)) {
@@ -280,17 +289,22 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
       upload_f32(a, w.a_neg, "weights", stream());
     }
   }
-  embed_ = DeviceBuffer(size_t(c.vocab * E) * 2, "weights");
-  up.to_bf16(*model.embed, embed_.as<bf16>());
-  if (model.lm_head && model.lm_head != model.embed) {
+  const bool tied = !model.lm_head || model.lm_head == model.embed;
+  if (first == 0 || (tied && end == int(c.layers))) {
+    embed_ = DeviceBuffer(size_t(c.vocab * E) * 2, "weights");
+    up.to_bf16(*model.embed, embed_.as<bf16>());
+  }
+  if (end == int(c.layers) && !tied) {
     lm_head_ = DeviceBuffer(size_t(c.vocab * E) * 2, "weights");
     up.to_bf16(*model.lm_head, lm_head_.as<bf16>());
     lm_head_ptr_ = lm_head_.as<bf16>();
   } else {
     lm_head_ptr_ = embed_.as<bf16>();
   }
-  f32_of(model.final_norm, final_norm_);
-  f32_of(model.final_norm_b, final_norm_b_);
+  if (end == int(c.layers)) {
+    f32_of(model.final_norm, final_norm_);
+    f32_of(model.final_norm_b, final_norm_b_);
+  }
   if (c.spec().rotary) upload_f32(rope_inv_freq(c), inv_freq_, "weights", stream());
   assign_qkv_slots();
   up.finish();
@@ -373,11 +387,12 @@ void CudaBackend::assign_qkv_slots() {
   qkv_slot_.assign(size_t(cfg_.layers), -1);
   mamba_slot_.assign(size_t(cfg_.layers), -1);
   int next = 0, mamba = 0;
-  for (int64_t l = 0; l < cfg_.layers; ++l) {
+  for (int64_t l = first_; l < end_layer(); ++l) {
     if (cfg_.has_maps(l)) qkv_slot_[size_t(l)] = next++;
     const LayerKind k = cfg_.kind(l);
     if (k == LayerKind::Mamba || k == LayerKind::Memory) mamba_slot_[size_t(l)] = mamba++;
   }
+  qkv_slots_ = next;
   dec_.reset();
   mamba_state_.reset();
   if (mamba > 0) mamba_state_ = DeviceBuffer(size_t(mamba) * mamba_state_bytes(cfg_), "Mamba layers' decoding state");
@@ -408,9 +423,9 @@ size_t scratch32_per_token(const ModelConfig& c) {
 }  // namespace
 
 size_t CudaBackend::bytes_per_token() const {
-  const size_t E = size_t(cfg_.hidden), L = size_t(cfg_.layers), W = size_t(qkv_width());
+  const size_t E = size_t(cfg_.hidden), L = size_t(end_layer() - first_), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim);
-  const size_t attn_layers = cfg_.map_layers().size(), di = size_t(cfg_.d_inner);
+  const size_t attn_layers = size_t(qkv_slots_), di = size_t(cfg_.d_inner);
   size_t ssm = 0;  // SambaY: ssm and memory [di] bf16, xdbl [R + 2S] bf16, the scan's workspace per token
   if (di) {
     kern::ScanParams sp;
@@ -453,11 +468,11 @@ void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
 }
 
 void CudaBackend::make_activations(Activations& a, int64_t cap, int64_t cap_n) const {
-  const size_t E = size_t(cfg_.hidden), L = size_t(cfg_.layers), W = size_t(qkv_width());
+  const size_t E = size_t(cfg_.hidden), L = size_t(end_layer() - first_), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim), C = size_t(cap);
   const char* what = "activations (hint: the prompt length sets their size)";
-  a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);
-  a.qkv_cache = DeviceBuffer(cfg_.map_layers().size() * C * W * 2, what);
+  a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);  // Stream(first_) .. Stream(end_layer())
+  a.qkv_cache = DeviceBuffer(size_t(qkv_slots_) * C * W * 2, what);
   a.scratch32 = DeviceBuffer(C * scratch32_per_token(cfg_), what);
   if (cfg_.d_inner > 0) {  // SambaY
     const size_t di = size_t(cfg_.d_inner);
@@ -582,12 +597,15 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
                   " layers");
     lam = lambda;
   }
-  bool reuse = from_layer > 0 && has_run_ && last_batch_ == batch && last_n_ == n && act_.cap >= T &&
+  const int first = first_, end = end_layer();
+  bool reuse = from_layer > first && has_run_ && last_batch_ == batch && last_n_ == n && act_.cap >= T &&
                last_ids_.size() == size_t(T) && std::equal(last_ids_.begin(), last_ids_.end(), ids);
-  int from = reuse ? std::min(from_layer, L) : 0;
+  int from = reuse ? std::min(from_layer, end) : first;
   // A rows-only run left the last layer's output with one row per sequence: a caller wanting every row redoes it.
   // After truncate() the last row's output may be from an older lambda: the last layer runs again.
-  if (from == L && ((partial_last_layer_ && !last_rows_only) || last_row_stale_)) from = L - 1;
+  if (from == end && end == L && ((partial_last_layer_ && !last_rows_only) || last_row_stale_)) from = L - 1;
+  if (first > 0 && from == first && !stream_in_)
+    throw Error("internal: layers " + std::to_string(first) + ".. of a layer split run without their input stream");
   ensure_activations(T, n, batch == 1 ? kDecodeSpare : 0);
   if (!head_ns_.get() || head_ns_.bytes() < size_t(L) * size_t(view_heads()) * 8)
     head_ns_ = DeviceBuffer(size_t(L) * size_t(view_heads()) * 8, "profiling counters");
@@ -595,8 +613,16 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   marks_.clear();
   has_run_ = false;  // until this run completes
   if (profiling_) DS_CUDA_CHECK(cudaMemsetAsync(head_ns_.get(), 0, head_ns_.bytes(), stream()));
-  if (from == 0) {
+  if (from == first) {
     DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream()));
+    if (first > 0)  // the previous block's output: a peer copy from its GPU, or from the host
+      timed("handoff", first, [&] {
+        const size_t bytes = size_t(T) * size_t(cfg_.hidden) * 4;
+        if (stream_in_device_ >= 0 && stream_in_device_ != device_)
+          DS_CUDA_CHECK(cudaMemcpyPeerAsync(stream_ptr(first), device_, stream_in_, stream_in_device_, bytes, stream()));
+        else
+          DS_CUDA_CHECK(cudaMemcpyAsync(stream_ptr(first), stream_in_, bytes, cudaMemcpyDefault, stream()));
+      });
     if (cfg_.spec().rotary)
       timed("rope_table", -1, [&] {
         DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
@@ -608,18 +634,18 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   // The readers' slots of the layers that run start over.
   if (hooks_ && !hooks_->empty()) {
     if (!max_abs_.get()) max_abs_ = DeviceBuffer(size_t(L) * 4, "hook readers' slots");
-    if (max_abs_read_.size() != size_t(L) || from == 0) max_abs_read_.assign(size_t(L), 0);
-    if (from < L)
-      DS_CUDA_CHECK(cudaMemsetAsync(max_abs_.as<float>() + from, 0, size_t(L - from) * 4, stream()));
-    for (int l = from; l < L; ++l) max_abs_read_[size_t(l)] = 0;
+    if (max_abs_read_.size() != size_t(L) || from == first) max_abs_read_.assign(size_t(L), 0);
+    if (from < end)
+      DS_CUDA_CHECK(cudaMemsetAsync(max_abs_.as<float>() + from, 0, size_t(end - from) * 4, stream()));
+    for (int l = from; l < end; ++l) max_abs_read_[size_t(l)] = 0;
   } else {
     max_abs_read_.clear();
   }
   upload_head_coefs(lam);
   const fwd::Plan rows_plan{from, last_rows_only, nullptr, hooks_.get()};
-  run_layers(batch, n, lam, from, last_rows_only, false);
-  if (from < L) partial_last_layer_ = fwd::last_rows_only(rows_plan), last_row_stale_ = false;
-  if (want_logits) final_logits(batch, n);
+  run_layers(batch, n, lam, from, last_rows_only && end == L, false);
+  if (from < end && end == L) partial_last_layer_ = fwd::last_rows_only(rows_plan), last_row_stale_ = false;
+  if (want_logits && end == L) final_logits(batch, n);
   last_batch_ = batch;
   last_n_ = n;
   last_lambda_ = lam;
@@ -647,6 +673,9 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   if (n == 0) throw Error("empty prompt: nothing to run");
   hooks_ = req.hooks && !req.hooks->empty() ? req.hooks : nullptr;
   edits_ = req.edits;
+  stream_in_ = req.stream_in;
+  stream_in_device_ = req.stream_in_device;
+  const bool has_head = end_layer() == L;  // this backend computes the logits (not an earlier block of a split)
   // (a decoding step checks its new ids only: the others ran already)
   for (size_t i = size_t(std::clamp<int64_t>(req.append_from, 0, n)); i < req.ids.size(); ++i)
     if (req.ids[i] < 0 || req.ids[i] >= cfg_.vocab)
@@ -658,11 +687,15 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
       throw Error("internal: a decoding step must extend the last forward's tokens");
     try {
       const std::vector<float> lam = cfg_.is_diff() ? req.lambda : last_lambda_;
+      if (first_ > 0 && n - req.append_from != 1)
+        throw Error("internal: a later block of a layer split decodes one position a call");
       for (int64_t i = req.append_from; i < n; ++i) decode_step(req.ids[size_t(i)], lam);
       out.n = n;
-      out.logit_rows = 1;
+      out.logit_rows = has_head ? 1 : 0;
       out.argmax = -1;
-      if (req.logits_on_demand) {  // the greedy choice made here: 8 bytes come back instead of the vocabulary
+      if (!has_head) {
+        out.logits.clear();
+      } else if (req.logits_on_demand) {  // the greedy choice made here: 8 bytes come back instead of the vocabulary
         out.logits.clear();
         out.argmax = device_argmax();
       } else {
@@ -696,7 +729,10 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
         !req.all_logits && !req.keep_hidden && !req.all_rows);
     out.n = n;
     const int64_t V = cfg_.vocab;
-    if (req.all_logits) {
+    if (!has_head) {
+      out.logit_rows = 0;
+      out.logits.clear();
+    } else if (req.all_logits) {
       out.logit_rows = n;
       out.logits.resize(size_t(n * V));
       const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kLogitsBudget / (size_t(V) * 4))));
@@ -716,18 +752,17 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
     if (req.keep_hidden) {
       const int64_t E = cfg_.hidden;
       out.hidden.resize(size_t(L + 1));
-      for (int l = 0; l <= L; ++l) {
+      for (int l = first_; l <= end_layer(); ++l) {  // a block of a layer split: its streams
         out.hidden[size_t(l)].resize(size_t(n * E));
-        DS_CUDA_CHECK(cudaMemcpyAsync(out.hidden[size_t(l)].data(),
-                                      act_.hidden.as<float>() + size_t(l) * size_t(act_.cap) * size_t(E),
-                                      size_t(n * E) * 4, cudaMemcpyDeviceToHost, stream()));
+        DS_CUDA_CHECK(cudaMemcpyAsync(out.hidden[size_t(l)].data(), stream_ptr(l), size_t(n * E) * 4,
+                                      cudaMemcpyDeviceToHost, stream()));
       }
     }
     sync();
     build_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), n, 0, 1, n);
     out.maps.assign(size_t(L), LayerMaps{});
     for (int l = 0; l < L && size_t(l) < req.want_maps.size(); ++l)
-      if (req.want_maps[size_t(l)]) compute_maps(l, &out.maps[size_t(l)], nullptr);
+      if (req.want_maps[size_t(l)] && owns(l)) compute_maps(l, &out.maps[size_t(l)], nullptr);
   } catch (...) {
     has_run_ = false;
     cudaStreamSynchronize(stream());
@@ -841,6 +876,51 @@ bool cuda_backend_available(std::string* why_not, int device) {
     return false;
   }
   return true;
+}
+
+namespace cuda {
+// ---------------------------------------------------------------------------------------------------------------
+// a layer split's block
+
+bool CudaBackend::set_layer_range(int first, int last) {
+  if (loaded_) throw Error("internal: a layer range is set before the model is loaded");
+  first_ = first;
+  last_ = last;
+  return true;
+}
+
+float* CudaBackend::stream_ptr(int l, int64_t row) const {
+  if (l < first_ || l > end_layer()) throw Error("internal: stream " + std::to_string(l) + " is another block's");
+  return act_.hidden.as<float>() + (size_t(l - first_) * size_t(act_.cap) + size_t(row)) * size_t(cfg_.hidden);
+}
+
+Backend::StreamRows CudaBackend::stream_rows(int l, int64_t r0) const {
+  const DeviceGuard on(device_);
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the forward that wrote them has finished
+  return {stream_ptr(l, r0), device_};
+}
+
+void CudaBackend::write_stream(int l, int64_t r0, int64_t rows, const float* in) {
+  const DeviceGuard on(device_);
+  if (!has_run_ || r0 < 0 || r0 + rows > last_n_) throw Error("internal: write_stream outside the last forward");
+  DS_CUDA_CHECK(cudaMemcpyAsync(stream_ptr(l, r0), in, size_t(rows) * size_t(cfg_.hidden) * 4, cudaMemcpyDefault, stream()));
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+void CudaBackend::read_stream(int l, int64_t r0, int64_t rows, float* out) {
+  const DeviceGuard on(device_);
+  if (!has_run_ || r0 < 0 || r0 + rows > last_n_) throw Error("internal: read_stream outside the last forward");
+  copy_to_host({{out, stream_ptr(l, r0), size_t(rows) * size_t(cfg_.hidden) * 4}});
+}
+}  // namespace cuda
+
+int64_t cuda_free_memory(int device) {
+  const cuda::DeviceGuard on(device);
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return int64_t(free_b);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {

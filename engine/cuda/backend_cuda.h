@@ -22,6 +22,8 @@ void cuda_set_profiling(Backend& b, bool on);
 
 // Usable CUDA devices (compute capability 8.0 or newer); 0 in a build without CUDA or without a driver.
 int cuda_device_count();
+// Free memory on GPU `device` in bytes (0 when it cannot be asked).
+int64_t cuda_free_memory(int device);
 
 // Float memory on GPU `device` that a caller owns (the Python module's device arrays, handed out through DLPack):
 // freed when the last holder drops it, whatever became of the backend. Throws ds::Error when it cannot be had.

@@ -40,10 +40,10 @@ void CudaBackend::grow_activations(int64_t need) {
   make_activations(a, cap, cap);
   const size_t E = size_t(cfg_.hidden), W = size_t(qkv_width()), n = size_t(last_n_);
   const size_t old_cap = size_t(act_.cap), new_cap = size_t(cap);
-  for (size_t l = 0; l <= size_t(cfg_.layers); ++l)
+  for (size_t l = 0; l <= size_t(end_layer() - first_); ++l)  // the block's streams
     DS_CUDA_CHECK(cudaMemcpyAsync(a.hidden.as<float>() + l * new_cap * E, act_.hidden.as<float>() + l * old_cap * E,
                                   n * E * 4, cudaMemcpyDeviceToDevice, stream()));
-  for (size_t s = 0; s < cfg_.map_layers().size(); ++s)
+  for (size_t s = 0; s < size_t(qkv_slots_); ++s)
     DS_CUDA_CHECK(cudaMemcpyAsync(a.qkv_cache.as<bf16>() + s * new_cap * W, act_.qkv_cache.as<bf16>() + s * old_cap * W,
                                   n * W * 2, cudaMemcpyDeviceToDevice, stream()));
   if (cfg_.d_inner > 0)
@@ -122,8 +122,11 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     }
   }
   Decoder& d = *dec_;
-  if (!cfg_.map_layers().empty() && d.attn_ws_len < size_t(act_.cap)) {
-    kern::AttnParams p = layer_attn(int(cfg_.map_layers()[0]), act_.cap, 1, 0.f);
+  int attn_layer = -1;  // the block's first layer with attention (every one has the same heads)
+  for (int l = first_; l < end_layer() && attn_layer < 0; ++l)
+    if (cfg_.has_maps(l)) attn_layer = l;
+  if (attn_layer >= 0 && d.attn_ws_len < size_t(act_.cap)) {
+    kern::AttnParams p = layer_attn(attn_layer, act_.cap, 1, 0.f);
     p.out = d.attn.as<bf16>();  // as decode_launches sets it (the plan checks every pointer)
     p.out_row_stride = p.out_batch_stride = cfg_.heads * cfg_.head_dim;
     const size_t ws = kern::attn_decode_workspace(p, 1, int(act_.cap));
@@ -151,6 +154,15 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
   // without waiting for each other (a pinned buffer would be rewritten before the previous copy ran).
   const int32_t ctl[4] = {id, int32_t(pos), int32_t(n), 0};
   DS_CUDA_CHECK(cudaMemcpyAsync(d.ctl.get(), ctl, sizeof ctl, cudaMemcpyHostToDevice, stream()));
+  if (first_ > 0) {  // a later block of a layer split: the previous block's row of the step, outside the graph
+    if (!stream_in_) throw Error("internal: a later block of a layer split decodes without its input row");
+    float* dst = d.h.as<float>() + size_t(first_) * size_t(cfg_.hidden);
+    const size_t bytes = size_t(cfg_.hidden) * 4;
+    if (stream_in_device_ >= 0 && stream_in_device_ != device_)
+      DS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, device_, stream_in_, stream_in_device_, bytes, stream()));
+    else
+      DS_CUDA_CHECK(cudaMemcpyAsync(dst, stream_in_, bytes, cudaMemcpyDefault, stream()));
+  }
   has_run_ = false;  // until the step completes
   if (decode_profile_) {  // eager, every launch between two events (build_profile reads them)
     marks_.clear();

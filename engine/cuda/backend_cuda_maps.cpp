@@ -395,7 +395,7 @@ void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
     if (layer < 0 || layer >= int(cfg_.layers) || (layer == int(cfg_.layers) - 1 && partial_last_layer_))
       throw Error("internal: outlier statistics of layer " + std::to_string(layer) + " without every row");
     kern::OutlierCells c;
-    c.x = act_.hidden.as<float>() + size_t(layer + 1) * size_t(act_.cap) * size_t(E);
+    c.x = stream_ptr(layer + 1);
     c.n = n * E;
     return f(c);
   }

@@ -437,9 +437,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     const int64_t first = last ? n_ - 1 : win_first_, rows = last ? batch_ : win_count_, step = last ? n_ : 1;
     const Activations& a = b_.act_;
     switch (r.t) {
-      case fwd::Act::Stream:
-        return {a.hidden.as<float>() + (size_t(r.layer) * size_t(a.cap) + size_t(first)) * size_t(E), rows, step * E,
-                true};
+      case fwd::Act::Stream: return {b_.stream_ptr(r.layer, first), rows, step * E, true};
       case fwd::Act::Normed: return {r.layer >= L ? b_.xf_.get() : a.x.get(), rows, E, false};
       case fwd::Act::Qkv: return {b_.qkv_slot(r.layer), T_, b_.qkv_width(), false};
       case fwd::Act::Attn: return {a.attn.as<bf16>() + first * Hd, rows, step * Hd, false};
@@ -470,6 +468,7 @@ void CudaBackend::run_layers(int batch, int64_t n, const std::vector<float>& lam
   ForwardOps ops(*this, batch, n, gemms_only);
   fwd::Plan plan;
   plan.from_layer = from;
+  plan.to_layer = end_layer();
   plan.last_rows_only = last_rows_only;
   plan.lambda = lambda.data();
   plan.hooks = gemms_only ? nullptr : hooks_.get();
@@ -491,8 +490,9 @@ void CudaBackend::final_logits(int batch, int64_t n) {
 
 void CudaBackend::lens_logits(int layer, int64_t position, float* out) {
   const DeviceGuard on(device_);
-  if (!has_run_ || last_batch_ != 1 || layer < 0 || layer >= int(cfg_.layers) - 1 || position < 0 ||
-      position >= last_n_)
+  // (layer L - 1: a layer split's lens, whose row was written into Stream(L) here for the LM head)
+  if (!has_run_ || last_batch_ != 1 || layer < first_ - 1 || layer >= end_layer() || end_layer() != int(cfg_.layers) ||
+      position < 0 || position >= last_n_)
     throw Error("internal: lens of layer " + std::to_string(layer) + " at position " + std::to_string(position));
   ensure_logits(1);
   ForwardOps ops(*this, 1, last_n_, false);
@@ -524,18 +524,21 @@ void CudaBackend::decode_launches() {
   const int64_t E = cfg_.hidden;
   ForwardOps ops(*this);
   fwd::Plan plan;
+  plan.from_layer = first_;  // a later block of a layer split: the step's row of Stream(first_) came from the previous
+  plan.to_layer = end_layer();
   plan.lambda = last_lambda_.data();
   plan.hooks = hooks_.get();
   plan.edits = edits_.get();
   fwd::run_layers(cfg_, ops, plan);
   ops.finish();
-  // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32,
-  // the step's rows E apart, hidden's cap x E apart.
+  // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32
+  // (a layer split's block: its own streams), the step's rows E apart, hidden's cap x E apart.
+  const int end = end_layer();
   timed_if(decode_profile_, "store_rows", L, [&] {
-    DS_CUDA_CHECK(kern::launch_copy_rows(dec_->h.get(), E * 4, act_.hidden.get(), act_.cap * E * 4,
-                                         dec_->ctl.as<int32_t>() + 1, E * 4, L + 1, stream()));
+    DS_CUDA_CHECK(kern::launch_copy_rows(dec_->h.as<float>() + size_t(first_) * size_t(E), E * 4, act_.hidden.get(),
+                                         act_.cap * E * 4, dec_->ctl.as<int32_t>() + 1, E * 4, end - first_ + 1, stream()));
   });
-  fwd::logits(cfg_, ops, fwd::Rows::New);
+  if (end == L) fwd::logits(cfg_, ops, fwd::Rows::New);
 }
 
 }  // namespace ds::cuda

@@ -1,6 +1,8 @@
 // The backend factory: names to backends. Links down to both backend libraries (or the CUDA stand-in).
 #include "engine/session/backends.h"
 
+#include <cstdlib>
+
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/core/error.h"
@@ -49,6 +51,22 @@ std::vector<BackendChoice> parse_backend_list(const std::string& s) {
     for (const BackendChoice& c : out)
       if (c.kind == BackendChoice::Kind::Auto) throw Error("--backend '" + s + "': auto cannot be one of several");
   return out;
+}
+
+int64_t parse_size(const std::string& s, const std::string& flag) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double unit = 1;
+  std::string rest = end ? std::string(end) : std::string();
+  if (rest == "K" || rest == "k" || rest == "KiB") unit = 1024.0;
+  else if (rest == "M" || rest == "MiB") unit = 1024.0 * 1024;
+  else if (rest == "G" || rest == "GiB") unit = 1024.0 * 1024 * 1024;
+  else if (rest == "T" || rest == "TiB") unit = 1024.0 * 1024 * 1024 * 1024;
+  else if (!rest.empty()) unit = 0;
+  const double bytes = v * unit;
+  if (s.empty() || end == s.c_str() || unit == 0 || !(bytes >= double(1 << 20)) || bytes > 9e18)
+    throw Error(flag + ": '" + s + "' is not a size of at least 1M (bytes, or a number with K, M, G or T: 20G)");
+  return int64_t(bytes);
 }
 
 std::string backend_list_text(const std::vector<BackendChoice>& list) {

@@ -30,6 +30,9 @@ BackendChoice parse_backend_choice(const std::string& s);
 // none).
 std::vector<BackendChoice> parse_backend_list(const std::string& s);
 std::string backend_list_text(const std::vector<BackendChoice>& list);  // "cuda:0,1", "cpu,cpu"
+// A size as --gpu-mem-limit takes it: bytes, or a number with K, M, G or T (powers of 1024; "20G", "1.5T"). Throws
+// ds::Error naming `flag` for anything else or a size below 1 MiB.
+int64_t parse_size(const std::string& s, const std::string& flag);
 
 // Auto: CUDA when a usable device is present in a build with CUDA, else the CPU. Cuda: throws ds::Error saying
 // why when that cannot be had. cpu_threads: 0 = all cores.

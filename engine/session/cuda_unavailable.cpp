@@ -19,6 +19,8 @@ void cuda_set_profiling(Backend&, bool) {}
 
 int cuda_device_count() { return 0; }
 
+int64_t cuda_free_memory(int) { return 0; }
+
 DeviceFloats::~DeviceFloats() = default;
 
 std::shared_ptr<DeviceFloats> cuda_device_floats(size_t, int) {

@@ -1,5 +1,6 @@
 // Session: model + backend + tokenizer + prompt + lambda state. Limits are checked here, before any work.
 #include "engine/session/session.h"
+#include "engine/session/split_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,12 +13,21 @@ namespace ds {
 
 std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoice choice, const ProgressFn& progress,
                                        int cpu_threads) {
+  return open(model_dir, std::vector<BackendChoice>{choice}, progress, cpu_threads, 0);
+}
+
+std::unique_ptr<Session> Session::open(const std::string& model_dir, const std::vector<BackendChoice>& backends,
+                                       const ProgressFn& progress, int cpu_threads, int64_t gpu_mem_limit) {
   std::unique_ptr<Session> s(new Session());
   std::unique_ptr<Model> model = load_model(model_dir);  // validates everything first
   s->dir_ = model_dir;
   s->cfg_ = model->cfg;
   s->model_lambda_ = model->model_lambda;
-  s->backend_ = make_backend(choice, cpu_threads);
+  SplitOptions so;
+  so.backends = backends;
+  so.cpu_threads = cpu_threads;
+  so.mem_limit = gpu_mem_limit;
+  s->backend_ = make_backend_for(so);
   s->backend_->load(*model, progress);
   model.reset();  // weights now live in the backend; release the mapping
   try {

@@ -6,11 +6,13 @@
 #include <thread>
 
 #include "engine/core/error.h"
+#include "engine/core/model.h"
+#include "engine/session/split_backend.h"
 
 namespace ds::scan {
 
 struct ReplicaScan::Replica {
-  BackendChoice backend;
+  std::vector<BackendChoice> backends;  // one device, or a layer split's group
   std::unique_ptr<Session> own1, s2;
   Session* s1 = nullptr;
   std::vector<std::unique_ptr<Run>> runs;
@@ -18,27 +20,41 @@ struct ReplicaScan::Replica {
 
 ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
   if (opt.backends.empty()) throw Error("a scan needs at least one backend");
+  // Devices one replica needs: the placement of a layer split over the list from its first device (one when the model
+  // fits one device; the given first session's own split otherwise).
+  {
+    SplitOptions so;
+    so.backends = opt.backends;
+    so.mem_limit = opt.mem_limit;
+    so.cpu_threads = opt.threads;
+    if (opt.first_session && opt.first_session->backend().devices_used() > 1)
+      group_ = size_t(opt.first_session->backend().devices_used());
+    else if (opt.backends.size() > 1 || opt.mem_limit > 0)
+      group_ = place_layers(opt.first_session ? opt.first_session->config() : load_model(opt.model)->cfg, so).first.size();
+  }
+  const size_t nrep = std::max<size_t>(1, opt.backends.size() / group_);
   int cpu_reps = 0;
   for (const BackendChoice& b : opt.backends) cpu_reps += b.kind == BackendChoice::Kind::Cpu;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   // CPU replicas share the cores unless told otherwise: two of them on a 2-core machine run one thread each.
   const int cpu_threads = opt.threads > 0 ? opt.threads : cpu_reps > 1 ? std::max(1, int(cores) / cpu_reps) : 0;
-  for (size_t i = 0; i < opt.backends.size(); ++i) {
+  for (size_t i = 0; i < nrep; ++i) {
     auto r = std::make_unique<Replica>();
-    r->backend = opt.backends[i];
-    const std::string tag = opt.backends.size() > 1 ? "replica " + std::to_string(i + 1) + "/" +
-                                                          std::to_string(opt.backends.size()) + ": " : "";
+    r->backends.assign(opt.backends.begin() + ptrdiff_t(i * group_),
+                       opt.backends.begin() + ptrdiff_t(std::min(opt.backends.size(), (i + 1) * group_)));
+    const std::string tag = nrep > 1 ? "replica " + std::to_string(i + 1) + "/" + std::to_string(nrep) + ": " : "";
     auto progress = [&](double f, const std::string& what) {
       if (opt.load_progress) opt.load_progress(f, tag + what);
     };
     if (i == 0 && opt.first_session) {
       r->s1 = opt.first_session;
     } else {
-      r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backend, progress,
-                              cpu_threads);
+      r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backends, progress,
+                              cpu_threads, opt.mem_limit);
       r->s1 = r->own1.get();
     }
-    if (!opt.compare_model.empty()) r->s2 = Session::open(opt.compare_model, r->backend, progress, cpu_threads);
+    if (!opt.compare_model.empty())
+      r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit);
     r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
     if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));
     reps_.push_back(std::move(r));
@@ -50,12 +66,10 @@ ReplicaScan::~ReplicaScan() = default;
 
 std::string ReplicaScan::backend_name() const {
   const std::string one = reps_[0]->s1->backend().name();
-  return reps_.size() == 1 ? one : one + " (" + std::to_string(reps_.size()) + " replicas: " +
-                                       backend_list_text([&] {
-                                         std::vector<BackendChoice> v;
-                                         for (const auto& r : reps_) v.push_back(r->backend);
-                                         return v;
-                                       }()) + ")";
+  if (reps_.size() == 1) return one;
+  std::string list;
+  for (const auto& r : reps_) list += (list.empty() ? "" : " | ") + backend_list_text(r->backends);
+  return one + " (" + std::to_string(reps_.size()) + " replicas: " + list + ")";
 }
 
 bool ReplicaScan::run(const std::vector<Prompt>& prompts, const std::function<bool()>& cancelled,

@@ -20,7 +20,10 @@ namespace ds::scan {
 
 struct ReplicaScanOptions {
   std::string model, compare_model;     // compare_model empty: a second run (if any) is of `model`
-  std::vector<BackendChoice> backends;  // one replica each (parse_backend_list)
+  // The devices (parse_backend_list): one replica each when the model fits one device, else one replica per group of
+  // as many consecutive devices as a layer split of it needs (split_backend.h), the rest left idle.
+  std::vector<BackendChoice> backends;
+  int64_t mem_limit = 0;                // --gpu-mem-limit: bytes each device may hold (0: its free memory)
   int threads = 0;                      // CPU backends: threads each (0: the cores shared out among the CPU replicas)
   RunOptions first;
   std::optional<RunOptions> second;     // a comparison: every prompt through both runs, or through neither
@@ -53,6 +56,7 @@ class ReplicaScan {
 
  private:
   struct Replica;
+  size_t group_ = 1;  // devices per replica
   std::vector<std::unique_ptr<Replica>> reps_;
   std::vector<std::vector<PromptResult>> results_;  // [run][prompt], in the order they finished
 };

@@ -98,10 +98,16 @@ class Session:
     it as a context manager) to free the model's memory at once.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0):
+    def __init__(self, path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0,
+                 gpu_mem_limit: Union[int, str, None] = None):
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str such as 'cpu', 'cuda' or 'cuda:1', not {type(backend).__name__}")
-        self._s = _native._Session(os.fspath(path), backend, _int(threads, "threads"))
+        limit = 0
+        if isinstance(gpu_mem_limit, str):
+            limit = _native._parse_size(gpu_mem_limit, "gpu_mem_limit")
+        elif gpu_mem_limit is not None:
+            limit = _int(gpu_mem_limit, "gpu_mem_limit")
+        self._s = _native._Session(os.fspath(path), backend, _int(threads, "threads"), limit)
         self.last_run_from: Optional[int] = None  # the first layer the last run() recomputed
         self._text: Optional[str] = None  # the last text prompt (token_range)
 
@@ -508,10 +514,13 @@ class Session:
                 f"{c['view_heads']} heads on {self._s.backend_name}, {self.n} tokens>")
 
 
-def open(path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0) -> Session:  # noqa: A001
+def open(path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0,  # noqa: A001
+         gpu_mem_limit: Union[int, str, None] = None) -> Session:
     """Opens a Hugging Face model folder (config.json, *.safetensors, tokenizer) on a backend: "auto" (CUDA when a
-    GPU is usable), "cpu", "cuda" or "cuda:N". threads: CPU threads (0: every core)."""
-    return Session(path, backend, threads)
+    GPU is usable), "cpu", "cuda" or "cuda:N". threads: CPU threads (0: every core). A list ("cuda:0,1", "cuda:all")
+    puts the model on as few of those GPUs as hold it, its layers in contiguous blocks; gpu_mem_limit (bytes, or
+    "20G") caps what each may hold, which forces a split a large card would not need."""
+    return Session(path, backend, threads, gpu_mem_limit)
 
 
 # ---------------------------------------------------------------------------------------------------- arguments

@@ -214,14 +214,20 @@ struct Maps {
 
 class PySession {
  public:
-  PySession(const std::string& path, const std::string& backend, int threads) {
+  PySession(const std::string& path, const std::string& backend, int threads, int64_t gpu_mem_limit) {
     if (threads < 0) throw ds::Error("threads: " + std::to_string(threads) + " is negative (0: every core)");
-    const ds::BackendChoice choice = ds::parse_backend_choice(backend);
-    device_ = choice.device;
+    if (gpu_mem_limit < 0) throw ds::Error("gpu_mem_limit: " + std::to_string(gpu_mem_limit) + " is negative");
+    const std::vector<ds::BackendChoice> choices = ds::parse_backend_list(backend);
+    device_ = choices[0].device;
     nb::gil_scoped_release nogil;
-    s_ = ds::Session::open(path, choice, nullptr, threads);
+    s_ = ds::Session::open(path, choices, nullptr, threads, gpu_mem_limit);
   }
-  int device() const { return device_; }  // the CUDA device index the session was opened on
+  // The CUDA device index the session was opened on; device arrays need the model on one GPU.
+  int device() const {
+    if (s_ && s_->backend().devices_used() > 1)
+      throw ds::Error("device=True on a model split over several GPUs is not built: take the host arrays (device=False)");
+    return device_;
+  }
 
   // Runs f(session) without the GIL and with the session's lock; Ctrl-C cancels through `cancel()`.
   template <class F>
@@ -580,7 +586,8 @@ NB_MODULE(_diffscope, m) {
       });
 
   nb::class_<PySession>(m, "_Session")
-      .def(nb::init<const std::string&, const std::string&, int>(), "path"_a, "backend"_a = "auto", "threads"_a = 0)
+      .def(nb::init<const std::string&, const std::string&, int, int64_t>(), "path"_a, "backend"_a = "auto", "threads"_a = 0,
+           "gpu_mem_limit"_a = 0)
       .def("close", &PySession::close)
       .def_prop_ro("closed", &PySession::closed)
       .def_prop_ro("config", [](PySession& ps) { return config_dict(ps.unsafe()); })
@@ -1033,6 +1040,7 @@ NB_MODULE(_diffscope, m) {
       .def("skip", &PyScan::skip, "line_no"_a, "why"_a)
       .def("report_json", &PyScan::report_json, "input"_a, "complete"_a)
       .def_prop_ro("scanned", &PyScan::scanned);
+  m.def("_parse_size", &ds::parse_size, "text"_a, "name"_a);
   m.def("_replica_scan", &replica_scan, "model"_a, "compare"_a, "backend"_a, "threads"_a, "label"_a, "lambda_scale"_a,
         "compare_lambda_scale"_a.none(), "compare_label"_a, "max_answer_tokens"_a, "outliers"_a, "logit_bits"_a,
         "source"_a, "lines"_a, "max_prompts"_a.none(), "progress"_a.none());

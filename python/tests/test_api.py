@@ -233,6 +233,31 @@ def test_scan_on_two_replicas_equals_one_backend(tmp_path):
         diffscope.scan(DEMO, corpus, backend="cpu,2")
 
 
+def test_layer_split_equals_one_backend():
+    """backend="cpu,cpu" with gpu_mem_limit: the demo model split over two CPU backends (standing in for two GPUs)
+    gives one backend's logits, views, rows, lens and generation bit for bit; a limit nothing fits is one line."""
+    one = diffscope.open(DEMO, backend="cpu", threads=1)
+    two = diffscope.open(DEMO, backend="cpu,cpu", threads=1, gpu_mem_limit="80M")
+    assert "layer split: layers 0-" in two.backend
+    ids = np.arange(60, dtype=np.int32) * 37 % 7000 + 20
+    for s in (one, two):
+        s.run(ids)
+    assert np.array_equal(one.logits(), two.logits())
+    for layer in range(one.config["layers"]):
+        assert np.array_equal(one.view(layer, 1, grid=(32, 32)).diff, two.view(layer, 1, grid=(32, 32)).diff)
+    assert np.array_equal(one.rows([-1, 7]).a1, two.rows([-1, 7]).a1)
+    for s in (one, two):
+        s.set_lambda(one.config["layers"] - 1, 0.25)
+        s.run()
+    assert np.array_equal(one.logits(), two.logits())
+    assert one.lens(positions=[-1]) == two.lens(positions=[-1])
+    assert [t.id for t in one.generate(4)] == [t.id for t in two.generate(4)]
+    with pytest.raises(diffscope.Error, match="does not fit the 2 devices"):
+        diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="1M")
+    with pytest.raises(diffscope.Error, match="gpu_mem_limit"):
+        diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="lots")
+
+
 def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
     """Ctrl-C (SIGINT to this process) during a long forward: KeyboardInterrupt, then the same session runs again
     and gives what a fresh session gives. Run in a child process so that the signal reaches only it."""

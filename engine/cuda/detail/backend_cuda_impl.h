@@ -195,6 +195,14 @@ class CudaBackend final : public Backend {
   int64_t decode_graph_replays() const { return graph_replays_; }
   // Hooks (forward.h) that run() and decode_step() call; null: none.
   void set_hooks(std::shared_ptr<const fwd::Hooks> h) { hooks_ = std::move(h); }
+  // A layer split's block (engine/session/split_backend.h): layers [first, last) only.
+  bool set_layer_range(int first, int last) override;
+  StreamRows stream_rows(int l, int64_t r0) const override;
+  void write_stream(int l, int64_t r0, int64_t rows, const float* in) override;
+  void read_stream(int l, int64_t r0, int64_t rows, float* out) override;
+  int first_layer() const { return first_; }
+  int end_layer() const { return last_ < 0 ? int(cfg_.layers) : last_; }  // one past the block's last layer
+  bool owns(int l) const { return l >= first_ && l < end_layer(); }
   std::vector<float> layer_max_abs() const override;
   // The GEMMs of run(ids, batch, n, ..., last_rows_only) alone, over the activations a run of that batch and n
   // left: the floor that a forward with these GEMMs cannot beat (benchmarks). Leaves no maps to query.
@@ -326,6 +334,12 @@ class CudaBackend final : public Backend {
   kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER / DS_ATTN_FIXMAX, parsed once
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
+  int first_ = 0, last_ = -1;  // set_layer_range (-1: to the last layer)
+  // The ForwardRequest's stream_in (a later block of a layer split), copied into Stream(first_) by run().
+  const float* stream_in_ = nullptr;
+  int stream_in_device_ = -1;
+  float* stream_ptr(int l, int64_t row = 0) const;  // Stream(l)'s row `row` in hidden (first_ <= l <= end_layer())
+  int qkv_slots_ = 0;          // layers of the block with attention (slices of qkv_cache)
   std::vector<int> qkv_slot_;  // [L]: index of the layer's slice of qkv_cache; -1 for layers without attention
   DeviceBuffer embed_, lm_head_, final_norm_, final_norm_b_, inv_freq_;
   const bf16* lm_head_ptr_ = nullptr;

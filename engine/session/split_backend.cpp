@@ -1,0 +1,313 @@
+// Layers across devices (split_backend.h).
+#include "engine/session/split_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "engine/core/error.h"
+#include "engine/core/input_limits.h"
+#include "engine/core/model.h"
+#include "engine/cuda/backend_cuda.h"
+
+namespace ds {
+
+namespace {
+
+std::string gib(double bytes) {  // "1.5 GiB", "96 MiB"
+  char b[32];
+  if (bytes >= double(1u << 30)) std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(1u << 30));
+  else std::snprintf(b, sizeof b, "%.0f MiB", bytes / double(1u << 20));
+  return b;
+}
+
+bool is_cuda(const BackendChoice& c) { return c.kind != BackendChoice::Kind::Cpu; }
+
+// What one block of layers [first, end) plans to hold: weights (bf16 on a GPU, f32 on the CPU), the embedding with
+// layer 0, the LM head with the last layer, and the activations of plan_tokens tokens (its streams, caches, scratch).
+struct Costs {
+  double per_param, embed, per_layer, act_fixed, act_per_layer;
+};
+Costs costs_of(const ModelConfig& c, bool cuda, int64_t tokens) {
+  Costs k;
+  k.per_param = cuda ? 2 : 4;
+  const double embed_params = double(c.vocab * c.hidden);
+  const double layer_params = (double(c.params()) - embed_params * (c.tie_embeddings ? 1 : 2)) / double(c.layers);
+  k.embed = embed_params * k.per_param;
+  k.per_layer = layer_params * k.per_param;
+  const double W = double((c.heads + 2 * c.kv_heads) * c.head_dim), E = double(c.hidden);
+  k.act_per_layer = double(tokens) * (E * 4 + W * 2);
+  k.act_fixed = double(tokens) * (E * 4 + double(c.intermediate) * 6 + E * 6 + double(c.heads * c.head_dim) * 2);
+  return k;
+}
+
+}  // namespace
+
+Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
+  if (opt.backends.empty()) throw Error("--backend: no device given");
+  const int L = int(cfg.layers), D = int(opt.backends.size());
+  Placement p;
+  for (const BackendChoice& b : opt.backends) {
+    const bool cuda = is_cuda(b);
+    int64_t free_b = cuda ? cuda_free_memory(b.device) : int64_t(available_memory_bytes());
+    if (cuda && free_b == 0) free_b = opt.mem_limit;  // (asked below, when the backend is made, with its own error)
+    int64_t budget = opt.mem_limit > 0 ? std::min(free_b > 0 ? free_b : opt.mem_limit, opt.mem_limit) : free_b;
+    budget -= cuda ? int64_t(768) << 20 : 0;  // the CUDA backend's reserve (workspaces, maps, logits)
+    p.budget.push_back(budget);
+  }
+  // Greedy in device order: each device takes as many of the remaining layers as fit, so the model uses as few
+  // devices (and hand-offs) as it can.
+  int l = 0;
+  for (int d = 0; d < D && l < L; ++d) {
+    const Costs k = costs_of(cfg, is_cuda(opt.backends[size_t(d)]), opt.plan_tokens);
+    double need = k.act_fixed + (l == 0 ? k.embed : 0) + k.act_per_layer;  // (the block's first stream)
+    int end = l;
+    while (end < L) {
+      const double tail = end + 1 == L ? k.embed : 0;  // the LM head (the embedding again when tied)
+      if (need + k.per_layer + k.act_per_layer + tail > double(p.budget[size_t(d)])) break;
+      need += k.per_layer + k.act_per_layer;
+      ++end;
+    }
+    if (end == l) continue;  // this device cannot take one layer: the next
+    if (end == L) need += k.embed;
+    p.first.push_back(l);
+    p.end.push_back(end);
+    p.need.push_back(size_t(need));
+    l = end;
+  }
+  if (l < L) {
+    const Costs k = costs_of(cfg, is_cuda(opt.backends[0]), opt.plan_tokens);
+    const double total = k.embed * 2 + (k.per_layer + k.act_per_layer) * L + k.act_fixed * D;
+    double offered = 0;
+    for (int64_t b : p.budget) offered += double(std::max<int64_t>(b, 0));
+    throw Error("the model does not fit the " + std::to_string(D) + " device" + (D > 1 ? "s" : "") + " given: it needs about " +
+                gib(total) + " (weights " + gib(k.embed * (cfg.tie_embeddings ? 1 : 2) + k.per_layer * L) +
+                ", activations for " + std::to_string(opt.plan_tokens) + " tokens " +
+                gib((k.act_per_layer * L + k.act_fixed * D)) + ") and they offer " + gib(offered) +
+                (opt.mem_limit > 0 ? " under --gpu-mem-limit " + gib(double(opt.mem_limit)) + " each" : "") +
+                "; HINT: add devices (--backend cuda:all) or raise --gpu-mem-limit");
+  }
+  return p;
+}
+
+std::string placement_text(const Placement& p, const std::vector<BackendChoice>& backends) {
+  std::string t;
+  for (size_t i = 0; i < p.first.size(); ++i) {
+    const BackendChoice& b = backends[i];
+    t += (i ? ", " : "") +
+         (p.end[i] - p.first[i] == 1 ? "layer " + std::to_string(p.first[i])
+                                      : "layers " + std::to_string(p.first[i]) + "-" + std::to_string(p.end[i] - 1)) +
+         " on " + (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(i)) + " (" +
+         gib(double(p.need[i])) + " of " + gib(double(p.budget[i])) + ")";
+  }
+  return t;
+}
+
+namespace {
+
+class SplitBackend final : public Backend {
+ public:
+  explicit SplitBackend(SplitOptions opt) : opt_(std::move(opt)) {}
+
+  std::string name() const override {
+    if (subs_.empty()) return "layer split (not loaded)";
+    if (subs_.size() == 1) return subs_[0]->name();
+    return subs_[0]->name() + ", layer split: " + placement_text(place_, opt_.backends);
+  }
+  std::string kind() const override {
+    return subs_.empty() ? (is_cuda(opt_.backends[0]) ? "cuda" : "cpu") : subs_[0]->kind();
+  }
+
+  void load(const Model& model, const ProgressFn& progress) override {
+    const ModelConfig& c = model.cfg;
+    place_ = place_layers(c, opt_);
+    if (place_.first.size() > 1 && c.spec().schedule != Schedule::Uniform)
+      throw Error(std::string("a layer split of ") + c.family() + " is not built: its layers read other layers' caches; "
+                  "HINT: one device (--backend cuda:N) that holds it");
+    for (size_t i = 1; i < opt_.backends.size(); ++i)
+      if (is_cuda(opt_.backends[i]) != is_cuda(opt_.backends[0]))
+        throw Error("--backend: a layer split runs on GPUs or on CPU backends, not both");
+    subs_.clear();
+    cfg_ = c;
+    const size_t B = place_.first.size();
+    for (size_t i = 0; i < B; ++i) {
+      std::unique_ptr<Backend> b = make_backend(opt_.backends[i], opt_.cpu_threads);
+      if (B > 1 && !b->set_layer_range(place_.first[i], place_.end[i]))
+        throw Error("the " + b->kind() + " backend cannot hold a block of layers");
+      const double lo = double(i) / double(B), span = 1.0 / double(B);
+      b->load(model, [&](double f, const std::string& what) {
+        if (progress) progress(lo + span * f, (B > 1 ? "block " + std::to_string(i + 1) + "/" + std::to_string(B) + ": " : "") + what);
+      });
+      subs_.push_back(std::move(b));
+    }
+  }
+
+  void forward(const ForwardRequest& req, ForwardResult& out) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int L = int(cfg_.layers);
+    const int64_t n = int64_t(req.ids.size());
+    out.maps.assign(size_t(L), LayerMaps{});
+    out.hidden.clear();
+    if (req.keep_hidden) out.hidden.assign(size_t(L + 1), {});
+    if (req.append_from > 0) {  // decoding: each new position through every block, one row between them
+      for (int64_t pos = req.append_from; pos < n; ++pos) {
+        ForwardRequest r = req;
+        r.ids.assign(req.ids.begin(), req.ids.begin() + pos + 1);
+        r.append_from = pos;
+        run_blocks(r, 0, out, pos);
+      }
+    } else {
+      const int from = std::clamp(req.from_layer, 0, L);
+      size_t k0 = 0;  // the block the changed layer is in: the earlier ones keep their results
+      while (k0 + 1 < subs_.size() && from >= place_.end[k0]) ++k0;
+      run_blocks(req, k0, out, 0);
+    }
+    out.n = n;
+    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    forward_ms_ = out.ms;
+    tokens_ = n - req.append_from;
+  }
+
+  void layer_maps(int layer, LayerMaps& out) override { at(layer).layer_maps(layer, out); }
+  void map_view(const ViewRequest& req, MapView& out) override { at(req.layer).map_view(req, out); }
+  void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override {
+    at(layer).map_rows(layer, positions, out);
+  }
+  std::vector<HeadStats> head_stats(int layer, std::optional<float> lambda) override {
+    return at(layer).head_stats(layer, lambda);
+  }
+  std::vector<double> entropy_sweep(int layer, int head, const std::vector<float>& lambdas) override {
+    return at(layer).entropy_sweep(layer, head, lambdas);
+  }
+  std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override {
+    return at(layer).row_mass(layer, q, a0, a1);
+  }
+  void mamba_view(const ViewRequest& req, MapView& out) override { at(req.layer).mamba_view(req, out); }
+  void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override {
+    at(layer).mamba_row(layer, channel, q, row);
+  }
+
+  Profile profile() const override {
+    Profile p;
+    for (size_t i = 0; i < subs_.size(); ++i) {
+      const Profile s = subs_[i]->profile();
+      p.heads.insert(p.heads.end(), s.heads.begin(), s.heads.end());
+      for (KernelTiming k : s.kernels) {  // a lane per device: its kernels under its name
+        if (subs_.size() > 1) k.name = "[" + std::to_string(i) + "] " + k.name;
+        p.kernels.push_back(std::move(k));
+      }
+      if (i == 0) p.peak_tflops = s.peak_tflops;
+    }
+    p.forward_ms = forward_ms_;
+    p.tokens = tokens_;
+    return p;
+  }
+
+  int64_t max_tokens() const override {
+    int64_t m = INT64_MAX;
+    for (const auto& s : subs_) m = std::min(m, s->max_tokens());
+    return subs_.empty() ? 0 : m;
+  }
+  bool truncate(int64_t n) override {
+    for (const auto& s : subs_)
+      if (!s->truncate(n)) return false;  // (only Mamba layers refuse, and hybrids are not split)
+    return true;
+  }
+  void fetch_logits(ForwardResult& out) override { subs_.back()->fetch_logits(out); }
+
+  void lens_logits(int layer, int64_t position, float* out) override {
+    Backend& last = *subs_.back();
+    const int L = int(cfg_.layers);
+    if (layer + 1 >= place_.first.back()) return last.lens_logits(layer, position, out);
+    // Another block's row through the last block's final norm and LM head: written into the last stream's row for the
+    // time of the call, and put back.
+    const int64_t E = cfg_.hidden;
+    std::vector<float> row(static_cast<size_t>(E)), saved(static_cast<size_t>(E));
+    at(layer).read_stream(layer + 1, position, 1, row.data());
+    last.read_stream(L, position, 1, saved.data());
+    last.write_stream(L, position, 1, row.data());
+    try {
+      last.lens_logits(L - 1, position, out);
+    } catch (...) {
+      last.write_stream(L, position, 1, saved.data());
+      throw;
+    }
+    last.write_stream(L, position, 1, saved.data());
+  }
+
+  void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) override {
+    at(layer).outlier_counts(layer, logits, pass, counts);
+  }
+  std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
+                                                 size_t cap) override {
+    return at(layer).outlier_values(layer, logits, at_least, cap);
+  }
+  std::vector<float> layer_max_abs() const override {
+    std::vector<float> v;
+    for (size_t i = 0; i < subs_.size(); ++i) {
+      const std::vector<float> s = subs_[i]->layer_max_abs();
+      if (s.empty()) continue;
+      if (v.empty()) v.assign(s.size(), std::nanf(""));
+      for (int l = place_.first[i]; l < place_.end[i] && size_t(l) < s.size(); ++l) v[size_t(l)] = s[size_t(l)];
+    }
+    return v;
+  }
+  int devices_used() const override { return int(subs_.size()); }
+  int64_t device_memory_used() const override {
+    int64_t m = 0;
+    for (const auto& s : subs_) m += std::max<int64_t>(0, s->device_memory_used());
+    return subs_.empty() || subs_[0]->device_memory_used() < 0 ? -1 : m;
+  }
+
+ private:
+  Backend& at(int layer) const {
+    for (size_t i = 0; i < subs_.size(); ++i)
+      if (layer >= place_.first[i] && layer < place_.end[i]) return *subs_[i];
+    throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
+                " layers)");
+  }
+
+  // Blocks k0.. of one call (a prompt, or one decoding position `pos`), each given the previous block's rows.
+  void run_blocks(const ForwardRequest& req, size_t k0, ForwardResult& out, int64_t pos) {
+    const int L = int(cfg_.layers);
+    for (size_t k = k0; k < subs_.size(); ++k) {
+      ForwardRequest r = req;
+      if (k > 0) {
+        const StreamRows in = subs_[k - 1]->stream_rows(place_.first[k], pos);
+        r.stream_in = in.data;
+        r.stream_in_device = in.device;
+        if (req.append_from == 0 && (k > k0 || req.from_layer < place_.first[k]))
+          r.from_layer = place_.first[k];  // its input changed: the whole block runs
+      }
+      ForwardResult res;
+      subs_[k]->forward(r, res);
+      for (int l = place_.first[k]; l < place_.end[k]; ++l)
+        if (size_t(l) < res.maps.size() && !res.maps[size_t(l)].empty()) out.maps[size_t(l)] = std::move(res.maps[size_t(l)]);
+      if (req.keep_hidden)
+        for (int l = place_.first[k]; l <= place_.end[k] && size_t(l) < res.hidden.size(); ++l)
+          if (!res.hidden[size_t(l)].empty()) out.hidden[size_t(l)] = std::move(res.hidden[size_t(l)]);
+      if (place_.end[k] == L) {
+        out.logits = std::move(res.logits);
+        out.logit_rows = res.logit_rows;
+        out.argmax = res.argmax;
+      }
+    }
+  }
+
+  SplitOptions opt_;
+  Placement place_;
+  ModelConfig cfg_;
+  std::vector<std::unique_ptr<Backend>> subs_;
+  double forward_ms_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend_for(const SplitOptions& opt) {
+  if (opt.backends.size() == 1 && opt.mem_limit == 0) return make_backend(opt.backends[0], opt.cpu_threads);
+  return std::make_unique<SplitBackend>(opt);
+}
+
+}  // namespace ds

@@ -1,0 +1,177 @@
+// Layers across devices (engine/session/split_backend.h): two CPU backends stand in for two GPUs (two blocks of the
+// same code on the same threads), so every result of the split must equal one CPU backend's bit for bit: logits,
+// maps, rows, statistics, row masses, a lambda re-run from a layer of either block, generation, the logit lens,
+// outliers, the hidden-state reader and interventions. On a machine with two GPUs the same comparison runs between
+// cuda:0 and cuda:0,1 (DS_GEMM_AUTOTUNE=0 pins the GEMM choice per device).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/core/model.h"
+#include "engine/cuda/backend_cuda.h"
+#include "engine/session/session.h"
+#include "engine/session/session_lens.h"
+#include "engine/session/session_outliers.h"
+#include "engine/session/split_backend.h"
+#include "test_util.h"
+
+namespace {
+
+std::string demo() { return dstest::source_dir() + "/assets/models/diffllama-demo"; }
+
+// The smallest per-device limit (in steps of 1/64 of the model's own need) at which the model splits over `devices`
+// blocks and fits: what --gpu-mem-limit does to force a split.
+int64_t limit_for_blocks(const ds::ModelConfig& c, const std::vector<ds::BackendChoice>& backends, size_t blocks) {
+  ds::SplitOptions o;
+  o.backends = backends;
+  o.mem_limit = int64_t(1) << 40;
+  const size_t whole = ds::place_layers(c, o).need.at(0);
+  for (int i = 1; i <= 256; ++i) {
+    o.mem_limit = int64_t(whole) * i / 64 + (int64_t(1) << 20) * (backends[0].kind == ds::BackendChoice::Kind::Cpu ? 0 : 768);
+    try {
+      if (ds::place_layers(c, o).first.size() == blocks) return o.mem_limit;
+    } catch (const ds::Error&) {
+    }
+  }
+  return 0;
+}
+
+std::vector<int32_t> demo_ids(int64_t n) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(int32_t((i * 7919 + 13) % 8000 + 10));
+  return ids;
+}
+
+void expect_same_floats(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what << ": not bit-identical";
+}
+
+void compare_sessions(ds::Session& one, ds::Session& two, const std::string& what) {
+  const ds::ModelConfig& c = one.config();
+  expect_same_floats(one.result().logits, two.result().logits, what + " logits");
+  for (int l = 0; l < int(c.layers); ++l) {
+    if (!c.has_maps(l)) continue;
+    ds::ViewRequest v;
+    v.layer = l;
+    v.head = 1;
+    v.rows = v.cols = 48;
+    ds::MapView a, b;
+    one.backend().map_view(v, a);
+    two.backend().map_view(v, b);
+    expect_same_floats(a.a1, b.a1, what + " view a1 layer " + std::to_string(l));
+    expect_same_floats(a.diff, b.diff, what + " view diff layer " + std::to_string(l));
+    ds::MapRows ra, rb;
+    const int64_t n = int64_t(one.ids().size());
+    one.backend().map_rows(l, {n - 1, n / 2}, ra);
+    two.backend().map_rows(l, {n - 1, n / 2}, rb);
+    expect_same_floats(ra.a1, rb.a1, what + " rows layer " + std::to_string(l));
+    const auto sa = one.backend().head_stats(l), sb = two.backend().head_stats(l);
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t h = 0; h < sa.size(); ++h) EXPECT_EQ(sa[h].entropy_diff, sb[h].entropy_diff) << what << " stats " << l;
+    const auto ma = one.backend().row_mass(l, n - 1, 3, 9), mb = two.backend().row_mass(l, n - 1, 3, 9);
+    for (size_t h = 0; h < ma.size(); ++h) EXPECT_EQ(ma[h].answer[0], mb[h].answer[0]) << what << " row mass " << l;
+  }
+}
+
+}  // namespace
+
+TEST(SplitBackend, TwoCpuBlocksEqualOneBackend) {
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  const std::vector<ds::BackendChoice> two_cpu{ds::BackendChoice::Cpu, ds::BackendChoice::Cpu};
+  const int64_t limit = limit_for_blocks(c, two_cpu, 2);
+  ASSERT_GT(limit, 0) << "no limit splits the demo model over two blocks";
+  auto one = ds::Session::open(demo(), ds::BackendChoice::Cpu, nullptr, 1);
+  auto two = ds::Session::open(demo(), two_cpu, nullptr, 1, limit);
+  EXPECT_NE(two->backend().name().find("layer split: layers 0-"), std::string::npos) << two->backend().name();
+  const std::vector<int32_t> ids = demo_ids(96);
+  one->set_ids(ids);
+  two->set_ids(ids);
+  one->run();
+  two->run();
+  compare_sessions(*one, *two, "prompt");
+  // A lambda change in each block: the split re-runs from the changed layer's block.
+  for (int l : {1, int(c.layers) - 1}) {
+    one->set_lambda_override(l, 0.3);
+    two->set_lambda_override(l, 0.3);
+    EXPECT_EQ(one->run(), two->run());
+    compare_sessions(*one, *two, "lambda at layer " + std::to_string(l));
+  }
+  // Interventions in both blocks: an ablated head, a dropped A2, a knockout.
+  for (auto* s : {one.get(), two.get()}) {
+    s->set_head_scale(1, 2, 0.f);
+    s->set_head_mix(int(c.layers) - 2, 0, false, 0.f);
+    s->add_knockout(ds::parse_knockout("all:-1:,5:9", int(c.layers)));
+    s->run();
+  }
+  compare_sessions(*one, *two, "interventions");
+  one->clear_interventions();
+  two->clear_interventions();
+  // The logit lens (another block's rows through the last block's head), outliers, the hidden-state reader.
+  const ds::Lens la = ds::logit_lens(*one, ds::LensRequest{{-1, 10}, {}, 5, -1});
+  const ds::Lens lb = ds::logit_lens(*two, ds::LensRequest{{-1, 10}, {}, 5, -1});
+  ASSERT_EQ(la.layers.size(), lb.layers.size());
+  for (size_t i = 0; i < la.layers.size(); ++i)
+    for (size_t p = 0; p < la.layers[i].positions.size(); ++p) {
+      EXPECT_EQ(la.layers[i].positions[p].target_prob, lb.layers[i].positions[p].target_prob) << "lens layer " << i;
+      EXPECT_EQ(la.layers[i].positions[p].top[0].id, lb.layers[i].positions[p].top[0].id);
+    }
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*one)), ds::outliers_json(ds::outlier_stats(*two)));
+  one->set_watch_max_abs_hidden(true);
+  two->set_watch_max_abs_hidden(true);
+  one->run();
+  two->run();
+  expect_same_floats(one->max_abs_hidden(), two->max_abs_hidden(), "max |h|");
+  // Generation: the same greedy tokens and logits, one row handed between the blocks per step.
+  ds::GenerateOptions g;
+  g.max_new = 6;
+  g.stop_at_eos = false;
+  EXPECT_EQ(one->generate(g), two->generate(g));
+  compare_sessions(*one, *two, "after generation");
+}
+
+TEST(SplitBackend, PlacementRefusesWhatDoesNotFitWithTheNumbers) {
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  ds::SplitOptions o;
+  o.backends = {ds::BackendChoice::Cpu, ds::BackendChoice::Cpu};
+  o.mem_limit = 1 << 20;  // 1 MiB each
+  const std::string e = dstest::error_of([&] { ds::place_layers(c, o); });
+  EXPECT_NE(e.find("does not fit the 2 devices"), std::string::npos) << e;
+  EXPECT_NE(e.find("GiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("--gpu-mem-limit"), std::string::npos) << e;
+  EXPECT_NE(dstest::error_of([&] { ds::Session::open(demo(), o.backends, nullptr, 1, o.mem_limit); }).find("does not fit"),
+            std::string::npos);
+  // Room for the whole model on the first device: one block, no split.
+  o.mem_limit = 0;
+  EXPECT_EQ(ds::place_layers(c, o).first.size(), 1u);
+}
+
+TEST(SplitBackendCuda, TwoGpusEqualOne) {
+  if (ds::cuda_device_count() < 2) GTEST_SKIP() << "needs two usable CUDA GPUs (" << ds::cuda_device_count() << " here)";
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  const std::vector<ds::BackendChoice> gpus{{ds::BackendChoice::Kind::Cuda, 0}, {ds::BackendChoice::Kind::Cuda, 1}};
+  const int64_t limit = limit_for_blocks(c, gpus, 2);
+  ASSERT_GT(limit, 0);
+  auto one = ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0);
+  auto two = ds::Session::open(demo(), gpus, nullptr, 0, limit);
+  const std::vector<int32_t> ids = demo_ids(300);
+  one->set_ids(ids);
+  two->set_ids(ids);
+  one->run();
+  two->run();
+  compare_sessions(*one, *two, "prompt");
+  one->set_lambda_override(int(c.layers) - 1, 0.2);
+  two->set_lambda_override(int(c.layers) - 1, 0.2);
+  one->run();
+  two->run();
+  compare_sessions(*one, *two, "lambda");
+  ds::GenerateOptions g;
+  g.max_new = 8;
+  g.stop_at_eos = false;
+  EXPECT_EQ(one->generate(g), two->generate(g));
+  compare_sessions(*one, *two, "after generation");
+  const ds::Lens la = ds::logit_lens(*one, ds::LensRequest{{-1}, {}, 5, -1});
+  const ds::Lens lb = ds::logit_lens(*two, ds::LensRequest{{-1}, {}, 5, -1});
+  for (size_t i = 0; i < la.layers.size(); ++i)
+    EXPECT_EQ(la.layers[i].positions[0].target_prob, lb.layers[i].positions[0].target_prob) << "lens layer " << i;
+}
