@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=8192, help="ids drawn below this")
     ap.add_argument("--single", default="cuda:0")
     ap.add_argument("--multi", default="cuda:all")
+    ap.add_argument("--multi-args", default="", help="more diffscope-scan flags for the multi runs (--gpu-mem-limit 40G:"
+                    " a layer split group per replica)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -56,8 +58,12 @@ def main():
         for rnd in range(a.rounds):
             for which in ("single", "multi") if rnd % 2 == 0 else ("multi", "single"):
                 rep = os.path.join(work, f"{which}{n}.json")
+                extra = a.multi_args.split() if which == "multi" else []
                 p = subprocess.run([a.scan, "--backend", getattr(a, which), "--model", a.model, "--input", corpus,
-                                    "--out", rep, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                    "--out", rep, "--no-progress"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+                if rnd == 0 and which == "multi":
+                    print("   ", p.stderr.splitlines()[0] if p.stderr else "", flush=True)
                 if p.returncode != 0:
                     sys.exit(f"{which} scan failed ({p.returncode}): {p.stderr[-2000:]}")
                 r = json.load(open(rep))
@@ -68,8 +74,9 @@ def main():
         pinned = {}
         for which in ("single", "multi"):
             rep = os.path.join(work, f"pinned_{which}{n}.json")
+            extra = a.multi_args.split() if which == "multi" else []
             p = subprocess.run([a.scan, "--backend", getattr(a, which), "--model", a.model, "--input", corpus, "--out", rep,
-                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                "--no-progress"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, DS_GEMM_AUTOTUNE="0"))
             if p.returncode != 0:
                 sys.exit(f"pinned {which} scan failed ({p.returncode}): {p.stderr[-2000:]}")

@@ -19,7 +19,8 @@
 #                                             (the module's pytest suite; pack with PY_MODULE_DIR, see there) and
 #                                             python_bench (bench/python_api_bench.py), importance_bench
 #                                             (bench/head_importance_bench.py), scan_gpus (bench/scan_gpus.py:
-#                                             diffscope-scan on one GPU against cuda:all).
+#                                             diffscope-scan on one GPU against cuda:all), split (the layer
+#                                             split against one GPU: tests, and a forced split's forward time).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,6 +51,7 @@ if [ "${1:-}" = pack ]; then
     done
   fi
   [ "${STRIP:-0}" = 1 ] && strip /tmp/ds_pack/bin/diffscope* 2>/dev/null
+  [ "${NO_OBJ:-0}" = 1 ] && rm -f /tmp/ds_pack/obj/*  # NO_OBJ=1: no SASS stage (the objects are MBs of the carry)
   # PY_MODULE_DIR=DIR: the Python package with its native part built for the GPU machine's Python
   # (tools/build_py_module_for.sh), for the python stage.
   if [ -n "${PY_MODULE_DIR:-}" ]; then
@@ -115,6 +117,20 @@ if has tests; then
   timeout 420 "$T" --gtest_filter="$CUDA_FILTER" --gtest_output=json:"$OUT/cuda_tests.json" >"$OUT/tests.log" 2>&1
   log "exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|NOTE" "$OUT/tests.log" | tee -a "$SUMMARY"
   grep -B2 -A6 "Failure" "$OUT/tests.log" | head -80 | tee -a "$SUMMARY"
+fi
+
+# Layers across GPUs (issue 47): the split against one GPU on the engine's tests (DS_GEMM_AUTOTUNE=0 pins the GEMM
+# choice per device), then a forced split of the random kajuma checkpoint (--gpu-mem-limit) through diffscope-scan at
+# 32K tokens against one GPU: forward time and identical reports (bench/scan_gpus.py).
+if has split; then
+  log "## Layer split across GPUs"
+  DS_GEMM_AUTOTUNE=0 timeout 300 "$T" --gtest_filter='SplitBackend*' >"$OUT/split_tests.log" 2>&1
+  log "exit $?"; grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|tests ran" "$OUT/split_tests.log" | head -20 | tee -a "$SUMMARY"
+  grep -A8 "Failure" "$OUT/split_tests.log" | head -40 | tee -a "$SUMMARY"
+  [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
+  timeout 300 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand --lengths ${SPLIT_LENGTHS:-32768} \
+    --prompts 12 --multi cuda:0,1 --multi-args "--gpu-mem-limit ${SPLIT_LIMIT:-2G}" --json "$OUT/split_scan.json" 2>&1 |
+    tail -8 | tee -a "$SUMMARY"
 fi
 
 # The Python module (pack with PY_MODULE_DIR): its pytest suite with the GPU tests, on this machine's Python (torch
