@@ -129,7 +129,7 @@ if has split; then
   grep -A8 "Failure" "$OUT/split_tests.log" | head -40 | tee -a "$SUMMARY"
   [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
   timeout 300 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand --lengths ${SPLIT_LENGTHS:-32768} \
-    --prompts 12 --multi cuda:0,1 --multi-args "--gpu-mem-limit ${SPLIT_LIMIT:-2G}" --json "$OUT/split_scan.json" 2>&1 |
+    --prompts ${SPLIT_PROMPTS:-24} --multi cuda:0,1 --multi-args "--gpu-mem-limit ${SPLIT_LIMIT:-2G}" --json "$OUT/split_scan.json" 2>&1 |
     tail -8 | tee -a "$SUMMARY"
 fi
 

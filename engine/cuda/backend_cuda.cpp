@@ -100,7 +100,6 @@ CudaBackend::~CudaBackend() {
     reset_model();
     act_ = Activations{};
     gemm_plans_.clear();
-    tuned_algos_.clear();
     lt_ws_.reset();
     events_.clear();
     lt_.reset();
@@ -921,6 +920,23 @@ int64_t cuda_free_memory(int device) {
     return 0;
   }
   return int64_t(free_b);
+}
+
+bool cuda_enable_peer(int a, int b) {
+  if (a == b) return true;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) {
+    cudaGetLastError();
+    return false;
+  }
+  const cuda::DeviceGuard on(a);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled || e == cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  cudaGetLastError();
+  return false;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {

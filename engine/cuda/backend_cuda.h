@@ -24,6 +24,9 @@ void cuda_set_profiling(Backend& b, bool on);
 int cuda_device_count();
 // Free memory on GPU `device` in bytes (0 when it cannot be asked).
 int64_t cuda_free_memory(int device);
+// Lets GPUs a and b copy to each other directly (NVLink or PCIe peer to peer) where they can; false where they cannot
+// (the copies are then staged by the driver).
+bool cuda_enable_peer(int a, int b);
 
 // Float memory on GPU `device` that a caller owns (the Python module's device arrays, handed out through DLPack):
 // freed when the last holder drops it, whatever became of the backend. Throws ds::Error when it cannot be had.

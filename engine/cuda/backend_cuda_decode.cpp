@@ -86,7 +86,9 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
   if (!loaded_ || !has_run_ || last_batch_ != 1 || last_n_ <= 0)
     throw Error("internal: decoding continues a batch-1 run of the same backend");
   const int L = int(cfg_.layers);
-  if (cfg_.is_diff() && lambda != last_lambda_)
+  // (a layer split's block: its own layers; the others' lambda is another block's)
+  if (cfg_.is_diff() && (lambda.size() != last_lambda_.size() ||
+                         !std::equal(lambda.begin() + first_, lambda.begin() + end_layer(), last_lambda_.begin() + first_)))
     throw Error("internal: a decoding step must use the lambda its cached positions ran with");
   if (id < 0 || id >= cfg_.vocab) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
   const int64_t pos = last_n_, n = pos + 1;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <string>
 
 #include "engine/cuda/detail/backend_cuda_impl.h"
 #include "engine/core/error.h"
@@ -53,6 +55,17 @@ int64_t tune_bucket(int64_t n) {
   while ((step << 4) <= n) step <<= 1;  // 8 <= n / step < 16
   return (n + step - 1) / step * step;
 }
+
+// The timed choice per shape with its tokens rounded to a length bucket, per kind of device, for the whole process: a
+// new length in a tuned bucket takes that algorithm when its heuristic offers it, without timing, and the backends of a
+// scan's replicas on identical GPUs (session_scan_replicas.h) share what each of them timed.
+struct TunedKey {
+  std::string device;
+  GemmKey key;
+  auto operator<=>(const TunedKey&) const = default;
+};
+std::mutex g_tuned_mu;
+std::map<TunedKey, cublasLtMatmulAlgo_t> g_tuned;
 
 }  // namespace
 
@@ -102,9 +115,10 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     if (p->lt) p->algo = p->candidates.front();
     p->tuned = !p->lt || !autotune_ || p->candidates.size() == 1;
     if (!p->tuned) {  // a length of a tuned bucket: its algorithm, where the heuristic offers it for this shape too
-      GemmKey bucket = key;
-      bucket.n = tune_bucket(key.n);
-      if (const auto t = tuned_algos_.find(bucket); t != tuned_algos_.end())
+      TunedKey bucket{device_name_, key};
+      bucket.key.n = tune_bucket(key.n);
+      std::lock_guard<std::mutex> lk(g_tuned_mu);
+      if (const auto t = g_tuned.find(bucket); t != g_tuned.end())
         for (const cublasLtMatmulAlgo_t& a : p->candidates)
           if (std::memcmp(&a, &t->second, sizeof a) == 0) {
             p->algo = a;
@@ -122,9 +136,10 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     void* d = g.beta == 0.f || c != g.y ? g.y : (g.spare_bytes >= gemm_out_bytes(g) ? g.spare : nullptr);
     if (d) gemm_tune(p, g, d);
     if (p.tuned) {
-      GemmKey bucket = key;
-      bucket.n = tune_bucket(key.n);
-      tuned_algos_.emplace(bucket, p.algo);
+      TunedKey bucket{device_name_, key};
+      bucket.key.n = tune_bucket(key.n);
+      std::lock_guard<std::mutex> lk(g_tuned_mu);
+      g_tuned.emplace(bucket, p.algo);
     }
   }
   return p;

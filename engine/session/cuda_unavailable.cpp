@@ -21,6 +21,8 @@ int cuda_device_count() { return 0; }
 
 int64_t cuda_free_memory(int) { return 0; }
 
+bool cuda_enable_peer(int, int) { return false; }
+
 DeviceFloats::~DeviceFloats() = default;
 
 std::shared_ptr<DeviceFloats> cuda_device_floats(size_t, int) {

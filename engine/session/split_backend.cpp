@@ -131,6 +131,11 @@ class SplitBackend final : public Backend {
     subs_.clear();
     cfg_ = c;
     const size_t B = place_.first.size();
+    for (size_t i = 0; i + 1 < B; ++i)  // the hand-offs: peer to peer where the GPUs allow it
+      if (is_cuda(opt_.backends[i])) {
+        cuda_enable_peer(opt_.backends[i].device, opt_.backends[i + 1].device);
+        cuda_enable_peer(opt_.backends[i + 1].device, opt_.backends[i].device);
+      }
     for (size_t i = 0; i < B; ++i) {
       std::unique_ptr<Backend> b = make_backend(opt_.backends[i], opt_.cpu_threads);
       if (B > 1 && !b->set_layer_range(place_.first[i], place_.end[i]))

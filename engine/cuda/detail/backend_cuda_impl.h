@@ -326,9 +326,6 @@ class CudaBackend final : public Backend {
   bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU (and the GMU's in_proj and
                                     // gate) as two kernels on sm_90a too
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
-  // The timed choice per shape with its tokens rounded to a length bucket (backend_cuda_gemm.cpp tune_bucket): a new
-  // length in a tuned bucket takes that algorithm when its heuristic offers it, without timing.
-  std::map<GemmKey, cublasLtMatmulAlgo_t> tuned_algos_;
   bool loaded_ = false;
   kern::AttnDevice attn_dev_;  // what select_attn reads of this device, queried once
   kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER / DS_ATTN_FIXMAX, parsed once
