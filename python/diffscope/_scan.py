@@ -117,16 +117,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
         step = sc.run_loaded
     else:
         source = "<python>"
-        lines = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, dict):
-                lines.append(json.dumps(p))
-            elif isinstance(p, str):
-                lines.append(p)
-            else:
-                raise TypeError(f"prompts[{i}] must be a dict or a JSON line, not {type(p).__name__}")
-        if not lines:
-            raise Error("scan: no prompts given")
+        lines = _prompt_lines(prompts)
         available = len(lines)
         total = available if max_prompts is None else min(available, max_prompts)
         def step(i):
@@ -150,6 +141,21 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     return _report(sc.report_json(source, complete and total == available and sc.scanned > 0))
 
 
+def _prompt_lines(prompts: Iterable) -> list:
+    """Prompts given as dicts or JSON lines, as JSON lines (a bad type is a TypeError naming its index)."""
+    lines = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, dict):
+            lines.append(json.dumps(p))
+        elif isinstance(p, str):
+            lines.append(p)
+        else:
+            raise TypeError(f"prompts[{i}] must be a dict or a JSON line, not {type(p).__name__}")
+    if not lines:
+        raise Error("scan: no prompts given")
+    return lines
+
+
 def _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale, compare_lambda_scale, compare_label,
                   max_answer_tokens, max_prompts, outliers, logit_bits, progress) -> Report:
     if isinstance(model, Session) or isinstance(compare, Session):
@@ -160,16 +166,7 @@ def _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale
     if isinstance(prompts, (str, os.PathLike)):
         source, lines = os.fspath(prompts), []
     else:
-        source, lines = "<python>", []
-        for i, p in enumerate(prompts):
-            if isinstance(p, dict):
-                lines.append(json.dumps(p))
-            elif isinstance(p, str):
-                lines.append(p)
-            else:
-                raise TypeError(f"prompts[{i}] must be a dict or a JSON line, not {type(p).__name__}")
-        if not lines:
-            raise Error("scan: no prompts given")
+        source, lines = "<python>", _prompt_lines(prompts)
     text, interrupted, scanned = _native._replica_scan(
         os.fspath(model), "" if compare is None else os.fspath(compare), backend, _int(threads, "threads"),
         _str(label, "label"), _float(lambda_scale, "lambda_scale"),
