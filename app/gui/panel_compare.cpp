@@ -131,11 +131,6 @@ std::string folder_name(const std::string& dir) {
   return p.filename().string();
 }
 
-// The map a side is measured on: D = A1 - lambda*A2 for differential heads, A for plain ones (kFractionKeys' column).
-int main_map(const RowMaps& rm) {
-  return rm.differential ? 2 : 0;
-}
-
 void masses_table(const AppState& st, const Side (&sides)[2], std::optional<std::pair<int64_t, int64_t>> ans) {
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV;
   if (!ImGui::BeginTable("masses", 5, tf))
