@@ -50,8 +50,10 @@ Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
   Placement p;
   for (const BackendChoice& b : opt.backends) {
     const bool cuda = is_cuda(b);
+    std::string why;
+    if (cuda && !cuda_backend_available(&why, b.device))
+      throw Error("--backend: GPU " + std::to_string(b.device) + " cannot be used: " + why);
     int64_t free_b = cuda ? cuda_free_memory(b.device) : int64_t(available_memory_bytes());
-    if (cuda && free_b == 0) free_b = opt.mem_limit;  // (asked below, when the backend is made, with its own error)
     int64_t budget = opt.mem_limit > 0 ? std::min(free_b > 0 ? free_b : opt.mem_limit, opt.mem_limit) : free_b;
     budget -= cuda ? int64_t(768) << 20 : 0;  // the CUDA backend's reserve (workspaces, maps, logits)
     p.budget.push_back(budget);
