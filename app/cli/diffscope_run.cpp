@@ -419,7 +419,11 @@ int run(const Args& a) {
     } catch (const ds::Error& e) {
       throw ArgError(std::string("--lens: ") + e.what());
     }
+    const auto t_lens = std::chrono::steady_clock::now();
     const ds::Lens lens = ds::logit_lens(*s, q);
+    const double lens_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_lens).count();
+    std::fprintf(stderr, "diffscope-run: logit lens of %zu layers x %zu positions in %.2f ms after the forward\n",
+                 lens.layers.size(), lens.layers.empty() ? size_t(0) : lens.layers[0].positions.size(), lens_ms);
     ds::write_file_safely(a.lens, ds::lens_json(lens) + "\n", "the logit lens");
     if (!a.json) {
       std::printf("\nlogit lens (target %d %s):\n", lens.target, quote(lens.target_text).c_str());
