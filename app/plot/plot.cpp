@@ -805,7 +805,7 @@ void write_plot_png(const Report& report, const std::string& path) {
       parts.push_back({std::to_string(sk) + (sk == 1 ? " line skipped" : " lines skipped"), kMuted});
     // The prompts, not the scan's wall time: the figure depends on the data alone, so a report merged from shards
     // (diffscope-scan --merge) draws the same picture as one run.
-    parts.push_back({printf_str("%lld prompts", (long long)report.run.prompts), kMuted});
+    parts.push_back({std::to_string(report.run.prompts) + (report.run.prompts == 1 ? " prompt" : " prompts"), kMuted});
     if (!report.complete) parts.push_back({"incomplete: the scan was interrupted", kWarn});
     if (runs.size() == 2) parts.push_back({runs[0].label + " vs " + runs[1].label, kMuted});
     c.font(13);
