@@ -175,3 +175,27 @@ TEST(SplitBackendCuda, TwoGpusEqualOne) {
   for (size_t i = 0; i < la.layers.size(); ++i)
     EXPECT_EQ(la.layers[i].positions[0].target_prob, lb.layers[i].positions[0].target_prob) << "lens layer " << i;
 }
+
+TEST(SplitBackend, BackendListsAndSizesParse) {
+  using K = ds::BackendChoice::Kind;
+  const auto two = ds::parse_backend_list("cuda:0,1");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_TRUE(two[0].kind == K::Cuda && two[0].device == 0 && two[1].kind == K::Cuda && two[1].device == 1);
+  const auto same = ds::parse_backend_list("cuda:0,0");
+  EXPECT_EQ(same.size(), 2u);
+  const auto cpus = ds::parse_backend_list("cpu,cpu");
+  EXPECT_TRUE(cpus.size() == 2 && cpus[1].kind == K::Cpu);
+  EXPECT_EQ(ds::backend_list_text(two), "cuda:0,1");
+  EXPECT_EQ(ds::parse_backend_list("cpu").size(), 1u);
+  for (const char* bad : {"cpu,1", "cpu,,cpu", "cpu,auto", "gpu:0", ",cpu", "cuda:0,"})
+    EXPECT_NE(dstest::error_of([&] { ds::parse_backend_list(bad); }), "") << bad;
+  if (ds::cuda_device_count() == 0)
+    EXPECT_NE(dstest::error_of([] { ds::parse_backend_list("cuda:all"); }).find("no usable CUDA device"), std::string::npos);
+  EXPECT_EQ(ds::parse_size("20G", "--gpu-mem-limit"), int64_t(20) << 30);
+  EXPECT_EQ(ds::parse_size("512M", "--gpu-mem-limit"), int64_t(512) << 20);
+  EXPECT_EQ(ds::parse_size("1.5G", "--gpu-mem-limit"), int64_t(3) << 29);
+  EXPECT_EQ(ds::parse_size("2097152", "--gpu-mem-limit"), int64_t(2) << 20);
+  for (const char* bad : {"", "12", "20Q", "G", "-4G", "1e30T"})
+    EXPECT_NE(dstest::error_of([&] { ds::parse_size(bad, "--gpu-mem-limit"); }).find("--gpu-mem-limit"), std::string::npos)
+        << bad;
+}

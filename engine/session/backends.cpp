@@ -74,7 +74,10 @@ std::string backend_list_text(const std::vector<BackendChoice>& list) {
   for (size_t i = 0; i < list.size(); ++i) {
     const BackendChoice& c = list[i];
     t += i ? "," : "";
-    t += c.kind == BackendChoice::Kind::Cpu ? "cpu" : c.kind == BackendChoice::Kind::Auto ? "auto" : "cuda:" + std::to_string(c.device);
+    const bool more_gpus = i > 0 && c.kind == BackendChoice::Kind::Cuda && list[i - 1].kind == BackendChoice::Kind::Cuda;
+    t += c.kind == BackendChoice::Kind::Cpu ? "cpu"
+         : c.kind == BackendChoice::Kind::Auto ? "auto"
+         : (more_gpus ? "" : "cuda:") + std::to_string(c.device);  // cuda:0,1 as --backend takes it
   }
   return t;
 }

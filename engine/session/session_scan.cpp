@@ -492,7 +492,9 @@ void merge_totals(RunTotals& a, const RunTotals& b) {
   a.mean.add(b.mean);
   for (size_t li = 0; li < a.heads.size(); ++li)
     for (size_t h = 0; h < a.heads[li].size(); ++h) a.heads[li][h].add(b.heads[li][h]);
-  for (const auto& [key, arr] : b.groups) {
+  for (const auto& gb : b.groups) {  // (no structured binding: clang 14 cannot capture one in a lambda)
+    const std::string& key = gb.first;
+    const std::vector<GroupTotals>& arr = gb.second;
     auto g = std::find_if(a.groups.begin(), a.groups.end(), [&](const auto& x) { return x.first == key; });
     if (g == a.groups.end()) {
       a.groups.emplace_back(key, std::vector<GroupTotals>{});
