@@ -29,8 +29,8 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
     so.cpu_threads = opt.threads;
     if (opt.first_session && opt.first_session->backend().devices_used() > 1)
       group_ = size_t(opt.first_session->backend().devices_used());
-    else if (opt.backends.size() > 1 || opt.mem_limit > 0)
-      group_ = place_layers(opt.first_session ? opt.first_session->config() : load_model(opt.model)->cfg, so).first.size();
+    else if (opt.backends.size() > 1 || opt.mem_limit > 0)  // the devices up to the last one the placement uses
+      group_ = size_t(place_layers(opt.first_session ? opt.first_session->config() : load_model(opt.model)->cfg, so).dev.back()) + 1;
   }
   const size_t nrep = std::max<size_t>(1, opt.backends.size() / group_);
   int cpu_reps = 0;

@@ -75,6 +75,7 @@ Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
     if (end == L) need += k.embed;
     p.first.push_back(l);
     p.end.push_back(end);
+    p.dev.push_back(d);
     p.need.push_back(size_t(need));
     l = end;
   }
@@ -96,12 +97,12 @@ Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
 std::string placement_text(const Placement& p, const std::vector<BackendChoice>& backends) {
   std::string t;
   for (size_t i = 0; i < p.first.size(); ++i) {
-    const BackendChoice& b = backends[i];
+    const BackendChoice& b = backends[size_t(p.dev[i])];
     t += (i ? ", " : "") +
          (p.end[i] - p.first[i] == 1 ? "layer " + std::to_string(p.first[i])
                                       : "layers " + std::to_string(p.first[i]) + "-" + std::to_string(p.end[i] - 1)) +
-         " on " + (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(i)) + " (" +
-         gib(double(p.need[i])) + " of " + gib(double(p.budget[i])) + ")";
+         " on " + (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(p.dev[i])) + " (" +
+         gib(double(p.need[i])) + " of " + gib(double(p.budget[size_t(p.dev[i])])) + ")";
   }
   return t;
 }
@@ -133,13 +134,14 @@ class SplitBackend final : public Backend {
     subs_.clear();
     cfg_ = c;
     const size_t B = place_.first.size();
+    const auto device_of = [&](size_t block) { return opt_.backends[size_t(place_.dev[block])]; };
     for (size_t i = 0; i + 1 < B; ++i)  // the hand-offs: peer to peer where the GPUs allow it
-      if (is_cuda(opt_.backends[i])) {
-        cuda_enable_peer(opt_.backends[i].device, opt_.backends[i + 1].device);
-        cuda_enable_peer(opt_.backends[i + 1].device, opt_.backends[i].device);
+      if (is_cuda(device_of(i))) {
+        cuda_enable_peer(device_of(i).device, device_of(i + 1).device);
+        cuda_enable_peer(device_of(i + 1).device, device_of(i).device);
       }
     for (size_t i = 0; i < B; ++i) {
-      std::unique_ptr<Backend> b = make_backend(opt_.backends[i], opt_.cpu_threads);
+      std::unique_ptr<Backend> b = make_backend(device_of(i), opt_.cpu_threads);
       if (B > 1 && !b->set_layer_range(place_.first[i], place_.end[i]))
         throw Error("the " + b->kind() + " backend cannot hold a block of layers");
       const double lo = double(i) / double(B), span = 1.0 / double(B);

@@ -28,6 +28,7 @@ struct SplitOptions {
 // first). Throws ds::Error with the numbers when all of them together cannot hold it.
 struct Placement {
   std::vector<int> first, end;  // per block
+  std::vector<int> dev;         // per block: its index in SplitOptions::backends (a device too small for a layer is skipped)
   std::vector<size_t> need;     // bytes each block plans for
   std::vector<int64_t> budget;  // bytes each device offers (after the limit and a reserve)
 };
