@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <mutex>
 #include <thread>
 
 #include "engine/core/error.h"
@@ -38,27 +40,51 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   // CPU replicas share the cores unless told otherwise: two of them on a 2-core machine run one thread each.
   const int cpu_threads = opt.threads > 0 ? opt.threads : cpu_reps > 1 ? std::max(1, int(cores) / cpu_reps) : 0;
-  for (size_t i = 0; i < nrep; ++i) {
-    auto r = std::make_unique<Replica>();
-    r->backends.assign(opt.backends.begin() + ptrdiff_t(i * group_),
-                       opt.backends.begin() + ptrdiff_t(std::min(opt.backends.size(), (i + 1) * group_)));
-    const std::string tag = nrep > 1 ? "replica " + std::to_string(i + 1) + "/" + std::to_string(nrep) + ": " : "";
-    auto progress = [&](double f, const std::string& what) {
-      if (opt.load_progress) opt.load_progress(f, tag + what);
-    };
-    if (i == 0 && opt.first_session) {
-      r->s1 = opt.first_session;
-    } else {
-      r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backends, progress,
-                              cpu_threads, opt.mem_limit);
-      r->s1 = r->own1.get();
+  // The replicas open at once, a thread each (each loads its own copy of the weights onto its devices), and each
+  // runs a short warm-up forward there (module loading, cuBLAS), so that a scan's first prompts on every device are
+  // not its start-up. An error of any replica is thrown after all have finished.
+  reps_.resize(nrep);
+  std::vector<std::exception_ptr> faults(nrep);
+  std::mutex progress_mu;
+  const auto open_one = [&](size_t i) {
+    try {
+      auto r = std::make_unique<Replica>();
+      r->backends.assign(opt.backends.begin() + ptrdiff_t(i * group_),
+                         opt.backends.begin() + ptrdiff_t(std::min(opt.backends.size(), (i + 1) * group_)));
+      const std::string tag = nrep > 1 ? "replica " + std::to_string(i + 1) + "/" + std::to_string(nrep) + ": " : "";
+      auto progress = [&](double f, const std::string& what) {
+        std::lock_guard lk(progress_mu);
+        if (opt.load_progress) opt.load_progress(f, tag + what);
+      };
+      if (i == 0 && opt.first_session) {
+        r->s1 = opt.first_session;
+      } else {
+        r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backends, progress,
+                                cpu_threads, opt.mem_limit);
+        r->s1 = r->own1.get();
+        if (nrep > 1) {  // the warm-up (a scan's prompts replace its ids and result)
+          r->s1->set_ids(std::vector<int32_t>(16, 0));
+          r->s1->run();
+        }
+      }
+      if (!opt.compare_model.empty())
+        r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit);
+      r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
+      if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));
+      reps_[i] = std::move(r);
+    } catch (...) {
+      faults[i] = std::current_exception();
     }
-    if (!opt.compare_model.empty())
-      r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit);
-    r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
-    if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));
-    reps_.push_back(std::move(r));
+  };
+  if (nrep == 1) {
+    open_one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nrep; ++i) threads.emplace_back(open_one, i);
+    for (std::thread& t : threads) t.join();
   }
+  for (const std::exception_ptr& f : faults)
+    if (f) std::rethrow_exception(f);
   results_.resize(reps_[0]->runs.size());
 }
 
