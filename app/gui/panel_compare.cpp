@@ -178,19 +178,26 @@ void masses_table(const AppState& st, const Side (&sides)[2], std::optional<std:
                st.lam(), st.lam());
 }
 
-// One side's row (D or A over keys 0..q), on a y range shared by both sides; a click makes the key the query.
-void row_plot(AppState& st, const Side& sd, std::optional<std::pair<int64_t, int64_t>> ans, float lo, float hi,
-              float w, float h) {
+// The row a side shows: D = A1 - lambda*A2 of its head (A for a plain head) over keys 0..q.
+std::vector<float> shown_row(const Side& sd) {
+  const RowMaps& rm = *sd.rm;
+  const int64_t n = rm.rows.n, count = rm.q + 1;
+  std::vector<float> v(static_cast<size_t>(count));
+  const float* a1 = rm.rows.a1.data() + size_t(sd.head) * size_t(n);
+  const float* a2 = rm.differential && !rm.rows.a2.empty() ? rm.rows.a2.data() + size_t(sd.head) * size_t(n) : nullptr;
+  for (int64_t k = 0; k < count; ++k) v[size_t(k)] = a2 ? a1[k] - float(rm.lambda) * a2[k] : a1[k];
+  return v;
+}
+
+// One side's row (shown_row), on a y range shared by both sides; a click makes the key the query.
+void row_plot(AppState& st, const Side& sd, const std::vector<float>& v, std::optional<std::pair<int64_t, int64_t>> ans,
+              float lo, float hi, float w, float h) {
   const RowMaps& rm = *sd.rm;
   const ThemeColors& tc = theme_colors();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float lh = ImGui::GetTextLineHeight();
-  const int64_t n = rm.rows.n, q = rm.q, count = q + 1;
-  std::vector<float> v(static_cast<size_t>(count));
-  const float* a1 = rm.rows.a1.data() + size_t(sd.head) * size_t(n);
-  const float* a2 = rm.differential && !rm.rows.a2.empty() ? rm.rows.a2.data() + size_t(sd.head) * size_t(n) : nullptr;
-  for (int64_t k = 0; k < count; ++k)
-    v[size_t(k)] = a2 ? a1[k] - float(rm.lambda) * a2[k] : a1[k];
+  const int64_t q = rm.q, count = q + 1;
+  const bool a2 = rm.differential && !rm.rows.a2.empty();
   const ImVec2 p0 = ImGui::GetCursorScreenPos();
   const ImVec2 a(p0.x + 4, p0.y + lh + 2), b(p0.x + w - 4, p0.y + h - 2);
   char title[160];
@@ -198,15 +205,7 @@ void row_plot(AppState& st, const Side& sd, std::optional<std::pair<int64_t, int
                 a2 ? st.lam() : "", a2 ? "*A2" : "");
   dl->AddText(p0, sd.color, title);
   if (b.x - a.x > 20 && b.y - a.y > 10) {
-    dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
-    if (ans && ans->first < count) {
-      const float x0 = a.x + float(ans->first) / float(count) * (b.x - a.x);
-      const float x1 = a.x + float(std::min(ans->second, count)) / float(count) * (b.x - a.x);
-      dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
-    }
-    dl->AddRect(a, b, tc.grid);
-    const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
-    dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
+    draw_row_frame(dl, a, b, count, lo, hi, ans ? ans->first : count, ans ? ans->second : count);
     draw_row_series(dl, a, b, v.data(), count, lo, hi, sd.color);
     const ImVec2 m = ImGui::GetIO().MousePos;
     if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
@@ -388,21 +387,17 @@ void draw_compare_panel(AppState& st) {
   ImGui::TableNextRow();
   ImGui::TableNextColumn();
   masses_table(st, sides, ans);
+  std::vector<float> shown[2];
   float lo = 0, hi = 1e-6f;
-  for (const Side& sd : sides) {
-    if (!sd.rm) continue;
-    const RowMaps& rm = *sd.rm;
-    const size_t n = size_t(rm.rows.n), off = size_t(sd.head) * n;
-    for (int64_t k = 0; k <= rm.q; ++k) {
-      const float d = rm.differential && !rm.rows.a2.empty() ? rm.rows.a1[off + size_t(k)] - float(rm.lambda) * rm.rows.a2[off + size_t(k)]
-                                                              : rm.rows.a1[off + size_t(k)];
-      lo = std::min(lo, d), hi = std::max(hi, d);
-    }
+  for (int i = 0; i < 2; ++i) {
+    if (!sides[i].rm) continue;
+    shown[i] = shown_row(sides[i]);
+    for (float d : shown[i]) lo = std::min(lo, d), hi = std::max(hi, d);
   }
   const float w = ImGui::GetContentRegionAvail().x;
   const float ph = std::max(48.f, (ImGui::GetContentRegionAvail().y - 8) / 2);
-  for (const Side& sd : sides)
-    if (sd.rm) row_plot(st, sd, ans, lo, hi, w, ph);
+  for (int i = 0; i < 2; ++i)
+    if (sides[i].rm) row_plot(st, sides[i], shown[i], ans, lo, hi, w, ph);
   ImGui::TableNextColumn();
   if (ImGui::Checkbox("activation outliers", &st.req.outliers)) st.submit_now();
   item_tooltip("Per layer the largest |hidden state| over every position and channel, and the largest |attention\n"

@@ -160,15 +160,7 @@ void row_plot(const AppState& st, const RowData& row, const AppState::AnswerMark
   }
   hi = std::max(hi, lo + 1e-6f);
   if (b.x - a.x > 20 && b.y - a.y > 20) {
-    dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
-    if (ans && ans->begin < count) {  // the answer span's keys, shaded
-      const float x0 = a.x + float(ans->begin) / float(count) * (b.x - a.x);
-      const float x1 = a.x + float(std::min(ans->end, count)) / float(count) * (b.x - a.x);
-      dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
-    }
-    dl->AddRect(a, b, tc.grid);
-    const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
-    dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
+    draw_row_frame(dl, a, b, count, lo, hi, ans ? ans->begin : count, ans ? ans->end : count);  // the answer span shaded
     if (a2)
       draw_row_series(dl, a, b, a2, count, lo, hi, (tc.plot_b & 0x00ffffffu) | 0xb0000000u);
     draw_row_series(dl, a, b, a1, count, lo, hi, (tc.plot_a & 0x00ffffffu) | 0xb0000000u);

@@ -123,6 +123,19 @@ void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const
   dl->AddText(ImVec2((q0.x + q1.x - ns.x) * 0.5f, q1.y + 2), text, x_name);
 }
 
+void draw_row_frame(ImDrawList* dl, ImVec2 a, ImVec2 b, int64_t count, float lo, float hi, int64_t span0, int64_t span1) {
+  const ThemeColors& tc = theme_colors();
+  dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+  if (span0 < count) {
+    const float x0 = a.x + float(span0) / float(count) * (b.x - a.x);
+    const float x1 = a.x + float(std::min(span1, count)) / float(count) * (b.x - a.x);
+    dl->AddRectFilled(ImVec2(x0, a.y), ImVec2(std::max(x1, x0 + 2), b.y), (tc.answer_mark & 0x00ffffffu) | 0x50000000u);
+  }
+  dl->AddRect(a, b, tc.grid);
+  const float y0 = b.y - (0 - lo) / (hi - lo) * (b.y - a.y);
+  dl->AddLine(ImVec2(a.x, y0), ImVec2(b.x, y0), tc.grid);
+}
+
 // One series over keys [0, count) drawn as a per-pixel-column min..max envelope joined column to column, so a
 // row of 128K keys costs one pass and every spike stays visible.
 void draw_row_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col) {

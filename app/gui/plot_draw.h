@@ -32,6 +32,10 @@ struct Series {
 void draw_dual_plot(ImDrawList* dl, ImVec2 p0, ImVec2 p1, const Series& a, const Series& b, float marker_x,
                     const char* x_name);
 
+// A row plot's frame in [a, b] over keys [0, count) and the y range [lo, hi]: the background, the keys [span0, span1)
+// shaded in the answer colour (none when span0 >= count), the border and the zero line.
+void draw_row_frame(ImDrawList* dl, ImVec2 a, ImVec2 b, int64_t count, float lo, float hi, int64_t span0, int64_t span1);
+
 // One series over keys [0, count) in [a, b] on the y range [lo, hi], drawn as a per-pixel-column min..max envelope
 // joined column to column, so a row of 128K keys costs one pass and every spike stays visible.
 void draw_row_series(ImDrawList* dl, ImVec2 a, ImVec2 b, const float* v, int64_t count, float lo, float hi, ImU32 col);
