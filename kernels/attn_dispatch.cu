@@ -48,12 +48,14 @@ std::string cannot_run(AttnImpl impl, const AttnDevice& dev, const AttnShape& s)
       if (!fused_d) return "built for head_dim 64 and 128 only";
       if (s.heads % 2) return "needs an even number of query heads (two heads per CTA)";
       if (!s.aligned16) return "TMA needs 16-byte aligned pointers and strides";
+      if (s.quantized && s.windowed) return "its quantised-logit pass is built without a sliding window";
       return {};
     case AttnImpl::MmaBoth:
     case AttnImpl::MmaVsplit:
     case AttnImpl::MmaLockstep: {
       if (!s.diff && impl == AttnImpl::MmaVsplit) return "V-split shares one V between the maps: differential only";
       if (!s.diff && s.heads % 2) return "needs an even number of query heads (two heads per CTA)";
+      if (s.quantized) return "no pass for each row's largest logit (quantised logits)";
       if (dev.cc < 80) return "mma.sync with bf16 needs compute capability 8.0 or newer";
       if (!fused_d) return "built for head_dim 64 and 128 only";
       const int sched = impl == AttnImpl::MmaBoth ? MMA_BOTH : impl == AttnImpl::MmaVsplit ? MMA_VSPLIT : MMA_LOCKSTEP;
@@ -117,6 +119,8 @@ AttnShape attn_shape(const AttnParams& p) {
   s.diff = p.diff;
   s.n = p.n;
   s.batch = p.batch;
+  s.quantized = p.logit_bits > 0;
+  s.windowed = p.window > 0;
   s.aligned16 = aligned16(p.qkv) && aligned16(p.kv) && aligned16(p.out) && p.row_stride % 8 == 0 &&
                 p.out_row_stride % 8 == 0 && p.q_off % 8 == 0 && p.k_off % 8 == 0 && p.v_off % 8 == 0 &&
                 p.batch_stride >= 0 && p.out_batch_stride >= 0 &&
@@ -135,7 +139,19 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
     c.why = shape_text(s) + ": differential attention needs even query and kv head counts";
     return c;
   }
-  if (opt.impl != AttnImpl::Auto) {
+  if (s.quantized && opt.impl != AttnImpl::Generic) {
+    // Quantised logits: the kernels with a pass for each row's largest |logit| before the softmax, whatever was asked.
+    const bool hopper = cannot_run(AttnImpl::Sm90, dev, s).empty();
+    c.impl = hopper ? AttnImpl::Sm90 : AttnImpl::Generic;
+    c.why = hopper ? "quantised logits: the wgmma kernel with its first pass for each row's largest logit"
+                   : "quantised logits: the generic kernel (of the fused kernels only the Hopper one has the pass for "
+                     "each row's largest logit, and not under a sliding window)";
+    if (!hopper && !cannot_run(AttnImpl::Generic, dev, s).empty()) {
+      c.impl = AttnImpl::None;
+      c.why = shape_text(s) + ": head_dim must be a multiple of 8 up to 256";
+      return c;
+    }
+  } else if (opt.impl != AttnImpl::Auto) {
     const std::string no = cannot_run(opt.impl, dev, s);
     if (!no.empty()) {
       c.why = std::string("attention kernel '") + attn_impl_name(opt.impl) + "' cannot run " + shape_text(s) +

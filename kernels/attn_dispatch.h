@@ -16,7 +16,9 @@
 //               256 (the fused kernels take 64 and 128), odd plain head counts, pre-sm_80 GPUs; also the reference
 //               the tests hold the fused kernels against.
 // Every one of them takes a sliding window and K/V from a separate buffer (AttnParams::window, ::kv), so neither
-// changes the choice.
+// changes the choice. Quantised logits (AttnParams::logit_bits) need a pass for each row's largest |logit| before the
+// softmax: Sm90 has one (without a window), Generic has one; the mma.sync schedules have none, so a quantised layer
+// takes Sm90 where it can run and Generic otherwise, whichever kernel was asked for.
 #pragma once
 #include <string>
 
@@ -48,6 +50,8 @@ struct AttnShape {
   bool diff = true;
   int n = 0, batch = 1;   // tokens per sequence and sequences of the launch (the CTA order depends on them)
   bool aligned16 = true;  // input (qkv, and kv when set) and output pointers and strides 16-byte aligned (TMA's rule)
+  bool quantized = false; // AttnParams::logit_bits > 0: Sm90 (its first pass) or Generic; Sm90 not under a window
+  bool windowed = false;  // AttnParams::window > 0
 };
 // The shape of a launch as select_attn needs it.
 AttnShape attn_shape(const AttnParams& p);

@@ -80,7 +80,12 @@ using namespace sm90;
 // WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
 // existed: with the window's loop bound and masks at run time, ptxas scheduled the loop differently and the
 // differential kernel measured 2-3% slower at window 0 (H100, n = 8192). FIXMAX: the fixed-maximum first pass (above).
-template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX>
+// QUANT: quantised logits (AttnParams::logit_bits, the paper's Figure 8 what-if): a first pass over the key tiles
+// (K alone, S = Q K^T, no softmax) finds each row's largest |logit| and largest logit; the softmax pass then rounds
+// every logit to the row's step (quantize_logit) and starts from the row's exact (quantised) maximum, so that no O
+// rescale is needed on any tile and the fixed-maximum pass never overflows. Built without WINDOW (a windowed layer
+// takes the generic kernel when quantised) and with FIXMAX.
+template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX, bool QUANT = false>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
@@ -150,13 +155,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int sl = 0; sl < SLABS; ++sl)
           tma_load_3d(sQ + uint32_t((m * SLABS + sl) * BM * 128), &tm_q,
                       int(p.q_off) + qh[m] * D + sl * 64, q0, b, bar_q);
-      // One pass over the key tiles; a pass's loads continue the stages' use count u (and so their phases).
-      auto produce = [&](const int u0) {
+      // One pass over the key tiles; a pass's loads continue the stages' use counts uk (K) and uv (V), and so their
+      // phases. with_v false: K alone (the quantised kernel's first pass).
+      auto produce = [&](const int uk0, const int uv0, const bool with_v) {
         for (int it = 0; it < n_kt; ++it) {
-          const int k0 = (kt_top - it) * BN, u = u0 + it;
-          const int ks = u % KS, vs = u % VS;
+          const int k0 = (kt_top - it) * BN, uk = uk0 + it, u = uv0 + it;
+          const int ks = uk % KS, vs = u % VS;
           // stage use u waits for the consumers' release of use u - 1 (phase u - 1); use 0 passes at once
-          mbar_wait(bar_empty_k(ks), uint32_t(((u / KS) & 1) ^ 1));
+          mbar_wait(bar_empty_k(ks), uint32_t(((uk / KS) & 1) ^ 1));
           mbar_expect_tx(bar_full_k(ks), T::K_STAGE_BYTES);
           const uint32_t dk = sK + uint32_t(ks * T::K_STAGE_BYTES);
 #pragma unroll
@@ -165,6 +171,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int sl = 0; sl < SLABS; ++sl)
               tma_load_3d(dk + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
                           int(p.k_off) + kvh[m] * D + sl * 64, k0, b, bar_full_k(ks));
+          if (!with_v) continue;
           mbar_wait(bar_empty_v(vs), uint32_t(((u / VS) & 1) ^ 1));
           mbar_expect_tx(bar_full_v(vs), T::V_STAGE_BYTES);
           const uint32_t dv = sV + uint32_t(vs * T::V_STAGE_BYTES);
@@ -176,10 +183,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                           int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
         }
       };
-      produce(0);
+      const int uk0 = QUANT ? n_kt : 0;  // the quantised kernel's first pass: K alone
+      if constexpr (QUANT) produce(0, 0, false);
+      produce(uk0, 0, true);
       if constexpr (FIXMAX) {  // the consumers' verdict on the fixed maxima: the same tiles again, or done
         mbar_wait(bar_verdict, 0);
-        if (*redo_flag) produce(n_kt);
+        if (*redo_flag) produce(uk0 + n_kt, n_kt, true);
       }
     }
     return;
@@ -220,24 +229,69 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int row0 = q0 + wrow + g4;
 
   mbar_wait(bar_q, 0);
-  // One pass over the CTA's key tiles, the diagonal one first. Stage use u = u0 + it sets the stage and phase (a
-  // second pass continues the first's count). FIXED: the row maxima stay at the diagonal tile's (no maximum, no
+  // QUANT: the first pass (S alone) for each row's largest |logit| (the quantisation step) and largest logit (whose
+  // quantised value, in log2 units, is the softmax's fixed maximum). Both warpgroups issue their products without
+  // turns; K stage uses 0 .. n_kt - 1.
+  float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY};
+  if constexpr (QUANT) {
+    float amax[2] = {0.f, 0.f}, smax[2] = {-INFINITY, -INFINITY};
+    for (int it = 0; it < n_kt; ++it) {
+      const int ks = it % KS;
+      float s[NS];
+      zero_pinned(s);
+      mbar_wait(bar_full_k(ks), uint32_t((it / KS) & 1));
+      wgmma_fence();
+      issue_s(s, ks);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NS; ++i) pin(s[i]);
+      mbar_arrive(bar_empty_k(ks));
+      if (it == 0) mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int r = (i >> 1) & 1;
+        if (s[i] != -INFINITY) amax[r] = fmaxf(amax[r], fabsf(s[i])), smax[r] = fmaxf(smax[r], s[i]);
+      }
+    }
+    const float levels = float((1 << (p.logit_bits - 1)) - 1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
+      smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 1));
+      smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 2));
+      // quantize_logit's step; its rounding is monotone, so the quantised maximum is the maximum's quantised value
+      if (amax[r] > 0.f) q_step[r] = amax[r] / levels, q_inv[r] = 1.f / q_step[r];
+      q_max[r] = (q_step[r] > 0.f ? rintf(smax[r] * q_inv[r]) * q_step[r] : smax[r]) * sl2;
+    }
+  }
+  // Every unmasked logit of a tile to its row's step (x / step rounded half to even, times step; the multiply by
+  // 1 / step may round the other way than quantize_logit's division within an ulp of a midpoint).
+  auto quantize = [&](float (&s)[NS]) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = (i >> 1) & 1;
+      if (q_step[r] > 0.f && s[i] != -INFINITY) s[i] = rintf(s[i] * q_inv[r]) * q_step[r];
+    }
+  };
+  // One pass over the CTA's key tiles, the diagonal one first. Stage uses u = u0 + it (V) and uk0 + it (K, after the
+  // quantised kernel's first pass) set the stages and phases (a second pass continues the first's counts). FIXED: the row maxima stay at the diagonal tile's (no maximum, no
   // shuffles and no O rescale on later tiles); the exponentials of later scores above them exceed 1, and if they
   // overflow, the verdict after the pass sends the CTA through the exact pass. Else the running maximum of
   // online_softmax.
-  auto run_pass = [&](auto fixed_tag, const int u0) {
+  auto run_pass = [&](auto fixed_tag, const int u0, const int uk0) {
     constexpr bool FIXED = decltype(fixed_tag)::value;
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-    m_run[0] = m_run[1] = -INFINITY;
+    m_run[0] = q_max[0], m_run[1] = q_max[1];  // -inf, or the quantised kernel's exact row maxima
     l_run[0] = l_run[1] = 0.f;
     if (map == 1) named_arrive(BAR_SCHED0, 256);
     float alpha_prev[2] = {1.f, 1.f};
     {  // tile 0: the diagonal one, masked; peeled so that no wgmma is issued conditionally in the loop
-      const int ks = u0 % KS;
+      const int ks = uk0 % KS;
       float s[NS];
       zero_pinned(s);
-      mbar_wait(bar_full_k(ks), uint32_t((u0 / KS) & 1));
+      mbar_wait(bar_full_k(ks), uint32_t((uk0 / KS) & 1));
       turn_wait();
       wgmma_fence();
       issue_s(s, ks);
@@ -247,6 +301,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < NS; ++i) pin(s[i]);
       mbar_arrive(bar_empty_k(ks));
       mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
+      if constexpr (QUANT) quantize(s);
       softmax(s, alpha_prev);  // O is zero: no rescale
       alpha_prev[0] = alpha_prev[1] = 1.f;
       pack(s);
@@ -254,10 +309,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     // Per iteration: wait K(it) | my turn | issue S(it) | rescale O (overlaps S) | wait V(it-1) | issue P(it-1)
     // V(it-1) | pass the turn | wait S, free K(it) | softmax(it) while P V runs | wait P V, free V(it-1) | pack P(it).
     for (int it = 1; it < n_kt; ++it) {
-      const int u = u0 + it, ks = u % KS, vs = (u - 1) % VS;
+      const int u = u0 + it, uk = uk0 + it, ks = uk % KS, vs = (u - 1) % VS;
       float s[NS];
       zero_pinned(s);
-      mbar_wait(bar_full_k(ks), uint32_t((u / KS) & 1));
+      mbar_wait(bar_full_k(ks), uint32_t((uk / KS) & 1));
       turn_wait();
       wgmma_fence();
       issue_s(s, ks);
@@ -272,6 +327,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_empty_k(ks));
       if constexpr (WINDOW)
         if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
+      if constexpr (QUANT) quantize(s);
       if constexpr (FIXED) softmax_fixed_max<NS>(s, m_run, l_run, sl2);
       else softmax(s, alpha_prev);
       wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
@@ -293,9 +349,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     quad_sum(l_run);
   };
-  int u_end = n_kt;  // stage uses so far
+  const int uk0 = QUANT ? n_kt : 0;  // K stage uses of the quantised kernel's first pass
+  int u_end = uk0 + n_kt;  // K stage uses so far
   if constexpr (FIXMAX) {
-    run_pass(std::true_type{}, 0);
+    run_pass(std::true_type{}, 0, uk0);
     // The verdict: every l and O element of both warpgroups finite, or the exact pass. One bar.red over the 256
     // consumer threads; one thread tells the producer (its flag, then the verdict barrier's release).
     bool bad = !(isfinite(l_run[0]) && isfinite(l_run[1]));
@@ -313,11 +370,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_verdict);
     }
     if (any) {
-      run_pass(std::false_type{}, n_kt);
-      u_end = 2 * n_kt;
+      run_pass(std::false_type{}, n_kt, uk0 + n_kt);
+      u_end = uk0 + 2 * n_kt;
     }
   } else {
-    run_pass(std::false_type{}, 0);
+    run_pass(std::false_type{}, 0, 0);
   }
 
   const float inv_l[2] = {1.f / l_run[0], 1.f / l_run[1]};
@@ -394,9 +451,11 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
   const bool fixmax = p.fixed_max;
+  if (p.logit_bits > 0 && p.window > 0) return cudaErrorNotSupported;  // attn_fwd_sm90_takes_quantized
   const auto kernel =
-      p.window > 0 ? (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, true, true> : attn_fwd_sm90_kernel<D, BN, DIFF, true, false>)
-                   : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);
+      p.logit_bits > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true, true>
+      : p.window > 0   ? (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, true, true> : attn_fwd_sm90_kernel<D, BN, DIFF, true, false>)
+                       : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);

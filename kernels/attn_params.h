@@ -50,9 +50,9 @@ struct AttnParams {
   int nko = 0;
   int4 ko[kMaxKnockouts] = {};
   int row0 = 0, row1 = 0;  // generic kernel: the query rows it computes (row1 0: to n)
-  // > 0: the logits fake-quantised to this many bits before the softmax (forward.h AttnEdit::logit_bits): the generic
-  // kernel (a first pass for each row's largest |score|) and the map kernels take it; the CUDA backend runs such a
-  // layer with the generic kernel, and its decoding steps refuse it.
+  // > 0: the logits fake-quantised to this many bits before the softmax (forward.h AttnEdit::logit_bits): the Hopper
+  // kernel and the generic kernel (each with a first pass for each row's largest |score|) and the map kernels take it
+  // (select_attn routes a quantised layer to them); the CUDA decoding steps refuse it.
   int logit_bits = 0;
 };
 

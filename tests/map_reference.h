@@ -127,6 +127,7 @@ struct RefAttnInputs {
   bool diff = true;
   int window = 0;
   double scale = 0;  // 0: 1/sqrt(d)
+  int logit_bits = 0;  // > 0: each row's logits fake-quantised (symmetric absmax over the row's keys, half to even)
 
   const double* row(const double* base, int b, int64_t t) const { return base + b * batch_stride + t * row_stride; }
   const double* q(int b, int64_t t, int head) const { return row(qkv, b, t) + q_off + int64_t(head) * d; }
@@ -156,6 +157,11 @@ inline void ref_map_row(const RefAttnInputs& in, int b, int h, int m, int64_t i,
     a[size_t(k)] = dot * in.logit_scale();
     mx = std::max(mx, a[size_t(k)]);
     mabs = std::max(mabs, std::fabs(a[size_t(k)]));
+  }
+  if (in.logit_bits > 0 && mabs > 0) {  // the published what-if: step = amax / (2^(b-1) - 1), round half to even
+    const double step = mabs / double((1 << (in.logit_bits - 1)) - 1);
+    mx = -std::numeric_limits<double>::infinity();
+    for (int64_t k = lo; k <= i; ++k) mx = std::max(mx, a[size_t(k)] = std::nearbyint(a[size_t(k)] / step) * step);
   }
   double l = 0;
   for (int64_t k = lo; k <= i; ++k) l += (a[size_t(k)] = std::exp(a[size_t(k)] - mx));

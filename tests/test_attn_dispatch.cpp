@@ -85,6 +85,28 @@ TEST(AttnDispatch, ForcedImplementationsAreGrantedOnlyWhereTheyRun) {
   EXPECT_EQ(select_attn(hopper(), shape(128, false), o).impl, AttnImpl::None);  // differential only
 }
 
+// Quantised logits need a pass for each row's largest |logit| before the softmax: the Hopper kernel (not under a
+// window) and the generic kernel have one, the mma.sync schedules none, whatever was asked for.
+TEST(AttnDispatch, QuantisedLogitsRunTheKernelsWithARowMaximumPass) {
+  for (bool diff : {true, false})
+    for (int d : {64, 128}) {
+      AttnShape q = shape(d, diff);
+      q.quantized = true;
+      EXPECT_EQ(select_attn(hopper(), q).impl, AttnImpl::Sm90) << d << " " << diff;
+      for (AttnImpl forced : {AttnImpl::MmaBoth, AttnImpl::MmaLockstep, AttnImpl::Sm90})
+        EXPECT_EQ(select_attn(hopper(), q, {forced}).impl, AttnImpl::Sm90);
+      EXPECT_EQ(select_attn(hopper(), q, {AttnImpl::Generic}).impl, AttnImpl::Generic);
+      EXPECT_EQ(select_attn(a100(), q).impl, AttnImpl::Generic);
+      EXPECT_EQ(select_attn(hopper(false), q).impl, AttnImpl::Generic);
+      EXPECT_NE(select_attn(a100(), q).why.find("quantised"), std::string::npos);
+      q.windowed = true;
+      EXPECT_EQ(select_attn(hopper(), q).impl, AttnImpl::Generic);
+    }
+  AttnShape odd = shape(100, true);
+  odd.quantized = true;
+  EXPECT_EQ(select_attn(hopper(), odd).impl, AttnImpl::None);
+}
+
 TEST(AttnDispatch, ShapesNoKernelTakesSayWhy) {
   const auto odd = select_attn(hopper(), shape(64, true, 6, 3));
   EXPECT_EQ(odd.impl, AttnImpl::None);

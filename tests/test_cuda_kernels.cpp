@@ -80,10 +80,12 @@ struct AttnOpts {
   int window = 0;
   bool separate_kv = false;
   int poison_rows = 0;
+  int logit_bits = 0;  // quantised logits (AttnParams::logit_bits)
 };
 
 std::string opts_name(const AttnOpts& o) {
   return " window=" + std::to_string(o.window) + (o.separate_kv ? " kv-buffer" : "") +
+         (o.logit_bits ? " bits=" + std::to_string(o.logit_bits) : "") +
          (o.poison_rows ? " poisoned-rows=" + std::to_string(o.poison_rows) : "");
 }
 
@@ -133,6 +135,7 @@ struct AttnProblem {
     in.k_off = int64_t(c.heads) * c.d;
     in.v_off = int64_t(c.heads + c.kv_heads) * c.d;
     in.n = c.n, in.heads = c.heads, in.kv_heads = c.kv_heads, in.d = c.d, in.diff = c.diff, in.window = o.window;
+    in.logit_bits = o.logit_bits;
     return in;
   }
   void reference() {
@@ -158,6 +161,7 @@ struct AttnProblem {
     p.qkv = in.as<bf16>();
     p.kv = o.separate_kv && kv ? kv->as<bf16>() : nullptr;
     p.window = o.window;
+    p.logit_bits = o.logit_bits;
     p.row_stride = row_stride;
     p.batch_stride = int64_t(c.n) * row_stride;
     p.q_off = 0;
@@ -444,6 +448,52 @@ TEST(CudaKernels, GenericAttentionMatchesFloat64) {
     EXPECT_LT(r.rel, kGenericRel) << case_name(c);
     EXPECT_LT(r.max_abs, kGenericAbs) << case_name(c);
   }
+}
+
+// Quantised logits (the Figure 8 what-if) in the kernels that take them, against the float64 reference quantised the
+// same way: the Hopper kernel's first pass (both tile widths at d = 64, many key tiles, plain and differential) and
+// the generic kernel, at 8 and 4 bits; a windowed layer goes to the generic kernel. The device's f32 logits can land
+// on the other side of a rounding midpoint than float64's: a logit then moves by one step, which the bounds absorb
+// (a few such logits among the ~10^6 of a case).
+TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(4242);
+  int sm90_ran = 0;
+  for (int bits : {8, 4})
+    for (bool diff : {true, false})
+      for (auto [d, bn] : {std::pair{64, 64}, std::pair{64, 128}, std::pair{128, 64}})
+        for (int n : small_run() ? std::vector<int>{65, 300} : std::vector<int>{1, 65, 300, 1100}) {
+          const AttnCase c{n, 1, 4, 2, d, diff};
+          AttnOpts o;
+          o.logit_bits = bits;
+          AttnProblem pr(c, rng, o);
+          const std::string what = case_name(c) + opts_name(o) + " block_n=" + std::to_string(bn);
+          // what the default dispatch takes for it: the Hopper kernel where it runs
+          DeviceBuffer in = to_device(pr.qkv), out(16, "unused");
+          const ds::kern::AttnChoice auto_choice = choose(pr.params(in, out), AttnImpl::Auto, bn);
+          EXPECT_EQ(auto_choice.impl, granted(AttnImpl::Sm90, c) ? AttnImpl::Sm90 : AttnImpl::Generic) << what;
+          for (AttnImpl impl : {AttnImpl::Sm90, AttnImpl::Generic}) {
+            if (!granted(impl, c, bn) || (impl == AttnImpl::Generic && bn != 64)) continue;
+            const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0);
+            const std::string w = std::string(ds::kern::attn_impl_name(impl)) + " " + what;
+            EXPECT_EQ(r.unwritten, 0u) << w;
+            EXPECT_EQ(r.padding_touched, 0u) << w;
+            EXPECT_LT(r.rel, impl == AttnImpl::Sm90 ? kFusedRel : kGenericRel) << w;
+            EXPECT_LT(r.max_abs, impl == AttnImpl::Sm90 ? kFusedAbs : 2 * kGenericAbs) << w;
+            sm90_ran += impl == AttnImpl::Sm90;
+          }
+        }
+  // under a sliding window the quantised layer runs the generic kernel (the Hopper pass is built without one)
+  AttnOpts o;
+  o.logit_bits = 6;
+  o.window = 40;
+  AttnProblem pr({200, 1, 4, 2, 64, true}, rng, o);
+  DeviceBuffer in = to_device(pr.qkv), out(16, "unused");
+  EXPECT_EQ(choose(pr.params(in, out), AttnImpl::Auto).impl, AttnImpl::Generic);
+  const AttnCheck r = run_attention(pr, AttnImpl::Generic);
+  EXPECT_EQ(r.unwritten, 0u);
+  EXPECT_LT(r.rel, kGenericRel);
+  if (sm90_ran == 0) GTEST_SKIP() << "the generic kernel checked; the Hopper kernel cannot run here";
 }
 
 TEST(CudaKernels, AttentionRejectsUnsupportedShapes) {

@@ -233,10 +233,10 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.out_row_stride = Hd;
     p.out_batch_stride = n_ * Hd;
     p.head_ns = b_.profiling_ ? b_.head_ns_.as<unsigned long long>() + size_t(l) * size_t(b_.view_heads()) : nullptr;
-    if (p.logit_bits > 0)  // quantised logits: the generic kernel alone has the pass for each row's largest logit
-      return step("attention_quantized", l, [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
+    // quantised logits: the kernels with a pass for each row's largest logit (select_attn's rule)
     const kern::AttnChoice choice = b_.attn_choice(p);
-    step(attn_mark_name(choice.impl), l, [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, b_.stream())); });
+    step(p.logit_bits > 0 ? "attention_quantized" : attn_mark_name(choice.impl), l,
+         [&] { DS_CUDA_CHECK(kern::launch_attn(choice, p, b_.stream())); });
     if (edit && p.nko > 0 && choice.impl != kern::AttnImpl::Generic) {
       // Knockout (the edit's spans, in p.ko since layer_attn): the fused kernels take no key mask; the generic kernel
       // computes the knocked rows again with it.
