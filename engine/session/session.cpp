@@ -493,15 +493,36 @@ void Session::ensure_logits() const {
   if (has_result_ && res_.logits.empty() && res_.logit_rows > 0) backend_->fetch_logits(res_);
 }
 
+namespace {
+// log sum exp of a logit row: exponentials in float (a third of double's time over a 128K vocabulary: head importance
+// takes one per ablation), summed in float over blocks of 512 and the blocks in double.
+float log_sum_exp(const float* row, int64_t V) {
+  const float mx = *std::max_element(row, row + V);
+  double s = 0;
+  for (int64_t i0 = 0; i0 < V; i0 += 512) {
+    float part = 0.f;
+    for (int64_t i = i0, e = std::min<int64_t>(V, i0 + 512); i < e; ++i) part += std::exp(row[i] - mx);
+    s += double(part);
+  }
+  return mx + float(std::log(s));
+}
+}  // namespace
+
+double Session::next_token_logprob(int32_t id) const {
+  if (id < 0 || id >= cfg_.vocab)
+    throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(cfg_.vocab) + ")");
+  if (!has_result_) return std::numeric_limits<double>::quiet_NaN();
+  ensure_logits();
+  const float* row = res_.logits.data() + (res_.logit_rows - 1) * cfg_.vocab;
+  return double(row[id] - log_sum_exp(row, cfg_.vocab));
+}
+
 std::vector<float> Session::next_token_logprobs() const {
   if (!has_result_) return {};
   ensure_logits();
   const int64_t V = cfg_.vocab;
   const float* row = res_.logits.data() + (res_.logit_rows - 1) * V;
-  const float mx = *std::max_element(row, row + V);
-  double s = 0;
-  for (int64_t i = 0; i < V; ++i) s += std::exp(double(row[i] - mx));
-  const float lse = mx + float(std::log(s));
+  const float lse = log_sum_exp(row, V);
   std::vector<float> lp(static_cast<size_t>(V));
   for (int64_t i = 0; i < V; ++i) lp[size_t(i)] = row[i] - lse;
   return lp;

@@ -148,6 +148,9 @@ class Session {
   // Next-token distribution at the last position.
   std::vector<TopToken> top_k(int k) const;
   std::vector<float> next_token_logprobs() const;  // [vocab]
+  // log p of one token (the same value as next_token_logprobs()[id], without the vocabulary-sized array); NaN
+  // without a result.
+  double next_token_logprob(int32_t id) const;
 
   // The paper's Table 5 reader (forward.h max_abs_hidden_hook): while on, every forward also keeps per layer the
   // largest |hidden state| of the layer's output over the sequence (the prompt and every generated position). Turning

@@ -38,7 +38,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
   s.run();  // whatever is stale first: the base is the session as it stands
   out.target = r.target >= 0 ? r.target : s.top_k(1).at(0).id;
   out.target_text = s.tokenizer() ? s.tokenizer()->token_text(out.target) : std::to_string(out.target);
-  out.base_logp = double(s.next_token_logprobs().at(size_t(out.target)));
+  out.base_logp = s.next_token_logprob(out.target);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   out.delta.assign(out.modes.size(),
                    std::vector<std::vector<double>>(out.layers.size(), std::vector<double>(size_t(out.heads), nan)));
@@ -63,7 +63,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
           restore();
           s.ablate(l, h, out.modes[m]);
           s.run(false, hooks.cancel);
-          out.delta[m][li][size_t(h)] = double(s.next_token_logprobs().at(size_t(out.target))) - out.base_logp;
+          out.delta[m][li][size_t(h)] = s.next_token_logprob(out.target) - out.base_logp;
           ++out.done;
         }
         if (hooks.progress) hooks.progress(out);

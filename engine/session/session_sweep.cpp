@@ -85,7 +85,7 @@ LambdaSweep run_lambda_sweep(Session& s, const LambdaSweepRequest& r, const Lamb
         sw.end = LambdaSweep::End::Cancelled;
         break;
       }
-      pt.logprob = double(s.next_token_logprobs().at(size_t(sw.token)));
+      pt.logprob = s.next_token_logprob(sw.token);
       if (hooks.progress) hooks.progress(sw);
     }
   } catch (...) {
