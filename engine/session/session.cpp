@@ -407,10 +407,15 @@ std::shared_ptr<const std::vector<fwd::AttnEdit>> Session::resolve_edits(int64_t
     if (m.drop_a1) x.a1[size_t(m.head)] = 0.f;
     if (m.lambda) x.lambda[size_t(m.head)] = *m.lambda;
   }
+  // Negative positions count from the prompt's end (generated tokens do not move them); an open end reaches past
+  // every position there will be (the decoding steps' rows and keys included).
+  const int64_t P = std::min<int64_t>(prompt_len_, n);
+  constexpr int64_t kOpen = std::numeric_limits<int32_t>::max();
   for (const Knockout& k : knockouts_) {
-    auto at = [n](int64_t a, int64_t b, const char* what) {
-      const int64_t lo = a < 0 ? n + a : a, hi = a < 0 && b == 0 ? n : b < 0 ? n + b : b;
-      if (lo < 0 || hi > n || lo >= hi)
+    auto at = [n, P](int64_t a, int64_t b, const char* what) {
+      const bool open = a < 0 && b == 0;
+      const int64_t lo = a < 0 ? P + a : a, hi = open ? kOpen : b < 0 ? P + b : b;
+      if (lo < 0 || lo >= n || (!open && hi > n) || lo >= hi)
         throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" + std::to_string(b) +
                     " is outside the prompt's " + std::to_string(n) + " tokens");
       return std::pair<int64_t, int64_t>{lo, hi};

@@ -47,8 +47,10 @@ struct HeadMix {
 };
 
 // Attention knockout: in layers [layer0, layer1) (those with attention), query positions [q0, q1) do not see keys
-// [k0, k1), in both maps. Positions below 0 count from the end of the prompt (-1: its last token) when a run resolves
-// them; q1 / k1 of 0 after a negative q0 / k0 mean "to the end".
+// [k0, k1), in both maps. Positions below 0 count from the end of the prompt (-1: its last token; the prompt as given,
+// so that generated tokens do not move them); q1 / k1 of 0 after a negative q0 / k0 mean "to the end of the
+// sequence", generated tokens included: "-1:" as the query span knocks out the last prompt token's view and that of
+// every token generated after it, as a full forward of the whole sequence would.
 struct Knockout {
   int layer0 = 0, layer1 = 0;
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;

@@ -285,6 +285,33 @@ def test_edits_carry_into_generation(demo):
     _generation_matches_full_forwards(demo, 4)
 
 
+def test_open_knockout_follows_generated_tokens(demo):
+    """A query span open at the end ((-1, 0): the prompt's last token to the end of the sequence) covers every token
+    generated after the prompt: the decoding steps' next-token distribution equals a full forward of the whole
+    sequence with the span written out from the prompt's last position to the end, and differs from one where only the
+    prompt's last position is knocked out (so the generated rows' knockout is what makes the match)."""
+    demo.clear_interventions()
+    keys = (0, 12)
+    demo.knockout("all", (-1, 0), keys)
+    demo.run(PROMPT)
+    n0 = demo.n
+    k = 4
+    list(demo.generate(k, stop_at_eos=False))
+    got = demo.logprobs().copy()
+    seq = list(demo.ids)
+    assert len(seq) == n0 + k
+    demo.clear_interventions()
+    demo.knockout("all", (n0 - 1, n0 + k), keys)
+    demo.run(seq)
+    np.testing.assert_allclose(got, demo.logprobs(), atol=2e-4)
+    demo.clear_interventions()
+    demo.knockout("all", (n0 - 1, n0), keys)
+    demo.run(seq)
+    assert np.abs(got - demo.logprobs()).max() > 1e-3
+    demo.clear_interventions()
+    demo.run(PROMPT)
+
+
 def test_edit_errors(demo):
     demo.clear_interventions()
     demo.run(PROMPT)
