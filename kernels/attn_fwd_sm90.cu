@@ -107,6 +107,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
   const uint32_t bar_verdict = bar_q + 8u * uint32_t(1 + 2 * KS + 2 * VS);
   volatile uint32_t* const redo_flag = reinterpret_cast<volatile uint32_t*>(smem + T::FLAG_OFF);
+  // The quantised kernel's first pass (K alone) keeps four key tiles in flight: its tile it goes to slot it % 4, the
+  // two K stages (slots 0, 1) and the two V stages (slots 2, 3: no V is loaded before the softmax pass, and a V stage
+  // holds a K stage's bytes). Two stages alone left that pass waiting on the loads (it was 1.1x the plain attention's
+  // time on its own at 32K tokens). Each pipeline's use count goes on from the first pass's uses (pre_k, pre_v).
+  struct PreSlot {
+    uint32_t smem, full, empty, phase;
+  };
+  auto pre_slot = [&](int it) {
+    const int sl = it % 4, st = sl & 1;  // st: the stage in its pipeline; that pipeline's use (it / 4) * 2 + st
+    const bool v = sl >= 2;
+    return PreSlot{v ? sV + uint32_t(st * T::V_STAGE_BYTES) : sK + uint32_t(st * T::K_STAGE_BYTES),
+                   v ? bar_full_v(st) : bar_full_k(st), v ? bar_empty_v(st) : bar_empty_k(st), uint32_t((it / 4) & 1)};
+  };
 
   const int tid = threadIdx.x, wg = tid >> 7;
   const int hv = p.heads / 2;  // CTAs per query tile and sequence: differential heads, or pairs of plain heads
@@ -125,6 +138,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int kt_top = (q0 + BM - 1) / BN;  // the key tile holding the diagonal
   // from it down to the tile of the first row's first key
   const int n_kt = WINDOW ? kt_top - window_first_key(p.window, q0) / BN + 1 : kt_top + 1;
+  // K and V stage uses of the quantised kernel's first pass (pre_slot)
+  const int pre_k = QUANT ? (n_kt / 4) * 2 + min(n_kt % 4, 2) : 0;
+  const int pre_v = QUANT ? (n_kt / 4) * 2 + max(n_kt % 4 - 2, 0) : 0;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -183,12 +199,22 @@ __global__ void __launch_bounds__(THREADS, 1)
                           int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
         }
       };
-      const int uk0 = QUANT ? n_kt : 0;  // the quantised kernel's first pass: K alone
-      if constexpr (QUANT) produce(0, 0, false);
-      produce(uk0, 0, true);
+      if constexpr (QUANT)  // the first pass: K alone, four tiles in flight (pre_slot)
+        for (int it = 0; it < n_kt; ++it) {
+          const PreSlot ps = pre_slot(it);
+          mbar_wait(ps.empty, ps.phase ^ 1u);
+          mbar_expect_tx(ps.full, T::K_STAGE_BYTES);
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int sl = 0; sl < SLABS; ++sl)
+              tma_load_3d(ps.smem + uint32_t((m * SLABS + sl) * BN * 128), &tm_kv,
+                          int(p.k_off) + kvh[m] * D + sl * 64, (kt_top - it) * BN, b, ps.full);
+        }
+      produce(pre_k, pre_v, true);
       if constexpr (FIXMAX) {  // the consumers' verdict on the fixed maxima: the same tiles again, or done
         mbar_wait(bar_verdict, 0);
-        if (*redo_flag) produce(uk0 + n_kt, n_kt, true);
+        if (*redo_flag) produce(pre_k + n_kt, pre_v + n_kt, true);
       }
     }
     return;
@@ -230,27 +256,29 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   mbar_wait(bar_q, 0);
   // QUANT: the first pass (S alone) for each row's largest |logit| (the quantisation step) and largest logit (whose
-  // quantised value, in log2 units, is the softmax's fixed maximum). Both warpgroups issue their products without
-  // turns; K stage uses 0 .. n_kt - 1.
+  // quantised value, in log2 units, is the softmax's fixed maximum), over the tiles of pre_slot. Both warpgroups issue
+  // their products without turns. (A second S register set, to issue the next tile's product before reading this
+  // one's, made ptxas serialise every wgmma of the kernel for want of registers.)
   float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY};
   if constexpr (QUANT) {
     float amax[2] = {0.f, 0.f}, smax[2] = {-INFINITY, -INFINITY};
     for (int it = 0; it < n_kt; ++it) {
-      const int ks = it % KS;
+      const PreSlot ps = pre_slot(it);
       float s[NS];
       zero_pinned(s);
-      mbar_wait(bar_full_k(ks), uint32_t((it / KS) & 1));
+      mbar_wait(ps.full, ps.phase);
       wgmma_fence();
-      issue_s(s, ks);
+      issue_qk<D, BN>(s, q_base, ps.smem + uint32_t(map * BN * D * 2));
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < NS; ++i) pin(s[i]);
-      mbar_arrive(bar_empty_k(ks));
-      if (it == 0) mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);
+      mbar_arrive(ps.empty);
+      if (it == 0) mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);  // -inf: no |logit|, and max ignores it
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
         const int r = (i >> 1) & 1;
-        if (s[i] != -INFINITY) amax[r] = fmaxf(amax[r], fabsf(s[i])), smax[r] = fmaxf(smax[r], s[i]);
+        smax[r] = fmaxf(smax[r], s[i]);
+        amax[r] = fmaxf(amax[r], s[i] == -INFINITY ? 0.f : fabsf(s[i]));
       }
     }
     const float levels = float((1 << (p.logit_bits - 1)) - 1);
@@ -261,17 +289,20 @@ __global__ void __launch_bounds__(THREADS, 1)
       smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 1));
       smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 2));
       // quantize_logit's step; its rounding is monotone, so the quantised maximum is the maximum's quantised value
+      // (a row whose logits are all 0 keeps step and 1 / step at 0: its logits stay 0)
       if (amax[r] > 0.f) q_step[r] = amax[r] / levels, q_inv[r] = 1.f / q_step[r];
-      q_max[r] = (q_step[r] > 0.f ? rintf(smax[r] * q_inv[r]) * q_step[r] : smax[r]) * sl2;
+      q_max[r] = rintf(smax[r] * q_inv[r]) * q_step[r] * sl2;
     }
   }
-  // Every unmasked logit of a tile to its row's step (x / step rounded half to even, times step; the multiply by
-  // 1 / step may round the other way than quantize_logit's division within an ulp of a midpoint).
-  auto quantize = [&](float (&s)[NS]) {
+  // Every logit of a tile to its row's step (x / step rounded half to even, times step; the multiply by 1 / step
+  // may round the other way than quantize_logit's division within an ulp of a midpoint). MASKED: the tile holds
+  // -inf (masked keys), which must stay -inf in a row of step 0.
+  auto quantize = [&](float (&s)[NS], const bool masked) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int r = (i >> 1) & 1;
-      if (q_step[r] > 0.f && s[i] != -INFINITY) s[i] = rintf(s[i] * q_inv[r]) * q_step[r];
+      const float x = rintf(s[i] * q_inv[r]) * q_step[r];
+      if (!masked || s[i] != -INFINITY) s[i] = x;
     }
   };
   // One pass over the CTA's key tiles, the diagonal one first. Stage uses u = u0 + it (V) and uk0 + it (K, after the
@@ -301,7 +332,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < NS; ++i) pin(s[i]);
       mbar_arrive(bar_empty_k(ks));
       mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
-      if constexpr (QUANT) quantize(s);
+      if constexpr (QUANT) quantize(s, true);
       softmax(s, alpha_prev);  // O is zero: no rescale
       alpha_prev[0] = alpha_prev[1] = 1.f;
       pack(s);
@@ -327,7 +358,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_empty_k(ks));
       if constexpr (WINDOW)
         if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
-      if constexpr (QUANT) quantize(s);
+      if constexpr (QUANT) quantize(s, false);
       if constexpr (FIXED) softmax_fixed_max<NS>(s, m_run, l_run, sl2);
       else softmax(s, alpha_prev);
       wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
@@ -349,10 +380,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     quad_sum(l_run);
   };
-  const int uk0 = QUANT ? n_kt : 0;  // K stage uses of the quantised kernel's first pass
-  int u_end = uk0 + n_kt;  // K stage uses so far
+  int u_end = pre_k + n_kt;  // K stage uses so far
   if constexpr (FIXMAX) {
-    run_pass(std::true_type{}, 0, uk0);
+    run_pass(std::true_type{}, pre_v, pre_k);
     // The verdict: every l and O element of both warpgroups finite, or the exact pass. One bar.red over the 256
     // consumer threads; one thread tells the producer (its flag, then the verdict barrier's release).
     bool bad = !(isfinite(l_run[0]) && isfinite(l_run[1]));
@@ -370,8 +400,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_verdict);
     }
     if (any) {
-      run_pass(std::false_type{}, n_kt, uk0 + n_kt);
-      u_end = uk0 + 2 * n_kt;
+      run_pass(std::false_type{}, pre_v + n_kt, pre_k + n_kt);
+      u_end = pre_k + 2 * n_kt;
     }
   } else {
     run_pass(std::false_type{}, 0, 0);
