@@ -42,17 +42,27 @@ __global__ void __launch_bounds__(kThreads) count_kernel(const OutlierCells c, i
     for (int i = threadIdx.x; i < 2 * kSmemBins; i += kThreads) (&sh[0][0])[i] = 0;
   __syncthreads();
   const int64_t total = c.groups * c.rows * c.n;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
-    int map;
-    float v;
-    if (!cell(c, i, map, v)) continue;
+  // The loop runs warp-uniformly (a warp's 32 cells per step, blockDim a multiple of 32), so that the privatised
+  // pass can add each digit once per warp: neighbouring values (a hidden state's channels, a logit row) mostly share
+  // their top 12 bits, and 32 lanes adding to one shared-memory counter one after another serialise the pass.
+  const int lane = int(threadIdx.x) & 31;
+  for (int64_t i0 = int64_t(blockIdx.x) * kThreads + (threadIdx.x & ~31u); i0 < total; i0 += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = i0 + lane;
+    int map = 0;
+    float v = 0.f;
+    const bool in = i < total && cell(c, i, map, v);
     const uint32_t b = abs_bits(v), digit = (b >> shift) & mask;
     if (priv) {
-      atomicAdd(&sh[map][digit], 1u);
-    } else if (nprefix == 0) {
+      const unsigned key = in ? (uint32_t(map) << 16) | digit : 0xffffffffu;
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&sh[map][digit], unsigned(__popc(peers)));
+      continue;
+    }
+    if (!in) continue;
+    if (nprefix == 0) {
       atomicAdd(counts + size_t(map) * bins + digit, 1ull);
     } else {
-      const uint32_t top = hi >= 32 ? 0u : b >> hi;
+      const uint32_t top = hi >= 32 ? 0u : b >> hi;  // (the top bits of |x| above this pass's digit)
       for (int p = 0; p < nprefix; ++p)
         if (top == prefixes[p]) atomicAdd(counts + (size_t(map) * H + p) * bins + digit, 1ull);
     }

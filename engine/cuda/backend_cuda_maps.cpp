@@ -417,22 +417,96 @@ void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
 }
 
 void CudaBackend::outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) {
+  std::vector<std::vector<uint64_t>> c;
+  outlier_counts_many({OutlierQuery{layer, logits, pass, {}, 0}}, c);
+  counts = std::move(c.at(0));
+}
+
+// Every query's counts and prefixes in one buffer [counts of query 0 | ... | prefixes of query 0 | ...]: one upload
+// of the prefixes, the passes launched back to back, one copy of the counts.
+void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) {
   const DeviceGuard on(device_);
-  const int nmaps = logits && cfg_.is_diff() ? 2 : 1, P = int(pass.prefixes.size());
-  const size_t per = size_t(pass.histograms()) * size_t(pass.bins()), bytes = size_t(nmaps) * per * 8 + size_t(P) * 4;
+  std::vector<size_t> at(q.size() + 1, 0);  // counts offsets (u64)
+  std::vector<uint32_t> prefixes;
+  std::vector<size_t> pre_at;
+  for (size_t i = 0; i < q.size(); ++i) {
+    const int nmaps = q[i].logits && cfg_.is_diff() ? 2 : 1;
+    at[i + 1] = at[i] + size_t(nmaps) * size_t(q[i].pass.histograms()) * size_t(q[i].pass.bins());
+    pre_at.push_back(prefixes.size());
+    prefixes.insert(prefixes.end(), q[i].pass.prefixes.begin(), q[i].pass.prefixes.end());
+  }
+  const size_t bytes = at.back() * 8 + prefixes.size() * 4;
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
   auto* cnt = outlier_buf_.as<unsigned long long>();
-  auto* pre = reinterpret_cast<uint32_t*>(cnt + size_t(nmaps) * per);
-  DS_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(nmaps) * per * 8, stream()));
-  if (P > 0)
-    DS_CUDA_CHECK(cudaMemcpyAsync(pre, pass.prefixes.data(), size_t(P) * 4, cudaMemcpyHostToDevice, stream()));
-  timed("outlier_pass", layer, [&] {
-    outlier_cells(layer, logits, [&](const kern::OutlierCells& c) {
-      DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre, P, cnt, stream()));
+  auto* pre = reinterpret_cast<uint32_t*>(cnt + at.back());
+  DS_CUDA_CHECK(cudaMemsetAsync(cnt, 0, at.back() * 8, stream()));
+  if (!prefixes.empty())
+    DS_CUDA_CHECK(cudaMemcpyAsync(pre, prefixes.data(), prefixes.size() * 4, cudaMemcpyHostToDevice, stream()));
+  for (size_t i = 0; i < q.size(); ++i) {
+    const RadixPass& pass = q[i].pass;
+    timed("outlier_pass", q[i].layer, [&] {
+      outlier_cells(q[i].layer, q[i].logits, [&](const kern::OutlierCells& c) {
+        DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()),
+                                                 cnt + at[i], stream()));
+      });
     });
-  });
-  counts.resize(size_t(nmaps) * per);
-  copy_to_host({{counts.data(), cnt, counts.size() * 8}});
+  }
+  std::vector<uint64_t> all(at.back());
+  copy_to_host({{all.data(), cnt, all.size() * 8}});  // (the upload above is read by then: same stream)
+  counts.resize(q.size());
+  for (size_t i = 0; i < q.size(); ++i) counts[i].assign(all.begin() + long(at[i]), all.begin() + long(at[i + 1]));
+}
+
+// The values at or above each query's thresholds: every query collects into a slice of kFirstCap values per map, and
+// one copy brings the counts found and those slices back; a query that found more (ties, or thresholds below the
+// 100th value) runs again alone with its own cap.
+std::vector<std::vector<std::vector<float>>> CudaBackend::outlier_values_many(const std::vector<OutlierQuery>& q) {
+  const DeviceGuard on(device_);
+  constexpr size_t kFirstCap = 1024;
+  std::vector<int> nmaps(q.size());
+  size_t maps = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    nmaps[i] = q[i].logits && cfg_.is_diff() ? 2 : 1;
+    if (q[i].at_least.size() < size_t(nmaps[i]) || q[i].cap == 0 || q[i].cap > (size_t(1) << 24))
+      throw Error("internal: outlier_values");
+    maps += size_t(nmaps[i]);
+  }
+  // [values: maps x kFirstCap f32 | thresholds: maps f32 | found: maps u32]
+  const size_t bytes = maps * (kFirstCap * 4 + 8);
+  if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
+  float* vals = outlier_buf_.as<float>();
+  float* thr = vals + maps * kFirstCap;
+  auto* found = reinterpret_cast<unsigned*>(thr + maps);
+  std::vector<float> thr_host;
+  for (size_t i = 0; i < q.size(); ++i) thr_host.insert(thr_host.end(), q[i].at_least.begin(), q[i].at_least.begin() + nmaps[i]);
+  DS_CUDA_CHECK(cudaMemcpyAsync(thr, thr_host.data(), maps * 4, cudaMemcpyHostToDevice, stream()));
+  DS_CUDA_CHECK(cudaMemsetAsync(found, 0, maps * 4, stream()));
+  for (size_t i = 0, m0 = 0; i < q.size(); m0 += size_t(nmaps[i]), ++i) {
+    timed("outlier_collect", q[i].layer, [&] {
+      outlier_cells(q[i].layer, q[i].logits, [&](const kern::OutlierCells& c) {
+        // map m of this query at slice m0 + m (the kernel writes map m at out + m * cap: one slice apart)
+        DS_CUDA_CHECK(kern::launch_outlier_collect(c, thr + m0, vals + m0 * kFirstCap, int(kFirstCap), found + m0, stream()));
+      });
+    });
+  }
+  std::vector<float> host(maps * kFirstCap);
+  std::vector<unsigned> nf(maps);
+  copy_to_host({{host.data(), vals, host.size() * 4}, {nf.data(), found, maps * 4}});
+  std::vector<std::vector<std::vector<float>>> out(q.size());
+  for (size_t i = 0, m0 = 0; i < q.size(); m0 += size_t(nmaps[i]), ++i) {
+    bool fits = true;
+    for (int m = 0; m < nmaps[i]; ++m) fits &= nf[m0 + size_t(m)] <= std::min(kFirstCap, q[i].cap);
+    if (!fits) {
+      out[i] = outlier_values(q[i].layer, q[i].logits, q[i].at_least, q[i].cap);
+      continue;
+    }
+    out[i].resize(size_t(nmaps[i]));
+    for (int m = 0; m < nmaps[i]; ++m) {
+      const float* v = host.data() + (m0 + size_t(m)) * kFirstCap;
+      out[i][size_t(m)].assign(v, v + nf[m0 + size_t(m)]);
+    }
+  }
+  return out;
 }
 
 std::vector<std::vector<float>> CudaBackend::outlier_values(int layer, bool logits, const std::vector<float>& at_least,

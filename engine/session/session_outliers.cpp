@@ -90,16 +90,24 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     std::vector<std::vector<uint64_t>> all_counts(3);
     std::vector<RadixPass> all_pass;
     for (const RankFinder& f : all) all_pass.push_back(f.pass());
+    std::vector<Backend::OutlierQuery> queries(src.size());  // every source's pass at once
     for (size_t i = 0; i < src.size(); ++i) {
-      RadixPass q = own[i][0].pass();  // the union of this source's and the model's prefixes
+      RadixPass& q = queries[i].pass;
+      q = own[i][0].pass();  // the union of this source's and the model's prefixes
       auto add = [&](const RadixPass& p) {
         for (uint32_t x : p.prefixes)
           if (std::find(q.prefixes.begin(), q.prefixes.end(), x) == q.prefixes.end()) q.prefixes.push_back(x);
       };
       for (const RankFinder& f : own[i]) add(f.pass());
       for (int m = 0; m < src[i].maps; ++m) add(all_pass[size_t(src[i].logits ? 1 + m : 0)]);
-      std::vector<uint64_t> counts;
-      s.backend().outlier_counts(src[i].layer, src[i].logits, q, counts);
+      queries[i].layer = src[i].layer;
+      queries[i].logits = src[i].logits;
+    }
+    std::vector<std::vector<uint64_t>> counts_of;
+    s.backend().outlier_counts_many(queries, counts_of);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const RadixPass& q = queries[i].pass;
+      const std::vector<uint64_t>& counts = counts_of.at(i);
       for (int m = 0; m < src[i].maps; ++m) {
         RankFinder& f = own[i][size_t(m)];
         f.take(slice(counts, q, m, f.pass()));
@@ -114,12 +122,17 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   }
   // The 100 largest of each set: every value at or above its 100th largest, sorted.
   std::vector<float> pool[3];
+  std::vector<Backend::OutlierQuery> vq(src.size());
   for (size_t i = 0; i < src.size(); ++i) {
-    std::vector<float> thr;
-    for (int m = 0; m < src[i].maps; ++m) thr.push_back(own[i][size_t(m)].value(0));
+    for (int m = 0; m < src[i].maps; ++m) vq[i].at_least.push_back(own[i][size_t(m)].value(0));
     // Ties at the threshold can bring more than 100; a set of equal values brings them all (cap: the whole set).
-    const size_t cap = size_t(std::min<uint64_t>(src[i].count, uint64_t(1) << 22));
-    std::vector<std::vector<float>> v = s.backend().outlier_values(src[i].layer, src[i].logits, thr, cap);
+    vq[i].cap = size_t(std::min<uint64_t>(src[i].count, uint64_t(1) << 22));
+    vq[i].layer = src[i].layer;
+    vq[i].logits = src[i].logits;
+  }
+  std::vector<std::vector<std::vector<float>>> values = s.backend().outlier_values_many(vq);
+  for (size_t i = 0; i < src.size(); ++i) {
+    std::vector<std::vector<float>>& v = values.at(i);
     LayerOutliers* lo = nullptr;
     if (out.layers.empty() || out.layers.back().layer != src[i].layer) out.layers.push_back({src[i].layer});
     lo = &out.layers.back();
