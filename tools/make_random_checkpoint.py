@@ -5,6 +5,11 @@ GUI and the engine at full size where the real weights cannot be fetched (the GP
     tools/make_random_checkpoint.py OUT_DIR            kajuma's shape: hidden 2048, 16 layers, 32 heads (8 kv), head
                                                        dim 64, intermediate 8192, vocab 128256, llama3 rope; 2.5 GB
     tools/make_random_checkpoint.py OUT_DIR --small    the same layout at 2 layers, hidden 256: ~70 MB, for CPU tests
+    tools/make_random_checkpoint.py OUT_DIR --family motif2
+                                                       Motif-2-12.7B's shape (grouped differential attention: hidden
+                                                       4096, 40 layers, 40 query heads = 8 groups x (4 signal + 1
+                                                       noise), 16 kv heads, head dim 128, PolyNorm MLP 16384, vocab
+                                                       219520 as Motif-2.6B's; untied; 12.7 B parameters, 25.4 GB)
     tools/make_random_checkpoint.py OUT_DIR --family phi4flash
                                                        microsoft/Phi-4-mini-flash-reasoning's config and tensor names
                                                        (SambaY, docs/models/phi4flash.md; 3.85 B parameters, 7.7 GB)
@@ -87,6 +92,46 @@ def phi4flash_config(small):
         c.update(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                  intermediate_size=512, sliding_window=64)
     return c
+
+
+def motif2_config(small):
+    """Motif-2-12.7B (docs: ../shared/MODELS.md 3.2; layer count and vocabulary from a third-party port's notes and
+    Motif-2.6B, unverified)."""
+    c = {"architectures": ["MotifForCausalLM"], "model_type": "motif", "bos_token_id": 0, "eos_token_id": 1,
+         "hidden_act": "poly_norm", "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 40,
+         "num_attention_heads": 40, "num_noise_heads": 8, "num_key_value_heads": 16, "head_dim": 128, "k_ratio": 1,
+         "rms_norm_eps": 1e-06, "attn_rms_norm_eps": 1e-05, "max_position_embeddings": 65536, "rope_theta": 1e6,
+         "rope_scaling": None, "tie_word_embeddings": False, "use_bias": False, "torch_dtype": "bfloat16",
+         "vocab_size": 219520, "lambda_std_dev": 0.1}
+    if small:
+        c.update(hidden_size=256, num_hidden_layers=2, num_attention_heads=10, num_noise_heads=2,
+                 num_key_value_heads=4, head_dim=32, intermediate_size=512)
+    return c
+
+
+def motif2_plan(c, a, tok_vocab):
+    """Motif's tensors (tests/gen_motif_fixtures.py names them): q_proj rows of every signal and noise head, k/v of the
+    kv heads, o_proj over the signal heads' 2d-wide outputs, subln over 2d, PolyNorm's 3 weights and bias."""
+    D, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    H, Hkv, d, noise = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_noise_heads"]
+    plan = [("model.embed_tokens.weight", (V, D), ("normal", a.std, tok_vocab, a.unused_vocab_scale))]
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        plan += [(p + "self_attn.q_proj.weight", (H * d, D), ("normal", a.std * a.qk_scale)),
+                 (p + "self_attn.k_proj.weight", (Hkv * d, D), ("normal", a.std * a.qk_scale)),
+                 (p + "self_attn.v_proj.weight", (Hkv * d, D), ("normal", a.std)),
+                 (p + "self_attn.o_proj.weight", (D, 2 * d * (H - noise)), ("normal", a.std))]
+        plan += [(p + "self_attn." + n, (d,), ("normal", c["lambda_std_dev"]))
+                 for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+        plan += [(p + "self_attn.subln.weight", (2 * d,), ("ones",)),
+                 (p + "mlp.gate_proj.weight", (I, D), ("normal", a.std)),
+                 (p + "mlp.up_proj.weight", (I, D), ("normal", a.std)),
+                 (p + "mlp.down_proj.weight", (D, I), ("normal", a.std)),
+                 (p + "mlp.act_fn.weight", (3,), ("const", 1.0 / 3)), (p + "mlp.act_fn.bias", (1,), ("const", 0.0)),
+                 (p + "input_layernorm.weight", (D,), ("ones",)),
+                 (p + "post_attention_layernorm.weight", (D,), ("ones",))]
+    plan += [("model.norm.weight", (D,), ("ones",)), ("lm_head.weight", (V, D), ("normal", a.std))]
+    return plan
 
 
 def phi4flash_plan(c, a, tok_vocab):
@@ -183,7 +228,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--small", action="store_true", help="2 layers, hidden 256 (same vocabulary and rope): a CPU test")
-    ap.add_argument("--family", choices=["diffllama", "phi4flash"], default="diffllama")
+    ap.add_argument("--family", choices=["diffllama", "phi4flash", "motif2"], default="diffllama")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--std", type=float, default=0.02)
     ap.add_argument("--qk-scale", type=float, default=0.0, help="q_proj, k_proj std factor (0: sqrt(3 / hidden) / std)")
@@ -191,7 +236,9 @@ def main():
     ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
 
-    c = phi4flash_config(a.small) if a.family == "phi4flash" else kajuma_config(a.small)
+    configs = {"diffllama": kajuma_config, "phi4flash": phi4flash_config, "motif2": motif2_config}
+    plans = {"diffllama": tensor_plan, "phi4flash": phi4flash_plan, "motif2": motif2_plan}
+    c = configs[a.family](a.small)
     if a.qk_scale <= 0:
         a.qk_scale = (3.0 / c["hidden_size"]) ** 0.5 / a.std
     os.makedirs(a.out_dir, exist_ok=True)
@@ -204,7 +251,7 @@ def main():
         json.dump(c, f, indent=2)
         f.write("\n")
 
-    plan = phi4flash_plan(c, a, tok_vocab) if a.family == "phi4flash" else tensor_plan(c, a, tok_vocab)
+    plan = plans[a.family](c, a, tok_vocab)
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, shape, _ in plan:
         n = int(np.prod(shape)) * 2

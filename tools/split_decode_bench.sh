@@ -1,25 +1,43 @@
 #!/usr/bin/env bash
-# A layer split's forward and decoding against one GPU (issue 47), on the device: the random kajuma checkpoint at a
-# 32K-token prompt, diffscope-run --generate 64 --json on cuda:0 and on cuda:0,1 forced to split by --gpu-mem-limit,
-# alternating, twice each; the generated tokens must be the same (the GEMM choice pinned, DS_GEMM_AUTOTUNE=0).
-#   tools/split_decode_bench.sh RUN_EXE OUT_DIR [LIMIT] [TOKENS]
+# A layer split's forward and decoding against one GPU (issue 47), on the device: a random checkpoint (kajuma's shape,
+# or FAMILY=motif2: Motif-2-12.7B's) at a 32K-token prompt, diffscope-run --generate 64 --json on cuda:0 and on
+# SPLIT (cuda:0,1) forced to split by --gpu-mem-limit, alternating, twice each; the generated tokens must be the same
+# (the GEMM choice pinned, DS_GEMM_AUTOTUNE=0). EXTRA_LIMIT=20G: once more on cuda:all with that limit per GPU (the
+# 24 GB-card case), printing the placement.
+#   [FAMILY=motif2] [SPLIT=cuda:0,1] [EXTRA_LIMIT=20G] tools/split_decode_bench.sh RUN_EXE OUT_DIR [LIMIT] [TOKENS]
 set -u
 RUN=$1 OUT=$2 LIMIT=${3:-4G} N=${4:-32768}
-[ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
+FAMILY=${FAMILY:-diffllama} SPLIT=${SPLIT:-cuda:0,1}
+MODEL=/tmp/kajuma_rand; [ "$FAMILY" = diffllama ] || MODEL=/tmp/${FAMILY}_rand
+[ -f $MODEL/config.json ] || python3 tools/make_random_checkpoint.py $MODEL --family "$FAMILY" > "$OUT/make_ckpt_$FAMILY.log" 2>&1
 python3 -c "import random; r=random.Random(3); print(','.join(str(r.randrange(8192)) for _ in range($N)))" > /tmp/split_ids.txt
 for round in 1 2; do
   for which in single split; do
-    args=(--backend cuda:0); [ $which = split ] && args=(--backend cuda:0,1 --gpu-mem-limit "$LIMIT")
-    DS_GEMM_AUTOTUNE=0 "$RUN" --model /tmp/kajuma_rand --token-ids-file /tmp/split_ids.txt --generate 64 --ignore-eos \
+    args=(--backend cuda:0); [ $which = split ] && args=(--backend "$SPLIT" --gpu-mem-limit "$LIMIT")
+    DS_GEMM_AUTOTUNE=0 "$RUN" --model $MODEL --token-ids-file /tmp/split_ids.txt --generate 64 --ignore-eos \
       --json "${args[@]}" > "$OUT/split_decode_${which}_$round.json" 2> "$OUT/split_decode_${which}_$round.err"
     python3 - "$OUT/split_decode_${which}_$round.json" $which $round <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(f"{sys.argv[2]:6} round {sys.argv[3]}: forward {d['forward_ms']:.1f} ms, {len(d['generated'])} tokens in "
-      f"{d['generate_ms']:.1f} ms = {d['generate_ms'] / max(1, len(d['generated'])):.2f} ms/token; {d['backend'][:160]}")
+      f"{d['generate_ms']:.1f} ms = {d['generate_ms'] / max(1, len(d['generated'])):.2f} ms/token; {d['backend'][:400]}")
 PY
   done
 done
+if [ -n "${EXTRA_LIMIT:-}" ]; then
+  DS_GEMM_AUTOTUNE=0 "$RUN" --model $MODEL --token-ids-file /tmp/split_ids.txt --generate 64 --ignore-eos --json \
+    --backend cuda:all --gpu-mem-limit "$EXTRA_LIMIT" > "$OUT/split_decode_limit.json" 2> "$OUT/split_decode_limit.err"
+  echo "cuda:all --gpu-mem-limit $EXTRA_LIMIT: exit $?"; grep -i "layer\|place\|GiB\|error" "$OUT/split_decode_limit.err" | head -12
+  python3 - "$OUT/split_decode_limit.json" "$OUT/split_decode_single_1.json" <<'PY'
+import json, sys
+try:
+    d, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+except Exception as e:
+    sys.exit(f"no report: {e}")
+print(f"limit run: forward {d['forward_ms']:.1f} ms, {d['generate_ms'] / max(1, len(d['generated'])):.2f} ms/token, "
+      f"the same tokens as one GPU: {d['generated'] == s['generated']}; {d['backend']}")
+PY
+fi
 python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]
