@@ -18,10 +18,8 @@ struct OutlierCells {
 };
 
 // counts: [nmaps][max(1, nprefix)][1 << width] u64 (added to); prefixes: device [nprefix] (nprefix 0: every value).
-// reps: copies of each map's histogram in shared memory for a pass without prefixes (up to what fits in 64 KB; 0:
-// global atomics alone), picked by lane.
 cudaError_t launch_outlier_count(const OutlierCells& c, int shift, int width, const uint32_t* prefixes, int nprefix,
-                                 unsigned long long* counts, cudaStream_t stream, int reps = 4);
+                                 unsigned long long* counts, cudaStream_t stream);
 // Values with |x| >= at_least[map] (device [nmaps] f32) into out + map * cap (|x|; the first `cap` found), found[map]
 // (device u32, added to) counting all of them.
 cudaError_t launch_outlier_collect(const OutlierCells& c, const float* at_least, float* out, int cap, unsigned* found,

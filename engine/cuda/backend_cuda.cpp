@@ -87,7 +87,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   lt_ws_ = DeviceBuffer(kLtWorkspace, "cuBLASLt workspace");
   autotune_ = env_switch("DS_GEMM_AUTOTUNE", true);
   decode_gemv_ = env_switch("DS_DECODE_GEMV", true);
-  outlier_copies_ = env_switch("DS_OUTLIER_COPIES", true);
   fused_swiglu_ = env_switch("DS_SWIGLU_FUSED", true);
   initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
   attn_opt_ = attn_options_from_env();

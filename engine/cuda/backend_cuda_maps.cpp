@@ -447,7 +447,7 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
     timed("outlier_pass", q[i].layer, [&] {
       outlier_cells(q[i].layer, q[i].logits, [&](const kern::OutlierCells& c) {
         DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()),
-                                                 cnt + at[i], stream(), outlier_copies_ ? 4 : 1));
+                                                 cnt + at[i], stream()));
       });
     });
   }

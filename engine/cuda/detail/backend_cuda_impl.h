@@ -385,7 +385,6 @@ class CudaBackend final : public Backend {
   bool decode_graphs_ = true;
   bool decode_profile_ = false;
   bool decode_gemv_ = true;  // the step's projections through kernels/gemv.h (DS_DECODE_GEMV=0: cuBLASLt)
-  bool outlier_copies_ = true;  // the outlier passes' shared histograms copied per lane group (DS_OUTLIER_COPIES=0: one)
   int64_t graph_replays_ = 0;
   std::shared_ptr<const fwd::Hooks> hooks_;  // the forward's hook points (forward.h)
   // The attention op's edits of the last forward (forward.h AttnEdit; null: none), and their head coefficients on the
