@@ -146,6 +146,27 @@ TEST(SplitBackend, PlacementRefusesWhatDoesNotFitWithTheNumbers) {
   EXPECT_EQ(ds::place_layers(c, o).first.size(), 1u);
 }
 
+// The placement plans activations for the requested length (the prompt and what will be generated): a limit that
+// holds the model on one device at 4096 tokens needs more at a longer length, and a Session opened for that length
+// places it so.
+TEST(SplitBackend, PlacementPlansForTheRequestedLength) {
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  ds::SplitOptions o;
+  o.backends = {ds::BackendChoice::Cpu, ds::BackendChoice::Cpu, ds::BackendChoice::Cpu};
+  o.mem_limit = limit_for_blocks(c, o.backends, 1);
+  ASSERT_GT(o.mem_limit, 0);
+  EXPECT_EQ(ds::place_layers(c, o).first.size(), 1u);
+  ds::Placement p;
+  for (int64_t t = 4096; t < 4 * 4096 && p.first.size() < 2; t += 256) {
+    o.plan_tokens = t;
+    p = ds::place_layers(c, o);  // (refused before it needs more than the three devices: the loop stops first)
+  }
+  ASSERT_GT(p.first.size(), 1u);
+  EXPECT_LT(o.plan_tokens, 2 * 4096);
+  auto s = ds::Session::open(demo(), o.backends, nullptr, 1, o.mem_limit, o.plan_tokens);
+  EXPECT_EQ(s->backend().devices_used(), int(p.first.size())) << s->backend().name();
+}
+
 TEST(SplitBackendCuda, TwoGpusEqualOne) {
   if (ds::cuda_device_count() < 2) GTEST_SKIP() << "needs two usable CUDA GPUs (" << ds::cuda_device_count() << " here)";
   const ds::ModelConfig c = ds::load_model(demo())->cfg;

@@ -232,7 +232,17 @@ int run(const Args& a) {
       throw ds::Error(e.what());  // a bad file is bad input (exit 3), not a bad argument
     }
   }
-  auto s = ds::Session::open(a.model, ds::parse_backend_list(a.backend), nullptr, a.threads, a.gpu_mem_limit);
+  const std::vector<ds::BackendChoice> backends = ds::parse_backend_list(a.backend);
+  // Several devices or a memory limit: the layers are placed for this prompt's length and what will be generated
+  // (the tokenizer alone counts a text prompt's tokens before the weights load).
+  int64_t plan_tokens = 0;
+  if (backends.size() > 1 || a.gpu_mem_limit > 0) {
+    int64_t n = ids ? int64_t(ids->size()) : 0;
+    if (a.have_prompt)
+      if (std::unique_ptr<ds::Tokenizer> tok = ds::find_tokenizer(a.model)) n = int64_t(tok->encode(prompt).size());
+    plan_tokens = n + a.generate;
+  }
+  auto s = ds::Session::open(a.model, backends, nullptr, a.threads, a.gpu_mem_limit, plan_tokens);
   if (s->backend().devices_used() > 1) std::fprintf(stderr, "diffscope-run: %s\n", s->backend().name().c_str());
   if (a.have_prompt) s->set_prompt(prompt);
   else s->set_ids(*ids);

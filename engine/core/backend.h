@@ -187,6 +187,10 @@ class Backend {
     (void)first, (void)last;
     return false;
   }
+  // Bytes this backend may hold on its device, weights, caches and activations together (--gpu-mem-limit; 0: what
+  // the device has free); called before load. A device backend then refuses weights and prompts beyond it as it
+  // would on a card of that size; by default nothing is limited.
+  virtual void set_memory_limit(int64_t bytes) { (void)bytes; }
   // Stream(l)'s row r0 onwards of the last forward (l in [first, last]; rows contiguous, hidden f32 each), where it
   // lives: device < 0 host memory, else that GPU's. Valid until the next forward.
   struct StreamRows {

@@ -205,9 +205,14 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
                                               (end == int(c.layers) ? embed_bytes : 0);
   size_t free_b = 0, total_b = 0;
   DS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (mem_limit_ > 0 && need + kReserve > mem_limit_)
+    throw Error("CUDA: " + std::string(c.layers == end - first ? "the model" : "this block of layers") + " needs " +
+                gib(need) + " of GPU memory as bf16, more than the " + gib(mem_limit_) +
+                " --gpu-mem-limit allows on " + device_name_ + "; HINT: more devices (--backend cuda:all) or a higher limit");
   if (need + kReserve > free_b)
     throw Error("CUDA: the model needs " + gib(need) + " of GPU memory as bf16 but only " + gib(free_b) + " of " +
                 gib(total_b) + " are free on " + device_name_ + "; HINT: run with --backend cpu or close other GPU programs");
+  const size_t free_before = free_b;
   WeightUploader up(stream(), progress, need);
   cfg_ = c;
   layers_.resize(size_t(c.layers));
@@ -308,6 +313,11 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   assign_qkv_slots();
   up.finish();
   weight_bytes_ = need;
+  {
+    size_t f = 0, t = 0;
+    DS_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    held_after_load_ = free_before > f ? free_before - f : need;
+  }
   loaded_ = true;
 }
 
@@ -449,7 +459,9 @@ int64_t CudaBackend::max_tokens() const {
   if (!loaded_) return 0;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
-  const size_t avail = free_b + act_.bytes();
+  size_t avail = free_b + act_.bytes();
+  // Under --gpu-mem-limit: what the limit leaves after the load (as a card of that size would)
+  if (mem_limit_ > 0) avail = std::min(avail, mem_limit_ > held_after_load_ ? mem_limit_ - held_after_load_ : 0);
   if (avail <= kReserve) return 0;
   return int64_t((avail - kReserve) / bytes_per_token());
 }

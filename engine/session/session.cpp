@@ -17,7 +17,8 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, BackendChoi
 }
 
 std::unique_ptr<Session> Session::open(const std::string& model_dir, const std::vector<BackendChoice>& backends,
-                                       const ProgressFn& progress, int cpu_threads, int64_t gpu_mem_limit) {
+                                       const ProgressFn& progress, int cpu_threads, int64_t gpu_mem_limit,
+                                       int64_t plan_tokens) {
   std::unique_ptr<Session> s(new Session());
   std::unique_ptr<Model> model = load_model(model_dir);  // validates everything first
   s->dir_ = model_dir;
@@ -27,6 +28,7 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, const std::
   so.backends = backends;
   so.cpu_threads = cpu_threads;
   so.mem_limit = gpu_mem_limit;
+  if (plan_tokens > 0) so.plan_tokens = plan_tokens;
   s->backend_ = make_backend_for(so);
   s->backend_->load(*model, progress);
   model.reset();  // weights now live in the backend; release the mapping

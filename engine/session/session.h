@@ -77,9 +77,11 @@ class Session {
                                        const ProgressFn& progress = nullptr, int cpu_threads = 0);
   // Several devices (--backend cuda:0,1, cuda:all; cpu,cpu in the tests): the model on as few of them as hold it, its
   // layers in contiguous blocks (engine/session/split_backend.h); gpu_mem_limit: bytes each device may hold (0: its
-  // free memory), which forces a split a large card would not need.
+  // free memory), which forces a split a large card would not need and refuses prompts such a card could not hold;
+  // plan_tokens: the prompt length (with what will be generated) the placement plans activations for (0: 4096).
   static std::unique_ptr<Session> open(const std::string& model_dir, const std::vector<BackendChoice>& backends,
-                                       const ProgressFn& progress, int cpu_threads, int64_t gpu_mem_limit);
+                                       const ProgressFn& progress, int cpu_threads, int64_t gpu_mem_limit,
+                                       int64_t plan_tokens = 0);
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& model_dir() const { return dir_; }

@@ -144,6 +144,7 @@ class SplitBackend final : public Backend {
       std::unique_ptr<Backend> b = make_backend(device_of(i), opt_.cpu_threads);
       if (B > 1 && !b->set_layer_range(place_.first[i], place_.end[i]))
         throw Error("the " + b->kind() + " backend cannot hold a block of layers");
+      if (opt_.mem_limit > 0) b->set_memory_limit(opt_.mem_limit);  // prompts then fit as they would on such a card
       const double lo = double(i) / double(B), span = 1.0 / double(B);
       b->load(model, [&](double f, const std::string& what) {
         if (progress) progress(lo + span * f, (B > 1 ? "block " + std::to_string(i + 1) + "/" + std::to_string(B) + ": " : "") + what);

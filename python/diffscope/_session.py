@@ -99,7 +99,7 @@ class Session:
     """
 
     def __init__(self, path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0,
-                 gpu_mem_limit: Union[int, str, None] = None):
+                 gpu_mem_limit: Union[int, str, None] = None, plan_tokens: int = 0):
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str such as 'cpu', 'cuda' or 'cuda:1', not {type(backend).__name__}")
         limit = 0
@@ -107,7 +107,8 @@ class Session:
             limit = _native._parse_size(gpu_mem_limit, "gpu_mem_limit")
         elif gpu_mem_limit is not None:
             limit = _int(gpu_mem_limit, "gpu_mem_limit")
-        self._s = _native._Session(os.fspath(path), backend, _int(threads, "threads"), limit)
+        self._s = _native._Session(os.fspath(path), backend, _int(threads, "threads"), limit,
+                                   _int(plan_tokens, "plan_tokens"))
         self.last_run_from: Optional[int] = None  # the first layer the last run() recomputed
         self._text: Optional[str] = None  # the last text prompt (token_range)
 
@@ -515,12 +516,13 @@ class Session:
 
 
 def open(path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0,  # noqa: A001
-         gpu_mem_limit: Union[int, str, None] = None) -> Session:
+         gpu_mem_limit: Union[int, str, None] = None, plan_tokens: int = 0) -> Session:
     """Opens a Hugging Face model folder (config.json, *.safetensors, tokenizer) on a backend: "auto" (CUDA when a
     GPU is usable), "cpu", "cuda" or "cuda:N". threads: CPU threads (0: every core). A list ("cuda:0,1", "cuda:all")
     puts the model on as few of those GPUs as hold it, its layers in contiguous blocks; gpu_mem_limit (bytes, or
-    "20G") caps what each may hold, which forces a split a large card would not need."""
-    return Session(path, backend, threads, gpu_mem_limit)
+    "20G") caps what each may hold, which forces a split a large card would not need and refuses prompts such a card
+    could not hold; plan_tokens: the prompt length (with what will be generated) the placement plans for (0: 4096)."""
+    return Session(path, backend, threads, gpu_mem_limit, plan_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------- arguments

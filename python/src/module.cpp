@@ -214,13 +214,15 @@ struct Maps {
 
 class PySession {
  public:
-  PySession(const std::string& path, const std::string& backend, int threads, int64_t gpu_mem_limit) {
+  PySession(const std::string& path, const std::string& backend, int threads, int64_t gpu_mem_limit,
+            int64_t plan_tokens) {
     if (threads < 0) throw ds::Error("threads: " + std::to_string(threads) + " is negative (0: every core)");
     if (gpu_mem_limit < 0) throw ds::Error("gpu_mem_limit: " + std::to_string(gpu_mem_limit) + " is negative");
+    if (plan_tokens < 0) throw ds::Error("plan_tokens: " + std::to_string(plan_tokens) + " is negative (0: 4096)");
     const std::vector<ds::BackendChoice> choices = ds::parse_backend_list(backend);
     device_ = choices[0].device;
     nb::gil_scoped_release nogil;
-    s_ = ds::Session::open(path, choices, nullptr, threads, gpu_mem_limit);
+    s_ = ds::Session::open(path, choices, nullptr, threads, gpu_mem_limit, plan_tokens);
   }
   // The CUDA device index the session was opened on; device arrays need the model on one GPU.
   int device() const {
@@ -586,8 +588,8 @@ NB_MODULE(_diffscope, m) {
       });
 
   nb::class_<PySession>(m, "_Session")
-      .def(nb::init<const std::string&, const std::string&, int, int64_t>(), "path"_a, "backend"_a = "auto", "threads"_a = 0,
-           "gpu_mem_limit"_a = 0)
+      .def(nb::init<const std::string&, const std::string&, int, int64_t, int64_t>(), "path"_a, "backend"_a = "auto",
+           "threads"_a = 0, "gpu_mem_limit"_a = 0, "plan_tokens"_a = 0)
       .def("close", &PySession::close)
       .def_prop_ro("closed", &PySession::closed)
       .def_prop_ro("config", [](PySession& ps) { return config_dict(ps.unsafe()); })

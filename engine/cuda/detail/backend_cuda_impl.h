@@ -199,6 +199,7 @@ class CudaBackend final : public Backend {
   void set_hooks(std::shared_ptr<const fwd::Hooks> h) { hooks_ = std::move(h); }
   // A layer split's block (engine/session/split_backend.h): layers [first, last) only.
   bool set_layer_range(int first, int last) override;
+  void set_memory_limit(int64_t bytes) override { mem_limit_ = bytes > 0 ? size_t(bytes) : 0; }
   StreamRows stream_rows(int l, int64_t r0) const override;
   void write_stream(int l, int64_t r0, int64_t rows, const float* in) override;
   void read_stream(int l, int64_t r0, int64_t rows, float* out) override;
@@ -334,6 +335,8 @@ class CudaBackend final : public Backend {
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
   int first_ = 0, last_ = -1;  // set_layer_range (-1: to the last layer)
+  size_t mem_limit_ = 0;         // set_memory_limit (0: none)
+  size_t held_after_load_ = 0;   // device bytes the load took (weights and fixed buffers), under mem_limit_
   // The ForwardRequest's stream_in (a later block of a layer split), copied into Stream(first_) by run().
   const float* stream_in_ = nullptr;
   int stream_in_device_ = -1;
