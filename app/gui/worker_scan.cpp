@@ -150,6 +150,8 @@ void Worker::run_scan(const Request& r) {
     ro.first_session = session_.get();  // replica 0 is the views' own session; --backend lists add the others
     ro.backends = backends_;
     ro.mem_limit = gpu_mem_limit_;
+    if (backends_.size() > 1 || gpu_mem_limit_ > 0)  // the other replicas' splits are placed for the longest prompt
+      ro.plan_tokens = sc::corpus_plan_tokens(*corpus, ro.model, o.max_answer_tokens);
     ro.threads = cpu_threads_;
     ro.first = sc::RunOptions{"", o.lambda_scale, o.max_answer_tokens};
     if (o.compare) ro.second = sc::RunOptions{"", o.compare_scale, o.max_answer_tokens};

@@ -301,6 +301,8 @@ int scan(const Args& a) {
   ro.compare_model = a.compare_model;
   ro.backends = backends;
   ro.mem_limit = a.gpu_mem_limit;
+  if (backends.size() > 1 || a.gpu_mem_limit > 0)  // a layer split is placed for the longest prompt
+    ro.plan_tokens = ds::scan::corpus_plan_tokens(corpus, a.model, a.max_answer_tokens);
   ro.threads = a.threads;
   ro.first = ds::scan::RunOptions{a.label, a.lambda_scale, a.max_answer_tokens, a.outliers, a.logit_bits};
   if (!a.compare_model.empty() || a.compare_lambda_scale)

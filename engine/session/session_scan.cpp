@@ -295,6 +295,30 @@ bool read_line_bounded(std::istream& in, std::string& line, size_t max) {
 }
 }  // namespace
 
+int64_t corpus_plan_tokens(const Corpus& c, const std::string& model_dir, int max_answer_tokens) {
+  int64_t longest = 0;
+  std::vector<const Prompt*> texts;
+  for (const Prompt& p : c.prompts) {
+    if (p.is_text) texts.push_back(&p);
+    else longest = std::max<int64_t>(longest, int64_t(p.ids.size()));
+  }
+  if (!texts.empty()) {
+    // the longest few texts by bytes (token counts follow bytes closely enough to find the longest among them)
+    const size_t k = std::min<size_t>(texts.size(), 4);
+    std::partial_sort(texts.begin(), texts.begin() + ptrdiff_t(k), texts.end(),
+                      [](const Prompt* a, const Prompt* b) { return a->text.size() > b->text.size(); });
+    std::unique_ptr<Tokenizer> tok;
+    try {
+      tok = find_tokenizer(model_dir);
+    } catch (const Error&) {
+    }
+    for (size_t i = 0; i < k; ++i)
+      longest = std::max<int64_t>(longest, tok ? int64_t(tok->encode(texts[i]->text).size()) + 2
+                                               : int64_t(texts[i]->text.size()) + 2);
+  }
+  return longest + std::max(0, max_answer_tokens);
+}
+
 Corpus read_corpus(const std::string& path) {
   check_regular_file(path, "corpus");  // a directory, FIFO or device is refused by name, at once
   std::ifstream in(path, std::ios::binary);

@@ -69,6 +69,10 @@ Prompt parse_line(const std::string& line, int line_no);
 // The whole file; a bad line goes to errors, never stops the read. Throws ds::Error (naming the file) when the
 // file cannot be opened or read, or holds no line at all.
 Corpus read_corpus(const std::string& path);
+// The longest prompt of the corpus in tokens, plus the answer tokens a prompt may generate: what a layer split plans
+// its activations for (ReplicaScanOptions::plan_tokens). Text prompts are counted with the model's tokenizer (the
+// longest few by bytes); without one, a byte a token bounds them.
+int64_t corpus_plan_tokens(const Corpus& c, const std::string& model_dir, int max_answer_tokens);
 
 // ---------------------------------------------------------------------------------------------------------------
 // one prompt

@@ -29,6 +29,7 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
     so.backends = opt.backends;
     so.mem_limit = opt.mem_limit;
     so.cpu_threads = opt.threads;
+    if (opt.plan_tokens > 0) so.plan_tokens = opt.plan_tokens;
     if (opt.first_session && opt.first_session->backend().devices_used() > 1)
       group_ = size_t(opt.first_session->backend().devices_used());
     else if (opt.backends.size() > 1 || opt.mem_limit > 0)  // the devices up to the last one the placement uses
@@ -60,7 +61,7 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
         r->s1 = opt.first_session;
       } else {
         r->own1 = Session::open(opt.first_session ? opt.first_session->model_dir() : opt.model, r->backends, progress,
-                                cpu_threads, opt.mem_limit);
+                                cpu_threads, opt.mem_limit, opt.plan_tokens);
         r->s1 = r->own1.get();
         if (nrep > 1) {  // the warm-up (a scan's prompts replace its ids and result)
           r->s1->set_ids(std::vector<int32_t>(16, 0));
@@ -68,7 +69,7 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
         }
       }
       if (!opt.compare_model.empty())
-        r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit);
+        r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit, opt.plan_tokens);
       r->runs.push_back(std::make_unique<Run>(*r->s1, opt.first));
       if (opt.second) r->runs.push_back(std::make_unique<Run>(r->s2 ? *r->s2 : *r->s1, *opt.second));
       reps_[i] = std::move(r);

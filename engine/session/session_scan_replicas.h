@@ -24,6 +24,7 @@ struct ReplicaScanOptions {
   // as many consecutive devices as a layer split of it needs (split_backend.h), the rest left idle.
   std::vector<BackendChoice> backends;
   int64_t mem_limit = 0;                // --gpu-mem-limit: bytes each device may hold (0: its free memory)
+  int64_t plan_tokens = 0;              // the longest prompt a layer split plans for (corpus_plan_tokens; 0: 4096)
   int threads = 0;                      // CPU backends: threads each (0: the cores shared out among the CPU replicas)
   RunOptions first;
   std::optional<RunOptions> second;     // a comparison: every prompt through both runs, or through neither
