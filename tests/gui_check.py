@@ -887,6 +887,14 @@ def case_split(r):
     check(len(two["generated"]) == 3, "generated %s" % two["generated"])
     px = region(img, two["panels"]["Model"])
     check(len(set(px)) >= 20, "Model panel nearly uniform")
+    # The Profiler's lanes: one per device in layer order, covering every layer once, the second block after the first
+    lanes = two["timings"]["lanes"]
+    check([l["device"] for l in lanes] == ["CPU 0", "CPU 1"], "lanes %r" % lanes)
+    check(lanes[0]["first_layer"] == 0 and lanes[0]["end_layer"] == lanes[1]["first_layer"] and
+          lanes[1]["end_layer"] == two["model"]["layers"], "lane layers %r" % lanes)
+    check(all(l["end_ms"] > l["start_ms"] >= 0 and l["handoff_ms"] >= 0 for l in lanes), "lane times %r" % lanes)
+    check(lanes[1]["start_ms"] >= lanes[0]["end_ms"] - 1e-6, "the blocks overlap: %r" % lanes)
+    check(one["timings"]["lanes"] == [], "one backend has lanes: %r" % one["timings"]["lanes"])
     # A limit nothing fits: one line with the numbers; the window stays up with no model.
     rc, bad, _ = r.run("split_bad", "--backend", "cpu,cpu", "--gpu-mem-limit", "1M", *common)
     check(bad["error_shown"] and "does not fit the 2 devices" in bad["error"] and "\n" not in bad["error"], "error %r" % bad["error"])

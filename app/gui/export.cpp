@@ -259,6 +259,11 @@ nlohmann::json session_json(const AppState& st) {
   json heads = json::array();
   for (const auto& h : p.heads)
     heads.push_back({{"layer", h.layer}, {"head", h.head}, {"ms", h.ms}, {"flops", h.flops}});
+  json lanes = json::array();  // a layer split's devices (the Profiler's lanes)
+  for (const DeviceLane& d : p.lanes)
+    lanes.push_back({{"device", d.device},       {"first_layer", d.first_layer}, {"end_layer", d.end_layer},
+                     {"start_ms", d.start_ms},   {"end_ms", d.end_ms},           {"handoff_ms", d.handoff_ms},
+                     {"kernels_ms", d.kernels_ms}});
   j["timings"] = {{"run_ms", r.run_ms},
                   {"first_layer", r.first_layer},
                   {"forward_ms", p.forward_ms},
@@ -268,7 +273,8 @@ nlohmann::json session_json(const AppState& st) {
                   {"attention_ms", attn_ms},
                   {"attention_tflops", attn_ms > 0 ? flops / (attn_ms * 1e-3) / 1e12 : 0.0},
                   {"kernels", kernels},
-                  {"heads", heads}};
+                  {"heads", heads},
+                  {"lanes", lanes}};
   // The interventions the result on screen ran with, as the engine records them (interventions_json).
   j["interventions"] = r.interventions.empty() ? json::array() : json::parse(r.interventions);
   j["logit_bits"] = r.logit_bits;

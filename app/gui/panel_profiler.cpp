@@ -147,6 +147,50 @@ void head_table(AppState& st, const Profile& p) {
   ImGui::EndTable();
 }
 
+// A layer split's devices as lanes on one time axis (the forward's wall time): each GPU's block from when it started
+// to when its work was done, the hand-off copy of the residual stream into it in the second colour, and the layers it
+// holds; a block a re-run did not reach shows as an empty lane.
+void device_lanes(const Profile& p) {
+  if (p.lanes.size() < 2 || p.forward_ms <= 0) return;
+  const ThemeColors& tc = theme_colors();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float row_h = ImGui::GetTextLineHeight() + 4, label_w = ImGui::CalcTextSize("GPU 00  L000-000 ").x;
+  const float w = std::max(40.f, ImGui::GetContentRegionAvail().x - label_w);
+  for (size_t i = 0; i < p.lanes.size(); ++i) {
+    const DeviceLane& d = p.lanes[i];
+    char label[64];
+    std::snprintf(label, sizeof label, "%s  L%d-%d", d.device.c_str(), d.first_layer, d.end_layer - 1);
+    ImGui::TextUnformatted(label);
+    ImGui::SameLine(label_w);
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    ImGui::InvisibleButton(label, ImVec2(w, row_h - 2));
+    dl->AddRectFilled(o, ImVec2(o.x + w, o.y + row_h - 2), ImGui::GetColorU32(ImGuiCol_FrameBg));
+    const auto x_of = [&](double ms) { return o.x + float(std::clamp(ms / p.forward_ms, 0.0, 1.0)) * w; };
+    const bool ran = d.end_ms > d.start_ms;
+    if (ran) {
+      dl->AddRectFilled(ImVec2(x_of(d.start_ms), o.y + 1), ImVec2(std::max(x_of(d.end_ms), x_of(d.start_ms) + 1), o.y + row_h - 3),
+                        tc.plot_a);
+      if (d.handoff_ms > 0)
+        dl->AddRectFilled(ImVec2(x_of(d.start_ms), o.y + 1),
+                          ImVec2(std::max(x_of(d.start_ms + d.handoff_ms), x_of(d.start_ms) + 2), o.y + row_h - 3), tc.plot_b);
+    }
+    dl->AddRect(o, ImVec2(o.x + w, o.y + row_h - 2), tc.grid);
+    if (ImGui::IsItemHovered()) {
+      if (ran)
+        ImGui::SetTooltip("%s: layers %d-%d\nfrom %.2f to %.2f ms of the forward (%.2f ms)\nhand-off of the residual "
+                          "stream into it: %.3f ms\nits kernels: %.2f ms",
+                          d.device.c_str(), d.first_layer, d.end_layer - 1, d.start_ms, d.end_ms, d.end_ms - d.start_ms,
+                          d.handoff_ms, d.kernels_ms);
+      else
+        ImGui::SetTooltip("%s: layers %d-%d\nnot re-run (the change was in a later block)", d.device.c_str(),
+                          d.first_layer, d.end_layer - 1);
+    }
+  }
+  double handoff = 0;
+  for (const DeviceLane& d : p.lanes) handoff += d.handoff_ms;
+  ImGui::TextDisabled("%zu devices; hand-offs %s ms in all", p.lanes.size(), fmt_value(handoff).c_str());
+}
+
 }  // namespace
 
 // The Table 5 reader (engine/core/forward.h's hook point, Session::max_abs_hidden): off by default, since turning it on
@@ -269,6 +313,8 @@ void draw_profiler_panel(AppState& st) {
     ImGui::SetTooltip(
         "FLOPs per differential head: 12 n^2 d, halved for causal (kernels/attn_heads.h); "
         "the peak is the device's measured matrix throughput");
+
+  device_lanes(p);
 
   const float plot_h = 44, avail_w = ImGui::GetContentRegionAvail().x;
   if (ImGui::GetContentRegionAvail().y < 5 * plot_h + 40) {  // a short panel: the two plots side by side

@@ -89,9 +89,18 @@ struct KernelTiming {
   int64_t count = 0;
   double total_ms = 0, min_ms = 0, max_ms = 0;
 };
+// One device's part of the last forward under a layer split (Profile::lanes): its block of layers, when its work ran
+// (host wall clock from the forward's start to the block's finish; a block the re-run did not reach has start = end),
+// the hand-off copy of the residual stream into it, and its kernels' summed time.
+struct DeviceLane {
+  std::string device;  // "GPU 1", "CPU 0"
+  int first_layer = 0, end_layer = 0;
+  double start_ms = 0, end_ms = 0, handoff_ms = 0, kernels_ms = 0;
+};
 struct Profile {
   std::vector<HeadTiming> heads;
   std::vector<KernelTiming> kernels;
+  std::vector<DeviceLane> lanes;  // a layer split's devices, in layer order (empty: one device)
   double forward_ms = 0;
   int64_t tokens = 0;
   double peak_tflops = 0;  // measured matrix peak of the device (0 = unknown)

@@ -300,7 +300,9 @@ class CpuBackend final : public Backend {
       if (first > 0) {  // the previous block's output rows of this call
         std::vector<float>& in = layer_in_[size_t(first)];
         in.resize(size_t(n * cfg_.hidden));
+        const Clock::time_point t = Clock::now();
         std::copy(req.stream_in, req.stream_in + (n - s) * cfg_.hidden, in.begin() + s * cfg_.hidden);
+        stats_["handoff"].add(ms_since(t));  // (the profiler's name for a block's incoming residual stream)
       }
     }
     // The readers' slots: layers that run start over (a prompt), a decoding step adds its rows to what they hold.

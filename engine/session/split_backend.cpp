@@ -165,13 +165,13 @@ class SplitBackend final : public Backend {
         ForwardRequest r = req;
         r.ids.assign(req.ids.begin(), req.ids.begin() + pos + 1);
         r.append_from = pos;
-        run_blocks(r, 0, out, pos);
+        run_blocks(r, 0, out, pos, t0);
       }
     } else {
       const int from = std::clamp(req.from_layer, 0, L);
       size_t k0 = 0;  // the block the changed layer is in: the earlier ones keep their results
       while (k0 + 1 < subs_.size() && from >= place_.end[k0]) ++k0;
-      run_blocks(req, k0, out, 0);
+      run_blocks(req, k0, out, 0, t0);
     }
     out.n = n;
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -203,10 +203,19 @@ class SplitBackend final : public Backend {
     for (size_t i = 0; i < subs_.size(); ++i) {
       const Profile s = subs_[i]->profile();
       p.heads.insert(p.heads.end(), s.heads.begin(), s.heads.end());
+      DeviceLane lane;
+      const BackendChoice& b = opt_.backends[size_t(place_.dev[i])];
+      lane.device = (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(place_.dev[i]));
+      lane.first_layer = place_.first[i];
+      lane.end_layer = place_.end[i];
+      if (i < lane_ms_.size()) lane.start_ms = lane_ms_[i].first, lane.end_ms = lane_ms_[i].second;
       for (KernelTiming k : s.kernels) {  // a lane per device: its kernels under its name
+        lane.kernels_ms += k.total_ms;
+        if (k.name == "handoff") lane.handoff_ms += k.total_ms;
         if (subs_.size() > 1) k.name = "[" + std::to_string(i) + "] " + k.name;
         p.kernels.push_back(std::move(k));
       }
+      if (subs_.size() > 1) p.lanes.push_back(lane);
       if (i == 0) p.peak_tflops = s.peak_tflops;
     }
     p.forward_ms = forward_ms_;
@@ -279,9 +288,14 @@ class SplitBackend final : public Backend {
   }
 
   // Blocks k0.. of one call (a prompt, or one decoding position `pos`), each given the previous block's rows.
-  void run_blocks(const ForwardRequest& req, size_t k0, ForwardResult& out, int64_t pos) {
+  void run_blocks(const ForwardRequest& req, size_t k0, ForwardResult& out, int64_t pos,
+                  std::chrono::steady_clock::time_point t0) {
     const int L = int(cfg_.layers);
+    const auto since = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+    lane_ms_.resize(subs_.size());
+    for (size_t k = 0; k < k0; ++k) lane_ms_[k] = {0.0, 0.0};  // kept from before: not re-run
     for (size_t k = k0; k < subs_.size(); ++k) {
+      const double start = since();
       ForwardRequest r = req;
       if (k > 0) {
         const StreamRows in = subs_[k - 1]->stream_rows(place_.first[k], pos);
@@ -291,7 +305,8 @@ class SplitBackend final : public Backend {
           r.from_layer = place_.first[k];  // its input changed: the whole block runs
       }
       ForwardResult res;
-      subs_[k]->forward(r, res);
+      subs_[k]->forward(r, res);  // (returns once the block's work is done: its results are read next)
+      lane_ms_[k] = {start, since()};
       for (int l = place_.first[k]; l < place_.end[k]; ++l)
         if (size_t(l) < res.maps.size() && !res.maps[size_t(l)].empty()) out.maps[size_t(l)] = std::move(res.maps[size_t(l)]);
       if (req.keep_hidden)
@@ -311,6 +326,7 @@ class SplitBackend final : public Backend {
   std::vector<std::unique_ptr<Backend>> subs_;
   double forward_ms_ = 0;
   int64_t tokens_ = 0;
+  std::vector<std::pair<double, double>> lane_ms_;  // per block: [start, end] of its part of the last forward (ms)
 };
 
 }  // namespace
