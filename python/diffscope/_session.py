@@ -479,8 +479,9 @@ class Session:
 
     # ------------------------------------------------------------------------------------------------ profiler
     def profile(self) -> dict:
-        """The last forward's timings: forward_ms, tokens, peak_tflops, kernels (name, count, total/min/max ms) and
-        per attention head head_layer, head_head, head_ms, head_flops (arrays)."""
+        """The last forward's timings: forward_ms, tokens, peak_tflops, kernels (name, count, total/min/max ms),
+        per attention head head_layer, head_head, head_ms, head_flops (arrays), and under a layer split a lane per
+        device (device, first_layer, end_layer, start_ms, end_ms, handoff_ms, kernels_ms; empty on one device)."""
         return self._s.profile()
 
     def watch_max_abs_hidden(self, on: bool = True) -> None:

@@ -914,6 +914,19 @@ NB_MODULE(_diffscope, m) {
         d["head_head"] = owned(std::move(head), {H});
         d["head_ms"] = owned(std::move(ms), {H});
         d["head_flops"] = owned(std::move(flops), {H});
+        nb::list lanes;  // a layer split's devices (split_backend.h): the Profiler's lanes
+        for (const ds::DeviceLane& x : p.lanes) {
+          nb::dict e;
+          e["device"] = x.device;
+          e["first_layer"] = x.first_layer;
+          e["end_layer"] = x.end_layer;
+          e["start_ms"] = x.start_ms;
+          e["end_ms"] = x.end_ms;
+          e["handoff_ms"] = x.handoff_ms;
+          e["kernels_ms"] = x.kernels_ms;
+          lanes.append(e);
+        }
+        d["lanes"] = lanes;
         return d;
       })
       .def("set_head_scale", [](PySession& ps, int layer, int head, std::optional<float> factor) {

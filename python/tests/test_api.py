@@ -246,16 +246,23 @@ def test_layer_split_equals_one_backend():
     for layer in range(one.config["layers"]):
         assert np.array_equal(one.view(layer, 1, grid=(32, 32)).diff, two.view(layer, 1, grid=(32, 32)).diff)
     assert np.array_equal(one.rows([-1, 7]).a1, two.rows([-1, 7]).a1)
+    lanes = two.profile()["lanes"]  # a lane per device, in layer order; one backend has none
+    assert [x["device"] for x in lanes] == ["CPU 0", "CPU 1"] and one.profile()["lanes"] == []
+    assert lanes[0]["end_layer"] == lanes[1]["first_layer"] and lanes[1]["start_ms"] >= lanes[0]["end_ms"] - 1e-6
     for s in (one, two):
         s.set_lambda(one.config["layers"] - 1, 0.25)
         s.run()
     assert np.array_equal(one.logits(), two.logits())
+    lanes = two.profile()["lanes"]  # the last layer's change re-ran the second block alone
+    assert lanes[0]["end_ms"] == lanes[0]["start_ms"] and lanes[1]["end_ms"] > lanes[1]["start_ms"]
     assert one.lens(positions=[-1]) == two.lens(positions=[-1])
     assert [t.id for t in one.generate(4)] == [t.id for t in two.generate(4)]
     with pytest.raises(diffscope.Error, match="does not fit the 2 devices"):
         diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="1M")
     with pytest.raises(diffscope.Error, match="gpu_mem_limit"):
         diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="lots")
+    with pytest.raises(diffscope.Error, match="plan_tokens"):
+        diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="80M", plan_tokens=-1)
 
 
 def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
