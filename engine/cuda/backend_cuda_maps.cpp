@@ -401,13 +401,36 @@ void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
   }
   kern::AttnParams p = layer_params(layer);
   p.nko = 0;  // the logits themselves (a knockout hides cells from the softmax, not from q.k)
-  const int Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1;
+  const int Hv = view_heads(), nmaps = cfg_.is_diff() ? 2 : 1, G = Hv * nmaps;
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
   const int64_t rpc = std::max<int64_t>(1, std::min<int64_t>(n, int64_t(kMapBudget / row_bytes)));
   if (map_buf_.bytes() < size_t(rpc) * row_bytes) map_buf_ = DeviceBuffer(size_t(rpc) * row_bytes, "attention maps");
+  // The rows' logits on the tensor cores: per chunk one batched bf16 GEMM over the G = view heads x maps groups,
+  // group g's [rows][n] block = scale Q_g K_g^T over the keys up to the chunk's last row (the count kernel takes the
+  // causal cells inside the window). Products of bf16 values are exact in f32, so only the order of the sums differs
+  // from the map kernels' f32 CUDA-core dot products, which made these statistics 59x a 4K forward.
+  if (logit_ptrs_.bytes() < size_t(3 * G) * sizeof(void*)) logit_ptrs_ = DeviceBuffer(size_t(3 * G) * sizeof(void*), "logit GEMM pointers");
+  const bf16* kvb = kern::kv_base(p);
   for (int64_t r0 = 0; r0 < n; r0 += rpc) {
     const int rows = int(std::min(rpc, n - r0));
-    DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(r0), rows, map_buf_.as<float>(), stream()));
+    const int keys = int(r0) + rows;  // keys right of the chunk's last row are masked for all of its rows
+    std::vector<const void*> ptr(size_t(3 * G));
+    for (int j = 0; j < Hv; ++j)
+      for (int m = 0; m < nmaps; ++m) {
+        const kern::ViewHeadMap hm = kern::view_head_map(p.diff, j, p.heads, p.kv_heads);
+        const int g = j * nmaps + m;
+        ptr[size_t(g)] = kvb + p.k_off + int64_t(hm.k[m]) * p.d;                                  // A: K of the map
+        ptr[size_t(G + g)] = p.qkv + r0 * p.row_stride + p.q_off + int64_t(hm.q[m]) * p.d;          // B: the rows' Q
+        ptr[size_t(2 * G + g)] = map_buf_.as<float>() + int64_t(g) * rows * n;                      // C: [rows][n]
+      }
+    DS_CUDA_CHECK(cudaMemcpyAsync(logit_ptrs_.get(), ptr.data(), ptr.size() * sizeof(void*), cudaMemcpyHostToDevice, stream()));
+    const void* const* dp = static_cast<const void* const*>(logit_ptrs_.get());
+    const float alpha = p.scale, beta = 0.f;
+    // column-major: C^T [keys x rows] (ldc n) = K [keys x d] (row-major K read as d x keys, transposed) x Q^T [d x rows]
+    DS_CUBLAS_CHECK(cublasGemmBatchedEx(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, keys, rows, p.d, &alpha, dp,
+                                        CUDA_R_16BF, int(p.row_stride), dp + G, CUDA_R_16BF, int(p.row_stride), &beta,
+                                        const_cast<void* const*>(dp + 2 * G), CUDA_R_32F, int(n), G,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     kern::OutlierCells c;
     c.x = map_buf_.as<float>();
     c.groups = int64_t(Hv) * nmaps, c.rows = rows, c.n = n, c.nmaps = nmaps;

@@ -181,6 +181,7 @@ class CudaBackend final : public Backend {
   template <class F>
   void outlier_cells(int layer, bool logits, F&& f);
   DeviceBuffer outlier_buf_;  // the passes' counts, prefixes, thresholds and collected values
+  DeviceBuffer logit_ptrs_;   // the batched logit GEMM's A, B and C pointers (outlier_cells)
   DeviceBuffer mean_slots_;   // the mean ablations' means (Ops::mean_columns): [64 slots][1024] f32
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
   // true: steps run eagerly with every launch timed; build_profile() then gives the step's kernels (benchmarks).
