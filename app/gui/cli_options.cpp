@@ -36,7 +36,7 @@ const char* cli_usage() {
          "                         MODE head (its output zeroed; the default), a1 or a2 (that map dropped), mean\n"
          "                         (its output replaced by its mean over positions)\n"
          "  --knockout L:Q0:Q1,K0:K1  queries [Q0, Q1) of layer L (a range A-B, or all) do not see keys [K0, K1)\n"
-         "                         (repeatable; below 0 counts from the end; the Lambda panel's knockout field)\n"
+         "                         (repeatable; below 0 counts from the prompt's end; the Lambda panel's field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
          "  --outliers             the activation outliers of each result (Profiler, outliers; paper Table 5)\n"
          "  --compare DIR          open DIR beside the model in the Compare panel, on the same tokens (its twin, or\n"

@@ -120,8 +120,9 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
     }
   }
   item_tooltip("Attention knockout: query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps.\n"
-               "L: a layer, a range A-B or all; below 0 counts from the end (-1: the last token; Q1 left empty\n"
-               "after it: to the end). E.g. all:-1:,5:9 hides keys 5..8 from the last token in every layer.");
+               "L: a layer, a range A-B or all; below 0 counts from the prompt's end (-1: its last token; Q1 left\n"
+               "empty after it: to the end, generated tokens included). E.g. all:-1:,5:9 hides keys 5..8 from the\n"
+               "last prompt token and every generated one in every layer.");
 
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
   if (!ImGui::BeginTable("lam", 4, tf, ImVec2(0, table_h)))

@@ -288,7 +288,8 @@ class Session:
     def knockout(self, layers, queries: Sequence[int], keys: Sequence[int]) -> None:
         """Attention knockout from the next run() on: in `layers` (a layer, a (first, last) pair, or "all"), query
         positions [q0, q1) do not see keys [k0, k1) in either map. Positions below 0 count from the end of the prompt
-        (-1: its last token; an end of 0 after a negative start: to the end), e.g. knockout("all", (-1, 0), (5, 9))."""
+        (-1: its last token; an end of 0 after a negative start: to the end of the sequence, generated tokens
+        included), e.g. knockout("all", (-1, 0), (5, 9))."""
         if isinstance(layers, str):
             if layers != "all":
                 raise Error(f"knockout: layers {layers!r}: give a layer, a (first, last) pair or 'all'")
