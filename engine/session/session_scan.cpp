@@ -312,9 +312,14 @@ int64_t corpus_plan_tokens(const Corpus& c, const std::string& model_dir, int ma
       tok = find_tokenizer(model_dir);
     } catch (const Error&) {
     }
-    for (size_t i = 0; i < k; ++i)
-      longest = std::max<int64_t>(longest, tok ? int64_t(tok->encode(texts[i]->text).size()) + 2
-                                               : int64_t(texts[i]->text.size()) + 2);
+    for (size_t i = 0; i < k; ++i) {
+      int64_t n = int64_t(texts[i]->text.size());
+      if (tok) {
+        const std::vector<int32_t> ids = tok->encode(texts[i]->text);
+        n = int64_t(ids.size());
+      }
+      longest = std::max<int64_t>(longest, n + 2);
+    }
   }
   return longest + std::max(0, max_answer_tokens);
 }
