@@ -22,10 +22,7 @@ constexpr int MAXV = 2 * DMAX / 32;  // output columns per lane per map (V of a 
 __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const AttnParams p) {
   __shared__ float sq[WARPS][2][DMAX];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // a decoding step (p.step_len): the sequence's last row, written to row 0 of the output
-  const int n = p.step_len ? *p.step_len : p.n;
-  const int row = (p.step_len ? n - 1 : p.row0) + int(blockIdx.x) * WARPS + warp;
-  const int row_end = p.step_len ? n : p.row1 > 0 ? p.row1 : p.n, out_row = p.step_len ? row - (n - 1) : row;
+  const int row = p.row0 + int(blockIdx.x) * WARPS + warp;
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int d = p.d;
   const int nmaps = p.diff ? 2 : 1, VW = view_width(p.diff, d);
@@ -38,7 +35,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
   const bf16* kvb = kv_base(p) + int64_t(b) * p.batch_stride;
   const float sl2 = p.scale * 1.4426950408889634f;
 
-  if (row < row_end) {  // warp-uniform
+  if (row < (p.row1 > 0 ? p.row1 : p.n)) {  // warp-uniform
 #pragma unroll
     for (int m = 0; m < 2; ++m)
       for (int i = lane; i < d && m < nmaps; i += 32)
@@ -128,7 +125,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_fwd_generic_kernel(const Attn
     } else {
       f = inv0;
     }
-    bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(out_row) * p.out_row_stride + int64_t(h) * VW;
+    bf16* o = p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride + int64_t(h) * VW;
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
       const int e = lane + 32 * i;

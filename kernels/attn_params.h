@@ -50,12 +50,9 @@ struct AttnParams {
   int nko = 0;
   int4 ko[kMaxKnockouts] = {};
   int row0 = 0, row1 = 0;  // generic kernel: the query rows it computes (row1 0: to n)
-  // Generic kernel, a decoding step: when set, the sequence is *step_len long (read on the device, so that a CUDA
-  // graph replays the step at any length), the one query row is its last, and its output goes to row 0 of out.
-  const int32_t* step_len = nullptr;
   // > 0: the logits fake-quantised to this many bits before the softmax (forward.h AttnEdit::logit_bits): the Hopper
   // kernel and the generic kernel (each with a first pass for each row's largest |score|) and the map kernels take it
-  // (select_attn routes a quantised layer to them); a decoding step under it runs the generic kernel (step_len).
+  // (select_attn routes a quantised layer to them); the CUDA decoding steps refuse it.
   int logit_bits = 0;
 };
 

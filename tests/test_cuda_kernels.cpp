@@ -33,7 +33,6 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no
 #include "engine/core/dtype.h"
 #include "engine/core/rope.h"
 #include "kernels/attn_dispatch.h"
-#include "kernels/attn_fwd_generic.h"
 #include "map_reference.h"
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
@@ -484,31 +483,6 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
             sm90_ran += impl == AttnImpl::Sm90;
           }
         }
-  // A decoding step (AttnParams::step_len: the length read on the device, the one row written to row 0 of out): the
-  // generic kernel's last row against the reference's, quantised and not.
-  for (int bits : {0, 8})
-    for (bool diff : {true, false})
-      for (int d : {64, 128}) {
-        AttnOpts o;
-        o.logit_bits = bits;
-        AttnProblem pr({257, 1, 4, 2, d, diff}, rng, o);
-        DeviceBuffer in = to_device(pr.qkv), out(size_t(pr.out_row_stride) * 2, "step output");
-        DeviceBuffer len = to_device(std::vector<int32_t>{pr.c.n});
-        ds::kern::AttnParams p = pr.params(in, out);
-        p.step_len = len.as<int32_t>();
-        p.row0 = 0, p.row1 = 1;
-        p.out_batch_stride = p.out_row_stride;
-        DS_CUDA_CHECK(cudaMemcpy(out.get(), std::vector<uint16_t>(size_t(pr.out_row_stride), kBf16NaN).data(),
-                                 out.bytes(), cudaMemcpyHostToDevice));
-        DS_CUDA_CHECK(ds::kern::launch_attn_fwd_generic(p, nullptr));
-        DS_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<uint16_t> got = to_host<uint16_t>(out, size_t(pr.out_row_stride));
-        double err = 0;
-        for (int64_t e = 0; e < pr.out_w; ++e)
-          err = std::max(err, std::fabs(bf(got[size_t(e)]) - pr.ref[size_t(pr.c.n - 1) * pr.out_w + e]));
-        EXPECT_LT(err, 2 * kGenericAbs) << "step, bits " << bits << (diff ? " diff" : " plain") << " d " << d;
-        EXPECT_TRUE(std::isfinite(err));
-      }
   // under a sliding window the quantised layer runs the generic kernel (the Hopper pass is built without one)
   AttnOpts o;
   o.logit_bits = 6;

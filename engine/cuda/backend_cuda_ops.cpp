@@ -219,14 +219,11 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.out_scale = float(1.0 - c_.lambda_init(l));
     p.eps = float(c_.subln_eps);
     if (decode_) {
+      if (p.logit_bits > 0)
+        throw Error("quantised attention logits: the CUDA decoding step does not take them (its kernel has no pass for "
+                    "each row's largest logit); HINT: generate on the CPU backend, or without the quantisation");
       p.out = b_.dec_->attn.as<bf16>();
       p.out_row_stride = p.out_batch_stride = Hd;
-      if (p.logit_bits > 0) {  // quantised logits: the generic kernel's pass for the row's largest logit, one row
-        p.step_len = b_.dec_->ctl.as<int32_t>() + 2;
-        p.row0 = 0, p.row1 = 1;
-        return step("decode_attention_quantized", l,
-                    [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
-      }
       return step("decode_attention", l, [&] {
         DS_CUDA_CHECK(kern::launch_attn_decode(p, b_.dec_->ctl.as<int32_t>() + 2, 1, int(b_.act_.cap),
                                                b_.dec_->attn_ws.get(), b_.stream()));

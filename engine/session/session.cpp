@@ -643,8 +643,10 @@ int32_t Session::generate_step() {
   req.lambda = ran_lambda_;
   req.hooks = hooks_;
   req.edits = edits_;
-  req.append_from = n;  // (quantised logits too: the CUDA step runs the generic kernel with its row-maximum pass)
-  req.logits_on_demand = greedy;
+  // Quantised logits: the whole sequence again instead of a decoding step (the CUDA decoding kernel has no pass for
+  // each row's largest logit; the answer is the same on every backend, the step costs a forward).
+  req.append_from = logit_bits_ > 0 ? 0 : n;
+  req.logits_on_demand = greedy && logit_bits_ == 0;
   try {
     backend_->forward(req, res_);
   } catch (...) {
@@ -653,6 +655,7 @@ int32_t Session::generate_step() {
     set_stop(StopReason::Stopped);
     throw;
   }
+  if (req.append_from == 0) every_row_ = hooks_ && hooks_->needs_all_rows();  // a whole forward, rows-only at the end
   ids_.push_back(id);
   TokenSpan t;
   t.id = id;

@@ -201,7 +201,7 @@ def test_cuda_quantised_logits_match_cpu(gpu, bits):
         assert np.abs(g.maps(1).a1 - c.maps(1).a1).max() < 3 * tol
         rg, rc = g.quantize_report(bits), c.quantize_report(bits)
         assert rg["kl"] == pytest.approx(rc["kl"], rel=0.5, abs=5e-3)
-        # generation under quantisation decodes with the generic kernel's row-maximum pass, one row a step: each token
+        # generation under quantisation runs whole forwards (the decoding kernel has no row-maximum pass): each token
         # is the greedy choice of the device's own forward of the sequence so far
         g.run(ids)
         got_ids = [t.id for t in g.generate(3, stop_at_eos=False)]
@@ -209,8 +209,3 @@ def test_cuda_quantised_logits_match_cpu(gpu, bits):
         for i, tok in enumerate(got_ids):
             g.run(seq[:len(ids) + i])
             assert g.top_k(1)[0].id == tok, i
-        g.run(seq)  # the last step's distribution against the forward's (f32 P in the step, bf16 P in the forward)
-        full = g.logprobs().copy()
-        g.run(ids)
-        list(g.generate(3, stop_at_eos=False))
-        assert np.abs(g.logprobs() - full).max() < 0.1
