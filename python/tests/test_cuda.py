@@ -209,3 +209,8 @@ def test_cuda_quantised_logits_match_cpu(gpu, bits):
         for i, tok in enumerate(got_ids):
             g.run(seq[:len(ids) + i])
             assert g.top_k(1)[0].id == tok, i
+        g.run(seq)  # the last step's distribution against the forward's (f32 P in the step, bf16 P in the forward)
+        full = g.logprobs().copy()
+        g.run(ids)
+        list(g.generate(3, stop_at_eos=False))
+        assert np.abs(g.logprobs() - full).max() < 0.1
