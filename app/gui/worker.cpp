@@ -178,7 +178,24 @@ void Worker::step(const Request& r) {
   if (r.open_seq != applied_open_) {
     applied_open_ = r.open_seq;
     applied_gen_ = r.gen_seq;  // a generation command never carries over to another model
-    open(r.open_dir);
+    // Several devices or a memory limit: the layers are placed for 4K tokens, or for the prompt in the box and a
+    // generation of it when that is longer (the tokenizer alone counts its tokens; a later prompt longer than the
+    // plan may not fit, and is refused with the numbers).
+    int64_t plan = 0;
+    if (backends_.size() > 1 || gpu_mem_limit_ > 0) {
+      int64_t n = int64_t(r.ids.size());
+      if (!r.use_ids) {
+        try {
+          if (std::unique_ptr<Tokenizer> tok = find_tokenizer(r.open_dir)) {
+            const std::vector<int32_t> ids = tok->encode(r.text);
+            n = int64_t(ids.size());
+          }
+        } catch (const std::exception&) {  // the open reports a bad tokenizer
+        }
+      }
+      plan = std::max<int64_t>(4096, n + r.gen.max_new);
+    }
+    open(r.open_dir, plan);
     if (r.scan_seq != applied_scan_) {
       // A scan asked for while another model was being opened: not run on a model the user has not seen yet.
       applied_scan_ = r.scan_seq;
@@ -395,7 +412,7 @@ void Worker::run_importance(const Request& r) {
   }
 }
 
-void Worker::open(const std::string& dir) {
+void Worker::open(const std::string& dir, int64_t plan_tokens) {
   publish([&](Snapshot& s) {
     s.loading = true;
     s.loading_dir = dir;
@@ -418,7 +435,7 @@ void Worker::open(const std::string& dir) {
   const auto t0 = Clock::now();
   std::unique_ptr<Session> fresh;
   try {
-    fresh = Session::open(dir, backends_, progress, cpu_threads_, gpu_mem_limit_);
+    fresh = Session::open(dir, backends_, progress, cpu_threads_, gpu_mem_limit_, plan_tokens);
   } catch (const std::exception& e) {
     publish([&](Snapshot& s) {
       s.loading = false;

@@ -86,7 +86,7 @@ class Worker {
  private:
   void loop();
   void step(const Request& r);
-  void open(const std::string& dir);
+  void open(const std::string& dir, int64_t plan_tokens);  // plan_tokens: Session::open's (0: 4096)
   bool apply_lambda(const LambdaControl& want);
   // false: stopped because the user moved lambda on (r given: its run may be cancelled; see lambda_superseded)
   bool run_and_publish(bool ids_changed = false, const Request* r = nullptr);
