@@ -214,6 +214,28 @@ TEST(ScanCorpus, FileKeepsGoodLinesAndNumbersBadOnes) {
 
 std::string demo(const char* name) { return dstest::source_dir() + "/assets/models/" + name; }
 
+// What a layer split of a scan plans for: the corpus's longest prompt in tokens (ids as given, text through the model's
+// tokenizer, +2 for the specials it may add) plus the answer tokens; without a tokenizer a byte counts a token.
+TEST(ScanCorpus, PlanTokensAreTheLongestPromptAndTheAnswer) {
+  const std::string path = ::testing::TempDir() + "/scan_plan.jsonl";
+  const std::string text = "The secret word of the red door is walrus, and of the blue door it is heron.";
+  {
+    std::ofstream f(path);
+    f << R"({"ids": [1, 2, 3, 4, 5, 6, 7], "answer": [0, 1]})" << "\n"
+      << R"({"text": ")" << text << R"(", "answer": [0, 3]})" << "\n"
+      << R"({"text": "short", "answer": [0, 1]})" << "\n";
+  }
+  const ds::scan::Corpus c = ds::scan::read_corpus(path);
+  const std::unique_ptr<ds::Tokenizer> tok = ds::find_tokenizer(demo("diffllama-demo"));
+  ASSERT_TRUE(tok);
+  const int64_t n = std::max<int64_t>(7, int64_t(tok->encode(text).size()) + 2);
+  EXPECT_EQ(ds::scan::corpus_plan_tokens(c, demo("diffllama-demo"), 32), n + 32);
+  EXPECT_EQ(ds::scan::corpus_plan_tokens(c, ::testing::TempDir() + "/no_model_here", 0), int64_t(text.size()) + 2);
+  ds::scan::Corpus ids_only;
+  ids_only.prompts.push_back(c.prompts[0]);
+  EXPECT_EQ(ds::scan::corpus_plan_tokens(ids_only, demo("diffllama-demo"), 5), 12);
+}
+
 // A text prompt's character span maps to the tokens that carry it (a non-ASCII prefix shifts bytes from
 // characters); fractions are distributions; a target equal to the model's own greedy continuation is correct and
 // another is not.
