@@ -118,6 +118,16 @@ int64_t ModelConfig::params() const {
   return p;
 }
 
+double ModelConfig::layer_share_params() const {
+  return (double(params()) - double(vocab * hidden) * (tie_embeddings ? 1 : 2)) / double(layers);
+}
+
+double ModelConfig::block_params(int64_t first, int64_t end) const {
+  if (first == 0 && end == layers) return double(params());
+  const double embed = double(vocab * hidden);
+  return layer_share_params() * double(end - first) + (first == 0 ? embed : 0) + (end == layers ? embed : 0);
+}
+
 namespace {
 
 // Largest size we accept for any one dimension; keeps products of a few of them far from int64 overflow.

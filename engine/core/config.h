@@ -98,6 +98,11 @@ struct ModelConfig {
   // "layer 4 is a memory layer: it has no attention maps" (what = "attention maps", "lambda", ...)
   std::string no_attention(int64_t layer, const char* what) const;
   int64_t params() const;  // parameter count implied by the shapes
+  // A layer split's shares (split_backend.h): each layer's even share of the parameters outside the embedding and the
+  // LM head, and what a block of layers [first, end) holds: its layers, the embedding with layer 0, the LM head with
+  // the last layer (the embedding again there when tied). The whole model: params().
+  double layer_share_params() const;
+  double block_params(int64_t first, int64_t end) const;
 };
 
 ModelConfig parse_config_json(const std::string& json_text, const std::string& file_for_messages);

@@ -181,11 +181,7 @@ class CpuBackend final : public Backend {
     const int first = first_, end = last_ < 0 ? int(m.cfg.layers) : last_;
     const bool tied = m.lm_head == m.embed;
     // Weights become f32 here: refuse before allocating when they cannot fit (a block of a split: its share).
-    const double embed_f = double(m.cfg.vocab * m.cfg.hidden);
-    const double per_layer = (double(m.cfg.params()) - embed_f * (tied ? 1 : 2)) / double(m.cfg.layers);
-    const double need = 4.0 * (per_layer * (end - first) + (first == 0 || (tied && end == m.cfg.layers) ? embed_f : 0) +
-                               (end == m.cfg.layers && !tied ? embed_f : 0)),
-                 have = available_memory();
+    const double need = 4.0 * m.cfg.block_params(first, end), have = available_memory();
     if (need > have * 0.9)
       fail_file(m.dir, "the CPU backend needs " + std::to_string(int64_t(need / 1e6)) + " MB for the weights as f32 but only " +
                            std::to_string(int64_t(have / 1e6)) + " MB of memory is available");

@@ -196,13 +196,8 @@ void CudaBackend::load(const Model& model, const ProgressFn& progress) {
   cfg_ = c;  // (end_layer() reads the layer count)
   const int first = first_, end = end_layer();
   if (first >= end || end > int(c.layers)) throw Error("internal: layer range " + std::to_string(first) + ".." + std::to_string(end));
-  // A block of a layer split holds its share: its layers' parameters, the embedding where layer 0 is, the LM head
-  // where the last layer is (the embedding again when they are tied).
-  const size_t embed_bytes = size_t(c.vocab * E) * 2;
-  const size_t layer_bytes = (size_t(c.params()) * 2 - embed_bytes * (c.tie_embeddings ? 1 : 2)) / size_t(c.layers);
-  size_t need = c.layers == end - first ? size_t(c.params()) * 2
-                                        : layer_bytes * size_t(end - first) + (first == 0 ? embed_bytes : 0) +
-                                              (end == int(c.layers) ? embed_bytes : 0);
+  // A block of a layer split holds its share (ModelConfig::block_params).
+  size_t need = size_t(2 * c.block_params(first, end));
   size_t free_b = 0, total_b = 0;
   DS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (mem_limit_ > 0 && need + kReserve > mem_limit_)

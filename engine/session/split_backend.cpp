@@ -32,10 +32,8 @@ struct Costs {
 Costs costs_of(const ModelConfig& c, bool cuda, int64_t tokens) {
   Costs k;
   k.per_param = cuda ? 2 : 4;
-  const double embed_params = double(c.vocab * c.hidden);
-  const double layer_params = (double(c.params()) - embed_params * (c.tie_embeddings ? 1 : 2)) / double(c.layers);
-  k.embed = embed_params * k.per_param;
-  k.per_layer = layer_params * k.per_param;
+  k.embed = double(c.vocab * c.hidden) * k.per_param;
+  k.per_layer = c.layer_share_params() * k.per_param;
   const double W = double((c.heads + 2 * c.kv_heads) * c.head_dim), E = double(c.hidden);
   k.act_per_layer = double(tokens) * (E * 4 + W * 2);
   k.act_fixed = double(tokens) * (E * 4 + double(c.intermediate) * 6 + E * 6 + double(c.heads * c.head_dim) * 2);
