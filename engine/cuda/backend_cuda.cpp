@@ -622,13 +622,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (from == first) {
     DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream()));
     if (first > 0)  // the previous block's output: a peer copy from its GPU, or from the host
-      timed("handoff", first, [&] {
-        const size_t bytes = size_t(T) * size_t(cfg_.hidden) * 4;
-        if (stream_in_device_ >= 0 && stream_in_device_ != device_)
-          DS_CUDA_CHECK(cudaMemcpyPeerAsync(stream_ptr(first), device_, stream_in_, stream_in_device_, bytes, stream()));
-        else
-          DS_CUDA_CHECK(cudaMemcpyAsync(stream_ptr(first), stream_in_, bytes, cudaMemcpyDefault, stream()));
-      });
+      timed("handoff", first, [&] { copy_stream_in(stream_ptr(first), size_t(T) * size_t(cfg_.hidden) * 4); });
     if (cfg_.spec().rotary)
       timed("rope_table", -1, [&] {
         DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),
@@ -893,6 +887,13 @@ bool CudaBackend::set_layer_range(int first, int last) {
   first_ = first;
   last_ = last;
   return true;
+}
+
+void CudaBackend::copy_stream_in(float* dst, size_t bytes) {
+  if (stream_in_device_ >= 0 && stream_in_device_ != device_)
+    DS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, device_, stream_in_, stream_in_device_, bytes, stream()));
+  else
+    DS_CUDA_CHECK(cudaMemcpyAsync(dst, stream_in_, bytes, cudaMemcpyDefault, stream()));
 }
 
 float* CudaBackend::stream_ptr(int l, int64_t row) const {

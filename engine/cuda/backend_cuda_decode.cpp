@@ -158,12 +158,7 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
   DS_CUDA_CHECK(cudaMemcpyAsync(d.ctl.get(), ctl, sizeof ctl, cudaMemcpyHostToDevice, stream()));
   if (first_ > 0) {  // a later block of a layer split: the previous block's row of the step, outside the graph
     if (!stream_in_) throw Error("internal: a later block of a layer split decodes without its input row");
-    float* dst = d.h.as<float>() + size_t(first_) * size_t(cfg_.hidden);
-    const size_t bytes = size_t(cfg_.hidden) * 4;
-    if (stream_in_device_ >= 0 && stream_in_device_ != device_)
-      DS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, device_, stream_in_, stream_in_device_, bytes, stream()));
-    else
-      DS_CUDA_CHECK(cudaMemcpyAsync(dst, stream_in_, bytes, cudaMemcpyDefault, stream()));
+    copy_stream_in(d.h.as<float>() + size_t(first_) * size_t(cfg_.hidden), size_t(cfg_.hidden) * 4);
   }
   has_run_ = false;  // until the step completes
   if (decode_profile_) {  // eager, every launch between two events (build_profile reads them)

@@ -204,7 +204,6 @@ class CudaBackend final : public Backend {
   StreamRows stream_rows(int l, int64_t r0) const override;
   void write_stream(int l, int64_t r0, int64_t rows, const float* in) override;
   void read_stream(int l, int64_t r0, int64_t rows, float* out) override;
-  int first_layer() const { return first_; }
   int end_layer() const { return last_ < 0 ? int(cfg_.layers) : last_; }  // one past the block's last layer
   bool owns(int l) const { return l >= first_ && l < end_layer(); }
   std::vector<float> layer_max_abs() const override;
@@ -342,6 +341,8 @@ class CudaBackend final : public Backend {
   const float* stream_in_ = nullptr;
   int stream_in_device_ = -1;
   float* stream_ptr(int l, int64_t row = 0) const;  // Stream(l)'s row `row` in hidden (first_ <= l <= end_layer())
+  // bytes of stream_in_ to dst on this GPU: a peer copy from the previous block's GPU, or from the host
+  void copy_stream_in(float* dst, size_t bytes);
   int qkv_slots_ = 0;          // layers of the block with attention (slices of qkv_cache)
   std::vector<int> qkv_slot_;  // [L]: index of the layer's slice of qkv_cache; -1 for layers without attention
   DeviceBuffer embed_, lm_head_, final_norm_, final_norm_b_, inv_freq_;
