@@ -24,6 +24,11 @@ std::string gib(double bytes) {  // "1.5 GiB", "96 MiB"
 
 bool is_cuda(const BackendChoice& c) { return c.kind != BackendChoice::Kind::Cpu; }
 
+// "GPU 1", or "CPU 0" for the list's entry `index` (CPU backends have no device number)
+std::string device_label(const BackendChoice& c, int index) {
+  return is_cuda(c) ? "GPU " + std::to_string(c.device) : "CPU " + std::to_string(index);
+}
+
 // What one block of layers [first, end) plans to hold: weights (bf16 on a GPU, f32 on the CPU), the embedding with
 // layer 0, the LM head with the last layer, and the activations of plan_tokens tokens (its streams, caches, scratch).
 struct Costs {
@@ -99,7 +104,7 @@ std::string placement_text(const Placement& p, const std::vector<BackendChoice>&
     t += (i ? ", " : "") +
          (p.end[i] - p.first[i] == 1 ? "layer " + std::to_string(p.first[i])
                                       : "layers " + std::to_string(p.first[i]) + "-" + std::to_string(p.end[i] - 1)) +
-         " on " + (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(p.dev[i])) + " (" +
+         " on " + device_label(b, p.dev[i]) + " (" +
          gib(double(p.need[i])) + " of " + gib(double(p.budget[size_t(p.dev[i])])) + ")";
   }
   return t;
@@ -202,8 +207,7 @@ class SplitBackend final : public Backend {
       const Profile s = subs_[i]->profile();
       p.heads.insert(p.heads.end(), s.heads.begin(), s.heads.end());
       DeviceLane lane;
-      const BackendChoice& b = opt_.backends[size_t(place_.dev[i])];
-      lane.device = (is_cuda(b) ? "GPU " + std::to_string(b.device) : "CPU " + std::to_string(place_.dev[i]));
+      lane.device = device_label(opt_.backends[size_t(place_.dev[i])], place_.dev[i]);
       lane.first_layer = place_.first[i];
       lane.end_layer = place_.end[i];
       if (i < lane_ms_.size()) lane.start_ms = lane_ms_[i].first, lane.end_ms = lane_ms_[i].second;
@@ -260,6 +264,18 @@ class SplitBackend final : public Backend {
                                                  size_t cap) override {
     return at(layer).outlier_values(layer, logits, at_least, cap);
   }
+  // Each block's queries go to it in one call (a GPU's passes launch at once and come back in one copy).
+  void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) override {
+    counts = by_block<std::vector<uint64_t>>(q, [](Backend& b, const std::vector<OutlierQuery>& sub) {
+      std::vector<std::vector<uint64_t>> got;
+      b.outlier_counts_many(sub, got);
+      return got;
+    });
+  }
+  std::vector<std::vector<std::vector<float>>> outlier_values_many(const std::vector<OutlierQuery>& q) override {
+    return by_block<std::vector<std::vector<float>>>(
+        q, [](Backend& b, const std::vector<OutlierQuery>& sub) { return b.outlier_values_many(sub); });
+  }
   std::vector<float> layer_max_abs() const override {
     std::vector<float> v;
     for (size_t i = 0; i < subs_.size(); ++i) {
@@ -278,6 +294,21 @@ class SplitBackend final : public Backend {
   }
 
  private:
+  // run(block, its queries) for each block holding some of q's layers, the results put back in q's order.
+  template <class R, class F>
+  std::vector<R> by_block(const std::vector<OutlierQuery>& q, F&& run) const {
+    std::vector<R> out(q.size());
+    for (size_t k = 0; k < subs_.size(); ++k) {
+      std::vector<size_t> mine;
+      std::vector<OutlierQuery> sub;
+      for (size_t i = 0; i < q.size(); ++i)
+        if (&at(q[i].layer) == subs_[k].get()) mine.push_back(i), sub.push_back(q[i]);
+      if (mine.empty()) continue;
+      std::vector<R> got = run(*subs_[k], sub);
+      for (size_t j = 0; j < mine.size(); ++j) out[mine[j]] = std::move(got.at(j));
+    }
+    return out;
+  }
   Backend& at(int layer) const {
     for (size_t i = 0; i < subs_.size(); ++i)
       if (layer >= place_.first[i] && layer < place_.end[i]) return *subs_[i];
