@@ -237,9 +237,7 @@ int run(const Args& a) {
   // (the tokenizer alone counts a text prompt's tokens before the weights load).
   int64_t plan_tokens = 0;
   if (backends.size() > 1 || a.gpu_mem_limit > 0) {
-    int64_t n = ids ? int64_t(ids->size()) : 0;
-    if (a.have_prompt)
-      if (std::unique_ptr<ds::Tokenizer> tok = ds::find_tokenizer(a.model)) n = int64_t(tok->encode(prompt).size());
+    const int64_t n = a.have_prompt ? ds::count_tokens_before_load(a.model, prompt) : ids ? int64_t(ids->size()) : 0;
     plan_tokens = n + a.generate;
   }
   auto s = ds::Session::open(a.model, backends, nullptr, a.threads, a.gpu_mem_limit, plan_tokens);

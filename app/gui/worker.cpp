@@ -183,16 +183,7 @@ void Worker::step(const Request& r) {
     // plan may not fit, and is refused with the numbers).
     int64_t plan = 0;
     if (backends_.size() > 1 || gpu_mem_limit_ > 0) {
-      int64_t n = int64_t(r.ids.size());
-      if (!r.use_ids) {
-        try {
-          if (std::unique_ptr<Tokenizer> tok = find_tokenizer(r.open_dir)) {
-            const std::vector<int32_t> ids = tok->encode(r.text);
-            n = int64_t(ids.size());
-          }
-        } catch (const std::exception&) {  // the open reports a bad tokenizer
-        }
-      }
+      const int64_t n = r.use_ids ? int64_t(r.ids.size()) : count_tokens_before_load(r.open_dir, r.text);
       plan = std::max<int64_t>(4096, n + r.gen.max_new);
     }
     open(r.open_dir, plan);

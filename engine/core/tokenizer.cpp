@@ -111,4 +111,15 @@ std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_dir) {
   return nullptr;
 }
 
+int64_t count_tokens_before_load(const std::string& model_dir, std::string_view text) {
+  try {
+    if (const std::unique_ptr<Tokenizer> tok = find_tokenizer(model_dir)) {
+      const std::vector<int32_t> ids = tok->encode(text);
+      return int64_t(ids.size());
+    }
+  } catch (const Error&) {
+  }
+  return int64_t(text.size());
+}
+
 }  // namespace ds

@@ -34,6 +34,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 // The model directory's tokenizer: tokenizer.json, else tokenizer.model; nullptr when there is none.
 // A malformed file throws (the caller keeps the model and reports the tokenizer as missing).
 std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_dir);
+// How many tokens `text` is with the model directory's tokenizer (its specials included), before the model loads:
+// what a layer split plans its activations for. Without a usable tokenizer, its bytes (the prompt cannot run then
+// anyway, and the open says why).
+int64_t count_tokens_before_load(const std::string& model_dir, std::string_view text);
 
 // Notes on the implementations (tokenizer_bpe.cpp, tokenizer_sentencepiece.cpp):
 // - encode() is token-exact with the Python `tokenizers` package (tokenizer.json) and `sentencepiece`

@@ -307,19 +307,8 @@ int64_t corpus_plan_tokens(const Corpus& c, const std::string& model_dir, int ma
     const size_t k = std::min<size_t>(texts.size(), 4);
     std::partial_sort(texts.begin(), texts.begin() + ptrdiff_t(k), texts.end(),
                       [](const Prompt* a, const Prompt* b) { return a->text.size() > b->text.size(); });
-    std::unique_ptr<Tokenizer> tok;
-    try {
-      tok = find_tokenizer(model_dir);
-    } catch (const Error&) {
-    }
-    for (size_t i = 0; i < k; ++i) {
-      int64_t n = int64_t(texts[i]->text.size());
-      if (tok) {
-        const std::vector<int32_t> ids = tok->encode(texts[i]->text);
-        n = int64_t(ids.size());
-      }
-      longest = std::max<int64_t>(longest, n + 2);
-    }
+    for (size_t i = 0; i < k; ++i)
+      longest = std::max<int64_t>(longest, count_tokens_before_load(model_dir, texts[i]->text) + 2);
   }
   return longest + std::max(0, max_answer_tokens);
 }
