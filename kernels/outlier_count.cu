@@ -11,21 +11,29 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Flat cell index -> whether it counts, its map and value.
-__device__ __forceinline__ bool cell(const OutlierCells& c, int64_t i, int& map, float& v) {
-  if (!c.causal && c.nmaps == 1) {  // a dense array (the hidden states): no index arithmetic
-    map = 0;
-    v = c.x[i];
-    return true;
+// f(map, value) for every counted cell, over this block's share: a dense array flat (no index arithmetic); logit rows
+// a row at a time (the causal cells only, each row's map and key range worked out once).
+template <class F>
+__device__ __forceinline__ void for_each_cell(const OutlierCells& c, F&& f) {
+  if (!c.causal && c.groups * c.rows == 1) {
+    const int64_t total = c.n;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+      f(0, c.x[i]);
+    return;
   }
-  const int64_t k = i % c.n, gr = i / c.n, r = gr % c.rows, g = gr / c.rows;
-  if (c.causal) {
-    const int row = c.row0 + int(r);
-    if (k > row || k < window_first_key(c.window, row)) return false;
+  const int64_t R = c.groups * c.rows;
+  for (int64_t gr = blockIdx.x; gr < R; gr += gridDim.x) {
+    const int64_t r = gr % c.rows, g = gr / c.rows;
+    const int map = int(g % c.nmaps);
+    int64_t k0 = 0, k1 = c.n;
+    if (c.causal) {
+      const int row = c.row0 + int(r);
+      k0 = window_first_key(c.window, row);
+      k1 = std::min<int64_t>(c.n, int64_t(row) + 1);
+    }
+    const float* x = c.x + gr * c.n;
+    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) f(map, x[k]);
   }
-  map = int(g % c.nmaps);
-  v = c.x[i];
-  return true;
 }
 
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
@@ -35,9 +43,16 @@ __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v
 // __match_any_sync, and two to four histogram copies per map picked by lane, whose 64 KB cut the blocks per SM.)
 constexpr int kSmemBins = 4096;  // pass 0's digits (12 bits)
 
+__device__ __forceinline__ void collect_one(const OutlierCollect& k, int map, uint32_t b) {
+  const float a = __uint_as_float(b);
+  if (!(a >= k.at_least[map])) return;
+  const unsigned slot = atomicAdd(k.found + map, 1u);
+  if (int(slot) < k.cap) k.out[size_t(map) * k.cap + slot] = a;
+}
+
 __global__ void __launch_bounds__(kThreads) count_kernel(const OutlierCells c, int shift, int width,
                                                          const uint32_t* prefixes, int nprefix,
-                                                         unsigned long long* counts) {
+                                                         unsigned long long* counts, const OutlierCollect k) {
   __shared__ unsigned sh[2][kSmemBins];
   const bool priv = nprefix == 0 && (1 << width) <= kSmemBins && c.nmaps <= 2;
   const uint32_t mask = (1u << width) - 1, hi = uint32_t(shift + width);
@@ -45,12 +60,9 @@ __global__ void __launch_bounds__(kThreads) count_kernel(const OutlierCells c, i
   if (priv)
     for (int i = threadIdx.x; i < 2 * kSmemBins; i += kThreads) (&sh[0][0])[i] = 0;
   __syncthreads();
-  const int64_t total = c.groups * c.rows * c.n;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
-    int map;
-    float v;
-    if (!cell(c, i, map, v)) continue;
+  for_each_cell(c, [&](int map, float v) {
     const uint32_t b = abs_bits(v), digit = (b >> shift) & mask;
+    if (k.at_least) collect_one(k, map, b);
     if (priv) {
       atomicAdd(&sh[map][digit], 1u);
     } else if (nprefix == 0) {
@@ -60,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(const OutlierCells c, i
       for (int p = 0; p < nprefix; ++p)
         if (top == prefixes[p]) atomicAdd(counts + (size_t(map) * H + p) * bins + digit, 1ull);
     }
-  }
+  });
   if (!priv) return;
   __syncthreads();
   for (int m = 0; m < c.nmaps; ++m)
@@ -68,18 +80,104 @@ __global__ void __launch_bounds__(kThreads) count_kernel(const OutlierCells c, i
       if (sh[m][d]) atomicAdd(counts + size_t(m) * bins + d, (unsigned long long)sh[m][d]);
 }
 
-__global__ void __launch_bounds__(kThreads) collect_kernel(const OutlierCells c, const float* at_least, float* out,
-                                                           int cap, unsigned* found) {
-  const int64_t total = c.groups * c.rows * c.n;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
-    int map;
-    float v;
-    if (!cell(c, i, map, v)) continue;
-    const float a = __uint_as_float(abs_bits(v));
-    if (!(a >= at_least[map])) continue;
-    const unsigned slot = atomicAdd(found + map, 1u);
-    if (int(slot) < cap) out[size_t(map) * cap + slot] = a;
+__global__ void __launch_bounds__(kThreads) collect_kernel(const OutlierCells c, const OutlierCollect k) {
+  for_each_cell(c, [&](int map, float v) { collect_one(k, map, abs_bits(v)); });
+}
+
+// The batched pass over dense arrays: blockIdx.y is the source, blockIdx.x a slice of it read as float4. The
+// histograms of the source's prefixes sit in shared memory when they fit (SMEM; added to the global counts once per
+// block, nonzero bins only), else every count goes to the global counts. A value matches at most one prefix (the
+// prefixes of a pass are distinct).
+constexpr int kMaxSmemPrefixes = 64;
+constexpr int kDenseSmemBytes = 96 * 1024;
+
+template <bool SMEM>
+__global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource* sources, int shift, int width,
+                                                               const uint32_t* prefixes, unsigned* counts,
+                                                               float* out, unsigned* found) {
+  extern __shared__ unsigned hist[];
+  __shared__ uint32_t pre[kMaxSmemPrefixes];
+  // The prefixes' top 12 bits of |x| (bits 30..19), a table: 0 no prefix starts so; 1 + p prefix p is exactly those
+  // 12 bits (a pass whose digit ends at bit 19); 255 some prefix starts so (compare them). Most values are turned
+  // away by one shared-memory load instead of a loop over the prefixes.
+  __shared__ uint8_t sel[1 << 12];
+  const DenseSource s = sources[blockIdx.y];
+  const int bins = 1 << width, H = s.nprefix > 0 ? s.nprefix : 1;
+  const uint32_t mask = uint32_t(bins) - 1, hi = uint32_t(shift + width);
+  const uint32_t* gpre = prefixes + s.prefix_at;
+  const bool spre = s.nprefix <= kMaxSmemPrefixes, table = s.nprefix > 0 && hi <= 19;
+  if (SMEM)
+    for (int i = threadIdx.x; i < H * bins; i += kThreads) hist[i] = 0;
+  if (spre)
+    for (int i = threadIdx.x; i < s.nprefix; i += kThreads) pre[i] = gpre[i];
+  if (table)
+    for (int i = threadIdx.x; i < (1 << 12); i += kThreads) sel[i] = 0;
+  __syncthreads();
+  if (table) {
+    for (int p = threadIdx.x; p < s.nprefix; p += kThreads) {  // (equal entries race to write one value)
+      const uint32_t t = gpre[p] >> (19 - hi);
+      if (t < (1u << 12)) sel[t] = hi == 19 && p < 254 ? uint8_t(p + 1) : uint8_t(255);  // (else no value has it)
+    }
+    __syncthreads();
   }
+  unsigned* cnt = counts + s.counts_at;
+  const auto one = [&](float v) {
+    const uint32_t b = abs_bits(v), digit = (b >> shift) & mask;
+    int h = 0;
+    if (s.nprefix > 0) {
+      h = -1;
+      const uint8_t k = table ? sel[b >> 19] : uint8_t(255);
+      if (k != 0 && k != 255) {
+        h = k - 1;
+      } else if (k == 255) {
+        const uint32_t top = hi >= 32 ? 0u : b >> hi;
+        for (int p = 0; p < s.nprefix; ++p)
+          if (top == (spre ? pre[p] : gpre[p])) {
+            h = p;
+            break;
+          }
+      }
+    }
+    if (h >= 0 && width > 0) {
+      if (SMEM) atomicAdd(&hist[h * bins + int(digit)], 1u);
+      else atomicAdd(cnt + size_t(h) * size_t(bins) + digit, 1u);
+    }
+    if (s.collect_at >= 0) {
+      const float a = __uint_as_float(b);
+      if (a >= s.at_least) {
+        const unsigned slot = atomicAdd(found + blockIdx.y, 1u);
+        if (int(slot) < s.cap) out[s.collect_at + slot] = a;
+      }
+    }
+  };
+  const int64_t stride = int64_t(gridDim.x) * kThreads, first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(s.x) & 15) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(s.x);
+    const int64_t n4 = s.count / 4;
+    int64_t i = first;
+    for (; i + stride < n4; i += 2 * stride) {  // two loads in flight before either is counted
+      const float4 v = __ldg(x4 + i), w = __ldg(x4 + i + stride);
+      one(v.x), one(v.y), one(v.z), one(v.w);
+      one(w.x), one(w.y), one(w.z), one(w.w);
+    }
+    if (i < n4) {
+      const float4 v = __ldg(x4 + i);
+      one(v.x), one(v.y), one(v.z), one(v.w);
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + first; i < s.count; i += stride) one(s.x[i]);
+  if (!SMEM || width == 0) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < H * bins; i += kThreads)
+    if (hist[i]) atomicAdd(cnt + i, hist[i]);
+}
+
+int sm_count() {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
 }
 
 unsigned grid_for(int64_t total) {
@@ -89,20 +187,45 @@ unsigned grid_for(int64_t total) {
 }  // namespace
 
 cudaError_t launch_outlier_count(const OutlierCells& c, int shift, int width, const uint32_t* prefixes, int nprefix,
-                                 unsigned long long* counts, cudaStream_t stream) {
+                                 unsigned long long* counts, cudaStream_t stream, const OutlierCollect& collect) {
   const int64_t total = c.groups * c.rows * c.n;
   if (!c.x || total <= 0 || width < 1 || width > 16 || c.nmaps < 1 || c.nmaps > 2 || nprefix < 0 ||
-      (nprefix > 0 && !prefixes))
+      (nprefix > 0 && !prefixes) || (collect.at_least && (!collect.out || !collect.found || collect.cap < 1)))
     return cudaErrorInvalidValue;
-  count_kernel<<<grid_for(total), kThreads, 0, stream>>>(c, shift, width, prefixes, nprefix, counts);
+  count_kernel<<<grid_for(total), kThreads, 0, stream>>>(c, shift, width, prefixes, nprefix, counts, collect);
   return cudaGetLastError();
 }
 
 cudaError_t launch_outlier_collect(const OutlierCells& c, const float* at_least, float* out, int cap, unsigned* found,
                                    cudaStream_t stream) {
   const int64_t total = c.groups * c.rows * c.n;
-  if (!c.x || total <= 0 || cap < 1 || c.nmaps < 1 || c.nmaps > 2) return cudaErrorInvalidValue;
-  collect_kernel<<<grid_for(total), kThreads, 0, stream>>>(c, at_least, out, cap, found);
+  if (!c.x || total <= 0 || cap < 1 || c.nmaps < 1 || c.nmaps > 2 || !at_least || !out || !found)
+    return cudaErrorInvalidValue;
+  collect_kernel<<<grid_for(total), kThreads, 0, stream>>>(c, OutlierCollect{at_least, out, cap, found});
+  return cudaGetLastError();
+}
+
+cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources, int64_t max_count, int max_nprefix,
+                                       int shift, int width, const uint32_t* prefixes, unsigned* counts,
+                                       float* out, unsigned* found, cudaStream_t stream) {
+  if (!sources || nsources < 1 || nsources > 65535 || max_count < 1 || max_count > int64_t(UINT32_MAX) || max_nprefix < 0 || width < 0 || width > 16 ||
+      shift < 0 || shift + width > 32 || (max_nprefix > 0 && !prefixes) || !counts)
+    return cudaErrorInvalidValue;
+  // Each thread reads at least 8 float4; about 8 blocks per multiprocessor over all sources.
+  const int64_t per_block = int64_t(kThreads) * 32;
+  const int64_t want = (max_count + per_block - 1) / per_block;
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(want, std::max(1, sm_count() * 8 / nsources))));
+  const size_t smem = size_t(std::max(1, max_nprefix)) * (size_t(1) << width) * 4;
+  const dim3 grid{unsigned(blocks), unsigned(nsources)};
+  if (smem <= size_t(kDenseSmemBytes)) {
+    // (per device: set at every launch, a host call, as a layer split runs this on several devices)
+    const cudaError_t attr =
+        cudaFuncSetAttribute(count_dense_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDenseSmemBytes);
+    if (attr != cudaSuccess) return attr;
+    count_dense_kernel<true><<<grid, kThreads, smem, stream>>>(sources, shift, width, prefixes, counts, out, found);
+  } else {
+    count_dense_kernel<false><<<grid, kThreads, 0, stream>>>(sources, shift, width, prefixes, counts, out, found);
+  }
   return cudaGetLastError();
 }
 

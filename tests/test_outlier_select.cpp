@@ -131,6 +131,111 @@ TEST(OutlierSelect, CudaCountsEqualTheHost) {
     std::sort(want.begin(), want.end());
     EXPECT_EQ(got, want);
     EXPECT_GE(got.size(), 100u);
+    // The same collection riding on the last counting pass (launch_outlier_count's OutlierCollect): the same values.
+    const ds::RadixPass p{0, 7, {}};
+    const size_t per = size_t(nmaps) * size_t(p.bins());
+    ds::cuda::DeviceBuffer cnt(per * 8, "counts");
+    DS_CUDA_CHECK(cudaMemset(cnt.get(), 0, per * 8));
+    DS_CUDA_CHECK(cudaMemset(found.get(), 0, 8));
+    DS_CUDA_CHECK(ds::kern::launch_outlier_count(c, p.shift, p.width, nullptr, 0, cnt.as<unsigned long long>(), nullptr,
+                                                  {dthr.as<float>(), out.as<float>(), cap, found.as<unsigned>()}));
+    std::vector<unsigned> nf2(2);
+    DS_CUDA_CHECK(cudaMemcpy(nf2.data(), found.get(), 8, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(nf2, nf);
+    std::vector<float> got2(nf2[0]);
+    DS_CUDA_CHECK(cudaMemcpy(got2.data(), out.get(), got2.size() * 4, cudaMemcpyDeviceToHost));
+    std::sort(got2.begin(), got2.end());
+    EXPECT_EQ(got2, want);
+  }
+}
+
+// The batched pass over several dense arrays (launch_outlier_count_dense: the hidden states of every layer in one
+// launch): each source's counts equal the host's for its own prefixes, over arrays of odd lengths, one not 16-byte
+// aligned (the scalar path), each pass's histograms in shared memory or (many prefixes) in global memory; the last
+// pass collects each source's values at or above the 100th largest's prefix floor, as RankFinder::below says.
+TEST(OutlierSelect, CudaDenseBatchEqualsTheHost) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<size_t> sizes = {100003, 4096, 77777, 9};
+  std::vector<std::vector<float>> v;
+  std::vector<ds::cuda::DeviceBuffer> dv;
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    v.push_back(values(sizes[j], 20 + uint32_t(j)));
+    std::vector<float> padded = v.back();
+    if (j == 2) padded.insert(padded.begin(), 0.f);  // the source starts one float in: not 16-byte aligned
+    dv.push_back(to_device(padded));
+  }
+  std::vector<ds::RankFinder> f;
+  for (size_t j = 0; j < sizes.size(); ++j) f.emplace_back(ds::top_median_ranks(sizes[j]));
+  for (bool many : {false, true}) {
+    for (int pass = 0; pass < ds::RankFinder::kPasses; ++pass) {
+      const bool last = pass + 1 == ds::RankFinder::kPasses;
+      std::vector<ds::kern::DenseSource> src(sizes.size());
+      std::vector<uint32_t> prefixes;
+      std::vector<ds::RadixPass> ps;
+      size_t at = 0;
+      int max_pre = 0;
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        ds::RadixPass p = f[j].pass();
+        // many: 70 prefixes no value has after the finder's (histograms in global memory, prefixes read from it):
+        // |x| of 3e37 and above
+        if (many && pass > 0)
+          for (uint32_t k = 0; k < 70; ++k) p.prefixes.push_back((0xfffu - k) << (pass == 1 ? 0 : 12));
+        ps.push_back(p);
+        src[j].x = dv[j].as<float>() + (j == 2 ? 1 : 0);
+        src[j].count = int64_t(sizes[j]);
+        src[j].prefix_at = int(prefixes.size());
+        src[j].nprefix = int(p.prefixes.size());
+        src[j].counts_at = int64_t(at);
+        if (last) src[j].at_least = f[j].floor_value(0), src[j].collect_at = int64_t(j) * 4096, src[j].cap = 4096;
+        prefixes.insert(prefixes.end(), p.prefixes.begin(), p.prefixes.end());
+        at += size_t(p.histograms()) * size_t(p.bins());
+        max_pre = std::max(max_pre, int(p.prefixes.size()));
+      }
+      ds::cuda::DeviceBuffer dsrc(src.size() * sizeof(src[0]), "sources"), dpre = to_device(prefixes.empty() ? std::vector<uint32_t>{0} : prefixes);
+      DS_CUDA_CHECK(cudaMemcpy(dsrc.get(), src.data(), src.size() * sizeof(src[0]), cudaMemcpyHostToDevice));
+      ds::cuda::DeviceBuffer cnt(at * 4, "counts"), out(sizes.size() * 4096 * 4, "values"), found(sizes.size() * 4, "found");
+      DS_CUDA_CHECK(cudaMemset(cnt.get(), 0, at * 4));
+      DS_CUDA_CHECK(cudaMemset(found.get(), 0, sizes.size() * 4));
+      DS_CUDA_CHECK(ds::kern::launch_outlier_count_dense(dsrc.as<ds::kern::DenseSource>(), int(sizes.size()), 100003,
+                                                          max_pre, ps[0].shift, ps[0].width, dpre.as<uint32_t>(),
+                                                          cnt.as<unsigned>(), out.as<float>(), found.as<unsigned>(),
+                                                          nullptr));
+      std::vector<uint32_t> got32(at);
+      DS_CUDA_CHECK(cudaMemcpy(got32.data(), cnt.get(), at * 4, cudaMemcpyDeviceToHost));
+      const std::vector<uint64_t> got(got32.begin(), got32.end());
+      std::vector<unsigned> nf(sizes.size());
+      DS_CUDA_CHECK(cudaMemcpy(nf.data(), found.get(), nf.size() * 4, cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        const size_t per = size_t(ps[j].histograms()) * size_t(ps[j].bins());
+        std::vector<uint64_t> want(per, 0);
+        ds::radix_count(v[j].data(), int64_t(sizes[j]), ps[j], want.data());
+        const std::vector<uint64_t> mine(got.begin() + long(src[j].counts_at), got.begin() + long(src[j].counts_at + per));
+        ASSERT_EQ(mine, want) << "source " << j << " pass " << pass << (many ? " (global histograms)" : "");
+        if (last) {
+          std::vector<float> w;
+          for (float x : v[j])
+            if (std::fabs(x) >= src[j].at_least) w.push_back(std::fabs(x));
+          EXPECT_EQ(uint64_t(w.size()), sizes[j] - f[j].below(0)) << "source " << j;
+          ASSERT_EQ(nf[j], w.size()) << "source " << j;
+          std::vector<float> g(w.size());
+          DS_CUDA_CHECK(cudaMemcpy(g.data(), out.as<float>() + j * 4096, g.size() * 4, cudaMemcpyDeviceToHost));
+          std::sort(g.begin(), g.end());
+          std::sort(w.begin(), w.end());
+          EXPECT_EQ(g, w) << "source " << j;
+        }
+        // the finder moves on with its own prefixes' histograms (the first ones)
+        const ds::RadixPass own = f[j].pass();
+        f[j].take(std::vector<uint64_t>(want.begin(), want.begin() + long(size_t(own.histograms()) * size_t(own.bins()))));
+      }
+    }
+    for (size_t j = 0; j < sizes.size(); ++j) {  // and finds the ranks nth_element does
+      std::vector<float> a(v[j].size());
+      std::transform(v[j].begin(), v[j].end(), a.begin(), [](float x) { return std::fabs(x); });
+      std::nth_element(a.begin(), a.begin() + long(sizes[j] > 100 ? sizes[j] - 100 : 0), a.end());
+      EXPECT_EQ(f[j].value(0), a[sizes[j] > 100 ? sizes[j] - 100 : 0]);
+    }
+    f.clear();  // the second round starts the finders again
+    for (size_t j = 0; j < sizes.size(); ++j) f.emplace_back(ds::top_median_ranks(sizes[j]));
   }
 }
 #endif

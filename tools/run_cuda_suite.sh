@@ -20,7 +20,9 @@
 #                                             python_bench (bench/python_api_bench.py), importance_bench
 #                                             (bench/head_importance_bench.py), scan_gpus (bench/scan_gpus.py:
 #                                             diffscope-scan on one GPU against cuda:all), split (the layer
-#                                             split against one GPU: tests, and a forced split's forward time).
+#                                             split against one GPU: tests, and a forced split's forward time),
+#                                             residual (bench/residual_bench.py: the lens, the outlier statistics
+#                                             and quantised logits against the forward).
 # Without .dev/cuda_suite.tar.xz the GPU machine builds with cmake (needs the -dev packages CMakeLists.txt lists).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -167,6 +169,14 @@ if has scan_gpus; then
   [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
   timeout 560 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand \
     --json "$OUT/scan_gpus.json" ${SCAN_GPUS_ARGS:-} 2>&1 | tee "$OUT/scan_gpus.log" | tail -12 | tee -a "$SUMMARY"
+fi
+# Issue 46's residual-stream costs (bench/residual_bench.py): the lens, the outlier statistics and quantised logits
+# against the forward, on a random kajuma-shaped checkpoint. RESIDUAL_ARGS adds to its arguments.
+if has residual; then
+  log "## Lens, outliers and quantised logits against the forward"
+  [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
+  PYTHONPATH="$DS/python" timeout 400 python3 bench/residual_bench.py --model /tmp/kajuma_rand \
+    --json "$OUT/residual_bench.json" ${RESIDUAL_ARGS:-} 2>&1 | tee "$OUT/residual_bench.log" | tail -12 | tee -a "$SUMMARY"
 fi
 if has python_bench; then
   log "## Python API benchmark"

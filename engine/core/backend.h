@@ -162,20 +162,28 @@ class Backend {
                                                          size_t cap) = 0;
   // The same for several sources at once (a pass over every layer): counts[i] for query i; values[i][map]. A device
   // backend launches them all and copies back once (each call a round trip made the statistics of 16 layers at 4K
-  // tokens a quarter of a forward); by default one call each.
+  // tokens a quarter of a forward); by default one call each. outlier_counts_many also collects, where `values` is
+  // given and query i has thresholds (at_least, one per map), (*values)[i][map] as outlier_values would (in the same
+  // pass on a device: the last radix pass then brings the top values too); queries without thresholds get none.
   struct OutlierQuery {
     int layer = 0;
     bool logits = false;
-    RadixPass pass;            // outlier_counts_many
-    std::vector<float> at_least;  // outlier_values_many
+    RadixPass pass;               // outlier_counts_many
+    std::vector<float> at_least;  // outlier_values_many, and outlier_counts_many's collection
     size_t cap = 0;
   };
-  virtual void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) {
+  using OutlierValues = std::vector<std::vector<std::vector<float>>>;  // [query][map][values]
+  virtual void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
+                                   OutlierValues* values) {
     counts.resize(q.size());
     for (size_t i = 0; i < q.size(); ++i) outlier_counts(q[i].layer, q[i].logits, q[i].pass, counts[i]);
+    if (!values) return;
+    values->assign(q.size(), {});
+    for (size_t i = 0; i < q.size(); ++i)
+      if (!q[i].at_least.empty()) (*values)[i] = outlier_values(q[i].layer, q[i].logits, q[i].at_least, q[i].cap);
   }
-  virtual std::vector<std::vector<std::vector<float>>> outlier_values_many(const std::vector<OutlierQuery>& q) {
-    std::vector<std::vector<std::vector<float>>> out;
+  virtual OutlierValues outlier_values_many(const std::vector<OutlierQuery>& q) {
+    OutlierValues out;
     for (const OutlierQuery& x : q) out.push_back(outlier_values(x.layer, x.logits, x.at_least, x.cap));
     return out;
   }

@@ -10,8 +10,9 @@
 namespace ds {
 
 namespace {
-constexpr int kShift[RankFinder::kPasses] = {20, 8, 0};
-constexpr int kWidth[RankFinder::kPasses] = {12, 12, 8};
+// The 31 bits of |x| (the sign bit is 0): 12 + 12 + 7.
+constexpr int kShift[RankFinder::kPasses] = {19, 7, 0};
+constexpr int kWidth[RankFinder::kPasses] = {12, 12, 7};
 }  // namespace
 
 uint32_t abs_bits(float x) {
@@ -35,37 +36,61 @@ void radix_count(const float* x, int64_t count, const RadixPass& pass, uint64_t*
   }
 }
 
-RankFinder::RankFinder(std::vector<uint64_t> ranks) : rank_(std::move(ranks)), prefix_(rank_.size(), 0) {}
+RankFinder::RankFinder(std::vector<uint64_t> ranks)
+    : rank0_(ranks), rank_(std::move(ranks)), prefix_(rank_.size(), 0), retired_(rank_.size(), false) {}
+
+void RankFinder::retire(size_t i) { retired_.at(i) = true; }
 
 RadixPass RankFinder::pass() const {
   RadixPass p;
   p.shift = kShift[pass_], p.width = kWidth[pass_];
   if (pass_ > 0)
-    for (uint32_t x : prefix_)
-      if (std::find(p.prefixes.begin(), p.prefixes.end(), x) == p.prefixes.end()) p.prefixes.push_back(x);
+    for (size_t i = 0; i < prefix_.size(); ++i)
+      if (!retired_[i] && std::find(p.prefixes.begin(), p.prefixes.end(), prefix_[i]) == p.prefixes.end())
+        p.prefixes.push_back(prefix_[i]);
   return p;
 }
 
 void RankFinder::take(const std::vector<uint64_t>& counts) {
   const RadixPass p = pass();
-  const size_t bins = size_t(p.bins());
-  if (counts.size() != size_t(p.histograms()) * bins) throw Error("internal: outlier pass counts of the wrong size");
+  if (counts.size() != size_t(p.histograms()) * size_t(p.bins())) throw Error("internal: outlier pass counts of the wrong size");
+  take(counts.data(), p.prefixes);
+}
+
+void RankFinder::take(const uint64_t* counts, const std::vector<uint32_t>& have) {
+  if (done()) throw Error("internal: RankFinder::take after its last pass");
+  const int width = kWidth[pass_];
+  const size_t bins = size_t(1) << width;
   for (size_t i = 0; i < rank_.size(); ++i) {
-    const size_t h = p.prefixes.empty() ? 0 : size_t(std::find(p.prefixes.begin(), p.prefixes.end(), prefix_[i]) -
-                                                       p.prefixes.begin());
-    const uint64_t* c = counts.data() + h * bins;
+    if (retired_[i]) continue;
+    size_t h = 0;
+    if (pass_ > 0) {
+      h = size_t(std::find(have.begin(), have.end(), prefix_[i]) - have.begin());
+      if (h == have.size()) throw Error("internal: an outlier pass without a prefix it needs");
+    }
+    const uint64_t* c = counts + h * bins;
     uint64_t below = 0;
     size_t d = 0;
     while (d + 1 < bins && below + c[d] <= rank_[i]) below += c[d++];
     if (below + c[d] <= rank_[i]) throw Error("internal: an outlier rank beyond the values counted");
     rank_[i] -= below;
-    prefix_[i] = (prefix_[i] << p.width) | uint32_t(d);
+    prefix_[i] = (prefix_[i] << width) | uint32_t(d);
   }
   ++pass_;
 }
 
+uint64_t RankFinder::below(size_t i) const { return rank0_.at(i) - rank_.at(i); }
+
+float RankFinder::floor_value(size_t i) const {
+  if (pass_ == 0) return 0.f;
+  const uint32_t b = prefix_.at(i) << kShift[pass_ - 1];
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
 float RankFinder::value(size_t i) const {
-  if (!done()) throw Error("internal: RankFinder::value before its last pass");
+  if (!done() || retired_.at(i)) throw Error("internal: RankFinder::value before its last pass or of a retired rank");
   float v;
   const uint32_t b = prefix_.at(i);
   std::memcpy(&v, &b, 4);

@@ -1,6 +1,6 @@
 // Exact order statistics of |x| over value sets too large to hold (every causal attention logit of a layer) or to
 // bring to the host (a long prompt's hidden states): a radix select over the bits of |x| (a non-negative float's bits
-// order as unsigned integers) in three passes over the values -- 12, 12 and 8 bits -- each pass counting, per wanted
+// order as unsigned integers) in three passes over the values -- 12, 12 and 7 bits -- each pass counting, per wanted
 // rank, the values whose higher bits match what the earlier passes fixed. The values are produced again for each
 // pass (the backends recompute logits chunk by chunk), so memory stays O(chunk). Written by hand: the selection
 // libraries at hand (CUB's radix sort, std::nth_element) need every value in memory at once.
@@ -34,13 +34,24 @@ class RankFinder {
   RadixPass pass() const;
   // Takes the pass's counts [pass().histograms()][bins] and moves to the next pass.
   void take(const std::vector<uint64_t>& counts);
+  // The same from a pass over more prefixes than this finder's: counts [max(1, have.size())][bins] for the
+  // prefixes `have` (a superset of pass().prefixes, in any order; empty on the first pass), read in place.
+  void take(const uint64_t* counts, const std::vector<uint32_t>& have);
+  // Rank i is no longer wanted (its value came another way): its prefix leaves the later passes; value(i) throws.
+  void retire(size_t i);
   bool done() const { return pass_ == kPasses; }
   float value(size_t i) const;  // rank i's value, once done()
   size_t size() const { return rank_.size(); }
+  // After a pass: how many values lie below rank i's prefix (its bits fixed so far), and the smallest value with
+  // that prefix (0 before the first pass). So exactly count - below(i) values are >= floor_value(i), rank i's among them.
+  uint64_t below(size_t i) const;
+  float floor_value(size_t i) const;
 
  private:
+  std::vector<uint64_t> rank0_;   // the ranks asked for
   std::vector<uint64_t> rank_;    // the ranks, then the rank left within the current prefix
   std::vector<uint32_t> prefix_;  // the bits fixed so far
+  std::vector<bool> retired_;
   int pass_ = 0;
 };
 

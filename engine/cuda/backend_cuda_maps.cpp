@@ -387,15 +387,20 @@ std::vector<RowMass> CudaBackend::row_mass(int layer, int64_t q, int64_t a0, int
 // outlier statistics (session_outliers.h): radix passes over the stream leaving a layer (in place) or over its
 // logit rows, recomputed chunk by chunk into map_buf_ as the map queries do; only counts and values come back.
 
+const float* CudaBackend::outlier_stream(int layer) {
+  if (!has_run_ || last_batch_ != 1) throw Error("no result: run a prompt first");
+  if (layer < 0 || layer >= int(cfg_.layers) || (layer == int(cfg_.layers) - 1 && partial_last_layer_))
+    throw Error("internal: outlier statistics of layer " + std::to_string(layer) + " without every row");
+  return stream_ptr(layer + 1);
+}
+
 template <class F>
 void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
   if (!has_run_ || last_batch_ != 1) throw Error("no result: run a prompt first");
   const int64_t n = last_n_, E = cfg_.hidden;
   if (!logits) {
-    if (layer < 0 || layer >= int(cfg_.layers) || (layer == int(cfg_.layers) - 1 && partial_last_layer_))
-      throw Error("internal: outlier statistics of layer " + std::to_string(layer) + " without every row");
     kern::OutlierCells c;
-    c.x = stream_ptr(layer + 1);
+    c.x = outlier_stream(layer);
     c.n = n * E;
     return f(c);
   }
@@ -441,94 +446,143 @@ void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
 
 void CudaBackend::outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) {
   std::vector<std::vector<uint64_t>> c;
-  outlier_counts_many({OutlierQuery{layer, logits, pass, {}, 0}}, c);
+  outlier_counts_many({OutlierQuery{layer, logits, pass, {}, 0}}, c, nullptr);
   counts = std::move(c.at(0));
 }
 
-// Every query's counts and prefixes in one buffer [counts of query 0 | ... | prefixes of query 0 | ...]: one upload
-// of the prefixes, the passes launched back to back, one copy of the counts.
-void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) {
+namespace {
+size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
+constexpr size_t kFirstCap = 1024;  // values collected per map in a batched call; a query that finds more runs again
+}  // namespace
+
+// Every query's pass in one call: one upload (prefixes, the dense sources' table, thresholds), the hidden states of
+// every layer counted by one launch (kern::launch_outlier_count_dense), each layer's logit rows chunk by chunk (the
+// logits computed once per chunk, counted and collected from the same buffer), one copy back of the counts, the
+// numbers found and the values collected. A query that found more than kFirstCap values (ties, or thresholds far
+// below its 100th value) collects again alone with its own cap.
+void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
+                                      OutlierValues* values) {
   const DeviceGuard on(device_);
-  std::vector<size_t> at(q.size() + 1, 0);  // counts offsets (u64)
+  const size_t Q = q.size();
+  // Counts: the logit queries' u64 (a layer's causal logits can pass 2^32), the hidden states' u32 (half the copy).
+  std::vector<size_t> at(Q + 1, 0), at32(Q + 1, 0), pre_at(Q), slot(Q + 1, 0);  // offsets; each query's first map slot
   std::vector<uint32_t> prefixes;
-  std::vector<size_t> pre_at;
-  for (size_t i = 0; i < q.size(); ++i) {
-    const int nmaps = q[i].logits && cfg_.is_diff() ? 2 : 1;
-    at[i + 1] = at[i] + size_t(nmaps) * size_t(q[i].pass.histograms()) * size_t(q[i].pass.bins());
-    pre_at.push_back(prefixes.size());
+  std::vector<int> nmaps(Q);
+  for (size_t i = 0; i < Q; ++i) {
+    nmaps[i] = q[i].logits && cfg_.is_diff() ? 2 : 1;
+    const bool collects = values && !q[i].at_least.empty();
+    if (collects && (q[i].at_least.size() < size_t(nmaps[i]) || q[i].cap == 0 || q[i].cap > (size_t(1) << 24)))
+      throw Error("internal: outlier_counts_many thresholds");
+    const size_t size = size_t(nmaps[i]) * size_t(q[i].pass.histograms()) * size_t(q[i].pass.bins());
+    at[i + 1] = at[i] + (q[i].logits ? size : 0);
+    at32[i + 1] = at32[i] + (q[i].logits ? 0 : size);
+    slot[i + 1] = slot[i] + (collects ? size_t(nmaps[i]) : 0);
+    pre_at[i] = prefixes.size();
     prefixes.insert(prefixes.end(), q[i].pass.prefixes.begin(), q[i].pass.prefixes.end());
   }
-  const size_t bytes = at.back() * 8 + prefixes.size() * 4;
+  const size_t S = slot.back();
+  std::vector<float> thr(S);
+  for (size_t i = 0; i < Q; ++i)
+    for (size_t m = 0; m < slot[i + 1] - slot[i]; ++m) thr[slot[i] + m] = q[i].at_least[m];
+  std::vector<kern::DenseSource> dense;  // the hidden-state queries, one launch
+  std::vector<size_t> dense_q;
+  for (size_t i = 0; i < Q; ++i) {
+    if (q[i].logits) continue;
+    kern::DenseSource d;
+    d.x = outlier_stream(q[i].layer);
+    d.count = last_n_ * cfg_.hidden;
+    d.prefix_at = int(pre_at[i]);
+    d.nprefix = int(q[i].pass.prefixes.size());
+    d.counts_at = int64_t(at32[i]);
+    if (slot[i + 1] > slot[i]) d.at_least = thr[slot[i]], d.collect_at = int64_t(slot[i] * kFirstCap), d.cap = int(kFirstCap);
+    dense.push_back(d);
+    dense_q.push_back(i);
+  }
+  // [u64 counts | u32 counts | found u32: S slots, then one per dense source | values f32 (S x kFirstCap) | the
+  // upload: prefixes u32, thresholds f32, the dense table]
+  const size_t o_c32 = align16(at.back() * 8), o_found = align16(o_c32 + at32.back() * 4),
+               o_vals = align16(o_found + (S + dense.size()) * 4), o_up = align16(o_vals + S * kFirstCap * 4),
+               o_thr = align16(o_up + prefixes.size() * 4), o_dense = align16(o_thr + S * 4);
+  const size_t bytes = o_dense + dense.size() * sizeof(kern::DenseSource);
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
-  auto* cnt = outlier_buf_.as<unsigned long long>();
-  auto* pre = reinterpret_cast<uint32_t*>(cnt + at.back());
-  DS_CUDA_CHECK(cudaMemsetAsync(cnt, 0, at.back() * 8, stream()));
-  if (!prefixes.empty())
-    DS_CUDA_CHECK(cudaMemcpyAsync(pre, prefixes.data(), prefixes.size() * 4, cudaMemcpyHostToDevice, stream()));
-  for (size_t i = 0; i < q.size(); ++i) {
+  char* base = outlier_buf_.as<char>();
+  auto* cnt = reinterpret_cast<unsigned long long*>(base);
+  auto* cnt32 = reinterpret_cast<unsigned*>(base + o_c32);
+  auto* found = reinterpret_cast<unsigned*>(base + o_found);
+  auto* vals = reinterpret_cast<float*>(base + o_vals);
+  auto* pre = reinterpret_cast<uint32_t*>(base + o_up);
+  auto* dthr = reinterpret_cast<float*>(base + o_thr);
+  auto* dtab = reinterpret_cast<kern::DenseSource*>(base + o_dense);
+  std::vector<char> up(bytes - o_up, 0);  // the upload, one copy
+  if (!prefixes.empty()) std::memcpy(up.data(), prefixes.data(), prefixes.size() * 4);
+  if (!thr.empty()) std::memcpy(up.data() + (o_thr - o_up), thr.data(), thr.size() * 4);
+  if (!dense.empty()) std::memcpy(up.data() + (o_dense - o_up), dense.data(), dense.size() * sizeof(kern::DenseSource));
+  DS_CUDA_CHECK(cudaMemsetAsync(cnt, 0, o_vals, stream()));  // the counts and the numbers found
+  if (!up.empty()) DS_CUDA_CHECK(cudaMemcpyAsync(base + o_up, up.data(), up.size(), cudaMemcpyHostToDevice, stream()));
+  if (!dense.empty()) {
+    int64_t max_count = 0;
+    int max_pre = 0;
+    for (const kern::DenseSource& d : dense) max_count = std::max(max_count, d.count), max_pre = std::max(max_pre, d.nprefix);
+    if (max_count > int64_t(UINT32_MAX)) throw Error("internal: a layer's hidden states hold 2^32 values or more");
+    const RadixPass& pass = q[dense_q[0]].pass;
+    for (size_t i : dense_q)
+      if (q[i].pass.shift != pass.shift || q[i].pass.width != pass.width)
+        throw Error("internal: the hidden states' passes of one call differ in their digits");
+    DS_CUDA_CHECK(kern::launch_outlier_count_dense(dtab, int(dense.size()), max_count, max_pre, pass.shift, pass.width,
+                                                   pre, cnt32, vals, found + S, stream()));
+  }
+  for (size_t i = 0; i < Q; ++i) {
+    if (!q[i].logits) continue;
     const RadixPass& pass = q[i].pass;
-    timed("outlier_pass", q[i].layer, [&] {
-      outlier_cells(q[i].layer, q[i].logits, [&](const kern::OutlierCells& c) {
-        DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()),
-                                                 cnt + at[i], stream()));
-      });
+    kern::OutlierCollect k;
+    if (slot[i + 1] > slot[i])
+      k = kern::OutlierCollect{dthr + slot[i], vals + slot[i] * kFirstCap, int(kFirstCap), found + slot[i]};
+    outlier_cells(q[i].layer, true, [&](const kern::OutlierCells& c) {
+      if (pass.width == 0) {  // nothing to count
+        if (k.at_least) DS_CUDA_CHECK(kern::launch_outlier_collect(c, k.at_least, k.out, k.cap, k.found, stream()));
+        return;
+      }
+      DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()),
+                                               cnt + at[i], stream(), k));
     });
   }
-  std::vector<uint64_t> all(at.back());
-  copy_to_host({{all.data(), cnt, all.size() * 8}});  // (the upload above is read by then: same stream)
-  counts.resize(q.size());
-  for (size_t i = 0; i < q.size(); ++i) counts[i].assign(all.begin() + long(at[i]), all.begin() + long(at[i + 1]));
-}
-
-// The values at or above each query's thresholds: every query collects into a slice of kFirstCap values per map, and
-// one copy brings the counts found and those slices back; a query that found more (ties, or thresholds below the
-// 100th value) runs again alone with its own cap.
-std::vector<std::vector<std::vector<float>>> CudaBackend::outlier_values_many(const std::vector<OutlierQuery>& q) {
-  const DeviceGuard on(device_);
-  constexpr size_t kFirstCap = 1024;
-  std::vector<int> nmaps(q.size());
-  size_t maps = 0;
-  for (size_t i = 0; i < q.size(); ++i) {
-    nmaps[i] = q[i].logits && cfg_.is_diff() ? 2 : 1;
-    if (q[i].at_least.size() < size_t(nmaps[i]) || q[i].cap == 0 || q[i].cap > (size_t(1) << 24))
-      throw Error("internal: outlier_values");
-    maps += size_t(nmaps[i]);
+  // One copy back: the counts, the numbers found and the collected values (kFirstCap a map: 4 KB).
+  std::vector<uint64_t> c64(at.back());
+  std::vector<uint32_t> c32(at32.back());
+  std::vector<unsigned> nf(S + dense.size());
+  std::vector<float> host(S * kFirstCap);
+  copy_to_host({{c64.data(), cnt, c64.size() * 8},
+                {c32.data(), cnt32, c32.size() * 4},
+                {nf.data(), found, nf.size() * 4},
+                {host.data(), vals, host.size() * 4}});
+  counts.resize(Q);
+  for (size_t i = 0; i < Q; ++i) {
+    if (q[i].logits) counts[i].assign(c64.begin() + long(at[i]), c64.begin() + long(at[i + 1]));
+    else counts[i].assign(c32.begin() + long(at32[i]), c32.begin() + long(at32[i + 1]));
   }
-  // [values: maps x kFirstCap f32 | thresholds: maps f32 | found: maps u32]
-  const size_t bytes = maps * (kFirstCap * 4 + 8);
-  if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
-  float* vals = outlier_buf_.as<float>();
-  float* thr = vals + maps * kFirstCap;
-  auto* found = reinterpret_cast<unsigned*>(thr + maps);
-  std::vector<float> thr_host;
-  for (size_t i = 0; i < q.size(); ++i) thr_host.insert(thr_host.end(), q[i].at_least.begin(), q[i].at_least.begin() + nmaps[i]);
-  DS_CUDA_CHECK(cudaMemcpyAsync(thr, thr_host.data(), maps * 4, cudaMemcpyHostToDevice, stream()));
-  DS_CUDA_CHECK(cudaMemsetAsync(found, 0, maps * 4, stream()));
-  for (size_t i = 0, m0 = 0; i < q.size(); m0 += size_t(nmaps[i]), ++i) {
-    timed("outlier_collect", q[i].layer, [&] {
-      outlier_cells(q[i].layer, q[i].logits, [&](const kern::OutlierCells& c) {
-        // map m of this query at slice m0 + m (the kernel writes map m at out + m * cap: one slice apart)
-        DS_CUDA_CHECK(kern::launch_outlier_collect(c, thr + m0, vals + m0 * kFirstCap, int(kFirstCap), found + m0, stream()));
-      });
-    });
-  }
-  std::vector<float> host(maps * kFirstCap);
-  std::vector<unsigned> nf(maps);
-  copy_to_host({{host.data(), vals, host.size() * 4}, {nf.data(), found, maps * 4}});
-  std::vector<std::vector<std::vector<float>>> out(q.size());
-  for (size_t i = 0, m0 = 0; i < q.size(); m0 += size_t(nmaps[i]), ++i) {
+  if (!values) return;
+  for (size_t j = 0; j < dense.size(); ++j)  // the dense kernel's per-source counters into the slots'
+    if (dense[j].collect_at >= 0) nf[slot[dense_q[j]]] = nf[S + j];
+  values->assign(Q, {});
+  for (size_t i = 0; i < Q; ++i) {
+    if (slot[i + 1] == slot[i]) continue;
     bool fits = true;
-    for (int m = 0; m < nmaps[i]; ++m) fits &= nf[m0 + size_t(m)] <= std::min(kFirstCap, q[i].cap);
+    for (size_t m = slot[i]; m < slot[i + 1]; ++m) fits &= nf[m] <= std::min(kFirstCap, q[i].cap);
     if (!fits) {
-      out[i] = outlier_values(q[i].layer, q[i].logits, q[i].at_least, q[i].cap);
+      (*values)[i] = outlier_values(q[i].layer, q[i].logits, q[i].at_least, q[i].cap);
       continue;
     }
-    out[i].resize(size_t(nmaps[i]));
-    for (int m = 0; m < nmaps[i]; ++m) {
-      const float* v = host.data() + (m0 + size_t(m)) * kFirstCap;
-      out[i][size_t(m)].assign(v, v + nf[m0 + size_t(m)]);
-    }
+    for (size_t m = slot[i]; m < slot[i + 1]; ++m)
+      (*values)[i].emplace_back(host.data() + m * kFirstCap, host.data() + m * kFirstCap + nf[m]);
   }
+}
+
+std::vector<std::vector<std::vector<float>>> CudaBackend::outlier_values_many(const std::vector<OutlierQuery>& q) {
+  std::vector<OutlierQuery> collect = q;
+  for (OutlierQuery& x : collect) x.pass = RadixPass{0, 0, {}};  // width 0: collect only
+  std::vector<std::vector<uint64_t>> counts;
+  OutlierValues out;
+  outlier_counts_many(collect, counts, &out);
   return out;
 }
 

@@ -22,21 +22,11 @@ struct Source {
   uint64_t count;  // values per map
 };
 
-// The values of map m of the ranks a RankFinder asked for in this pass, from counts [maps][histograms][bins] of a
-// pass whose prefixes are `have` (a superset of the finder's).
-std::vector<uint64_t> slice(const std::vector<uint64_t>& counts, const RadixPass& have, int m, const RadixPass& want) {
-  const size_t bins = size_t(have.bins()), H = size_t(have.histograms());
-  std::vector<uint64_t> out;
-  if (want.prefixes.empty()) {
-    out.assign(counts.begin() + size_t(m) * H * bins, counts.begin() + size_t(m) * H * bins + bins);
-    return out;
-  }
-  for (uint32_t p : want.prefixes) {
-    const size_t h = size_t(std::find(have.prefixes.begin(), have.prefixes.end(), p) - have.prefixes.begin());
-    const auto b = counts.begin() + (size_t(m) * H + h) * bins;
-    out.insert(out.end(), b, b + long(bins));
-  }
-  return out;
+// The 100 largest, largest first.
+void top100(std::vector<float>& x) {
+  const size_t k = std::min<size_t>(100, x.size());
+  std::partial_sort(x.begin(), x.begin() + long(k), x.end(), std::greater<float>());
+  x.resize(k);
 }
 
 uint64_t causal_cells(const ModelConfig& c, int layer, int64_t n) {
@@ -86,12 +76,32 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     const std::vector<uint64_t> rk = top_median_ranks(std::max<uint64_t>(t, 1));
     all.emplace_back(std::vector<uint64_t>{rk[1], rk[2]});
   }
+  // The 100 largest of each set: every value at or above its 100th largest, sorted. A pass collects them as soon as
+  // it can: after a pass, the 100th largest's prefix is known, and with it how many values are at or above the
+  // prefix's smallest value (RankFinder::below); when that is at most kFoldCap for every map of a source, the next
+  // pass collects them and that rank leaves the passes (usually after the first: the top of a set is sparse).
+  // Otherwise a collection pass after the last, at the exact 100th value, brings them.
+  constexpr uint64_t kFoldCap = 1024;
+  Backend::OutlierValues values(src.size());
+  std::vector<bool> collected(src.size(), false);
   for (int pass = 0; pass < RankFinder::kPasses; ++pass) {
-    std::vector<std::vector<uint64_t>> all_counts(3);
     std::vector<RadixPass> all_pass;
     for (const RankFinder& f : all) all_pass.push_back(f.pass());
     std::vector<Backend::OutlierQuery> queries(src.size());  // every source's pass at once
+    std::vector<bool> collects(src.size(), false);
     for (size_t i = 0; i < src.size(); ++i) {
+      if (pass > 0 && !collected[i]) {
+        bool fold = true;
+        for (int m = 0; m < src[i].maps; ++m) fold &= src[i].count - own[i][size_t(m)].below(0) <= kFoldCap;
+        if (fold) {
+          for (int m = 0; m < src[i].maps; ++m) {
+            queries[i].at_least.push_back(own[i][size_t(m)].floor_value(0));
+            own[i][size_t(m)].retire(0);
+          }
+          queries[i].cap = size_t(kFoldCap);
+          collects[i] = collected[i] = true;
+        }
+      }
       RadixPass& q = queries[i].pass;
       q = own[i][0].pass();  // the union of this source's and the model's prefixes
       auto add = [&](const RadixPass& p) {
@@ -104,33 +114,54 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
       queries[i].logits = src[i].logits;
     }
     std::vector<std::vector<uint64_t>> counts_of;
-    s.backend().outlier_counts_many(queries, counts_of);
+    Backend::OutlierValues got;
+    const bool any = std::find(collects.begin(), collects.end(), true) != collects.end();
+    s.backend().outlier_counts_many(queries, counts_of, any ? &got : nullptr);
+    // The model's finders add up the sources' histograms of their prefixes.
+    std::vector<std::vector<uint64_t>> all_counts(3);
+    for (size_t k = 0; k < 3; ++k) all_counts[k].assign(size_t(all_pass[k].histograms()) * size_t(all_pass[k].bins()), 0);
     for (size_t i = 0; i < src.size(); ++i) {
+      if (collects[i]) values[i] = std::move(got.at(i));
       const RadixPass& q = queries[i].pass;
+      const size_t bins = size_t(q.bins()), H = size_t(q.histograms());
       const std::vector<uint64_t>& counts = counts_of.at(i);
+      if (counts.size() != size_t(src[i].maps) * H * bins) throw Error("internal: outlier pass counts of the wrong size");
       for (int m = 0; m < src[i].maps; ++m) {
-        RankFinder& f = own[i][size_t(m)];
-        f.take(slice(counts, q, m, f.pass()));
+        const uint64_t* mine = counts.data() + size_t(m) * H * bins;
+        own[i][size_t(m)].take(mine, q.prefixes);
         const size_t k = size_t(src[i].logits ? 1 + m : 0);
-        std::vector<uint64_t> part = slice(counts, q, m, all_pass[k]);
-        if (all_counts[k].empty()) all_counts[k].assign(part.size(), 0);
-        for (size_t j = 0; j < part.size(); ++j) all_counts[k][j] += part[j];
+        const RadixPass& ap = all_pass[k];
+        for (int h = 0; h < ap.histograms(); ++h) {
+          const size_t at = ap.prefixes.empty() ? 0
+                                                : size_t(std::find(q.prefixes.begin(), q.prefixes.end(), ap.prefixes[size_t(h)]) -
+                                                         q.prefixes.begin());
+          const uint64_t* from = mine + at * bins;
+          uint64_t* to = all_counts[k].data() + size_t(h) * bins;
+          for (size_t d = 0; d < bins; ++d) to[d] += from[d];
+        }
       }
     }
     for (size_t k = 0; k < 3; ++k)
-      if (total[k] > 0) all[k].take(all_counts[k]);
+      if (total[k] > 0) all[k].take(all_counts[k].data(), all_pass[k].prefixes);
   }
-  // The 100 largest of each set: every value at or above its 100th largest, sorted.
   std::vector<float> pool[3];
-  std::vector<Backend::OutlierQuery> vq(src.size());
+  std::vector<Backend::OutlierQuery> vq;
+  std::vector<size_t> vq_src;
   for (size_t i = 0; i < src.size(); ++i) {
-    for (int m = 0; m < src[i].maps; ++m) vq[i].at_least.push_back(own[i][size_t(m)].value(0));
+    if (collected[i]) continue;
+    Backend::OutlierQuery x;
+    for (int m = 0; m < src[i].maps; ++m) x.at_least.push_back(own[i][size_t(m)].value(0));
     // Ties at the threshold can bring more than 100; a set of equal values brings them all (cap: the whole set).
-    vq[i].cap = size_t(std::min<uint64_t>(src[i].count, uint64_t(1) << 22));
-    vq[i].layer = src[i].layer;
-    vq[i].logits = src[i].logits;
+    x.cap = size_t(std::min<uint64_t>(src[i].count, uint64_t(1) << 22));
+    x.layer = src[i].layer;
+    x.logits = src[i].logits;
+    vq.push_back(std::move(x));
+    vq_src.push_back(i);
   }
-  std::vector<std::vector<std::vector<float>>> values = s.backend().outlier_values_many(vq);
+  if (!vq.empty()) {
+    Backend::OutlierValues more = s.backend().outlier_values_many(vq);
+    for (size_t j = 0; j < vq.size(); ++j) values[vq_src[j]] = std::move(more.at(j));
+  }
   for (size_t i = 0; i < src.size(); ++i) {
     std::vector<std::vector<float>>& v = values.at(i);
     LayerOutliers* lo = nullptr;
@@ -138,8 +169,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     lo = &out.layers.back();
     for (int m = 0; m < src[i].maps; ++m) {
       std::vector<float>& x = v[size_t(m)];
-      std::sort(x.begin(), x.end(), std::greater<float>());
-      if (x.size() > 100) x.resize(100);
+      top100(x);
       const RankFinder& f = own[i][size_t(m)];
       const float median = float((double(f.value(1)) + double(f.value(2))) / 2);
       OutlierSet set{top_median_of(x, src[i].count, median), x};
@@ -153,8 +183,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   for (size_t k = 0; k < 3; ++k) {
     if (total[k] == 0) continue;
     std::vector<float>& x = pool[k];
-    std::sort(x.begin(), x.end(), std::greater<float>());
-    if (x.size() > 100) x.resize(100);
+    top100(x);
     *model[k] = {top_median_of(x, total[k], float((double(all[k].value(0)) + double(all[k].value(1))) / 2)), x};
   }
   return out;

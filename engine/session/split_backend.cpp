@@ -265,14 +265,25 @@ class SplitBackend final : public Backend {
     return at(layer).outlier_values(layer, logits, at_least, cap);
   }
   // Each block's queries go to it in one call (a GPU's passes launch at once and come back in one copy).
-  void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) override {
-    counts = by_block<std::vector<uint64_t>>(q, [](Backend& b, const std::vector<OutlierQuery>& sub) {
-      std::vector<std::vector<uint64_t>> got;
-      b.outlier_counts_many(sub, got);
-      return got;
+  void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
+                           OutlierValues* values) override {
+    using Both = std::pair<std::vector<uint64_t>, std::vector<std::vector<float>>>;
+    const std::vector<Both> got = by_block<Both>(q, [&](Backend& b, const std::vector<OutlierQuery>& sub) {
+      std::vector<std::vector<uint64_t>> c;
+      OutlierValues v;
+      b.outlier_counts_many(sub, c, values ? &v : nullptr);
+      std::vector<Both> r(sub.size());
+      for (size_t i = 0; i < sub.size(); ++i) r[i] = {std::move(c[i]), values ? std::move(v[i]) : std::vector<std::vector<float>>{}};
+      return r;
     });
+    counts.resize(q.size());
+    if (values) values->resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      counts[i] = got[i].first;
+      if (values) (*values)[i] = got[i].second;
+    }
   }
-  std::vector<std::vector<std::vector<float>>> outlier_values_many(const std::vector<OutlierQuery>& q) override {
+  OutlierValues outlier_values_many(const std::vector<OutlierQuery>& q) override {
     return by_block<std::vector<std::vector<float>>>(
         q, [](Backend& b, const std::vector<OutlierQuery>& sub) { return b.outlier_values_many(sub); });
   }

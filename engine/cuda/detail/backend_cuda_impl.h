@@ -173,10 +173,13 @@ class CudaBackend final : public Backend {
   void fetch_logits(ForwardResult& out) override;
   void lens_logits(int layer, int64_t position, float* out) override;
   void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) override;
-  void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts) override;
-  std::vector<std::vector<std::vector<float>>> outlier_values_many(const std::vector<OutlierQuery>& q) override;
+  void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
+                           OutlierValues* values) override;
+  OutlierValues outlier_values_many(const std::vector<OutlierQuery>& q) override;
   std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
                                                  size_t cap) override;
+  // The stream leaving `layer` (every row of the last forward), the outlier passes' hidden states.
+  const float* outlier_stream(int layer);
   // The cells the outlier passes read: the stream leaving `layer`, or each chunk of its logit rows (f per chunk).
   template <class F>
   void outlier_cells(int layer, bool logits, F&& f);
