@@ -243,9 +243,12 @@ class CudaBackend final : public Backend {
   };
   // f() between two events recorded on the stream, kept as a profiler mark, when `on`; else f() alone. timed() is
   // the forward's (profiling_), the decode step has its own switch (eager steps only: no events inside a graph).
+  // Calls between forwards (views, rows, statistics) add marks that the next forward clears unread; kMaxMarks
+  // bounds them (and the events behind them) for a session that pans views for hours without a forward.
+  static constexpr size_t kMaxMarks = 16384;  // (a forward makes a few per layer)
   template <class F>
   void timed_if(bool on, const char* name, int layer, F&& f) {
-    if (!on) {
+    if (!on || marks_.size() >= kMaxMarks) {
       f();
       return;
     }
