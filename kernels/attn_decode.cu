@@ -50,6 +50,7 @@ struct DecodeArgs {
   const int32_t* len;
   float2* ml;  // [groups][rows][splits]: (running max in log2 units, sum of exponentials)
   float* o;    // [groups][rows][splits][DV]: unnormalised output
+  float* am;   // [groups][rows][splits]: quantised logits' first kernel, each split's largest |logit| (log2 units)
   int q_rows, splits, groups, gv, rows, views, mtc, stages;
 };
 
@@ -81,8 +82,12 @@ __device__ __forceinline__ void cp_async_wait_stages(int stages) {  // wait unti
   else cp_async_wait<0>();
 }
 
-// DP: head dim padded to 64, 128 or 256 (columns past d are zero-filled in Q, K and V).
-template <int DP, bool DIFF>
+// DP: head dim padded to 64, 128 or 256 (columns past d are zero-filled in Q, K and V). MODE (quantised logits,
+// AttnParams::logit_bits): kPlain the attention; kRowMax each row's largest |logit| over the keys of this split
+// that it sees, into a.am, nothing else; kQuantised the attention with every logit fake-quantised against the row's
+// largest |logit| over all splits (a.am, written by a kRowMax launch just before).
+enum DecodeMode { kPlain = 0, kRowMax = 1, kQuantised = 2 };
+template <int DP, bool DIFF, int MODE>
 __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const DecodeArgs a) {
   constexpr int NKV = DIFF ? 2 : 1;          // kv heads (slots) per group
   constexpr int DV = NKV * DP;               // width of the group's V
@@ -176,6 +181,18 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
       }
     }
   }
+  // kQuantised: each accumulator row's largest |logit| over every split that has keys (0 for padding rows).
+  float amax[2] = {0.f, 0.f};
+  if constexpr (MODE == kQuantised) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = chunk * rows_cta + mt * 16 + (lane >> 2) + 8 * h;
+      if (t < a.rows)
+        for (int sp = 0; sp < geo.used; ++sp)
+          amax[h] = fmaxf(amax[h], a.am[(size_t(g) * size_t(a.rows) + size_t(t)) * size_t(a.splits) + size_t(sp)]);
+    }
+  }
+  float amx[2] = {0.f, 0.f};  // kRowMax: this thread's largest |logit| of each of its rows
   const bool need0 = __any_sync(0xffffffffu, (klo[0] <= khi[0] && rmap[0] == 0) || (klo[1] <= khi[1] && rmap[1] == 0));
   const bool need1 = DIFF && __any_sync(0xffffffffu, (klo[0] <= khi[0] && rmap[0] == 1) ||
                                                          (klo[1] <= khi[1] && rmap[1] == 1));
@@ -249,44 +266,52 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
           float s = sa[nb][e];
           if constexpr (DIFF) s = rmap[h] ? sb[nb][e] : s;
           const bool seen = key >= klo[h] && key <= khi[h] && !(p.nko && knocked_out(p, rpos[h], key));
-          x[nb][e] = seen ? s * sl2 : -INFINITY;
+          if constexpr (MODE == kRowMax) {
+            if (seen) amx[h] = fmaxf(amx[h], fabsf(s * sl2));
+          } else if constexpr (MODE == kQuantised) {
+            x[nb][e] = seen ? quantize_logit(s * sl2, amax[h], p.logit_bits) : -INFINITY;
+          } else {
+            x[nb][e] = seen ? s * sl2 : -INFINITY;
+          }
         }
-      float alpha[2], m_use[2];
+      if constexpr (MODE != kRowMax) {  // (the row-maximum launch: no softmax, no P V)
+        float alpha[2], m_use[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(fmaxf(x[0][2 * h], x[0][2 * h + 1]), fmaxf(x[1][2 * h], x[1][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = lazy_max(m_run[h], mx);
-        m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exponentials of -inf are 0
-        alpha[h] = ex2_ftz(m_run[h] - m_use[h]);
-        m_run[h] = m_new;
-      }
-      float pr[2][4];
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pr[nb][e] = ex2_ftz(x[nb][e] - m_use[e >> 1]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        l_run[h] = l_run[h] * alpha[h] + ((pr[0][2 * h] + pr[0][2 * h + 1]) + (pr[1][2 * h] + pr[1][2 * h + 1]));
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < DV / 8; ++i) {
-          o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-          o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        for (int h = 0; h < 2; ++h) {
+          float mx = fmaxf(fmaxf(x[0][2 * h], x[0][2 * h + 1]), fmaxf(x[1][2 * h], x[1][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = lazy_max(m_run[h], mx);
+          m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exponentials of -inf are 0
+          alpha[h] = ex2_ftz(m_run[h] - m_use[h]);
+          m_run[h] = m_new;
         }
-      }
-      const uint32_t pa[4] = {pack_bf16x2(pr[0][0], pr[0][1]), pack_bf16x2(pr[0][2], pr[0][3]),
-                              pack_bf16x2(pr[1][0], pr[1][1]), pack_bf16x2(pr[1][2], pr[1][3])};
+        float pr[2][4];
 #pragma unroll
-      for (int nbp = 0; nbp < DV / 16; ++nbp) {
-        const int slot = nbp * 16 / DP, col = nbp * 16 % DP;
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, smem_addr(ks + (2 * slot + 1) * SEG +
-                                        swz<DP>(kofs + (lane & 7) + ((lane >> 3) & 1) * 8, col + (lane >> 4) * 8)));
-        mma_16816(o[2 * nbp], pa, vf[0], vf[1]);
-        mma_16816(o[2 * nbp + 1], pa, vf[2], vf[3]);
+        for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pr[nb][e] = ex2_ftz(x[nb][e] - m_use[e >> 1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          l_run[h] = l_run[h] * alpha[h] + ((pr[0][2 * h] + pr[0][2 * h + 1]) + (pr[1][2 * h] + pr[1][2 * h + 1]));
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+          for (int i = 0; i < DV / 8; ++i) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+          }
+        }
+        const uint32_t pa[4] = {pack_bf16x2(pr[0][0], pr[0][1]), pack_bf16x2(pr[0][2], pr[0][3]),
+                                pack_bf16x2(pr[1][0], pr[1][1]), pack_bf16x2(pr[1][2], pr[1][3])};
+#pragma unroll
+        for (int nbp = 0; nbp < DV / 16; ++nbp) {
+          const int slot = nbp * 16 / DP, col = nbp * 16 % DP;
+          uint32_t vf[4];
+          ldmatrix_x4_trans(vf, smem_addr(ks + (2 * slot + 1) * SEG +
+                                          swz<DP>(kofs + (lane & 7) + ((lane >> 3) & 1) * 8, col + (lane >> 4) * 8)));
+          mma_16816(o[2 * nbp], pa, vf[0], vf[1]);
+          mma_16816(o[2 * nbp + 1], pa, vf[2], vf[3]);
+        }
       }
     }
   }
@@ -294,6 +319,22 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
   // Merge the warps that took slices of the same M tile (through the stage buffers, now idle), write the partials.
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (MODE == kRowMax) {  // the rows' largest |logit| over the warps' slices, to a.am
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      amx[h] = fmaxf(amx[h], __shfl_xor_sync(0xffffffffu, amx[h], 1));
+      amx[h] = fmaxf(amx[h], __shfl_xor_sync(0xffffffffu, amx[h], 2));
+    }
+    if ((lane & 3) == 0) sm_m[warp][lane >> 2] = amx[0], sm_m[warp][(lane >> 2) + 8] = amx[1];
+    __syncthreads();
+    const int ns = 4 / mtc, rows_here = min(rows_cta, a.rows - chunk * rows_cta);
+    for (int i = tid; i < rows_here; i += THREADS) {
+      float mx = 0.f;
+      for (int sl = 0; sl < ns; ++sl) mx = fmaxf(mx, sm_m[(i >> 4) + sl * mtc][i & 15]);
+      a.am[(size_t(g) * size_t(a.rows) + size_t(chunk * rows_cta + i)) * size_t(a.splits) + size_t(split)] = mx;
+    }
+    return;
+  }
   quad_sum(l_run);
   constexpr int PITCH = DV + 8;
   float* const so = reinterpret_cast<float*>(smem_raw);  // [4 warps][16 rows][PITCH]: 256 (DV + 8) <= 2 stages
@@ -448,16 +489,24 @@ __global__ void __launch_bounds__(COMBINE_THREADS) attn_decode_combine_kernel(co
 }
 
 using SplitKernel = void (*)(DecodeArgs);
-SplitKernel split_kernel(int dp, bool diff) {
+template <int MODE>
+SplitKernel split_kernel_of(int dp, bool diff) {
   if (diff) {
-    if (dp == 64) return attn_decode_split_kernel<64, true>;
-    if (dp == 128) return attn_decode_split_kernel<128, true>;
+    if (dp == 64) return attn_decode_split_kernel<64, true, MODE>;
+    if (dp == 128) return attn_decode_split_kernel<128, true, MODE>;
     return nullptr;
   }
-  if (dp == 64) return attn_decode_split_kernel<64, false>;
-  if (dp == 128) return attn_decode_split_kernel<128, false>;
-  if (dp == 256) return attn_decode_split_kernel<256, false>;
+  if (dp == 64) return attn_decode_split_kernel<64, false, MODE>;
+  if (dp == 128) return attn_decode_split_kernel<128, false, MODE>;
+  if (dp == 256) return attn_decode_split_kernel<256, false, MODE>;
   return nullptr;
+}
+// The split kernel for p, and with quantised logits the row-maximum kernel that runs before it (else null).
+SplitKernel split_kernel(int dp, bool diff, bool quantised) {
+  return quantised ? split_kernel_of<kQuantised>(dp, diff) : split_kernel_of<kPlain>(dp, diff);
+}
+SplitKernel rowmax_kernel(int dp, bool diff, bool quantised) {
+  return quantised ? split_kernel_of<kRowMax>(dp, diff) : nullptr;
 }
 SplitKernel combine_kernel(int dv) {
   if (dv == 64) return attn_decode_combine_kernel<64>;
@@ -470,8 +519,8 @@ struct Plan {
   int dp = 0, dv = 0, views = 0, gv = 0, groups = 0, rows = 0, mtc = 1, mchunks = 1, stages = 2, splits = 1;
   int smem = 0;
   bool pdl = false;  // launch both kernels as programmatic dependents of the grid before them
-  size_t ml_bytes = 0, bytes = 0;
-  SplitKernel split = nullptr, combine = nullptr;
+  size_t ml_bytes = 0, o_bytes = 0, bytes = 0;
+  SplitKernel split = nullptr, combine = nullptr, rowmax = nullptr;  // rowmax: quantised logits only
 };
 
 // The launch for p, q_rows and max_len on the current device; cudaErrorInvalidValue for a shape the kernels do not
@@ -479,7 +528,7 @@ struct Plan {
 cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   if (p.qkv == nullptr || p.out == nullptr || q_rows < 1 || q_rows > 16 || max_len < 1 || p.heads < 1 ||
       p.kv_heads < 1 || p.heads % p.kv_heads != 0 || (p.diff && p.heads % 2 != 0) || p.d < 8 || p.d % 8 != 0 ||
-      p.window < 0)
+      p.window < 0 || p.logit_bits < 0 || p.logit_bits == 1 || p.logit_bits > 16)
     return cudaErrorInvalidValue;
   if (!aligned16(p.qkv) || (p.kv && !aligned16(p.kv)) || p.row_stride % 8 != 0 || p.q_off % 8 != 0 ||
       p.k_off % 8 != 0 || p.v_off % 8 != 0 || p.row_stride <= 0)
@@ -495,9 +544,10 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   const int mtiles = (pl.rows + 15) / 16;
   pl.mtc = mtiles >= 3 ? 4 : mtiles;
   pl.mchunks = (mtiles + pl.mtc - 1) / pl.mtc;
-  pl.split = split_kernel(pl.dp, p.diff);
+  pl.split = split_kernel(pl.dp, p.diff, p.logit_bits > 0);
+  pl.rowmax = rowmax_kernel(pl.dp, p.diff, p.logit_bits > 0);
   pl.combine = combine_kernel(pl.dv);
-  if (!pl.split || !pl.combine) return cudaErrorInvalidValue;
+  if (!pl.split || !pl.combine || (p.logit_bits > 0 && !pl.rowmax)) return cudaErrorInvalidValue;
 
   int dev = 0, sms = 0, optin = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -510,6 +560,8 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   pl.smem = pl.stages * stage + q_bytes;
   if (pl.smem + static_bytes > optin) return cudaErrorInvalidValue;
   e = cudaFuncSetAttribute(pl.split, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.smem);
+  if (e == cudaSuccess && pl.rowmax)
+    e = cudaFuncSetAttribute(pl.rowmax, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.smem);
   if (e != cudaSuccess) return e;
   // Programmatic dependent launch where the code that runs was built for sm_90 or newer (it then holds the
   // griddepcontrol instructions; code JIT-compiled from the compute_80 PTX does not).
@@ -526,7 +578,8 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   pl.splits = int(std::max<int64_t>(1, std::min(want, cap)));
   const size_t cells = size_t(pl.groups) * size_t(pl.rows) * size_t(pl.splits);
   pl.ml_bytes = (cells * sizeof(float2) + 255) / 256 * 256;
-  pl.bytes = pl.ml_bytes + cells * size_t(pl.dv) * sizeof(float);
+  pl.o_bytes = cells * size_t(pl.dv) * sizeof(float);
+  pl.bytes = pl.ml_bytes + pl.o_bytes + cells * sizeof(float);  // (the last: a.am, read only under quantisation)
   return cudaSuccess;
 }
 
@@ -562,6 +615,7 @@ cudaError_t launch_attn_decode(const AttnParams& p, const int32_t* len, int q_ro
   a.len = len;
   a.ml = static_cast<float2*>(workspace);
   a.o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
+  a.am = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes + pl.o_bytes);
   a.q_rows = q_rows;
   a.splits = pl.splits;
   a.groups = pl.groups;
@@ -580,7 +634,13 @@ cudaError_t launch_attn_decode(const AttnParams& p, const int32_t* len, int q_ro
   cfg.gridDim = dim3(unsigned(pl.groups * pl.mchunks), unsigned(pl.splits));
   cfg.blockDim = dim3(THREADS);
   cfg.dynamicSmemBytes = size_t(pl.smem);
-  cudaError_t le = cudaLaunchKernelEx(&cfg, pl.split, a);
+  cudaError_t le = cudaSuccess;
+  if (pl.rowmax) {  // quantised logits: each row's largest |logit| first (the split kernel reads it after PDL's wait)
+    le = cudaLaunchKernelEx(&cfg, pl.rowmax, a);
+    if (le == cudaSuccess) le = cudaGetLastError();
+    if (le != cudaSuccess) return le;
+  }
+  le = cudaLaunchKernelEx(&cfg, pl.split, a);
   if (le == cudaSuccess) le = cudaGetLastError();
   if (le != cudaSuccess) return le;
   cfg.gridDim = dim3(unsigned(pl.views), unsigned(q_rows));

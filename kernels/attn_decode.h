@@ -16,6 +16,10 @@
 // Supported: d a multiple of 8 up to 128 (plain heads also up to 256), q_rows 1..16, H % Hkv == 0 (differential: H
 // even), qkv and kv 16-byte aligned with row_stride, q_off, k_off and v_off multiples of 8 elements (16-byte copies);
 // p.out any bf16 pointer and stride. Anything else: cudaErrorInvalidValue, nothing launched.
+//
+// p.logit_bits > 0 (2..16): every logit fake-quantised (quantize_logit) against its row's largest |logit| over the
+// keys the row sees, found by a third launch before the split kernel (the same split geometry, K only in use, each
+// split's row maxima to the workspace).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,7 +33,7 @@ namespace ds::kern {
 // keeps no state between launches, so one buffer serves every layer of a step in stream order.
 size_t attn_decode_workspace(const AttnParams& p, int q_rows, int max_len);
 
-// Two kernels on `stream`: the split kernel (grid: splits x key/value groups x row chunks, fixed by p's shape,
+// Two kernels (three under quantised logits) on `stream`: the split kernel (grid: splits x key/value groups x row chunks, fixed by p's shape,
 // q_rows, max_len and the device's SM count, so independent of *len) and the combine kernel, on sm_90 and newer as
 // programmatic dependent launches (each waits for the grid before it before reading memory; graph capture keeps
 // them as programmatic edges). Returns the first error (cudaErrorInvalidValue for an unsupported shape or a null

@@ -51,8 +51,8 @@ struct AttnParams {
   int4 ko[kMaxKnockouts] = {};
   int row0 = 0, row1 = 0;  // generic kernel: the query rows it computes (row1 0: to n)
   // > 0: the logits fake-quantised to this many bits before the softmax (forward.h AttnEdit::logit_bits): the Hopper
-  // kernel and the generic kernel (each with a first pass for each row's largest |score|) and the map kernels take it
-  // (select_attn routes a quantised layer to them); the CUDA decoding steps refuse it.
+  // kernel and the generic kernel (each with a first pass for each row's largest |score|), the map kernels (select_attn
+  // routes a quantised layer to them) and the decoding kernel (a row-maximum launch before its split kernel) take it.
   int logit_bits = 0;
 };
 

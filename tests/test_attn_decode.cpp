@@ -74,13 +74,14 @@ struct Opts {
   int64_t row_pad = 24; // elements after V in each row
   int64_t out_pad = 16; // elements after a row's outputs
   float q_amp = 1.5f;   // larger: peakier softmax rows (the running maximum moves more)
+  int logit_bits = 0;   // > 0: the logits fake-quantised (AttnParams::logit_bits)
 };
 
 std::string name(const Shape& s, const Opts& o, int n) {
   return std::string(s.diff ? "diff" : "plain") + " H=" + std::to_string(s.H) + " Hkv=" + std::to_string(s.Hkv) +
          " d=" + std::to_string(s.d) + " n=" + std::to_string(n) + " q_rows=" + std::to_string(o.q_rows) +
          " window=" + std::to_string(o.window) + (o.separate_kv ? " kv-buffer" : "") +
-         " q_amp=" + std::to_string(o.q_amp);
+         " q_amp=" + std::to_string(o.q_amp) + (o.logit_bits ? " bits=" + std::to_string(o.logit_bits) : "");
 }
 
 // One sequence of `rows` positions in the fused-QKV layout (attn_params.h). Q is random in rows [q_lo, rows), K and
@@ -144,13 +145,19 @@ struct Problem {
           const uint16_t* qr = qkv.data() + size_t(pos) * size_t(rs) + size_t(o.lead + int64_t(qh[m]) * d);
           for (int e = 0; e < d; ++e) q[size_t(e)] = bfd(qr[e]);
           logit.assign(size_t(pos - first + 1), 0.0);
-          double mx = -INFINITY;
+          double mx = -INFINITY, amax = 0;
           for (int64_t k = first; k <= pos; ++k) {
             const uint16_t* kr = kvsrc.data() + size_t(k) * size_t(rs) + size_t(k_off + int64_t(kh[m]) * d);
             double dot = 0;
             for (int e = 0; e < d; ++e) dot += q[size_t(e)] * bfd(kr[e]);
             logit[size_t(k - first)] = dot * scale;
             mx = std::max(mx, dot * scale);
+            amax = std::max(amax, std::fabs(dot * scale));
+          }
+          if (o.logit_bits > 0 && amax > 0) {  // the published what-if: step = amax / (2^(b-1) - 1), half to even
+            const double step = amax / double((1 << (o.logit_bits - 1)) - 1);
+            mx = -INFINITY;
+            for (double& x : logit) mx = std::max(mx, x = std::nearbyint(x / step) * step);
           }
           double l = 0;
           for (double& x : logit) l += (x = std::exp(x - mx));
@@ -211,6 +218,7 @@ struct Device {
     p.out_row_stride = pr.ors;
     p.out_batch_stride = 0;
     p.window = pr.o.window;
+    p.logit_bits = pr.o.logit_bits;
     const size_t ws_bytes = ds::kern::attn_decode_workspace(p, pr.o.q_rows, max_len);
     EXPECT_GT(ws_bytes, 0u);
     ws = DeviceBuffer(std::max<size_t>(ws_bytes, 16), "test workspace");
@@ -323,6 +331,30 @@ TEST(AttnDecode, ShapesAgainstFloat64) {
           worst.add(run_one(s, Opts{}, n, seed++, n + 100));
         }
   worst.print("shapes");
+}
+
+// Quantised logits (8 and 4 bits): the row-maximum launch, then the split kernel quantising against it, against the
+// float64 attention of the quantised logits; differential and plain heads, d 64 and 128, lengths around the key
+// tile and past several splits, a sliding window and several query rows.
+TEST(AttnDecode, QuantisedLogitsAgainstFloat64) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<int> ns = small_run() ? std::vector<int>{1, 65, 1000} : std::vector<int>{1, 2, 64, 65, 1000, 4097};
+  Worst worst;
+  uint64_t seed = 900;
+  for (int bits : {8, 4})
+    for (bool diff : {true, false})
+      for (int d : {64, 128})
+        for (int n : ns) {
+          const Shape s = diff ? Shape{8, 4, d, true} : Shape{4, 2, d, false};
+          Opts o;
+          o.logit_bits = bits;
+          worst.add(run_one(s, o, n, seed++, n + 100));
+          if (n >= 65) {
+            o.window = 50, o.q_rows = 3;
+            worst.add(run_one(s, o, n, seed++, n + 100));
+          }
+        }
+  worst.print("quantised logits");
 }
 
 // Lengths on and off the split chunk and the key tile: the chunk is ceil(n / splits) keys (attn_decode.cu), for

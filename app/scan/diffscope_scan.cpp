@@ -60,7 +60,7 @@ const char* kUsage =
     "  --max-prompts N           stop after N prompts\n"
     "  --max-answer-tokens N     greedy tokens generated at most to check a target (default 32)\n"
     "  --quantize-logits BITS    attention logits fake-quantised to BITS (2..16) bits in every run (paper Figure 8:\n"
-    "                            accuracy and attention under quantisation; generation then runs whole forwards)\n"
+    "                            accuracy and attention under quantisation)\n"
     "  --outliers                activation outliers of every prompt (paper Table 5; diffscope-run --outliers's\n"
     "                            keys) in the report's \"outliers\": top values exact over all prompts, medians the\n"
     "                            median of the prompts' medians\n"

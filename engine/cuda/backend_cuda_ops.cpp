@@ -218,10 +218,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     kern::AttnParams p = b_.layer_attn(l, n, batch_, lambda);
     p.out_scale = float(1.0 - c_.lambda_init(l));
     p.eps = float(c_.subln_eps);
-    if (decode_) {
-      if (p.logit_bits > 0)
-        throw Error("quantised attention logits: the CUDA decoding step does not take them (its kernel has no pass for "
-                    "each row's largest logit); HINT: generate on the CPU backend, or without the quantisation");
+    if (decode_) {  // (quantised logits: the kernel's row-maximum launch first, attn_decode.h)
       p.out = b_.dec_->attn.as<bf16>();
       p.out_row_stride = p.out_batch_stride = Hd;
       return step("decode_attention", l, [&] {

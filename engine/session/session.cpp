@@ -643,10 +643,8 @@ int32_t Session::generate_step() {
   req.lambda = ran_lambda_;
   req.hooks = hooks_;
   req.edits = edits_;
-  // Quantised logits: the whole sequence again instead of a decoding step (the CUDA decoding kernel has no pass for
-  // each row's largest logit; the answer is the same on every backend, the step costs a forward).
-  req.append_from = logit_bits_ > 0 ? 0 : n;
-  req.logits_on_demand = greedy && logit_bits_ == 0;
+  req.append_from = n;  // (quantised logits too: every backend's decoding step takes them)
+  req.logits_on_demand = greedy;
   try {
     backend_->forward(req, res_);
   } catch (...) {
@@ -655,7 +653,6 @@ int32_t Session::generate_step() {
     set_stop(StopReason::Stopped);
     throw;
   }
-  if (req.append_from == 0) every_row_ = hooks_ && hooks_->needs_all_rows();  // a whole forward, rows-only at the end
   ids_.push_back(id);
   TokenSpan t;
   t.id = id;

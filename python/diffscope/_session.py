@@ -353,8 +353,7 @@ class Session:
     def set_logit_bits(self, bits: Optional[int]) -> None:
         """Every attention logit fake-quantised to `bits` bits (2..16; None or 0: full precision) before the softmax,
         symmetric absmax per query row and head (the paper's Figure 8), from the next run() on, in the forward and the
-        maps. Generation under it runs a whole forward per token (the CUDA decoding kernel has no pass for each row's
-        largest logit)."""
+        maps, and in generation's decoding steps."""
         self._s.set_logit_bits(0 if bits is None else _int(bits, "bits"))
 
     def quantize_report(self, bits: int) -> dict:

@@ -201,8 +201,8 @@ def test_cuda_quantised_logits_match_cpu(gpu, bits):
         assert np.abs(g.maps(1).a1 - c.maps(1).a1).max() < 3 * tol
         rg, rc = g.quantize_report(bits), c.quantize_report(bits)
         assert rg["kl"] == pytest.approx(rc["kl"], rel=0.5, abs=5e-3)
-        # generation under quantisation runs whole forwards (the decoding kernel has no row-maximum pass): each token
-        # is the greedy choice of the device's own forward of the sequence so far
+        # generation under quantisation runs decoding steps (the decoding kernel's row-maximum launch, then its split
+        # kernel quantising): each token is the greedy choice of the device's own forward of the sequence so far
         g.run(ids)
         got_ids = [t.id for t in g.generate(3, stop_at_eos=False)]
         seq = list(g.ids)

@@ -632,8 +632,9 @@ def test_quantize_report_and_errors(tmp_path):
         p = base
         assert r4["kl"] == pytest.approx(float(np.sum(np.exp(p) * (p - q))), rel=1e-3, abs=1e-7)
         assert r4["top_quantised"] == int(np.argmax(q)) and r4["top_full"] == int(np.argmax(p))
-        # generation under quantisation (a whole forward a token): each token the greedy choice of a full quantised
-        # forward of the sequence so far, and the last step's distribution that forward's
+        # generation under quantisation (decoding steps, each row quantised against its own largest logit): each token
+        # the greedy choice of a full quantised forward of the sequence so far, and the last step's distribution that
+        # forward's
         s.run(PROMPT)
         n0 = s.n
         gen = [t.id for t in s.generate(4, stop_at_eos=False)]
