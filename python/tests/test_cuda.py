@@ -179,6 +179,21 @@ def test_cuda_outliers_and_lens_match_cpu(gpu):
         assert np.mean(same) >= 0.75, same
 
 
+def test_cuda_outlier_top_equals_the_max_reader(gpu):
+    """On the device the radix passes (one launch over every layer's hidden states, the top values collected by the
+    pass that bounds them) and the Table 5 reader (a max-|x| reduction in the forward) read the same stream: each
+    layer's largest |hidden state| is the same float, exactly."""
+    with diffscope.open(DEMO, backend="cuda") as g:
+        g.watch_max_abs_hidden(True)
+        g.run(PROMPT * 6)
+        o = g.outliers(logits=False)
+        mx = g.max_abs_hidden()
+        assert [lo["hidden_top"][0] for lo in o["layers"]] == [float(x) for x in mx]
+        assert o["model"]["hidden_top"][0] == float(mx.max())
+        tops = [lo["hidden_top"] for lo in o["layers"]]
+        assert all(t[0] >= t[1] >= t[2] >= t[3] >= t[4] > 0 for t in tops)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_cuda_quantised_logits_match_cpu(gpu, bits):
     """The quantisation what-if on the device (the generic kernel's pass for each row's largest logit, the map

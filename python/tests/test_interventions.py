@@ -496,6 +496,17 @@ def test_outliers_match_the_reference(fixture, tmp_path):
     assert json.loads(out.read_text()) == o  # the CLI writes the same numbers
 
 
+def test_outlier_top_equals_the_max_reader():
+    """The radix passes and the Table 5 reader (watch_max_abs_hidden) read the same stream: each layer's largest
+    |hidden state| is the same float (the CUDA backend's twin of this test is in test_cuda.py)."""
+    with diffscope.open(DEMO, backend="cpu", threads=2) as d:
+        d.watch_max_abs_hidden(True)
+        d.run(PROMPT * 3)
+        o = d.outliers(logits=False)
+        mx = d.max_abs_hidden()
+        assert [lo["hidden_top"][0] for lo in o["layers"]] == [float(x) for x in mx]
+
+
 def test_outliers_plain_model_and_long_rows():
     with diffscope.open(TWIN, backend="cpu", threads=2) as t:
         t.run(PROMPT)
