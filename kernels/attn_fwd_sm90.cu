@@ -297,12 +297,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   // Every logit of a tile to its row's step (x / step rounded half to even, times step; the multiply by 1 / step
   // may round the other way than quantize_logit's division within an ulp of a midpoint). MASKED: the tile holds
-  // -inf (masked keys), which must stay -inf in a row of step 0.
+  // -inf (masked keys), which must stay -inf in a row of step 0. The rounding adds and subtracts 1.5 * 2^23 (exact
+  // round-half-to-even for |x / step| < 2^22; it is at most 2^15 - 1 here) on the FMA pipe: rintf is a conversion-class
+  // instruction, which shares its unit with the softmax's exp2 and made the quantised pass that unit's bottleneck.
   auto quantize = [&](float (&s)[NS], const bool masked) {
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int r = (i >> 1) & 1;
-      const float x = rintf(s[i] * q_inv[r]) * q_step[r];
+      const float x = __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn(s[i], q_inv[r]), kRound), -kRound), q_step[r]);
       if (!masked || s[i] != -INFINITY) s[i] = x;
     }
   };
