@@ -569,7 +569,11 @@ def test_mean_ablation_matches_the_reference(fixture):
         got = s.logits(True).copy()
         assert [x["mode"] for x in s.interventions] == ["mean", "mean"]
         imp = s.head_importance(modes=("mean",))
-        assert imp["modes"]["mean"][1, 2] == 0.0  # already mean-ablated: ablating it again changes nothing
+        # already mean-ablated: ablating it again changes nothing but the order of float sums (the base log p comes
+        # from the every-row run above, the ablation's from a run whose LM head takes the last row alone; OpenBLAS
+        # picks its kernels by shape and CPU, and on some CPUs the two differ by an ulp of the logits)
+        assert abs(imp["modes"]["mean"][1, 2]) < 1e-5
+        assert np.nanmax(np.abs(imp["modes"]["mean"])) > 1e-3  # while the heads not yet ablated do change it
         assert s.interventions == [{"kind": "ablate", "mode": "mean", "layer": 1, "head": 2},
                                    {"kind": "ablate", "mode": "mean", "layer": L - 1, "head": 0}]
         step = [t.id for t in s.generate(1, stop_at_eos=False)]
