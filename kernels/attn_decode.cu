@@ -152,6 +152,7 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
     const int key0 = kb + it * TK;
 #pragma unroll
     for (int seg = 0; seg < NKV * 2; ++seg) {
+      if (MODE == kRowMax && (seg & 1)) continue;  // the row-maximum launch reads K alone
       const bf16* const base = seg == 0 ? src0 : seg == 1 ? src1 : seg == 2 ? src2 : src3;
 #pragma unroll
       for (int j = 0; j < TK / RS; ++j) {
@@ -490,7 +491,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) attn_decode_combine_kernel(co
 
 using SplitKernel = void (*)(DecodeArgs);
 template <int MODE>
-SplitKernel split_kernel_of(int dp, bool diff) {
+SplitKernel split_kernel(int dp, bool diff) {
   if (diff) {
     if (dp == 64) return attn_decode_split_kernel<64, true, MODE>;
     if (dp == 128) return attn_decode_split_kernel<128, true, MODE>;
@@ -500,13 +501,6 @@ SplitKernel split_kernel_of(int dp, bool diff) {
   if (dp == 128) return attn_decode_split_kernel<128, false, MODE>;
   if (dp == 256) return attn_decode_split_kernel<256, false, MODE>;
   return nullptr;
-}
-// The split kernel for p, and with quantised logits the row-maximum kernel that runs before it (else null).
-SplitKernel split_kernel(int dp, bool diff, bool quantised) {
-  return quantised ? split_kernel_of<kQuantised>(dp, diff) : split_kernel_of<kPlain>(dp, diff);
-}
-SplitKernel rowmax_kernel(int dp, bool diff, bool quantised) {
-  return quantised ? split_kernel_of<kRowMax>(dp, diff) : nullptr;
 }
 SplitKernel combine_kernel(int dv) {
   if (dv == 64) return attn_decode_combine_kernel<64>;
@@ -544,8 +538,9 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
   const int mtiles = (pl.rows + 15) / 16;
   pl.mtc = mtiles >= 3 ? 4 : mtiles;
   pl.mchunks = (mtiles + pl.mtc - 1) / pl.mtc;
-  pl.split = split_kernel(pl.dp, p.diff, p.logit_bits > 0);
-  pl.rowmax = rowmax_kernel(pl.dp, p.diff, p.logit_bits > 0);
+  // quantised logits: the row-maximum launch, then the split kernel quantising against it
+  pl.split = p.logit_bits > 0 ? split_kernel<kQuantised>(pl.dp, p.diff) : split_kernel<kPlain>(pl.dp, p.diff);
+  pl.rowmax = p.logit_bits > 0 ? split_kernel<kRowMax>(pl.dp, p.diff) : nullptr;
   pl.combine = combine_kernel(pl.dv);
   if (!pl.split || !pl.combine || (p.logit_bits > 0 && !pl.rowmax)) return cudaErrorInvalidValue;
 

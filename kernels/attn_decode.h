@@ -18,7 +18,7 @@
 // p.out any bf16 pointer and stride. Anything else: cudaErrorInvalidValue, nothing launched.
 //
 // p.logit_bits > 0 (2..16): every logit fake-quantised (quantize_logit) against its row's largest |logit| over the
-// keys the row sees, found by a third launch before the split kernel (the same split geometry, K only in use, each
+// keys the row sees, found by a third launch before the split kernel (the same split geometry, reading K alone, each
 // split's row maxima to the workspace).
 #pragma once
 #include <cstddef>

@@ -97,35 +97,22 @@ __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource
                                                                float* out, unsigned* found) {
   extern __shared__ unsigned hist[];
   __shared__ uint32_t pre[kMaxSmemPrefixes];
-  // The prefixes' top 12 bits of |x| (bits 30..19), a table: 0 no prefix starts so; 1 + p prefix p is exactly those
-  // 12 bits (a pass whose digit ends at bit 19); 255 some prefix starts so (compare them). Most values are turned
-  // away by one shared-memory load instead of a loop over the prefixes.
-  __shared__ uint8_t sel[1 << 12];
   const DenseSource s = sources[blockIdx.y];
   const int bins = 1 << width, H = s.nprefix > 0 ? s.nprefix : 1;
   const uint32_t mask = uint32_t(bins) - 1, hi = uint32_t(shift + width);
   const uint32_t* gpre = prefixes + s.prefix_at;
-  constexpr int kRegPrefixes = 4;  // (see pfx below)
+  // Up to kRegPrefixes prefixes (the usual pass: the set's middle and the model's) sit in registers, compared with
+  // no memory access at all (a shared-memory lookup per value made the prefixed passes issue-bound: 46 % of the
+  // memory's rate against 80 % for the first pass); more are compared from shared (or global) memory in a loop.
+  constexpr int kRegPrefixes = 4;
   const bool regs = s.nprefix > 0 && s.nprefix <= kRegPrefixes && hi < 32;
-  const bool spre = s.nprefix <= kMaxSmemPrefixes, table = s.nprefix > 0 && hi <= 19 && !regs;
+  const bool spre = s.nprefix <= kMaxSmemPrefixes;
   if (SMEM)
     for (int i = threadIdx.x; i < H * bins; i += kThreads) hist[i] = 0;
   if (spre)
     for (int i = threadIdx.x; i < s.nprefix; i += kThreads) pre[i] = gpre[i];
-  if (table)
-    for (int i = threadIdx.x; i < (1 << 12); i += kThreads) sel[i] = 0;
   __syncthreads();
-  if (table) {
-    for (int p = threadIdx.x; p < s.nprefix; p += kThreads) {  // (equal entries race to write one value)
-      const uint32_t t = gpre[p] >> (19 - hi);
-      if (t < (1u << 12)) sel[t] = hi == 19 && p < 254 ? uint8_t(p + 1) : uint8_t(255);  // (else no value has it)
-    }
-    __syncthreads();
-  }
   unsigned* cnt = counts + s.counts_at;
-  // Up to kRegPrefixes prefixes (the usual pass: the set's middle and the model's) sit in registers, compared with
-  // no memory access at all (the table's load per value made the prefixed passes issue-bound: 46 % of the memory's
-  // rate against 80 % for the first pass); more use the table.
   uint32_t pfx[kRegPrefixes];
 #pragma unroll
   for (int p = 0; p < kRegPrefixes; ++p) pfx[p] = regs && p < s.nprefix ? gpre[p] : 0xffffffffu;  // (no top is ~0)
@@ -139,18 +126,13 @@ __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource
       for (int p = 0; p < kRegPrefixes; ++p)
         if (top == pfx[p]) h = p;
     } else if (s.nprefix > 0) {
+      const uint32_t top = hi >= 32 ? 0u : b >> hi;
       h = -1;
-      const uint8_t k = table ? sel[b >> 19] : uint8_t(255);
-      if (k != 0 && k != 255) {
-        h = k - 1;
-      } else if (k == 255) {
-        const uint32_t top = hi >= 32 ? 0u : b >> hi;
-        for (int p = 0; p < s.nprefix; ++p)
-          if (top == (spre ? pre[p] : gpre[p])) {
-            h = p;
-            break;
-          }
-      }
+      for (int p = 0; p < s.nprefix; ++p)
+        if (top == (spre ? pre[p] : gpre[p])) {
+          h = p;
+          break;
+        }
     }
     if (h >= 0 && width > 0) {
       if (SMEM) atomicAdd(&hist[h * bins + int(digit)], 1u);

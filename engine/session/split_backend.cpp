@@ -268,7 +268,7 @@ class SplitBackend final : public Backend {
   void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
                            OutlierValues* values) override {
     using Both = std::pair<std::vector<uint64_t>, std::vector<std::vector<float>>>;
-    const std::vector<Both> got = by_block<Both>(q, [&](Backend& b, const std::vector<OutlierQuery>& sub) {
+    std::vector<Both> got = by_block<Both>(q, [&](Backend& b, const std::vector<OutlierQuery>& sub) {
       std::vector<std::vector<uint64_t>> c;
       OutlierValues v;
       b.outlier_counts_many(sub, c, values ? &v : nullptr);
@@ -279,8 +279,8 @@ class SplitBackend final : public Backend {
     counts.resize(q.size());
     if (values) values->resize(q.size());
     for (size_t i = 0; i < q.size(); ++i) {
-      counts[i] = got[i].first;
-      if (values) (*values)[i] = got[i].second;
+      counts[i] = std::move(got[i].first);
+      if (values) (*values)[i] = std::move(got[i].second);
     }
   }
   OutlierValues outlier_values_many(const std::vector<OutlierQuery>& q) override {
