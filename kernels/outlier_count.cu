@@ -94,11 +94,12 @@ constexpr int kDenseSmemBytes = 96 * 1024;
 template <bool SMEM>
 __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource* sources, int shift, int width,
                                                                const uint32_t* prefixes, unsigned* counts,
-                                                               float* out, unsigned* found) {
+                                                               float* out, unsigned* found, int hcap) {
   extern __shared__ unsigned hist[];
   __shared__ uint32_t pre[kMaxSmemPrefixes];
   const DenseSource s = sources[blockIdx.y];
-  const int bins = 1 << width, H = s.nprefix > 0 ? s.nprefix : 1;
+  if (width == 0 && s.collect_at < 0) return;  // a collection pass: this source collects nothing
+  const int bins = 1 << width, H = s.nprefix > 0 ? s.nprefix : 1, HS = min(H, hcap);  // HS: histograms in shared
   const uint32_t mask = uint32_t(bins) - 1, hi = uint32_t(shift + width);
   const uint32_t* gpre = prefixes + s.prefix_at;
   // Up to kRegPrefixes prefixes (the usual pass: the set's middle and the model's) sit in registers, compared with
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource
   const bool regs = s.nprefix > 0 && s.nprefix <= kRegPrefixes && hi < 32;
   const bool spre = s.nprefix <= kMaxSmemPrefixes;
   if (SMEM)
-    for (int i = threadIdx.x; i < H * bins; i += kThreads) hist[i] = 0;
+    for (int i = threadIdx.x; i < HS * bins; i += kThreads) hist[i] = 0;
   if (spre)
     for (int i = threadIdx.x; i < s.nprefix; i += kThreads) pre[i] = gpre[i];
   __syncthreads();
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource
         }
     }
     if (h >= 0 && width > 0) {
-      if (SMEM) atomicAdd(&hist[h * bins + int(digit)], 1u);
+      if (SMEM && h < HS) atomicAdd(&hist[h * bins + int(digit)], 1u);
       else atomicAdd(cnt + size_t(h) * size_t(bins) + digit, 1u);
     }
     if (s.collect_at >= 0) {
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) count_dense_kernel(const DenseSource
   for (int64_t i = done + first; i < s.count; i += stride) one(s.x[i]);
   if (!SMEM || width == 0) return;
   __syncthreads();
-  for (int i = threadIdx.x; i < H * bins; i += kThreads)
+  for (int i = threadIdx.x; i < HS * bins; i += kThreads)
     if (hist[i]) atomicAdd(cnt + i, hist[i]);
 }
 
@@ -218,11 +219,151 @@ cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources,
     const cudaError_t attr =
         cudaFuncSetAttribute(count_dense_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDenseSmemBytes);
     if (attr != cudaSuccess) return attr;
-    count_dense_kernel<true><<<grid, kThreads, smem, stream>>>(sources, shift, width, prefixes, counts, out, found);
+    count_dense_kernel<true>
+        <<<grid, kThreads, smem, stream>>>(sources, shift, width, prefixes, counts, out, found, std::max(1, max_nprefix));
   } else {
-    count_dense_kernel<false><<<grid, kThreads, 0, stream>>>(sources, shift, width, prefixes, counts, out, found);
+    count_dense_kernel<false><<<grid, kThreads, 0, stream>>>(sources, shift, width, prefixes, counts, out, found, 0);
   }
   return cudaGetLastError();
+}
+
+// --- the selection on the device -----------------------------------------------------------------------------
+namespace {
+
+constexpr int kSelectThreads = 256;
+
+// Block-wide exclusive scan of one u64 per thread; total gets the sum.
+__device__ unsigned long long exclusive_scan(unsigned long long v, unsigned long long& total) {
+  __shared__ unsigned long long warp_sums[kSelectThreads / 32];
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  unsigned long long x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  unsigned long long before = 0;
+  total = 0;
+  for (int w = 0; w < kSelectThreads / 32; ++w) {
+    if (w < warp) before += warp_sums[w];
+    total += warp_sums[w];
+  }
+  return before + x - v;
+}
+
+// One rank per block: its histogram (its source's, or the sum of every source's for the model's), the digit that
+// holds it, its new prefix and floor, and the fold of a source's top rank.
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPlan p, int shift, int width, bool first,
+                                                                bool last) {
+  __shared__ int hist_of[kMaxSelectSources];  // the histogram holding the rank's prefix, per source read
+  const int i = int(blockIdx.x);
+  RankState r = p.ranks[i];
+  if (r.state != 0) return;
+  const bool model = i >= 3 * p.nsources;
+  const int s0 = model ? 0 : i / 3, s1 = model ? p.nsources : i / 3 + 1;
+  for (int s = s0 + int(threadIdx.x); s < s1; s += kSelectThreads) {
+    int h = 0;
+    if (!first) {
+      h = -1;
+      const DenseSource& d = p.table[s];
+      for (int k = 0; k < d.nprefix; ++k)
+        if (p.prefixes[d.prefix_at + k] == r.prefix) h = k;
+    }
+    hist_of[s - s0] = h;
+  }
+  __syncthreads();
+  const int bins = 1 << width, per = (bins + kSelectThreads - 1) / kSelectThreads;
+  const int d0 = int(threadIdx.x) * per, d1 = min(bins, d0 + per);
+  auto bin = [&](int d) {
+    unsigned long long c = 0;
+    for (int s = s0; s < s1; ++s) {
+      const int h = hist_of[s - s0];
+      if (h >= 0) c += p.counts[p.table[s].counts_at + int64_t(h) * bins + d];
+    }
+    return c;
+  };
+  unsigned long long mine = 0;
+  for (int d = d0; d < d1; ++d) mine += bin(d);
+  unsigned long long total = 0;
+  unsigned long long below = exclusive_scan(mine, total);
+  if (threadIdx.x == 0 && r.rank >= total) *p.error = 1;
+  if (!(below <= r.rank && r.rank < below + mine)) return;
+  int d = d0;
+  for (;; ++d) {
+    const unsigned long long c = bin(d);
+    if (below + c > r.rank) break;
+    below += c;
+  }
+  r.rank -= below;
+  r.prefix = (r.prefix << width) | uint32_t(d);
+  r.floor = __uint_as_float(r.prefix << shift);
+  if (!model && i % 3 == 0) {  // the source's top rank: values at or above its floor, exactly
+    const unsigned long long above = static_cast<unsigned long long>(p.table[i / 3].count) - (r.rank0 - r.rank);
+    if (above <= static_cast<unsigned long long>(p.cap) || last) r.state = 1;
+  }
+  p.ranks[i] = r;
+}
+
+// One thread per source: the next pass's table row.
+__global__ void plan_kernel(const SelectPlan p) {
+  const int s = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
+  if (s >= p.nsources) return;
+  DenseSource d = p.table[s];
+  d.collect_at = -1;  // a source collects in one pass only
+  RankState& top = p.ranks[3 * s];
+  if (top.state == 1) {
+    d.collect_at = int64_t(s) * p.cap, d.cap = p.cap, d.at_least = top.floor;
+    top.state = 2;
+  }
+  uint32_t* list = p.prefixes + int64_t(s) * kSelectPrefixes;
+  int n = 0;
+  auto add = [&](const RankState& r) {
+    if (r.state != 0) return;
+    for (int k = 0; k < n; ++k)
+      if (list[k] == r.prefix) return;
+    if (n == kSelectPrefixes) {
+      *p.error = 1;
+      return;
+    }
+    list[n++] = r.prefix;
+  };
+  for (int k = 0; k < 3; ++k) add(p.ranks[3 * s + k]);
+  add(p.ranks[3 * p.nsources]), add(p.ranks[3 * p.nsources + 1]);
+  d.prefix_at = s * kSelectPrefixes, d.nprefix = n;
+  p.table[s] = d;
+}
+
+}  // namespace
+
+cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
+                                  cudaStream_t stream) {
+  if (plan.nsources < 1 || plan.nsources > kMaxSelectSources || !plan.table || !plan.prefixes || !plan.counts ||
+      !plan.ranks || plan.cap < 1 || !plan.error || width < 1 || width > 12 || shift < 0 || shift + width > 31)
+    return cudaErrorInvalidValue;
+  select_kernel<<<3 * plan.nsources + 2, kSelectThreads, 0, stream>>>(plan, shift, width, first, last);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  plan_kernel<<<(plan.nsources + 127) / 128, 128, 0, stream>>>(plan);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, const int* shift, const int* width,
+                                         int64_t max_count, float* out, unsigned* found, cudaStream_t stream) {
+  if (passes < 1 || !shift || !width || !out || !found) return cudaErrorInvalidValue;
+  for (int pass = 0; pass < passes; ++pass) {
+    if (width[pass] > 12) return cudaErrorInvalidValue;  // (the counts hold 4096 bins a prefix)
+    cudaError_t e = cudaMemsetAsync(plan.counts, 0, size_t(plan.nsources) * kSelectPrefixes * 4096 * 4, stream);
+    // (shared histograms: one on the first pass; two after, a set's middles and the model's, usually)
+    if (e == cudaSuccess)
+      e = launch_outlier_count_dense(plan.table, plan.nsources, max_count, pass == 0 ? 0 : 2, shift[pass], width[pass],
+                                     plan.prefixes, plan.counts, out, found, stream);
+    if (e == cudaSuccess) e = launch_outlier_select(plan, shift[pass], width[pass], pass == 0, pass == passes - 1, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return launch_outlier_count_dense(plan.table, plan.nsources, max_count, 0, 0, 0, plan.prefixes, plan.counts, out,
+                                    found, stream);
 }
 
 }  // namespace ds::kern

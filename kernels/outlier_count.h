@@ -45,8 +45,9 @@ struct DenseSource {
   int64_t collect_at = -1;
   int cap = 0;
 };
-// sources: device [nsources]; max_count and max_nprefix: the largest of the sources' (the grid and the shared
-// histograms are sized by them).
+// sources: device [nsources]; max_count: the largest of the sources' (the grid is sized by it); max_nprefix: the
+// histograms a source keeps in shared memory (a source with more prefixes counts the others in global memory).
+// width 0 with collect_at < 0: that source's blocks return at once.
 cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources, int64_t max_count, int max_nprefix,
                                        int shift, int width, const uint32_t* prefixes, unsigned* counts,
                                        float* out, unsigned* found, cudaStream_t stream);
@@ -54,5 +55,45 @@ cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources,
 // (device u32, added to) counting all of them.
 cudaError_t launch_outlier_collect(const OutlierCells& c, const float* at_least, float* out, int cap, unsigned* found,
                                    cudaStream_t stream);
+
+
+// The selection itself on the device, over the dense sources' passes (outlier_select.h's RankFinder for every layer's
+// hidden states at once, without a host round trip between passes): three ranks per source (its 100th largest, which
+// "folds" into a collection of every value at or above its prefix's floor as soon as at most `cap` values lie there,
+// and its two middles) and two over every source's values (the model's middles). A pass is: the counting launch
+// (launch_outlier_count_dense with the table, prefixes and counts below), then launch_outlier_select, which places
+// every rank a digit further and writes the next pass's table (prefix lists, collections). After the last pass, one
+// counting launch of width 0 collects for the sources whose top rank was placed only then.
+struct RankState {
+  unsigned long long rank0 = 0;  // the ascending rank asked for (0: the smallest)
+  unsigned long long rank = 0;   // what is left of it within its prefix
+  uint32_t prefix = 0;           // the bits fixed so far
+  float floor = 0;               // the smallest value with that prefix
+  int state = 0;                 // 0: being placed; 1: folded at this pass (its source collects next); 2: retired
+};
+constexpr int kSelectPrefixes = 8;  // prefix slots per source (at most 5 are used: 3 own ranks, 2 of the model's)
+struct SelectPlan {
+  int nsources = 0;               // at most kMaxSelectSources
+  DenseSource* table = nullptr;   // [nsources] (count fixed; the rest written by launch_outlier_select)
+  uint32_t* prefixes = nullptr;   // [nsources][kSelectPrefixes]
+  unsigned* counts = nullptr;     // [nsources][kSelectPrefixes][4096] (table[s].counts_at = s * kSelectPrefixes * 4096)
+  RankState* ranks = nullptr;     // [3 nsources + 2]: source s's at 3s (its top rank, then its middles); the model's
+  int cap = 0;                    // values a source collects
+  int* error = nullptr;           // set to 1 when a rank lies beyond the values counted or a prefix list overflows
+};
+constexpr int kMaxSelectSources = 1024;
+// After counting pass `pass` (digits of `width` bits at `shift`): every rank still being placed takes its digit; a
+// source's top rank folds when at most cap values lie at or above its new floor (or at the last pass, last true);
+// then the next pass's table: the sources that collected in this pass stop, those folded now collect, every source's
+// prefix list is its ranks' and the model's. The counts are read, not cleared.
+cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
+                                  cudaStream_t stream);
+// The whole selection queued: for each of `passes` passes (digits width[p] at shift[p]) the counts cleared, the
+// counting launch over plan.table (histograms of the sources' prefixes; the folded sources' collections into
+// out + s * cap, found[s] counting them) and the selection step; then the collection of the sources whose top rank
+// was placed at the last pass. plan.table, plan.ranks, found and *plan.error must be initialised (the table's
+// nprefix 0, collect_at -1; found and error 0). max_count: the largest source's count.
+cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, const int* shift, const int* width,
+                                         int64_t max_count, float* out, unsigned* found, cudaStream_t stream);
 
 }  // namespace ds::kern

@@ -31,6 +31,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include "kernels/gemm_swiglu_sm90.h"
 #include "map_reference.h"
 #include "engine/session/session.h"
+#include "engine/session/session_outliers.h"
 #include "test_util.h"
 #include "test_cuda_util.h"
 
@@ -511,4 +512,31 @@ TEST(CudaModel, UserErrorsAreErrors) {
 }
 
 }  // namespace
+// The hidden states' outlier statistics with the selection on the device (every pass and RankFinder step queued, one
+// wait) equal, float for float, the host's RankFinder over the same backend's counts (a round trip a pass), on
+// prompts of a few tokens to a few hundred, on families with and without differential heads and with Mamba layers.
+TEST(CudaModel, OutlierSelectionOnTheDeviceEqualsTheHosts) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "phi4flash_L8_gqa_bf16"}) {
+    const std::string dir = dstest::fixture(name);
+    auto s = ds::Session::open(dir, ds::BackendChoice::Cuda);
+    std::mt19937 g(7);
+    for (int n : {1, 3, 40, 300}) {
+      std::vector<int32_t> ids(size_t(n));
+      for (int32_t& x : ids) x = int32_t(g() % uint32_t(std::min<int64_t>(s->config().vocab, 200)));
+      s->set_ids(ids);
+      s->run();
+      ds::OutlierRequest dev, host;
+      dev.logits = host.logits = false;
+      host.device_select = false;
+      const ds::Outliers a = ds::outlier_stats(*s, dev), b = ds::outlier_stats(*s, host);
+      EXPECT_EQ(ds::outliers_json(a), ds::outliers_json(b)) << name << " n " << n;
+      ASSERT_EQ(a.layers.size(), size_t(s->config().layers));
+      for (size_t l = 0; l < a.layers.size(); ++l) EXPECT_EQ(a.layers[l].hidden.top100, b.layers[l].hidden.top100);
+      EXPECT_EQ(a.hidden.top100, b.hidden.top100);
+      EXPECT_EQ(a.layers[0].hidden.top100.size(), size_t(std::min<int64_t>(100, n * s->config().hidden)));
+    }
+  }
+}
+
 #endif

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -236,6 +238,107 @@ TEST(OutlierSelect, CudaDenseBatchEqualsTheHost) {
     }
     f.clear();  // the second round starts the finders again
     for (size_t j = 0; j < sizes.size(); ++j) f.emplace_back(ds::top_median_ranks(sizes[j]));
+  }
+}
+#endif
+
+#ifdef DS_HAVE_CUDA
+// The selection on the device (launch_outlier_select_passes: the counting passes and the RankFinder steps between
+// them, queued with no host round trip) against nth_element: each source's 100th largest (through its collected
+// values: exactly every |x| at or above it), its two middles, and the middles over every source's values. Sources of
+// odd sizes: fewer than 100 values, heavy tails with ties, all zeros and one whose 100th value is tied 3000 times
+// (these two: their top only placed at the last pass, more values than the cap: found says so).
+TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<std::vector<float>> v = {values(100003, 31), values(57, 32), std::vector<float>(5000, 0.f),
+                                       values(77777, 33), values(20000, 34)};
+  for (size_t i = 0; i < 3000; ++i) v[4][i * 5] = -1.0e6f;  // 3000 ties at the top of a heavy-tailed set
+  const int S = int(v.size()), cap = 1024, K = ds::kern::kSelectPrefixes;
+  std::vector<ds::cuda::DeviceBuffer> dv;
+  std::vector<ds::kern::DenseSource> table(static_cast<size_t>(S));
+  std::vector<ds::kern::RankState> ranks(static_cast<size_t>(3 * S + 2));
+  uint64_t total = 0;
+  int64_t max_count = 0;
+  for (int s = 0; s < S; ++s) {
+    dv.push_back(to_device(v[size_t(s)]));
+    const uint64_t n = v[size_t(s)].size();
+    table[size_t(s)].x = dv.back().as<float>();
+    table[size_t(s)].count = int64_t(n);
+    table[size_t(s)].counts_at = int64_t(s) * K * 4096;
+    const std::vector<uint64_t> rk = ds::top_median_ranks(n);
+    for (int k = 0; k < 3; ++k) ranks[size_t(3 * s + k)] = ds::kern::RankState{rk[size_t(k)], rk[size_t(k)]};
+    total += n;
+    max_count = std::max(max_count, int64_t(n));
+  }
+  const std::vector<uint64_t> all = ds::top_median_ranks(total);
+  ranks[size_t(3 * S)] = {all[1], all[1]};
+  ranks[size_t(3 * S + 1)] = {all[2], all[2]};
+  ds::cuda::DeviceBuffer dtab(table.size() * sizeof(table[0]), "table"), dranks(ranks.size() * sizeof(ranks[0]), "ranks");
+  DS_CUDA_CHECK(cudaMemcpy(dtab.get(), table.data(), dtab.bytes(), cudaMemcpyHostToDevice));
+  DS_CUDA_CHECK(cudaMemcpy(dranks.get(), ranks.data(), dranks.bytes(), cudaMemcpyHostToDevice));
+  ds::cuda::DeviceBuffer pre(size_t(S) * K * 4, "prefixes"), cnt(size_t(S) * K * 4096 * 4, "counts"),
+      out(size_t(S) * cap * 4, "values"), found(size_t(S) * 4 + 4, "found, error");
+  DS_CUDA_CHECK(cudaMemset(found.get(), 0, found.bytes()));
+  DS_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // poisoned: NaN where nothing was collected
+  ds::kern::SelectPlan plan;
+  plan.nsources = S;
+  plan.table = dtab.as<ds::kern::DenseSource>();
+  plan.prefixes = pre.as<uint32_t>();
+  plan.counts = cnt.as<unsigned>();
+  plan.ranks = dranks.as<ds::kern::RankState>();
+  plan.cap = cap;
+  plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
+  DS_CUDA_CHECK(ds::kern::launch_outlier_select_passes(plan, ds::RankFinder::kPasses, ds::kRadixShift, ds::kRadixWidth,
+                                                       max_count, out.as<float>(), found.as<unsigned>(), nullptr));
+  DS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned> nf(size_t(S) + 1);
+  DS_CUDA_CHECK(cudaMemcpy(nf.data(), found.get(), nf.size() * 4, cudaMemcpyDeviceToHost));
+  DS_CUDA_CHECK(cudaMemcpy(ranks.data(), dranks.get(), dranks.bytes(), cudaMemcpyDeviceToHost));
+  ASSERT_EQ(nf[size_t(S)], 0u) << "error flag";
+  auto value = [&](size_t i) {
+    float x;
+    std::memcpy(&x, &ranks[i].prefix, 4);
+    return x;
+  };
+  std::vector<float> every;
+  for (int s = 0; s < S; ++s) {
+    std::vector<float> a(v[size_t(s)].size());
+    std::transform(v[size_t(s)].begin(), v[size_t(s)].end(), a.begin(), [](float x) { return std::fabs(x); });
+    every.insert(every.end(), a.begin(), a.end());
+    const std::vector<uint64_t> rk = ds::top_median_ranks(a.size());
+    std::vector<float> b = a;
+    std::nth_element(b.begin(), b.begin() + long(rk[0]), b.end());
+    const float hundredth = b[rk[0]];
+    for (int k = 1; k < 3; ++k) {
+      std::nth_element(b.begin(), b.begin() + long(rk[size_t(k)]), b.end());
+      EXPECT_EQ(value(size_t(3 * s + k)), b[rk[size_t(k)]]) << "source " << s << " middle " << k;
+    }
+    std::vector<float> want;
+    for (float x : a)
+      if (x >= hundredth) want.push_back(x);
+    if (s == 2 || s == 4) {  // a tied top (zeros; 1e6): placed at the last pass, at exactly its 100th value, and
+                             // more than cap values at or above it: found counts them all (the caller collects again)
+      EXPECT_EQ(value(size_t(3 * s)), hundredth) << "source " << s;
+      EXPECT_EQ(nf[size_t(s)], unsigned(want.size())) << "source " << s;
+      EXPECT_GT(want.size(), size_t(cap)) << "source " << s;
+      continue;
+    }
+    // a folded source collected at its floor: every value at or above the 100th, and only values at or above the
+    // floor (the floor is at most the 100th)
+    ASSERT_LE(nf[size_t(s)], unsigned(cap)) << "source " << s;
+    std::vector<float> got(nf[size_t(s)]);
+    DS_CUDA_CHECK(cudaMemcpy(got.data(), out.as<float>() + size_t(s) * cap, got.size() * 4, cudaMemcpyDeviceToHost));
+    std::sort(got.begin(), got.end(), std::greater<float>());
+    ASSERT_GE(got.size(), want.size()) << "source " << s;
+    std::sort(want.begin(), want.end(), std::greater<float>());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "source " << s;
+    size_t above = 0;
+    for (float x : a) above += x >= got.back();
+    EXPECT_EQ(above, got.size()) << "source " << s;
+  }
+  for (int k = 0; k < 2; ++k) {
+    std::nth_element(every.begin(), every.begin() + long(all[size_t(1 + k)]), every.end());
+    EXPECT_EQ(value(size_t(3 * S + k)), every[all[size_t(1 + k)]]) << "the model's middle " << k;
   }
 }
 #endif

@@ -35,6 +35,8 @@ struct ForwardRequest {
   bool all_rows = false;         // every row through the last layer (the outlier statistics read them all)
   // Decoding (append_from > 0) may leave the logits where they were computed: ForwardResult::logits then stays
   // empty, ForwardResult::argmax holds the greedy choice, and Backend::fetch_logits brings the logits when asked.
+  // A prompt's forward (last-position logits) may leave them too, and return before its work is done (argmax -1):
+  // many re-runs then follow each other without a wait, each queueing its Backend::queue_logprob (head importance).
   // A backend that computes on the host fills the logits anyway.
   bool logits_on_demand = false;
   // Polled between layers and between pieces of a layer's work (a prompt's forward only, append_from = 0): when it
@@ -149,6 +151,11 @@ class Backend {
   virtual bool truncate(int64_t n) = 0;
   // The last forward's logits when it left them on the device (ForwardRequest::logits_on_demand); else nothing.
   virtual void fetch_logits(ForwardResult& out) { (void)out; }
+  // log p(id) under the last forward's last-position logits into slot `slot` (0..255) of this backend's queued
+  // values, without waiting for the forward; take_logprobs(count) waits and returns slots [0, count). false: this
+  // backend does not queue (the caller computes it from the logits).
+  virtual bool queue_logprob(int32_t id, int slot) { (void)id, (void)slot; return false; }
+  virtual std::vector<double> take_logprobs(int count) { (void)count; return {}; }
   // The logit lens (session_lens.h): the final norm and the LM head applied to the residual stream leaving layer
   // `layer` < L - 1 (fwd::lens) at `position` of the last forward: [vocab] f32 into out.
   virtual void lens_logits(int layer, int64_t position, float* out) = 0;
@@ -187,6 +194,17 @@ class Backend {
     for (const OutlierQuery& x : q) out.push_back(outlier_values(x.layer, x.logits, x.at_least, x.cap));
     return out;
   }
+  // The hidden states' statistics of every layer with the selection itself on the device (the radix passes and the
+  // RankFinder steps between them queued back to back, one wait): per layer l, top[l] every value >= its 100th
+  // largest |x| (all of them in a smaller set; unsorted), middle[l] its values at ascending ranks (count - 1) / 2
+  // and count / 2; model_middle the same over every layer's values. false: this backend leaves the selection to the
+  // caller (the passes above).
+  struct HiddenSelection {
+    std::vector<std::vector<float>> top;
+    std::vector<std::pair<float, float>> middle;
+    std::pair<float, float> model_middle{0.f, 0.f};
+  };
+  virtual bool outlier_hidden_select(HiddenSelection& out) { (void)out; return false; }
   // [L]: the largest |hidden state| of each layer's output over the sequence, from the last forwards' max_abs
   // readers (fwd::max_abs_hidden_hook; NaN for a layer none read); empty when the last forward had no hooks.
   virtual std::vector<float> layer_max_abs() const = 0;

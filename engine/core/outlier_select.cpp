@@ -10,9 +10,9 @@
 namespace ds {
 
 namespace {
-// The 31 bits of |x| (the sign bit is 0): 12 + 12 + 7.
-constexpr int kShift[RankFinder::kPasses] = {19, 7, 0};
-constexpr int kWidth[RankFinder::kPasses] = {12, 12, 7};
+constexpr const int* kShift = kRadixShift;
+constexpr const int* kWidth = kRadixWidth;
+static_assert(RankFinder::kPasses == 3);
 }  // namespace
 
 uint32_t abs_bits(float x) {

@@ -25,6 +25,10 @@ void radix_count(const float* x, int64_t count, const RadixPass& pass, uint64_t*
 // The bits of |x| the passes read (sign cleared).
 uint32_t abs_bits(float x);
 
+// The passes' digits: the 31 bits of |x| (the sign bit is 0) as 12 + 12 + 7.
+inline constexpr int kRadixShift[3] = {19, 7, 0};
+inline constexpr int kRadixWidth[3] = {12, 12, 7};
+
 // The values at ascending ranks (0: the smallest) of one multiset, found over RankFinder::kPasses passes.
 class RankFinder {
  public:

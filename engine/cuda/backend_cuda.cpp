@@ -575,8 +575,9 @@ void CudaBackend::upload_head_coefs(const std::vector<float>& lambda) {
   }
   if (!any || host == head_coef_host_) return;
   if (head_coef_.bytes() < host.size() * 4) head_coef_ = DeviceBuffer(host.size() * 4, "head coefficients");
-  sync();  // no launch of an earlier forward still reads them
-  DS_CUDA_CHECK(cudaMemcpy(head_coef_.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  // In stream order: the launches of earlier forwards still queued read the old values first, and no wait (the
+  // pageable source is staged before the call returns)
+  DS_CUDA_CHECK(cudaMemcpyAsync(head_coef_.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream()));
   head_coef_host_ = std::move(host);
 }
 
@@ -744,9 +745,14 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
       }
     } else {
       out.logit_rows = 1;
-      out.logits.resize(size_t(V));
-      DS_CUDA_CHECK(
-          cudaMemcpyAsync(out.logits.data(), logits_.get(), size_t(V) * 4, cudaMemcpyDeviceToHost, stream()));
+      out.argmax = -1;
+      if (req.logits_on_demand) {  // left on the device (fetch_logits, queue_logprob)
+        out.logits.clear();
+      } else {
+        out.logits.resize(size_t(V));
+        DS_CUDA_CHECK(
+            cudaMemcpyAsync(out.logits.data(), logits_.get(), size_t(V) * 4, cudaMemcpyDeviceToHost, stream()));
+      }
     }
     out.hidden.clear();
     if (req.keep_hidden) {
@@ -758,7 +764,10 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
                                       cudaMemcpyDeviceToHost, stream()));
       }
     }
-    sync();
+    // Nothing waits for the work when nothing of it comes back now (logits on demand, no maps, no profile): the
+    // next call queues behind it (a device error then surfaces at the next wait)
+    const bool wants_maps = std::find(req.want_maps.begin(), req.want_maps.end(), uint8_t(1)) != req.want_maps.end();
+    if (!(req.logits_on_demand && !req.all_logits && !req.keep_hidden && !profiling_ && !wants_maps)) sync();
     build_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), n, 0, 1, n);
     out.maps.assign(size_t(L), LayerMaps{});
     for (int l = 0; l < L && size_t(l) < req.want_maps.size(); ++l)

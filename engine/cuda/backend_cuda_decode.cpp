@@ -81,6 +81,31 @@ void CudaBackend::fetch_logits(ForwardResult& out) {
   copy_to_host({{out.logits.data(), logits_.get(), size_t(cfg_.vocab) * 4}});
 }
 
+namespace {
+constexpr int kLogprobSlots = 256;
+}
+
+bool CudaBackend::queue_logprob(int32_t id, int slot) {
+  const DeviceGuard on(device_);
+  if (!has_run_ || end_layer() != int(cfg_.layers) || last_batch_ != 1)
+    throw Error("internal: queue_logprob needs the last-position logits of a batch-1 forward");
+  if (slot < 0 || slot >= kLogprobSlots) throw Error("internal: queue_logprob slot " + std::to_string(slot));
+  if (!logprob_slots_.get()) logprob_slots_ = DeviceBuffer(size_t(kLogprobSlots) * 8, "queued log-probabilities");
+  DS_CUDA_CHECK(kern::launch_token_logprob_f32(logits_.as<float>(), cfg_.vocab, id, logprob_slots_.as<double>() + slot,
+                                               stream()));
+  return true;
+}
+
+std::vector<double> CudaBackend::take_logprobs(int count) {
+  const DeviceGuard on(device_);
+  if (count < 0 || count > kLogprobSlots || (count > 0 && !logprob_slots_.get()))
+    throw Error("internal: take_logprobs of " + std::to_string(count) + " slots");
+  std::vector<double> out(static_cast<size_t>(count), 0.0);
+  if (count > 0) copy_to_host({{out.data(), logprob_slots_.get(), size_t(count) * 8}});
+  else sync();
+  return out;
+}
+
 void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
   const DeviceGuard on(device_);
   if (!loaded_ || !has_run_ || last_batch_ != 1 || last_n_ <= 0)

@@ -614,4 +614,82 @@ std::vector<std::vector<float>> CudaBackend::outlier_values(int layer, bool logi
   return out;
 }
 
+// The hidden states' selection on the device (kern::launch_outlier_select): three counting passes over every layer's
+// stream, each followed by the selection's step, and a collection pass, all queued; one copy back (the ranks' values,
+// the numbers found and the values collected). A layer whose top values did not fold into a collection of at most
+// kFirstCap (ties at its 100th value) collects them again alone.
+bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
+  const DeviceGuard on(device_);
+  const int L = int(cfg_.layers);
+  const int64_t count = last_n_ * cfg_.hidden;
+  if (first_ != 0 || end_layer() != L || L > kern::kMaxSelectSources || count < 1 || count > int64_t(UINT32_MAX))
+    return false;
+  constexpr int K = kern::kSelectPrefixes, kBins = 4096, cap = int(kFirstCap);
+  const size_t R = size_t(3 * L + 2);
+  // [table | ranks | prefixes u32 | counts u32 | found u32 | error | values f32]
+  const size_t o_ranks = align16(size_t(L) * sizeof(kern::DenseSource)),
+               o_pre = align16(o_ranks + R * sizeof(kern::RankState)), o_cnt = align16(o_pre + size_t(L) * K * 4),
+               o_found = align16(o_cnt + size_t(L) * K * kBins * 4), o_err = o_found + size_t(L) * 4,
+               o_vals = align16(o_err + 4), bytes = o_vals + size_t(L) * cap * 4;
+  if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
+  char* base = outlier_buf_.as<char>();
+  kern::SelectPlan plan;
+  plan.nsources = L;
+  plan.table = reinterpret_cast<kern::DenseSource*>(base);
+  plan.ranks = reinterpret_cast<kern::RankState*>(base + o_ranks);
+  plan.prefixes = reinterpret_cast<uint32_t*>(base + o_pre);
+  plan.counts = reinterpret_cast<unsigned*>(base + o_cnt);
+  plan.cap = cap;
+  plan.error = reinterpret_cast<int*>(base + o_err);
+  auto* found = reinterpret_cast<unsigned*>(base + o_found);
+  auto* vals = reinterpret_cast<float*>(base + o_vals);
+  std::vector<char> up(o_pre, 0);  // the table and the ranks, one upload
+  auto* table = reinterpret_cast<kern::DenseSource*>(up.data());
+  auto* ranks = reinterpret_cast<kern::RankState*>(up.data() + o_ranks);
+  for (int l = 0; l < L; ++l) {
+    kern::DenseSource d;
+    d.x = outlier_stream(l);
+    d.count = count;
+    d.counts_at = int64_t(l) * K * kBins;
+    table[l] = d;
+    const std::vector<uint64_t> rk = top_median_ranks(uint64_t(count));
+    for (int k = 0; k < 3; ++k) ranks[3 * l + k] = kern::RankState{rk[size_t(k)], rk[size_t(k)]};
+  }
+  const std::vector<uint64_t> all = top_median_ranks(uint64_t(count) * uint64_t(L));
+  ranks[3 * L] = kern::RankState{all[1], all[1]};
+  ranks[3 * L + 1] = kern::RankState{all[2], all[2]};
+  DS_CUDA_CHECK(cudaMemcpyAsync(base, up.data(), up.size(), cudaMemcpyHostToDevice, stream()));
+  DS_CUDA_CHECK(cudaMemsetAsync(base + o_found, 0, o_vals - o_found, stream()));  // found, error
+  timed("outlier_select", -1, [&] {
+    DS_CUDA_CHECK(kern::launch_outlier_select_passes(plan, RankFinder::kPasses, kRadixShift, kRadixWidth, count, vals,
+                                                     found, stream()));
+  });
+  std::vector<kern::RankState> got(R);
+  std::vector<unsigned> nf(size_t(L) + 1);  // found, then the error flag
+  std::vector<float> host(size_t(L) * cap);
+  copy_to_host({{got.data(), plan.ranks, R * sizeof(kern::RankState)},
+                {nf.data(), found, (size_t(L) + 1) * 4},
+                {host.data(), vals, host.size() * 4}});
+  if (nf[size_t(L)]) throw Error("internal: the outlier selection on the device lost a rank");
+  auto value = [&](size_t i) {
+    float v;
+    std::memcpy(&v, &got[i].prefix, 4);
+    return v;
+  };
+  out.top.assign(size_t(L), {});
+  out.middle.assign(size_t(L), {});
+  for (int l = 0; l < L; ++l) {
+    const unsigned n = nf[size_t(l)];
+    if (n <= unsigned(cap)) {
+      out.top[size_t(l)].assign(host.data() + size_t(l) * cap, host.data() + size_t(l) * cap + n);
+    } else {  // (folded only at the last pass: its exact 100th value, and more than cap values at or above it)
+      out.top[size_t(l)] = outlier_values(l, false, {value(size_t(3 * l))},
+                                          size_t(std::min<int64_t>(count, int64_t(1) << 22)))[0];
+    }
+    out.middle[size_t(l)] = {value(size_t(3 * l + 1)), value(size_t(3 * l + 2))};
+  }
+  out.model_middle = {value(size_t(3 * L)), value(size_t(3 * L + 1))};
+  return true;
+}
+
 }  // namespace ds::cuda

@@ -211,8 +211,10 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     });
   }
 
-  // Every new row's attention (the rows-only case too: the output rows before the last are simply not read).
-  void attention(int l, float lambda, fwd::Rows, const fwd::AttnEdit* edit) override {
+  // Every new row's attention; the last row alone of a single sequence when only it is carried on (the last layer of
+  // a forward that keeps the next-token logits: the decoding kernel over the layer's cache, one query row), unless
+  // the forward is profiled per head.
+  void attention(int l, float lambda, fwd::Rows rows, const fwd::AttnEdit* edit) override {
     const int64_t Hd = c_.heads * c_.head_dim;
     const int64_t n = decode_ ? b_.act_.cap : n_;
     kern::AttnParams p = b_.layer_attn(l, n, batch_, lambda);
@@ -226,6 +228,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
                                                b_.dec_->attn_ws.get(), b_.stream()));
       });
     }
+    if (rows == fwd::Rows::Last && batch_ == 1 && n_ > 1 && !b_.profiling_ && last_row_attention(p, l)) return;
     p.out = b_.act_.attn.as<bf16>();
     p.out_row_stride = Hd;
     p.out_batch_stride = n_ * Hd;
@@ -343,6 +346,28 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
   void finish() { flush_max_abs(); }
 
  private:
+  // Row n - 1 of a prompt's attention by the decoding kernel (its length from device memory, written here); false
+  // when the kernel does not take the shape (the caller runs every row).
+  bool last_row_attention(kern::AttnParams p, int l) {
+    const int64_t Hd = c_.heads * c_.head_dim;
+    p.out = b_.act_.attn.as<bf16>() + (n_ - 1) * Hd;
+    p.out_row_stride = p.out_batch_stride = Hd;
+    p.head_ns = nullptr;
+    const size_t ws = kern::attn_decode_workspace(p, 1, int(n_));
+    if (ws == 0) return false;
+    if (b_.last_row_ws_.bytes() < ws) b_.last_row_ws_ = DeviceBuffer(ws, "the last row's attention workspace");
+    if (!b_.last_row_len_.get()) b_.last_row_len_ = DeviceBuffer(4, "the last row's attention length");
+    const int32_t len = int32_t(n_);  // (pageable: staged before the call returns)
+    DS_CUDA_CHECK(cudaMemcpyAsync(b_.last_row_len_.get(), &len, 4, cudaMemcpyHostToDevice, b_.stream()));
+    cudaError_t e = cudaSuccess;
+    step("attention_last_row", l, [&] {
+      e = kern::launch_attn_decode(p, b_.last_row_len_.as<int32_t>(), 1, int(n_), b_.last_row_ws_.get(), b_.stream());
+    });
+    if (e == cudaErrorInvalidValue) return (void)cudaGetLastError(), false;
+    DS_CUDA_CHECK(e);
+    return true;
+  }
+
   struct View {
     void* p = nullptr;
     int64_t rows = 0, ld = 0;

@@ -144,7 +144,7 @@ int Session::stale_from() const {
   return all_rows_wanted_ && !every_row_ ? L - 1 : L;
 }
 
-int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt) {
+int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt, bool logits_on_demand) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
@@ -162,6 +162,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     req.edits = edits_;
   }
   req.all_logits = all_logits;
+  req.logits_on_demand = logits_on_demand && !all_logits;
   req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;
@@ -522,6 +523,30 @@ double Session::next_token_logprob(int32_t id) const {
   ensure_logits();
   const float* row = res_.logits.data() + (res_.logit_rows - 1) * cfg_.vocab;
   return double(row[id] - log_sum_exp(row, cfg_.vocab));
+}
+
+void Session::queue_next_token_logprob(int32_t id, int slot) {
+  if (id < 0 || id >= cfg_.vocab)
+    throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(cfg_.vocab) + ")");
+  if (slot < 0 || slot >= 256) throw Error("internal: log-probability slot " + std::to_string(slot));
+  if (queued_logp_.size() <= size_t(slot)) queued_logp_.resize(size_t(slot) + 1, 0.0), queued_dev_.resize(size_t(slot) + 1, 0);
+  const bool device = has_result_ && res_.logits.empty() && backend_->queue_logprob(id, slot);
+  queued_dev_[size_t(slot)] = device;
+  queued_logp_[size_t(slot)] = device ? 0.0 : next_token_logprob(id);
+}
+
+std::vector<double> Session::take_queued_logprobs(int count) {
+  if (count < 0 || size_t(count) > queued_logp_.size())
+    throw Error("internal: " + std::to_string(count) + " queued log-probabilities");
+  std::vector<double> out(queued_logp_.begin(), queued_logp_.begin() + count);
+  if (std::find(queued_dev_.begin(), queued_dev_.begin() + count, uint8_t(1)) != queued_dev_.begin() + count) {
+    const std::vector<double> dev = backend_->take_logprobs(count);
+    for (int i = 0; i < count; ++i)
+      if (queued_dev_[size_t(i)]) out[size_t(i)] = dev.at(size_t(i));
+  }
+  queued_logp_.clear();
+  queued_dev_.clear();
+  return out;
 }
 
 std::vector<float> Session::next_token_logprobs() const {

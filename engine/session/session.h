@@ -112,7 +112,10 @@ class Session {
   // cancel_new_prompt: also poll it during the first run of a prompt (the Python module's Ctrl-C); a stopped first
   // run keeps nothing (no result until the next run, which starts at layer 0). The GUI leaves it off: a prompt's
   // first run always completes there, however often the user moves lambda meanwhile.
-  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false);
+  // logits_on_demand: the backend may leave the last position's logits on its device and return before its work is
+  // done (ForwardRequest::logits_on_demand); readers fetch them when asked. Many re-runs then queue back to back.
+  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false,
+          bool logits_on_demand = false);
   // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
   // up to it are those of the next run already: a lambda change shows in them before the run.
   int stale_from() const;
@@ -155,6 +158,11 @@ class Session {
   // log p of one token (the same value as next_token_logprobs()[id], without the vocabulary-sized array); NaN
   // without a result.
   double next_token_logprob(int32_t id) const;
+  // The same of the last run, into slot `slot` (0..255) without waiting where the backend can queue it (CUDA: a
+  // kernel after the forward); take_queued_logprobs(count) waits and returns slots [0, count). Head importance
+  // queues a layer's ablations back to back this way.
+  void queue_next_token_logprob(int32_t id, int slot);
+  std::vector<double> take_queued_logprobs(int count);
 
   // The paper's Table 5 reader (forward.h max_abs_hidden_hook): while on, every forward also keeps per layer the
   // largest |hidden state| of the layer's output over the sequence (the prompt and every generated position). Turning
@@ -225,6 +233,8 @@ class Session {
   LambdaControl lam_;
   // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
   mutable ForwardResult res_;
+  std::vector<double> queued_logp_;   // queue_next_token_logprob's values computed here
+  std::vector<uint8_t> queued_dev_;   // 1: that slot's value was queued on the backend
   void ensure_logits() const;
   bool has_result_ = false;
   bool ids_dirty_ = true;

@@ -51,10 +51,21 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
     s.set_head_mixes(keep_mix);
     s.set_head_means(keep_mean);
   };
+  // A layer's ablations are queued back to back: each re-run leaves its logits on the device and queues its log p
+  // (no wait between them on the CUDA backend); the layer's values come back together.
+  int queued = 0;
+  size_t qm = 0, ql = 0;
+  const auto take = [&] {
+    const std::vector<double> lp = s.take_queued_logprobs(queued);
+    for (int h = 0; h < queued; ++h) out.delta[qm][ql][size_t(h)] = lp[size_t(h)] - out.base_logp;
+    out.done += queued;
+    queued = 0;
+  };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)
       for (size_t li = 0; li < out.layers.size() && out.end == HeadImportance::End::Running; ++li) {
         const int l = out.layers[li];
+        qm = m, ql = li;
         for (int h = 0; h < out.heads; ++h) {
           if (hooks.stop && hooks.stop()) {
             out.end = HeadImportance::End::Stopped;
@@ -62,17 +73,25 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
           }
           restore();
           s.ablate(l, h, out.modes[m]);
-          s.run(false, hooks.cancel);
-          out.delta[m][li][size_t(h)] = s.next_token_logprob(out.target) - out.base_logp;
-          ++out.done;
+          s.run(false, hooks.cancel, false, true);
+          s.queue_next_token_logprob(out.target, queued++);
         }
+        take();
         if (hooks.progress) hooks.progress(out);
       }
   } catch (const Cancelled&) {
+    try {
+      take();  // the ablations queued before the cancelled one ran to the end
+    } catch (...) {
+    }
     restore();
     out.end = HeadImportance::End::Cancelled;
     return out;
   } catch (...) {
+    try {
+      s.take_queued_logprobs(queued);
+    } catch (...) {
+    }
     restore();
     throw;
   }

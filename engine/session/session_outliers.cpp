@@ -48,6 +48,16 @@ TopMedian top_median_of(const std::vector<float>& top, uint64_t count, float med
   return t;
 }
 
+namespace {
+// A set's summary from its values at or above its 100th largest (sorted here, kept to 100) and its two middles; the
+// values join `pool` (the model's set of that kind).
+OutlierSet outlier_set(std::vector<float>& top, uint64_t count, float lo, float hi, std::vector<float>& pool) {
+  top100(top);
+  pool.insert(pool.end(), top.begin(), top.end());
+  return {top_median_of(top, count, float((double(lo) + double(hi)) / 2)), top};
+}
+}  // namespace
+
 Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   if (!s.has_result()) throw Error("outlier statistics: no result yet: run the model first");
   s.run_every_row();
@@ -57,6 +67,19 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   Outliers out;
   out.differential = c.is_diff();
   out.logits = r.logits;
+  Backend::HiddenSelection sel;
+  if (!r.logits && r.device_select && s.backend().outlier_hidden_select(sel)) {
+    std::vector<float> pool;
+    const uint64_t count = uint64_t(n) * uint64_t(c.hidden);
+    for (int l = 0; l < L; ++l) {
+      out.layers.push_back({l});
+      out.layers.back().hidden = outlier_set(sel.top.at(size_t(l)), count, sel.middle.at(size_t(l)).first,
+                                             sel.middle[size_t(l)].second, pool);
+    }
+    std::vector<float> none;
+    out.hidden = outlier_set(pool, count * uint64_t(L), sel.model_middle.first, sel.model_middle.second, none);
+    return out;
+  }
   std::vector<Source> src;
   for (int l = 0; l < L; ++l) {
     src.push_back({l, false, 1, uint64_t(n) * uint64_t(c.hidden)});
@@ -168,12 +191,8 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     if (out.layers.empty() || out.layers.back().layer != src[i].layer) out.layers.push_back({src[i].layer});
     lo = &out.layers.back();
     for (int m = 0; m < src[i].maps; ++m) {
-      std::vector<float>& x = v[size_t(m)];
-      top100(x);
       const RankFinder& f = own[i][size_t(m)];
-      const float median = float((double(f.value(1)) + double(f.value(2))) / 2);
-      OutlierSet set{top_median_of(x, src[i].count, median), x};
-      pool[src[i].logits ? 1 + m : 0].insert(pool[src[i].logits ? 1 + m : 0].end(), x.begin(), x.end());
+      OutlierSet set = outlier_set(v[size_t(m)], src[i].count, f.value(1), f.value(2), pool[src[i].logits ? 1 + m : 0]);
       if (!src[i].logits) lo->hidden = set;
       else if (m == 0) lo->logit1 = set, lo->has_logits = true;
       else lo->logit2 = set;
@@ -181,10 +200,8 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   }
   OutlierSet* model[3] = {&out.hidden, &out.logit1, &out.logit2};
   for (size_t k = 0; k < 3; ++k) {
-    if (total[k] == 0) continue;
-    std::vector<float>& x = pool[k];
-    top100(x);
-    *model[k] = {top_median_of(x, total[k], float((double(all[k].value(0)) + double(all[k].value(1))) / 2)), x};
+    std::vector<float> none;
+    if (total[k] > 0) *model[k] = outlier_set(pool[k], total[k], all[k].value(0), all[k].value(1), none);
   }
   return out;
 }

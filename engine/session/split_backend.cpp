@@ -236,6 +236,8 @@ class SplitBackend final : public Backend {
     return true;
   }
   void fetch_logits(ForwardResult& out) override { subs_.back()->fetch_logits(out); }
+  bool queue_logprob(int32_t id, int slot) override { return subs_.back()->queue_logprob(id, slot); }
+  std::vector<double> take_logprobs(int count) override { return subs_.back()->take_logprobs(count); }
 
   void lens_logits(int layer, int64_t position, float* out) override {
     Backend& last = *subs_.back();

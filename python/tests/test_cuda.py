@@ -229,3 +229,41 @@ def test_cuda_quantised_logits_match_cpu(gpu, bits):
         g.run(ids)
         list(g.generate(3, stop_at_eos=False))
         assert np.abs(g.logprobs() - full).max() < 0.1
+
+
+def test_cuda_head_importance_matches_cpu(gpu):
+    """Head importance on the device (each layer's ablations queued back to back: the re-runs leave their logits on
+    the GPU and queue log p(target) there, one wait a layer) against the CPU backend's (one ablation, one wait), in
+    every mode; the device's queued base value is the host's formula over the same logits."""
+    with diffscope.open(DEMO, backend="cuda") as g, diffscope.open(DEMO, backend="cpu", threads=2) as c:
+        for s in (g, c):
+            s.run(PROMPT)
+        ig, ic = g.head_importance(), c.head_importance()
+        assert ig["target"] == ic["target"]
+        assert ig["base_logp"] == pytest.approx(float(g.logprobs()[ig["target"]]), abs=1e-5)
+        for mode in ic["modes"]:
+            a, b = np.array(ig["modes"][mode]), np.array(ic["modes"][mode])
+            assert a.shape == b.shape and np.isfinite(a).all(), mode
+            assert np.abs(a - b).max() < 0.05 + 0.05 * np.abs(b).max(), mode
+            assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99, mode
+        # the session is back to its own result afterwards (the target defaulted to its greedy token)
+        assert g.top_k(1)[0].id == ig["target"] and not g.interventions
+
+
+def test_cuda_last_row_attention_equals_every_row(gpu):
+    """A forward that keeps only the next-token logits runs the last layer's attention for the last row alone (the
+    decoding kernel over the layer's cache); every row's (all logits) gives the same last-row logits within bf16
+    noise, with and without edits in the last layer."""
+    with diffscope.open(DEMO, backend="cuda") as g:
+        last = g.layers - 1
+        for edit in (None, "a2", "knockout"):
+            g.clear_interventions()
+            if edit == "a2":
+                g.ablate(last, 1, "a2")
+            elif edit == "knockout":
+                g.knockout(layers=(last, last), queries=(0, 10 ** 6), keys=(2, 6))
+            g.run(PROMPT)
+            one = np.array(g.logprobs())
+            g.run(PROMPT, all_logits=True)
+            every = np.array(g.logprobs())
+            assert np.abs(np.exp(one) - np.exp(every)).max() < 2e-3, edit

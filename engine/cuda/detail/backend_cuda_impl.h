@@ -171,11 +171,14 @@ class CudaBackend final : public Backend {
   // ds::Error when no logit is finite, as the host's Sampler does.
   int32_t device_argmax();
   void fetch_logits(ForwardResult& out) override;
+  bool queue_logprob(int32_t id, int slot) override;
+  std::vector<double> take_logprobs(int count) override;
   void lens_logits(int layer, int64_t position, float* out) override;
   void outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) override;
   void outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
                            OutlierValues* values) override;
   OutlierValues outlier_values_many(const std::vector<OutlierQuery>& q) override;
+  bool outlier_hidden_select(HiddenSelection& out) override;
   std::vector<std::vector<float>> outlier_values(int layer, bool logits, const std::vector<float>& at_least,
                                                  size_t cap) override;
   // The stream leaving `layer` (every row of the last forward), the outlier passes' hidden states.
@@ -403,6 +406,8 @@ class CudaBackend final : public Backend {
   // reads them.
   std::shared_ptr<const std::vector<fwd::AttnEdit>> edits_;
   DeviceBuffer head_coef_;
+  DeviceBuffer logprob_slots_;  // [kLogprobSlots] f64: queue_logprob's values
+  DeviceBuffer last_row_ws_, last_row_len_;  // a prompt's last-row attention (the decoding kernel): workspace, n
   std::vector<float> head_coef_host_;
   std::vector<uint8_t> has_coef_;
   void upload_head_coefs(const std::vector<float>& lambda);
