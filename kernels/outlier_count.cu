@@ -257,45 +257,42 @@ __device__ unsigned long long exclusive_scan(unsigned long long v, unsigned long
 // holds it, its new prefix and floor, and the fold of a source's top rank.
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPlan p, int shift, int width, bool first,
                                                                 bool last) {
-  __shared__ int hist_of[kMaxSelectSources];  // the histogram holding the rank's prefix, per source read
+  __shared__ long long base_of[kMaxSelectSources];  // where the histogram of the rank's prefix is, per source read
   const int i = int(blockIdx.x);
   RankState r = p.ranks[i];
   if (r.state != 0) return;
   const bool model = i >= 3 * p.nsources;
   const int s0 = model ? 0 : i / 3, s1 = model ? p.nsources : i / 3 + 1;
   for (int s = s0 + int(threadIdx.x); s < s1; s += kSelectThreads) {
+    const DenseSource& d = p.table[s];
     int h = 0;
     if (!first) {
       h = -1;
-      const DenseSource& d = p.table[s];
       for (int k = 0; k < d.nprefix; ++k)
         if (p.prefixes[d.prefix_at + k] == r.prefix) h = k;
     }
-    hist_of[s - s0] = h;
+    base_of[s - s0] = h < 0 ? -1 : d.counts_at + int64_t(h) * (int64_t(1) << width);
   }
   __syncthreads();
+  // The rank's histogram into shared memory, read across the threads (coalesced), summed over the sources read
+  __shared__ unsigned long long hist[4096];
   const int bins = 1 << width, per = (bins + kSelectThreads - 1) / kSelectThreads;
-  const int d0 = int(threadIdx.x) * per, d1 = min(bins, d0 + per);
-  auto bin = [&](int d) {
+  for (int d = int(threadIdx.x); d < bins; d += kSelectThreads) {
     unsigned long long c = 0;
-    for (int s = s0; s < s1; ++s) {
-      const int h = hist_of[s - s0];
-      if (h >= 0) c += p.counts[p.table[s].counts_at + int64_t(h) * bins + d];
-    }
-    return c;
-  };
+    for (int s = s0; s < s1; ++s)
+      if (base_of[s - s0] >= 0) c += p.counts[base_of[s - s0] + d];
+    hist[d] = c;
+  }
+  __syncthreads();
+  const int d0 = int(threadIdx.x) * per, d1 = min(bins, d0 + per);
   unsigned long long mine = 0;
-  for (int d = d0; d < d1; ++d) mine += bin(d);
+  for (int d = d0; d < d1; ++d) mine += hist[d];
   unsigned long long total = 0;
   unsigned long long below = exclusive_scan(mine, total);
   if (threadIdx.x == 0 && r.rank >= total) *p.error = 1;
   if (!(below <= r.rank && r.rank < below + mine)) return;
   int d = d0;
-  for (;; ++d) {
-    const unsigned long long c = bin(d);
-    if (below + c > r.rank) break;
-    below += c;
-  }
+  for (; below + hist[d] <= r.rank; ++d) below += hist[d];
   r.rank -= below;
   r.prefix = (r.prefix << width) | uint32_t(d);
   r.floor = __uint_as_float(r.prefix << shift);

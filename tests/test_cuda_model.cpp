@@ -521,8 +521,8 @@ TEST(CudaModel, OutlierSelectionOnTheDeviceEqualsTheHosts) {
     const std::string dir = dstest::fixture(name);
     auto s = ds::Session::open(dir, ds::BackendChoice::Cuda);
     std::mt19937 g(7);
-    for (int n : {1, 3, 40, 300}) {
-      std::vector<int32_t> ids(size_t(n));
+    for (int n : {1, 3, 40, 200}) {  // (the fixtures allow 256 positions)
+      std::vector<int32_t> ids(static_cast<size_t>(n));
       for (int32_t& x : ids) x = int32_t(g() % uint32_t(std::min<int64_t>(s->config().vocab, 200)));
       s->set_ids(ids);
       s->run();

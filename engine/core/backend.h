@@ -39,6 +39,9 @@ struct ForwardRequest {
   // many re-runs then follow each other without a wait, each queueing its Backend::queue_logprob (head importance).
   // A backend that computes on the host fills the logits anyway.
   bool logits_on_demand = false;
+  // false: no per-kernel profile of this forward (bulk re-runs such as head importance's: timing events and the
+  // per-head counters cost a wait each); Backend::profile() keeps the last profiled forward's.
+  bool profile = true;
   // Polled between layers and between pieces of a layer's work (a prompt's forward only, append_from = 0): when it
   // returns true the backend stops and throws ForwardCancelled (error.h) with the first layer it did not finish;
   // the layers below it hold this request's results, so the next forward may start there (from_layer). A backend

@@ -343,6 +343,7 @@ class CpuBackend final : public Backend {
     if (req.keep_hidden) out.hidden = layer_in_;
     else out.hidden.clear();
     out.ms = ms_since(t0);
+    if (!req.profile) return;  // (bulk re-runs: the profile stays the last profiled forward's)
     forward_ms_ = out.ms;
     tokens_ = n;  // the sequence (a decoding step ran its last position only)
   }

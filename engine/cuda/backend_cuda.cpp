@@ -88,6 +88,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   autotune_ = env_switch("DS_GEMM_AUTOTUNE", true);
   decode_gemv_ = env_switch("DS_DECODE_GEMV", true);
   fused_swiglu_ = env_switch("DS_SWIGLU_FUSED", true);
+  device_select_ = env_switch("DS_OUTLIER_DEVICE_SELECT", true);
   initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
@@ -720,6 +721,13 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
     profile_.kernels.push_back({"decode_step", n - req.append_from, out.ms, out.ms, out.ms});
     return;
   }
+  // A forward without a profile: profiling off for its launches, and the last profile kept
+  struct ProfileOff {
+    bool& on;
+    const bool was;
+    ~ProfileOff() { on = was; }
+  } profile_off{profiling_, profiling_};
+  if (!req.profile) profiling_ = false;
   const int64_t limit = max_tokens();
   if (n > limit)
     throw Error("prompt of " + std::to_string(n) + " tokens is too long for " + device_name_ + ": at most " +
@@ -768,7 +776,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
     // next call queues behind it (a device error then surfaces at the next wait)
     const bool wants_maps = std::find(req.want_maps.begin(), req.want_maps.end(), uint8_t(1)) != req.want_maps.end();
     if (!(req.logits_on_demand && !req.all_logits && !req.keep_hidden && !profiling_ && !wants_maps)) sync();
-    build_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), n, 0, 1, n);
+    if (req.profile) build_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), n, 0, 1, n);
     out.maps.assign(size_t(L), LayerMaps{});
     for (int l = 0; l < L && size_t(l) < req.want_maps.size(); ++l)
       if (req.want_maps[size_t(l)] && owns(l)) compute_maps(l, &out.maps[size_t(l)], nullptr);

@@ -270,8 +270,8 @@ void CudaBackend::mamba_row(int layer, int channel, int64_t q, std::vector<float
 
 // Device -> pageable host memory. cudaMemcpy to pageable memory stages through the driver's buffers at a fraction
 // of the link's speed, and one thread's memcpy out of pinned memory is slower than the link: every piece (<= 1 MB)
-// is copied into pinned staging at once, each with an event, and up to 4 threads move the pieces into place as
-// they land. Rounds of at most 64 MB.
+// is copied into pinned staging at once, each with an event, and up to 4 threads (from 8 MB on) move the pieces into
+// place as they land. Rounds of at most 64 MB.
 void CudaBackend::copy_to_host(std::initializer_list<HostCopy> copies) {
   constexpr size_t kPiece = size_t(1) << 20, kRound = size_t(64) << 20;
   struct Piece {
@@ -296,7 +296,8 @@ void CudaBackend::copy_to_host(std::initializer_list<HostCopy> copies) {
       DS_CUDA_CHECK(cudaMemcpyAsync(at[i - first], pieces[i].src, pieces[i].bytes, cudaMemcpyDeviceToHost, stream()));
       DS_CUDA_CHECK(cudaEventRecord(stage_ev_[i - first].get(), stream()));
     }
-    const size_t count = last - first, workers = std::min<size_t>(4, count);
+    // (threads only for a large copy: starting them costs more than a few MB of memcpy)
+    const size_t count = last - first, workers = staged >= (size_t(8) << 20) ? std::min<size_t>(4, count) : 1;
     std::vector<std::string> errors(workers);
     auto work = [&](size_t w) {
       try {
@@ -622,7 +623,8 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   const DeviceGuard on(device_);
   const int L = int(cfg_.layers);
   const int64_t count = last_n_ * cfg_.hidden;
-  if (first_ != 0 || end_layer() != L || L > kern::kMaxSelectSources || count < 1 || count > int64_t(UINT32_MAX))
+  if (!device_select_ || first_ != 0 || end_layer() != L || L > kern::kMaxSelectSources || count < 1 ||
+      count > int64_t(UINT32_MAX))
     return false;
   constexpr int K = kern::kSelectPrefixes, kBins = 4096, cap = int(kFirstCap);
   const size_t R = size_t(3 * L + 2);

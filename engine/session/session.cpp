@@ -144,7 +144,7 @@ int Session::stale_from() const {
   return all_rows_wanted_ && !every_row_ ? L - 1 : L;
 }
 
-int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt, bool logits_on_demand) {
+int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt, bool bulk) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
@@ -162,7 +162,8 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     req.edits = edits_;
   }
   req.all_logits = all_logits;
-  req.logits_on_demand = logits_on_demand && !all_logits;
+  req.logits_on_demand = bulk && !all_logits;
+  req.profile = !bulk;
   req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;

@@ -112,10 +112,12 @@ class Session {
   // cancel_new_prompt: also poll it during the first run of a prompt (the Python module's Ctrl-C); a stopped first
   // run keeps nothing (no result until the next run, which starts at layer 0). The GUI leaves it off: a prompt's
   // first run always completes there, however often the user moves lambda meanwhile.
-  // logits_on_demand: the backend may leave the last position's logits on its device and return before its work is
-  // done (ForwardRequest::logits_on_demand); readers fetch them when asked. Many re-runs then queue back to back.
+  // bulk: one of many re-runs queued back to back (head importance): the backend may leave the last position's
+  // logits on its device and return before its work is done (ForwardRequest::logits_on_demand; readers fetch them
+  // when asked), and it keeps no per-kernel profile of it (ForwardRequest::profile; profile() stays the last run's
+  // before).
   int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false,
-          bool logits_on_demand = false);
+          bool bulk = false);
   // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
   // up to it are those of the next run already: a lambda change shows in them before the run.
   int stale_from() const;

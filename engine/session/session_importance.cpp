@@ -51,8 +51,8 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
     s.set_head_mixes(keep_mix);
     s.set_head_means(keep_mean);
   };
-  // A layer's ablations are queued back to back: each re-run leaves its logits on the device and queues its log p
-  // (no wait between them on the CUDA backend); the layer's values come back together.
+  // A layer's ablations are queued back to back (bulk re-runs: each leaves its logits on the device, is not
+  // profiled, and queues its log p; no wait between them on the CUDA backend); the layer's values come back together.
   int queued = 0;
   size_t qm = 0, ql = 0;
   const auto take = [&] {

@@ -178,6 +178,7 @@ class SplitBackend final : public Backend {
     }
     out.n = n;
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!req.profile) return;  // (bulk re-runs: the profile stays the last profiled forward's)
     forward_ms_ = out.ms;
     tokens_ = n - req.append_from;
   }

@@ -261,7 +261,7 @@ def test_cuda_last_row_attention_equals_every_row(gpu):
             if edit == "a2":
                 g.ablate(last, 1, "a2")
             elif edit == "knockout":
-                g.knockout(layers=(last, last), queries=(0, 10 ** 6), keys=(2, 6))
+                g.knockout(layers=(last, last), queries=(-1, 0), keys=(2, 6))
             g.run(PROMPT)
             one = np.array(g.logprobs())
             g.run(PROMPT, all_logits=True)

@@ -335,6 +335,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer lt_ws_;              // cuBLASLt workspace (split-K partials and the like)
   bool autotune_ = true;            // DS_GEMM_AUTOTUNE=0 turns it off
   bool initcheck_mark_ = false;     // DS_CUDA_INITCHECK_MARK_GEMM=1: GEMM outputs zeroed first (gemm_launch)
+  bool device_select_ = true;       // DS_OUTLIER_DEVICE_SELECT=0: outlier_hidden_select declines (A/B measurements)
   bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU (and the GMU's in_proj and
                                     // gate) as two kernels on sm_90a too
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
