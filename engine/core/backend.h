@@ -42,6 +42,10 @@ struct ForwardRequest {
   // false: no per-kernel profile of this forward (bulk re-runs such as head importance's: timing events and the
   // per-head counters cost a wait each); Backend::profile() keeps the last profiled forward's.
   bool profile = true;
+  // >= 0: keep this layer's attention output (before its head writers) for the forwards after this one that re-run
+  // from it with the same input, lambda and attention edits (fwd::Ops::keep_attention): head importance's ablations
+  // of one layer by head writers. A backend may ignore it.
+  int keep_attention = -1;
   // Polled between layers and between pieces of a layer's work (a prompt's forward only, append_from = 0): when it
   // returns true the backend stops and throws ForwardCancelled (error.h) with the first layer it did not finish;
   // the layers below it hold this request's results, so the next forward may start there (from_layer). A backend

@@ -81,11 +81,15 @@ inline void at(const Hooks* hooks, HookPoint p, int layer, Ref t, Ops& ops) {
 // queries only and reads its KV source's keys and values), RoPE, attention, o_proj with the residual add.
 void attention_block(const ModelConfig& cfg, Ops& ops, int l, float lambda, Rows rows, const Hooks* hooks,
                      const AttnEdit* edit) {
-  ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
-  const bool cross = cfg.kind(l) == LayerKind::CrossAttention;
-  ops.linear({l, cross ? Weight::Q : Weight::Qkv, {Act::Normed, l}, {Act::Qkv, l}});
-  ops.rope(l);
-  ops.attention(l, lambda, rows, edit && !edit->empty() ? edit : nullptr);
+  edit = edit && !edit->empty() ? edit : nullptr;
+  if (!ops.attention_kept(l, lambda, edit)) {
+    ops.norm(l, Norm::Input, {Act::Stream, l}, {Act::Normed, l});
+    const bool cross = cfg.kind(l) == LayerKind::CrossAttention;
+    ops.linear({l, cross ? Weight::Q : Weight::Qkv, {Act::Normed, l}, {Act::Qkv, l}});
+    ops.rope(l);
+    ops.attention(l, lambda, rows, edit);
+    ops.keep_attention(l, lambda, rows, edit);
+  }
   at(hooks, HookPoint::HeadOut, l, {Act::Attn, l, rows}, ops);
   ops.linear({l, Weight::O, {Act::Attn, l, rows}, {Act::Stream, l + 1, rows}, Epilogue::Residual, {Act::Stream, l, rows}});
 }

@@ -119,6 +119,18 @@ class Ops {
   // prompt's forward (every row: the hook asks for them) computes the mean into slot `slot` and writes it; a decoding
   // step writes the slot's mean (the prompt's) into its row.
   virtual void mean_columns(Ref t, int64_t col0, int64_t col1, int slot) = 0;
+  // An attention output kept across forwards (bulk re-runs of one layer's head ablations, whose input and attention
+  // edits do not change between them): keep_attention, after the attention op and before the HeadOut hooks, lets the
+  // backend keep Attn(layer) of `rows` (it may decline); attention_kept, at the start of a later forward's attention
+  // block, is true when the backend restored Attn(layer) from what it kept for this input, lambda and edit: the block
+  // then skips its norm, projections, RoPE and attention.
+  virtual void keep_attention(int layer, float lambda, Rows rows, const AttnEdit* edit) {
+    (void)layer, (void)lambda, (void)rows, (void)edit;
+  }
+  virtual bool attention_kept(int layer, float lambda, const AttnEdit* edit) {
+    (void)layer, (void)lambda, (void)edit;
+    return false;
+  }
   // Polled between layers and between a layer's blocks: true stops the forward (ForwardCancelled).
   virtual bool cancelled() { return false; }
 };

@@ -615,6 +615,9 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (first > 0 && from == first && !stream_in_)
     throw Error("internal: layers " + std::to_string(first) + ".. of a layer split run without their input stream");
   ensure_activations(T, n, batch == 1 ? kDecodeSpare : 0);
+  // A kept attention output holds while its layer's input does (no layer below it runs, the same ids)
+  if (kept_.valid && (!reuse || from < kept_.layer || kept_.gen != act_gen_)) kept_.valid = false;
+  run_from_ = from;
   if (!head_ns_.get() || head_ns_.bytes() < size_t(L) * size_t(view_heads()) * 8)
     head_ns_ = DeviceBuffer(size_t(L) * size_t(view_heads()) * 8, "profiling counters");
   events_used_ = 0;
@@ -675,6 +678,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   if (n == 0) throw Error("empty prompt: nothing to run");
   hooks_ = req.hooks && !req.hooks->empty() ? req.hooks : nullptr;
   edits_ = req.edits;
+  keep_req_ = req.keep_attention;
   stream_in_ = req.stream_in;
   stream_in_device_ = req.stream_in_device;
   const bool has_head = end_layer() == L;  // this backend computes the logits (not an earlier block of a split)

@@ -107,6 +107,7 @@ std::vector<double> CudaBackend::take_logprobs(int count) {
 }
 
 void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
+  kept_.valid = false;  // (the sequence grows: a kept attention output no longer covers it)
   const DeviceGuard on(device_);
   if (!loaded_ || !has_run_ || last_batch_ != 1 || last_n_ <= 0)
     throw Error("internal: decoding continues a batch-1 run of the same backend");

@@ -249,6 +249,30 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     }
   }
 
+  void keep_attention(int l, float lambda, fwd::Rows rows, const fwd::AttnEdit* edit) override {
+    if (decode_ || recompute_ || gemms_only_ || batch_ != 1 || rows != fwd::Rows::New || l != b_.keep_req_) return;
+    auto& k = b_.kept_;
+    const size_t bytes = size_t(n_) * size_t(c_.heads * c_.head_dim) * 2;
+    if (k.buf.bytes() < bytes) k.buf = DeviceBuffer(bytes, "a layer's kept attention output");
+    step("keep_attention", l, [&] {
+      DS_CUDA_CHECK(cudaMemcpyAsync(k.buf.get(), b_.act_.attn.get(), bytes, cudaMemcpyDeviceToDevice, b_.stream()));
+    });
+    k.layer = l, k.n = n_, k.gen = b_.act_gen_, k.lambda = lambda, k.edit = edit ? *edit : fwd::AttnEdit{};
+    k.valid = true;
+  }
+
+  bool attention_kept(int l, float lambda, const fwd::AttnEdit* edit) override {
+    const auto& k = b_.kept_;
+    if (decode_ || recompute_ || gemms_only_ || batch_ != 1 || !k.valid || k.layer != l || l != b_.run_from_ ||
+        k.n != n_ || k.gen != b_.act_gen_ || !(k.lambda == lambda) || !(k.edit == (edit ? *edit : fwd::AttnEdit{})))
+      return false;
+    step("attention_kept", l, [&] {
+      DS_CUDA_CHECK(cudaMemcpyAsync(b_.act_.attn.get(), k.buf.get(), size_t(n_) * size_t(c_.heads * c_.head_dim) * 2,
+                                    cudaMemcpyDeviceToDevice, b_.stream()));
+    });
+    return true;
+  }
+
   void conv(int l) override {
     const int64_t di = c_.d_inner;
     const LayerWeights& w = b_.layers_[size_t(l)];

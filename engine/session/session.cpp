@@ -144,7 +144,17 @@ int Session::stale_from() const {
   return all_rows_wanted_ && !every_row_ ? L - 1 : L;
 }
 
-int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt, bool bulk) {
+int Session::run_bulk(const std::function<bool()>& cancel, int keep_attention) {
+  const Bulk b{keep_attention};
+  bulk_ = &b;
+  struct Reset {
+    const Bulk*& p;
+    ~Reset() { p = nullptr; }
+  } reset{bulk_};
+  return run(false, cancel, false);
+}
+
+int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt) {
   if (ids_.empty()) throw Error("no prompt: give a prompt or token ids first");
   const int L = int(cfg_.layers);
   const std::vector<float> lam = run_lambda();
@@ -162,8 +172,9 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     req.edits = edits_;
   }
   req.all_logits = all_logits;
-  req.logits_on_demand = bulk && !all_logits;
-  req.profile = !bulk;
+  req.logits_on_demand = bulk_ && !all_logits;
+  req.profile = !bulk_;
+  req.keep_attention = bulk_ ? bulk_->keep_attention : -1;
   req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;

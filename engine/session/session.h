@@ -112,12 +112,13 @@ class Session {
   // cancel_new_prompt: also poll it during the first run of a prompt (the Python module's Ctrl-C); a stopped first
   // run keeps nothing (no result until the next run, which starts at layer 0). The GUI leaves it off: a prompt's
   // first run always completes there, however often the user moves lambda meanwhile.
-  // bulk: one of many re-runs queued back to back (head importance): the backend may leave the last position's
+  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false);
+  // run() as one of many re-runs queued back to back (head importance): the backend may leave the last position's
   // logits on its device and return before its work is done (ForwardRequest::logits_on_demand; readers fetch them
-  // when asked), and it keeps no per-kernel profile of it (ForwardRequest::profile; profile() stays the last run's
-  // before).
-  int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false,
-          bool bulk = false);
+  // when asked), and keeps no per-kernel profile of it (ForwardRequest::profile; profile() stays the last run's).
+  // keep_attention >= 0: that layer's attention output is kept for the next bulk re-runs from it whose input and
+  // attention edits are the same (ForwardRequest::keep_attention: ablations by head writers of one layer).
+  int run_bulk(const std::function<bool()>& cancel, int keep_attention = -1);
   // The first layer run() would recompute now (0 after a prompt change, L when nothing is stale). The maps of layers
   // up to it are those of the next run already: a lambda change shows in them before the run.
   int stale_from() const;
@@ -235,6 +236,10 @@ class Session {
   LambdaControl lam_;
   // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
   mutable ForwardResult res_;
+  struct Bulk {
+    int keep_attention = -1;
+  };
+  const Bulk* bulk_ = nullptr;  // set during run_bulk
   std::vector<double> queued_logp_;   // queue_next_token_logprob's values computed here
   std::vector<uint8_t> queued_dev_;   // 1: that slot's value was queued on the backend
   void ensure_logits() const;

@@ -73,7 +73,9 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
           }
           restore();
           s.ablate(l, h, out.modes[m]);
-          s.run(false, hooks.cancel, false, true);
+          // (head writers leave the layer's attention as it was: it is kept from the layer's first re-run)
+          const bool writer = out.modes[m] == "head" || out.modes[m] == "mean";
+          s.run_bulk(hooks.cancel, writer ? l : -1);
           s.queue_next_token_logprob(out.target, queued++);
         }
         take();

@@ -267,3 +267,24 @@ def test_cuda_last_row_attention_equals_every_row(gpu):
             g.run(PROMPT, all_logits=True)
             every = np.array(g.logprobs())
             assert np.abs(np.exp(one) - np.exp(every)).max() < 2e-3, edit
+
+
+def test_cuda_head_importance_equals_one_ablation_at_a_time(gpu):
+    """The bulk re-runs (a layer's attention output kept from its first ablation and restored for the others, logits
+    left on the device, log p queued) give each head's Δ log p as an ablation set by hand and run alone does, to the
+    last row's attention rounding (the bulk runs take the decoding kernel for it): a kept output taken after a head's
+    writer, or kept too long, would carry that head's ablation into the next ones."""
+    with diffscope.open(DEMO, backend="cuda") as g:
+        g.run(PROMPT)
+        imp = g.head_importance(modes=("head",))
+        base, target = imp["base_logp"], imp["target"]
+        d = np.array(imp["modes"]["head"])
+        assert np.abs(d).max() > 0.05  # ablations that matter, so that a stale one would show
+        for li in (0, len(imp["layers"]) // 2):
+            layer = imp["layers"][li]
+            for h in range(d.shape[1]):
+                g.clear_interventions()
+                g.ablate(layer, h, "head")
+                g.run()
+                assert float(g.logprobs()[target]) - base == pytest.approx(d[li, h], abs=3e-3), (layer, h)
+        g.clear_interventions()

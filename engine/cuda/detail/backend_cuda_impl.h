@@ -370,6 +370,18 @@ class CudaBackend final : public Backend {
   DeviceBuffer head_ns_;      // [L][view heads] u64
   // last run
   bool has_run_ = false;
+  // A layer's attention output kept across bulk re-runs (ForwardRequest::keep_attention, fwd::Ops::keep_attention):
+  // valid while no forward re-runs a layer below it or changes the ids, n or the activations.
+  struct KeptAttention {
+    int layer = -1;
+    int64_t n = 0, gen = -1;
+    float lambda = 0;
+    fwd::AttnEdit edit;
+    bool valid = false;
+    DeviceBuffer buf;
+  } kept_;
+  int keep_req_ = -1;  // this forward's ForwardRequest::keep_attention
+  int run_from_ = -1;  // the first layer this forward runs
   bool partial_last_layer_ = false;  // hidden[L] holds only the last row of each sequence
   bool last_row_stale_ = false;      // truncate() cut the sequence: hidden[L]'s last row may be an older lambda's
   int64_t act_gen_ = 0;              // bumped whenever act_ is reallocated (a captured decoding graph is then stale)
