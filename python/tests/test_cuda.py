@@ -272,8 +272,9 @@ def test_cuda_last_row_attention_equals_every_row(gpu):
 def test_cuda_head_importance_equals_one_ablation_at_a_time(gpu):
     """The bulk re-runs (a layer's attention output kept from its first ablation and restored for the others, logits
     left on the device, log p queued) give each head's Δ log p as an ablation set by hand and run alone does, to the
-    last row's attention rounding (the bulk runs take the decoding kernel for it): a kept output taken after a head's
-    writer, or kept too long, would carry that head's ablation into the next ones."""
+    last row's attention rounding (the bulk runs take the decoding kernel for it; up to 0.007 measured on layer 0,
+    which keeps nothing, H200): a kept output taken after a head's writer, or kept too long, would carry that head's
+    ablation into the next ones (Δ of 0.06 to 0.5 here)."""
     with diffscope.open(DEMO, backend="cuda") as g:
         g.run(PROMPT)
         imp = g.head_importance(modes=("head",))
@@ -282,9 +283,13 @@ def test_cuda_head_importance_equals_one_ablation_at_a_time(gpu):
         assert np.abs(d).max() > 0.05  # ablations that matter, so that a stale one would show
         for li in (0, len(imp["layers"]) // 2):
             layer = imp["layers"][li]
+            got = []
             for h in range(d.shape[1]):
                 g.clear_interventions()
                 g.ablate(layer, h, "head")
                 g.run()
-                assert float(g.logprobs()[target]) - base == pytest.approx(d[li, h], abs=3e-3), (layer, h)
+                got.append(float(g.logprobs()[target]) - base)
+            err = np.abs(np.array(got) - d[li])
+            assert err.max() < 0.02, (layer, err.round(4).tolist(), d[li].round(4).tolist())
+            assert np.abs(d[li, :-1]).max() > 0.05, layer  # a head whose ablation a stale kept output would carry
         g.clear_interventions()
