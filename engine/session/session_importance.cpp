@@ -28,6 +28,10 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r) {
   if (c.map_layers().empty()) throw Error("head importance: the model has no attention layer");
 }
 
+namespace {
+constexpr int kQueuedLogprobs = 256;  // Session::queue_next_token_logprob's slots
+}
+
 HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, const HeadImportanceHooks& hooks) {
   check_head_importance(s, r);
   const ModelConfig& c = s.config();
@@ -53,20 +57,22 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
   };
   // A layer's ablations are queued back to back (bulk re-runs: each leaves its logits on the device, is not
   // profiled, and queues its log p; no wait between them on the CUDA backend); the layer's values come back together.
-  int queued = 0;
+  int queued = 0, q0 = 0;  // ablations queued, from head q0 on
   size_t qm = 0, ql = 0;
   const auto take = [&] {
     const std::vector<double> lp = s.take_queued_logprobs(queued);
-    for (int h = 0; h < queued; ++h) out.delta[qm][ql][size_t(h)] = lp[size_t(h)] - out.base_logp;
+    for (int h = 0; h < queued; ++h) out.delta[qm][ql][size_t(q0 + h)] = lp[size_t(h)] - out.base_logp;
     out.done += queued;
+    q0 += queued;
     queued = 0;
   };
   try {
     for (size_t m = 0; m < out.modes.size() && out.end == HeadImportance::End::Running; ++m)
       for (size_t li = 0; li < out.layers.size() && out.end == HeadImportance::End::Running; ++li) {
         const int l = out.layers[li];
-        qm = m, ql = li;
+        qm = m, ql = li, q0 = 0;
         for (int h = 0; h < out.heads; ++h) {
+          if (queued == kQueuedLogprobs) take();  // (a layer of more heads than the queue's slots)
           if (hooks.stop && hooks.stop()) {
             out.end = HeadImportance::End::Stopped;
             break;
