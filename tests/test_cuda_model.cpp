@@ -18,6 +18,9 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -537,6 +540,50 @@ TEST(CudaModel, OutlierSelectionOnTheDeviceEqualsTheHosts) {
       EXPECT_EQ(a.layers[0].hidden.top100.size(), size_t(std::min<int64_t>(100, n * s->config().hidden)));
     }
   }
+}
+
+// Where the hidden states' outlier statistics spend their time (DS_OUTLIER_PERF=1; skipped otherwise): a random
+// checkpoint of kajuma's hidden size and depth at 4096 tokens, the whole call (session to summary) with the selection
+// on the device and on the host, against the forward, medians of 21.
+TEST(CudaModel, OutlierSelectionTimes) {
+  SKIP_WITHOUT_DEVICE();
+  if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the outlier statistics";
+  const std::string dir = ::testing::TempDir() + "/outlier_perf_model";
+  ds::SyntheticShape shape;
+  shape.hidden = 2048, shape.layers = 16, shape.heads = 32, shape.kv_heads = 8, shape.head_dim = 64;
+  shape.intermediate = 1024, shape.vocab = 4096, shape.max_positions = 4096;
+  ds::write_synthetic_model(dir, shape);
+  auto s = ds::Session::open(dir, ds::BackendChoice::Cuda);
+  std::vector<int32_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 2654435761u) % 4096u);
+  s->set_ids(ids);
+  s->run();
+  auto median_ms = [](auto&& f) {
+    std::vector<double> t;
+    for (int k = 0; k < 21; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  ds::OutlierRequest dev, host;
+  dev.logits = host.logits = false;
+  host.device_select = false;
+  ds::outlier_stats(*s, dev);
+  const double d = median_ms([&] { ds::outlier_stats(*s, dev); });
+  const double h = median_ms([&] { ds::outlier_stats(*s, host); });
+  const double j = median_ms([&] { (void)ds::outliers_json(ds::outlier_stats(*s, dev)); });
+  float lam = 1.f;
+  const double f = median_ms([&] {
+    lam = lam == 1.f ? 1.001f : 1.f;
+    s->set_lambda_scale(lam);
+    s->run();
+  });
+  std::printf("[ outliers(hidden) at 4096 x 2048 x 16 layers: device selection %.3f ms (with JSON %.3f), host %.3f ms; "
+              "a next-token forward of this checkpoint %.2f ms ]\n", d, j, h, f);
+  SUCCEED();
 }
 
 #endif

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -340,5 +343,67 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
     std::nth_element(every.begin(), every.begin() + long(all[size_t(1 + k)]), every.end());
     EXPECT_EQ(value(size_t(3 * S + k)), every[all[size_t(1 + k)]]) << "the model's middle " << k;
   }
+}
+#endif
+
+#ifdef DS_HAVE_CUDA
+// The selection's launches alone over 16 sources of 4096 x 2048 heavy-tailed values (one array read 16 times), timed
+// by events in the stream, and with the wait on the host (DS_OUTLIER_PERF=1; skipped otherwise). Medians of 21.
+TEST(OutlierSelect, CudaSelectionTimes) {
+  SKIP_WITHOUT_DEVICE();
+  if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the selection";
+  constexpr int S = 16, K = ds::kern::kSelectPrefixes, cap = 1024;
+  const size_t n = size_t(4096) * 2048;
+  const ds::cuda::DeviceBuffer x = to_device(values(n, 41));
+  std::vector<ds::kern::DenseSource> table(static_cast<size_t>(S));
+  std::vector<ds::kern::RankState> ranks(static_cast<size_t>(3 * S + 2));
+  for (int s = 0; s < S; ++s) {
+    table[size_t(s)].x = x.as<float>();
+    table[size_t(s)].count = int64_t(n);
+    table[size_t(s)].counts_at = int64_t(s) * K * 4096;
+    const std::vector<uint64_t> rk = ds::top_median_ranks(n);
+    for (int k = 0; k < 3; ++k) ranks[size_t(3 * s + k)] = ds::kern::RankState{rk[size_t(k)], rk[size_t(k)]};
+  }
+  const std::vector<uint64_t> all = ds::top_median_ranks(n * S);
+  ranks[size_t(3 * S)] = {all[1], all[1]};
+  ranks[size_t(3 * S + 1)] = {all[2], all[2]};
+  ds::cuda::DeviceBuffer dtab(table.size() * sizeof(table[0]), "table"), dranks(ranks.size() * sizeof(ranks[0]), "ranks"),
+      pre(size_t(S) * K * 4, "prefixes"), cnt(size_t(S) * K * 4096 * 4, "counts"), out(size_t(S) * cap * 4, "values"),
+      found(size_t(S) * 4 + 4, "found, error");
+  ds::kern::SelectPlan plan;
+  plan.nsources = S;
+  plan.table = dtab.as<ds::kern::DenseSource>();
+  plan.prefixes = pre.as<uint32_t>();
+  plan.counts = cnt.as<unsigned>();
+  plan.ranks = dranks.as<ds::kern::RankState>();
+  plan.cap = cap;
+  plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
+  cudaEvent_t e0, e1;
+  DS_CUDA_CHECK(cudaEventCreate(&e0));
+  DS_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> gpu, wall;
+  for (int rep = 0; rep < 22; ++rep) {
+    DS_CUDA_CHECK(cudaMemcpy(dtab.get(), table.data(), dtab.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(cudaMemcpy(dranks.get(), ranks.data(), dranks.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(cudaMemset(found.get(), 0, found.bytes()));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    DS_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+    DS_CUDA_CHECK(ds::kern::launch_outlier_select_passes(plan, ds::RankFinder::kPasses, ds::kRadixShift,
+                                                         ds::kRadixWidth, int64_t(n), out.as<float>(),
+                                                         found.as<unsigned>(), nullptr));
+    DS_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+    DS_CUDA_CHECK(cudaEventSynchronize(e1));
+    const double w = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    float ms = 0;
+    DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep > 0) gpu.push_back(ms), wall.push_back(w);
+  }
+  std::sort(gpu.begin(), gpu.end());
+  std::sort(wall.begin(), wall.end());
+  std::printf("[ the selection's launches over 16 x 4096 x 2048 values: %.3f ms in the stream, %.3f ms with the wait ]\n",
+              gpu[gpu.size() / 2], wall[wall.size() / 2]);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 #endif
