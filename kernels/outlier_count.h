@@ -56,7 +56,6 @@ cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources,
 cudaError_t launch_outlier_collect(const OutlierCells& c, const float* at_least, float* out, int cap, unsigned* found,
                                    cudaStream_t stream);
 
-
 // The selection itself on the device, over the dense sources' passes (outlier_select.h's RankFinder for every layer's
 // hidden states at once, without a host round trip between passes): three ranks per source (its 100th largest, which
 // "folds" into a collection of every value at or above its prefix's floor as soon as at most `cap` values lie there,
@@ -82,8 +81,8 @@ struct SelectPlan {
   int* error = nullptr;           // set to 1 when a rank lies beyond the values counted or a prefix list overflows
 };
 constexpr int kMaxSelectSources = 1024;
-// After counting pass `pass` (digits of `width` bits at `shift`): every rank still being placed takes its digit; a
-// source's top rank folds when at most cap values lie at or above its new floor (or at the last pass, last true);
+// After a counting pass (digits of `width` bits at `shift`; `first`: the pass without prefixes, `last`: the final one):
+// every rank still being placed takes its digit; a source's top rank folds when at most cap values lie at or above its new floor (or at the last pass, last true);
 // then the next pass's table: the sources that collected in this pass stop, those folded now collect, every source's
 // prefix list is its ranks' and the model's. The counts are read, not cleared.
 cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
