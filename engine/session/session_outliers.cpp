@@ -76,7 +76,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     std::vector<float> pool;
     const uint64_t count = uint64_t(n) * uint64_t(c.hidden);
     for (int l = 0; l < L; ++l) {
-      out.layers.push_back({l});
+      out.layers.emplace_back().layer = l;
       out.layers.back().hidden = outlier_set(sel.top.at(size_t(l)), count, sel.middle.at(size_t(l)).first,
                                              sel.middle[size_t(l)].second, pool);
     }
@@ -192,7 +192,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   for (size_t i = 0; i < src.size(); ++i) {
     std::vector<std::vector<float>>& v = values.at(i);
     LayerOutliers* lo = nullptr;
-    if (out.layers.empty() || out.layers.back().layer != src[i].layer) out.layers.push_back({src[i].layer});
+    if (out.layers.empty() || out.layers.back().layer != src[i].layer) out.layers.emplace_back().layer = src[i].layer;
     lo = &out.layers.back();
     for (int m = 0; m < src[i].maps; ++m) {
       const RankFinder& f = own[i][size_t(m)];
