@@ -246,6 +246,64 @@ TEST(OutlierSelect, CudaDenseBatchEqualsTheHost) {
 #endif
 
 #ifdef DS_HAVE_CUDA
+namespace {
+// The device selection over sources (device pointer, count), laid out as the CUDA backend lays it out: the table,
+// the ranks (each source's top_median_ranks, then the model's two middles), prefixes, counts, the collected values,
+// the numbers found and the error flag after them.
+struct Selection {
+  static constexpr int K = ds::kern::kSelectPrefixes;
+  int S, cap;
+  std::vector<ds::kern::DenseSource> table;
+  std::vector<ds::kern::RankState> ranks;
+  uint64_t total = 0;
+  int64_t max_count = 0;
+  ds::cuda::DeviceBuffer dtab, dranks, pre, cnt, out, found;
+  ds::kern::SelectPlan plan;
+
+  Selection(const std::vector<std::pair<const float*, int64_t>>& src, int cap_)
+      : S(int(src.size())), cap(cap_), table(src.size()), ranks(3 * src.size() + 2),
+        dtab(src.size() * sizeof(ds::kern::DenseSource), "table"),
+        dranks((3 * src.size() + 2) * sizeof(ds::kern::RankState), "ranks"), pre(src.size() * K * 4, "prefixes"),
+        cnt(src.size() * K * 4096 * 4, "counts"), out(src.size() * size_t(cap_) * 4, "values"),
+        found(src.size() * 4 + 4, "found, error") {
+    for (int s = 0; s < S; ++s) {
+      const uint64_t n = uint64_t(src[size_t(s)].second);
+      table[size_t(s)].x = src[size_t(s)].first;
+      table[size_t(s)].count = int64_t(n);
+      table[size_t(s)].counts_at = int64_t(s) * K * 4096;
+      const std::vector<uint64_t> rk = ds::top_median_ranks(n);
+      for (int k = 0; k < 3; ++k) ranks[size_t(3 * s + k)] = ds::kern::RankState{rk[size_t(k)], rk[size_t(k)]};
+      total += n;
+      max_count = std::max(max_count, int64_t(n));
+    }
+    const std::vector<uint64_t> all = ds::top_median_ranks(total);
+    ranks[size_t(3 * S)] = {all[1], all[1]};
+    ranks[size_t(3 * S + 1)] = {all[2], all[2]};
+    plan.nsources = S;
+    plan.table = dtab.as<ds::kern::DenseSource>();
+    plan.prefixes = pre.as<uint32_t>();
+    plan.counts = cnt.as<unsigned>();
+    plan.ranks = dranks.as<ds::kern::RankState>();
+    plan.cap = cap;
+    plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
+  }
+  // The initial table and ranks uploaded, found and the error flag zeroed, the values poisoned (NaN where nothing is
+  // collected); waits.
+  void reset() {
+    DS_CUDA_CHECK(cudaMemcpy(dtab.get(), table.data(), dtab.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(cudaMemcpy(dranks.get(), ranks.data(), dranks.bytes(), cudaMemcpyHostToDevice));
+    DS_CUDA_CHECK(cudaMemset(found.get(), 0, found.bytes()));
+    DS_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void launch() {
+    DS_CUDA_CHECK(ds::kern::launch_outlier_select_passes(plan, ds::RankFinder::kPasses, ds::kRadixShift,
+                                                         ds::kRadixWidth, max_count, out.as<float>(),
+                                                         found.as<unsigned>(), nullptr));
+  }
+};
+}  // namespace
+
 // The selection on the device (launch_outlier_select_passes: the counting passes and the RankFinder steps between
 // them, queued with no host round trip) against nth_element: each source's 100th largest (through its collected
 // values: exactly every |x| at or above it), its two middles, and the middles over every source's values. Sources of
@@ -256,47 +314,21 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
   std::vector<std::vector<float>> v = {values(100003, 31), values(57, 32), std::vector<float>(5000, 0.f),
                                        values(77777, 33), values(20000, 34)};
   for (size_t i = 0; i < 3000; ++i) v[4][i * 5] = -1.0e6f;  // 3000 ties at the top of a heavy-tailed set
-  const int S = int(v.size()), cap = 1024, K = ds::kern::kSelectPrefixes;
+  const int S = int(v.size()), cap = 1024;
   std::vector<ds::cuda::DeviceBuffer> dv;
-  std::vector<ds::kern::DenseSource> table(static_cast<size_t>(S));
-  std::vector<ds::kern::RankState> ranks(static_cast<size_t>(3 * S + 2));
-  uint64_t total = 0;
-  int64_t max_count = 0;
-  for (int s = 0; s < S; ++s) {
-    dv.push_back(to_device(v[size_t(s)]));
-    const uint64_t n = v[size_t(s)].size();
-    table[size_t(s)].x = dv.back().as<float>();
-    table[size_t(s)].count = int64_t(n);
-    table[size_t(s)].counts_at = int64_t(s) * K * 4096;
-    const std::vector<uint64_t> rk = ds::top_median_ranks(n);
-    for (int k = 0; k < 3; ++k) ranks[size_t(3 * s + k)] = ds::kern::RankState{rk[size_t(k)], rk[size_t(k)]};
-    total += n;
-    max_count = std::max(max_count, int64_t(n));
+  std::vector<std::pair<const float*, int64_t>> src;
+  for (const std::vector<float>& x : v) {
+    dv.push_back(to_device(x));
+    src.emplace_back(dv.back().as<float>(), int64_t(x.size()));
   }
-  const std::vector<uint64_t> all = ds::top_median_ranks(total);
-  ranks[size_t(3 * S)] = {all[1], all[1]};
-  ranks[size_t(3 * S + 1)] = {all[2], all[2]};
-  ds::cuda::DeviceBuffer dtab(table.size() * sizeof(table[0]), "table"), dranks(ranks.size() * sizeof(ranks[0]), "ranks");
-  DS_CUDA_CHECK(cudaMemcpy(dtab.get(), table.data(), dtab.bytes(), cudaMemcpyHostToDevice));
-  DS_CUDA_CHECK(cudaMemcpy(dranks.get(), ranks.data(), dranks.bytes(), cudaMemcpyHostToDevice));
-  ds::cuda::DeviceBuffer pre(size_t(S) * K * 4, "prefixes"), cnt(size_t(S) * K * 4096 * 4, "counts"),
-      out(size_t(S) * cap * 4, "values"), found(size_t(S) * 4 + 4, "found, error");
-  DS_CUDA_CHECK(cudaMemset(found.get(), 0, found.bytes()));
-  DS_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // poisoned: NaN where nothing was collected
-  ds::kern::SelectPlan plan;
-  plan.nsources = S;
-  plan.table = dtab.as<ds::kern::DenseSource>();
-  plan.prefixes = pre.as<uint32_t>();
-  plan.counts = cnt.as<unsigned>();
-  plan.ranks = dranks.as<ds::kern::RankState>();
-  plan.cap = cap;
-  plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
-  DS_CUDA_CHECK(ds::kern::launch_outlier_select_passes(plan, ds::RankFinder::kPasses, ds::kRadixShift, ds::kRadixWidth,
-                                                       max_count, out.as<float>(), found.as<unsigned>(), nullptr));
+  Selection sel(src, cap);
+  sel.reset();
+  sel.launch();
   DS_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned> nf(size_t(S) + 1);
-  DS_CUDA_CHECK(cudaMemcpy(nf.data(), found.get(), nf.size() * 4, cudaMemcpyDeviceToHost));
-  DS_CUDA_CHECK(cudaMemcpy(ranks.data(), dranks.get(), dranks.bytes(), cudaMemcpyDeviceToHost));
+  DS_CUDA_CHECK(cudaMemcpy(nf.data(), sel.found.get(), nf.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<ds::kern::RankState> ranks(sel.ranks.size());
+  DS_CUDA_CHECK(cudaMemcpy(ranks.data(), sel.dranks.get(), sel.dranks.bytes(), cudaMemcpyDeviceToHost));
   ASSERT_EQ(nf[size_t(S)], 0u) << "error flag";
   auto value = [&](size_t i) {
     float x;
@@ -330,7 +362,7 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
     // floor (the floor is at most the 100th)
     ASSERT_LE(nf[size_t(s)], unsigned(cap)) << "source " << s;
     std::vector<float> got(nf[size_t(s)]);
-    DS_CUDA_CHECK(cudaMemcpy(got.data(), out.as<float>() + size_t(s) * cap, got.size() * 4, cudaMemcpyDeviceToHost));
+    DS_CUDA_CHECK(cudaMemcpy(got.data(), sel.out.as<float>() + size_t(s) * cap, got.size() * 4, cudaMemcpyDeviceToHost));
     std::sort(got.begin(), got.end(), std::greater<float>());
     ASSERT_GE(got.size(), want.size()) << "source " << s;
     std::sort(want.begin(), want.end(), std::greater<float>());
@@ -339,6 +371,7 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
     for (float x : a) above += x >= got.back();
     EXPECT_EQ(above, got.size()) << "source " << s;
   }
+  const std::vector<uint64_t> all = ds::top_median_ranks(sel.total);
   for (int k = 0; k < 2; ++k) {
     std::nth_element(every.begin(), every.begin() + long(all[size_t(1 + k)]), every.end());
     EXPECT_EQ(value(size_t(3 * S + k)), every[all[size_t(1 + k)]]) << "the model's middle " << k;
@@ -352,46 +385,19 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
 TEST(OutlierSelect, CudaSelectionTimes) {
   SKIP_WITHOUT_DEVICE();
   if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the selection";
-  constexpr int S = 16, K = ds::kern::kSelectPrefixes, cap = 1024;
+  constexpr int S = 16;
   const size_t n = size_t(4096) * 2048;
   const ds::cuda::DeviceBuffer x = to_device(values(n, 41));
-  std::vector<ds::kern::DenseSource> table(static_cast<size_t>(S));
-  std::vector<ds::kern::RankState> ranks(static_cast<size_t>(3 * S + 2));
-  for (int s = 0; s < S; ++s) {
-    table[size_t(s)].x = x.as<float>();
-    table[size_t(s)].count = int64_t(n);
-    table[size_t(s)].counts_at = int64_t(s) * K * 4096;
-    const std::vector<uint64_t> rk = ds::top_median_ranks(n);
-    for (int k = 0; k < 3; ++k) ranks[size_t(3 * s + k)] = ds::kern::RankState{rk[size_t(k)], rk[size_t(k)]};
-  }
-  const std::vector<uint64_t> all = ds::top_median_ranks(n * S);
-  ranks[size_t(3 * S)] = {all[1], all[1]};
-  ranks[size_t(3 * S + 1)] = {all[2], all[2]};
-  ds::cuda::DeviceBuffer dtab(table.size() * sizeof(table[0]), "table"), dranks(ranks.size() * sizeof(ranks[0]), "ranks"),
-      pre(size_t(S) * K * 4, "prefixes"), cnt(size_t(S) * K * 4096 * 4, "counts"), out(size_t(S) * cap * 4, "values"),
-      found(size_t(S) * 4 + 4, "found, error");
-  ds::kern::SelectPlan plan;
-  plan.nsources = S;
-  plan.table = dtab.as<ds::kern::DenseSource>();
-  plan.prefixes = pre.as<uint32_t>();
-  plan.counts = cnt.as<unsigned>();
-  plan.ranks = dranks.as<ds::kern::RankState>();
-  plan.cap = cap;
-  plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
+  Selection sel(std::vector<std::pair<const float*, int64_t>>(S, {x.as<float>(), int64_t(n)}), 1024);
   cudaEvent_t e0, e1;
   DS_CUDA_CHECK(cudaEventCreate(&e0));
   DS_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> gpu, wall;
   for (int rep = 0; rep < 22; ++rep) {
-    DS_CUDA_CHECK(cudaMemcpy(dtab.get(), table.data(), dtab.bytes(), cudaMemcpyHostToDevice));
-    DS_CUDA_CHECK(cudaMemcpy(dranks.get(), ranks.data(), dranks.bytes(), cudaMemcpyHostToDevice));
-    DS_CUDA_CHECK(cudaMemset(found.get(), 0, found.bytes()));
-    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    sel.reset();
     const auto t0 = std::chrono::steady_clock::now();
     DS_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-    DS_CUDA_CHECK(ds::kern::launch_outlier_select_passes(plan, ds::RankFinder::kPasses, ds::kRadixShift,
-                                                         ds::kRadixWidth, int64_t(n), out.as<float>(),
-                                                         found.as<unsigned>(), nullptr));
+    sel.launch();
     DS_CUDA_CHECK(cudaEventRecord(e1, nullptr));
     DS_CUDA_CHECK(cudaEventSynchronize(e1));
     const double w = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
