@@ -1,25 +1,16 @@
 #!/usr/bin/env python3
 """The hidden states' outlier statistics (Session.outliers(logits=False)) with the selection on the device against
 the host's selection between the device's passes (DS_OUTLIER_DEVICE_SELECT=0), in one process, sessions alternating
-1 / 0 / 1, against the forward at 4K and 32K tokens (medians of 15 calls; the forward's of 7).
+1 / 0 / 1, against the forward at 4K and 32K tokens (medians of 15 calls after a warm-up; the forward's of 7).
 
   PYTHONPATH=build/python python3 bench/outlier_select_ab.py MODEL_DIR
 """
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
-
-def med(f, k=15):
-    ts = []
-    for _ in range(k):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
+from residual_bench import timed  # (a warm-up call, then the median of `repeat` calls, ms)
 
 
 def main():
@@ -37,9 +28,9 @@ def main():
                     flip[0] = 1.0 if flip[0] != 1.0 else 1.001
                     s.lambda_scale = flip[0]
                     s.run()
-                f = med(forward, 7)
+                f = timed(forward, 7)
                 s.outliers(logits=False)  # every row once (the forward above kept the last one)
-                o = med(lambda: s.outliers(logits=False))
+                o = timed(lambda: s.outliers(logits=False), 15)
                 print(f"select_on_device={sel} n={n} forward {f:.2f} ms outliers(hidden) {o:.3f} ms = "
                       f"{100 * o / f:.2f} %", flush=True)
 
