@@ -145,13 +145,15 @@ int Session::stale_from() const {
 }
 
 int Session::run_bulk(const std::function<bool()>& cancel, int keep_attention) {
-  const Bulk b{keep_attention};
-  bulk_ = &b;
-  struct Reset {
-    const Bulk*& p;
-    ~Reset() { p = nullptr; }
-  } reset{bulk_};
-  return run(false, cancel, false);
+  bulk_ = keep_attention;
+  try {
+    const int from = run(false, cancel, false);
+    bulk_.reset();
+    return from;
+  } catch (...) {
+    bulk_.reset();
+    throw;
+  }
 }
 
 int Session::run(bool all_logits, const std::function<bool()>& cancel, bool cancel_new_prompt) {
@@ -172,9 +174,9 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
     req.edits = edits_;
   }
   req.all_logits = all_logits;
-  req.logits_on_demand = bulk_ && !all_logits;
+  req.logits_on_demand = bulk_.has_value() && !all_logits;
   req.profile = !bulk_;
-  req.keep_attention = bulk_ ? bulk_->keep_attention : -1;
+  req.keep_attention = bulk_.value_or(-1);
   req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;
   if (cancel && (rerun || cancel_new_prompt)) req.cancel = cancel;

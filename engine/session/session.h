@@ -236,10 +236,7 @@ class Session {
   LambdaControl lam_;
   // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
   mutable ForwardResult res_;
-  struct Bulk {
-    int keep_attention = -1;
-  };
-  const Bulk* bulk_ = nullptr;  // set during run_bulk
+  std::optional<int> bulk_;  // during run_bulk: its keep_attention
   std::vector<double> queued_logp_;   // queue_next_token_logprob's values computed here
   std::vector<uint8_t> queued_dev_;   // 1: that slot's value was queued on the backend
   void ensure_logits() const;
