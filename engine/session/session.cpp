@@ -542,7 +542,7 @@ double Session::next_token_logprob(int32_t id) const {
 void Session::queue_next_token_logprob(int32_t id, int slot) {
   if (id < 0 || id >= cfg_.vocab)
     throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(cfg_.vocab) + ")");
-  if (slot < 0 || slot >= 256) throw Error("internal: log-probability slot " + std::to_string(slot));
+  if (slot < 0 || slot >= kLogprobSlots) throw Error("internal: log-probability slot " + std::to_string(slot));
   if (queued_logp_.size() <= size_t(slot)) queued_logp_.resize(size_t(slot) + 1, 0.0), queued_dev_.resize(size_t(slot) + 1, 0);
   const bool device = has_result_ && res_.logits.empty() && backend_->queue_logprob(id, slot);
   queued_dev_[size_t(slot)] = device;

@@ -161,9 +161,10 @@ class Session {
   // log p of one token (the same value as next_token_logprobs()[id], without the vocabulary-sized array); NaN
   // without a result.
   double next_token_logprob(int32_t id) const;
-  // The same of the last run, into slot `slot` (0..255) without waiting where the backend can queue it (CUDA: a
-  // kernel after the forward); take_queued_logprobs(count) waits and returns slots [0, count). Head importance
-  // queues a layer's ablations back to back this way.
+  // The same of the last run, into slot `slot` (below kLogprobSlots) without waiting where the backend can queue it
+  // (CUDA: a kernel after the forward); take_queued_logprobs(count) waits and returns slots [0, count). Head
+  // importance queues a layer's ablations back to back this way.
+  static constexpr int kLogprobSlots = 256;  // (Backend::queue_logprob's)
   void queue_next_token_logprob(int32_t id, int slot);
   std::vector<double> take_queued_logprobs(int count);
 

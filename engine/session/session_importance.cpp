@@ -28,10 +28,6 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r) {
   if (c.map_layers().empty()) throw Error("head importance: the model has no attention layer");
 }
 
-namespace {
-constexpr int kQueuedLogprobs = 256;  // Session::queue_next_token_logprob's slots
-}
-
 HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, const HeadImportanceHooks& hooks) {
   check_head_importance(s, r);
   const ModelConfig& c = s.config();
@@ -72,7 +68,7 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
         const int l = out.layers[li];
         qm = m, ql = li, q0 = 0;
         for (int h = 0; h < out.heads; ++h) {
-          if (queued == kQueuedLogprobs) take();  // (a layer of more heads than the queue's slots)
+          if (queued == Session::kLogprobSlots) take();  // (a layer of more heads than the queue's slots)
           if (hooks.stop && hooks.stop()) {
             out.end = HeadImportance::End::Stopped;
             break;
