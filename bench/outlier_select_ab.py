@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The hidden states' outlier statistics (Session.outliers(logits=False)) with the selection on the device against
-the host's selection between the device's passes (DS_OUTLIER_DEVICE_SELECT=0), in one process, sessions alternating
-1 / 0 / 1, against the forward at 4K and 32K tokens (medians of 15 calls after a warm-up; the forward's of 7).
+"""The hidden states' outlier statistics (Session.outliers(logits=False)) with and without one of the selection's
+switches, in one process, sessions alternating 1 / 0 / 1, against the forward at 4K and 32K tokens (medians of 15
+calls after a warm-up; the forward's of 7). The switches (read when the CUDA backend starts):
+  DS_OUTLIER_DEVICE_SELECT  0: the host's selection between the device's passes (the default switch)
+  DS_OUTLIER_COMPACT        0: every pass of the device's selection over the whole hidden states
 
-  PYTHONPATH=build/python python3 bench/outlier_select_ab.py MODEL_DIR
+  PYTHONPATH=build/python python3 bench/outlier_select_ab.py MODEL_DIR [SWITCH]
 """
 import os
 import sys
@@ -14,8 +16,9 @@ from residual_bench import timed  # (a warm-up call, then the median of `repeat`
 
 
 def main():
+    switch = sys.argv[2] if len(sys.argv) > 2 else "DS_OUTLIER_DEVICE_SELECT"
     for sel in ("1", "0", "1"):
-        os.environ["DS_OUTLIER_DEVICE_SELECT"] = sel  # read when the CUDA backend starts
+        os.environ[switch] = sel  # read when the CUDA backend starts
         import diffscope
         with diffscope.open(sys.argv[1], backend="cuda") as s:
             rng = np.random.default_rng(7)
@@ -31,7 +34,7 @@ def main():
                 f = timed(forward, 7)
                 s.outliers(logits=False)  # every row once (the forward above kept the last one)
                 o = timed(lambda: s.outliers(logits=False), 15)
-                print(f"select_on_device={sel} n={n} forward {f:.2f} ms outliers(hidden) {o:.3f} ms = "
+                print(f"{switch}={sel} n={n} forward {f:.2f} ms outliers(hidden) {o:.3f} ms = "
                       f"{100 * o / f:.2f} %", flush=True)
 
 

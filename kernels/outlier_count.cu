@@ -2,6 +2,8 @@
 #include "outlier_count.h"
 
 #include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 #include "attn_params.h"
 
@@ -230,7 +232,7 @@ cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources,
 // --- the selection on the device -----------------------------------------------------------------------------
 namespace {
 
-constexpr int kSelectThreads = 256;
+constexpr int kSelectThreads = 1024;  // (a model rank's block sums every source's histogram: 4 bins a thread)
 
 // Block-wide exclusive scan of one u64 per thread; total gets the sum.
 __device__ unsigned long long exclusive_scan(unsigned long long v, unsigned long long& total) {
@@ -279,7 +281,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPlan
   const int bins = 1 << width, per = (bins + kSelectThreads - 1) / kSelectThreads;
   for (int d = int(threadIdx.x); d < bins; d += kSelectThreads) {
     unsigned long long c = 0;
-    for (int s = s0; s < s1; ++s)
+    int s = s0;
+    for (; s + 8 <= s1; s += 8) {  // eight loads in flight (one at a time, the model's ranks took 36-62 us a pass)
+      unsigned v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const long long b = base_of[s - s0 + k];
+        v[k] = b >= 0 ? p.counts[b + d] : 0u;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c += v[k];
+    }
+    for (; s < s1; ++s)
       if (base_of[s - s0] >= 0) c += p.counts[base_of[s - s0] + d];
     hist[d] = c;
   }
@@ -297,7 +310,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const SelectPlan
   r.prefix = (r.prefix << width) | uint32_t(d);
   r.floor = __uint_as_float(r.prefix << shift);
   if (!model && i % 3 == 0) {  // the source's top rank: values at or above its floor, exactly
-    const unsigned long long above = static_cast<unsigned long long>(p.table[i / 3].count) - (r.rank0 - r.rank);
+    const DenseSource& d = p.table[i / 3];
+    const unsigned long long above = static_cast<unsigned long long>(d.whole ? d.whole : d.count) - (r.rank0 - r.rank);
     if (above <= static_cast<unsigned long long>(p.cap) || last) r.state = 1;
   }
   p.ranks[i] = r;
@@ -332,6 +346,117 @@ __global__ void plan_kernel(const SelectPlan p) {
   p.table[s] = d;
 }
 
+// The compaction after the first pass (SelectPlan::compact): source blockIdx.y's values whose bits above the first
+// digit (b >> hi, 31 - hi <= 12 bits) are marked in a table of its prefixes (and of every prefix from its top rank's
+// on, while that rank is unplaced), staged per warp in shared memory and appended to the source's copy with one global
+// atomic a flush (no block-wide barrier after the bitmap: a version staging per block, with two barriers a round, took
+// 221 us over 16 x 4096 x 2048 values against 172 us for the first pass); a top rank folded at the first pass collects
+// here (as a counting pass would). A warp reads 64 consecutive float4 a round, the next round's loads in flight.
+constexpr int kWarpStage = 512;  // staged values a warp (16 KB a block); a round adds at most 32 * 8
+__global__ void __launch_bounds__(kThreads) compact_kernel(const SelectPlan p, int hi, float* out, unsigned* found) {
+  __shared__ float stage_all[kThreads / 32][kWarpStage];
+  __shared__ uint8_t keep[4096];  // one per value of b >> hi
+  const int s = int(blockIdx.y), tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const DenseSource d = p.table[s];
+  const RankState top = p.ranks[3 * s];
+  const int nbits = 1 << (31 - hi);
+  for (int t = tid; t < 4096; t += kThreads) {
+    bool on = top.state == 0 && uint32_t(t) >= top.prefix;
+    for (int q = 0; q < d.nprefix; ++q) on |= p.prefixes[d.prefix_at + q] == uint32_t(t);
+    keep[t] = on && t < nbits;
+  }
+  __syncthreads();
+  float* const stage = stage_all[warp];
+  float* const dst = p.compact + int64_t(s) * p.compact_cap;
+  unsigned staged = 0;  // (the same in every lane)
+  auto flush = [&] {
+    __syncwarp();
+    unsigned at = 0;
+    if (lane == 0) at = atomicAdd(p.compact_n + s, staged);
+    at = __shfl_sync(0xffffffffu, at, 0);
+    for (unsigned i = unsigned(lane); i < staged; i += 32)
+      if (int64_t(at) + i < p.compact_cap) dst[at + i] = stage[i];
+    __syncwarp();
+    staged = 0;
+  };
+  const bool collect = d.collect_at >= 0;
+  // One round: this lane's up to 8 values (valid: the first `nv`; FULL: all 8) staged where kept, collected where
+  // asked.
+  auto round = [&](auto full_tag, const float (&v)[8], const int nv) {
+    constexpr bool FULL = decltype(full_tag)::value;
+    uint32_t b[8];
+    unsigned mask = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      b[k] = abs_bits(v[k]);
+      if ((FULL || k < nv) && keep[b[k] >> hi]) mask |= 1u << k;
+    }
+    if (collect) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if ((FULL || k < nv) && __uint_as_float(b[k]) >= d.at_least) {
+          const unsigned slot = atomicAdd(found + s, 1u);
+          if (int(slot) < d.cap) out[d.collect_at + slot] = __uint_as_float(b[k]);
+        }
+    }
+    const unsigned m = unsigned(__popc(mask));
+    unsigned incl = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    unsigned at = staged + incl - m;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if ((mask >> k) & 1u) stage[at++] = __uint_as_float(b[k]);
+    staged += __shfl_sync(0xffffffffu, incl, 31);
+    if (staged > unsigned(kWarpStage - 32 * 8)) flush();
+  };
+  const bool aligned = (reinterpret_cast<uintptr_t>(d.x) & 15) == 0;
+  const int64_t n4 = aligned ? d.count / 4 : 0;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32), step = warps * 64;
+  const float4* x4 = reinterpret_cast<const float4*>(d.x);
+  auto load = [&](const int64_t i) { return i < n4 ? __ldg(x4 + i) : float4{0, 0, 0, 0}; };
+  int64_t r0 = (int64_t(blockIdx.x) * (kThreads / 32) + warp) * 64;
+  float4 a = load(r0 + lane), c = load(r0 + 32 + lane);  // the next round's loads issued before this one's work
+  for (; r0 < n4; r0 += step) {
+    const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    a = load(r0 + step + lane), c = load(r0 + step + 32 + lane);
+    if (r0 + 64 <= n4)  // (warp-uniform)
+      round(std::true_type{}, v, 8);
+    else
+      round(std::false_type{}, v, r0 + lane < n4 ? (r0 + 32 + lane < n4 ? 8 : 4) : 0);
+  }
+  // The values after the last float4 (or every value of a source not 16-byte aligned), 8 a lane a round.
+  const int64_t rest = d.count - n4 * 4;
+  for (int64_t r0 = (int64_t(blockIdx.x) * (kThreads / 32) + warp) * 256; r0 < rest; r0 += warps * 256) {
+    float v[8];
+    int nv = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {  // (a lane's index grows with k: its valid values are the first nv)
+      const int64_t i = r0 + int64_t(k) * 32 + lane;
+      v[k] = i < rest ? d.x[n4 * 4 + i] : 0.f;
+      nv += i < rest;
+    }
+    round(std::false_type{}, v, nv);
+  }
+  if (staged) flush();
+}
+
+// After the compaction: each source's later passes read its copy where it held every value kept (the count the
+// ranks are over kept in `whole`), else the whole source again; the first pass's collection is done.
+__global__ void adopt_kernel(const SelectPlan p) {
+  const int s = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
+  if (s >= p.nsources) return;
+  DenseSource d = p.table[s];
+  if (d.whole == 0) d.whole = d.count;
+  d.collect_at = -1;
+  const unsigned n = p.compact_n[s];
+  if (int64_t(n) <= p.compact_cap) d.x = p.compact + int64_t(s) * p.compact_cap, d.count = n;
+  p.table[s] = d;
+}
+
 }  // namespace
 
 cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
@@ -346,9 +471,36 @@ cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, 
   return cudaGetLastError();
 }
 
+namespace {
+cudaError_t launch_compact(const SelectPlan& plan, int hi, int64_t max_count, float* out, unsigned* found,
+                           cudaStream_t stream) {
+  if (hi < 19 || hi > 30 || plan.compact_cap < 1 || !plan.compact_n) return cudaErrorInvalidValue;  // (31 - hi <= 12 bits)
+  cudaError_t e = cudaMemsetAsync(plan.compact_n, 0, size_t(plan.nsources) * 4, stream);
+  if (e != cudaSuccess) return e;
+  // one wave: as many blocks as stay resident (its registers allow fewer than the counting passes' eight an SM)
+  static std::atomic<int> resident_on[64];  // per device (a host call each time cost a few us); 0: not yet asked
+  int dev = 0;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+  int resident = dev < 64 ? resident_on[dev].load(std::memory_order_relaxed) : 0;
+  if (resident == 0 &&
+      (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, compact_kernel, kThreads, 0)) != cudaSuccess)
+    return e;
+  if (dev < 64) resident_on[dev].store(resident, std::memory_order_relaxed);
+  const int64_t per_block = int64_t(kThreads) * 32;
+  const int64_t want = (max_count + per_block - 1) / per_block;
+  const int blocks =
+      int(std::max<int64_t>(1, std::min<int64_t>(want, std::max(1, sm_count() * std::max(1, resident) / plan.nsources))));
+  compact_kernel<<<dim3{unsigned(blocks), unsigned(plan.nsources)}, kThreads, 0, stream>>>(plan, hi, out, found);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  adopt_kernel<<<(plan.nsources + 127) / 128, 128, 0, stream>>>(plan);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, const int* shift, const int* width,
                                          int64_t max_count, float* out, unsigned* found, cudaStream_t stream) {
-  if (passes < 1 || !shift || !width || !out || !found) return cudaErrorInvalidValue;
+  if (passes < 1 || !shift || !width || !out || !found || (plan.compact && shift[0] + width[0] != 31))
+    return cudaErrorInvalidValue;
   for (int pass = 0; pass < passes; ++pass) {
     if (width[pass] > 12) return cudaErrorInvalidValue;  // (the counts hold 4096 bins a prefix)
     cudaError_t e = cudaMemsetAsync(plan.counts, 0, size_t(plan.nsources) * kSelectPrefixes * 4096 * 4, stream);
@@ -357,6 +509,7 @@ cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, con
       e = launch_outlier_count_dense(plan.table, plan.nsources, max_count, pass == 0 ? 0 : 2, shift[pass], width[pass],
                                      plan.prefixes, plan.counts, out, found, stream);
     if (e == cudaSuccess) e = launch_outlier_select(plan, shift[pass], width[pass], pass == 0, pass == passes - 1, stream);
+    if (e == cudaSuccess && pass == 0 && passes > 1 && plan.compact) e = launch_compact(plan, shift[0], max_count, out, found, stream);
     if (e != cudaSuccess) return e;
   }
   return launch_outlier_count_dense(plan.table, plan.nsources, max_count, 0, 0, 0, plan.prefixes, plan.counts, out,

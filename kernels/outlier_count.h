@@ -44,6 +44,7 @@ struct DenseSource {
   float at_least = 0;
   int64_t collect_at = -1;
   int cap = 0;
+  int64_t whole = 0;  // the selection's: the values its ranks count over (0: count; count may be a compacted subset's)
 };
 // sources: device [nsources]; max_count: the largest of the sources' (the grid is sized by it); max_nprefix: the
 // histograms a source keeps in shared memory (a source with more prefixes counts the others in global memory).
@@ -79,6 +80,13 @@ struct SelectPlan {
   RankState* ranks = nullptr;     // [3 nsources + 2]: source s's at 3s (its top rank, then its middles); the model's
   int cap = 0;                    // values a source collects
   int* error = nullptr;           // set to 1 when a rank lies beyond the values counted or a prefix list overflows
+  // Optional (null: every pass reads the whole sources): after the first pass, one pass copies each source's values
+  // whose first digit's prefix is one of its ranks' (and, while its top rank is unplaced, every value above that
+  // prefix) to compact + s * compact_cap, compact_n[s] counting them (u32 [nsources], zeroed by the launch); the
+  // later passes read the copy, or the whole source where more than compact_cap values were found.
+  float* compact = nullptr;
+  int64_t compact_cap = 0;
+  unsigned* compact_n = nullptr;
 };
 constexpr int kMaxSelectSources = 1024;
 // After a counting pass (digits of `width` bits at `shift`; `first`: the pass without prefixes, `last`: the final one):
@@ -87,7 +95,7 @@ constexpr int kMaxSelectSources = 1024;
 // prefix list is its ranks' and the model's. The counts are read, not cleared.
 cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
                                   cudaStream_t stream);
-// The whole selection queued: for each of `passes` passes (digits width[p] at shift[p]) the counts cleared, the
+// The whole selection queued (with plan.compact, the compaction after the first pass): for each of `passes` passes (digits width[p] at shift[p]) the counts cleared, the
 // counting launch over plan.table (histograms of the sources' prefixes; the folded sources' collections into
 // out + s * cap, found[s] counting them) and the selection step; then the collection of the sources whose top rank
 // was placed at the last pass. plan.table, plan.ranks, found and *plan.error must be initialised (the table's

@@ -257,7 +257,7 @@ struct Selection {
   std::vector<ds::kern::RankState> ranks;
   uint64_t total = 0;
   int64_t max_count = 0;
-  ds::cuda::DeviceBuffer dtab, dranks, pre, cnt, out, found;
+  ds::cuda::DeviceBuffer dtab, dranks, pre, cnt, out, found, compact, compact_n;
   ds::kern::SelectPlan plan;
 
   Selection(const std::vector<std::pair<const float*, int64_t>>& src, int cap_)
@@ -287,6 +287,15 @@ struct Selection {
     plan.cap = cap;
     plan.error = reinterpret_cast<int*>(found.as<unsigned>() + S);
   }
+  // The compaction after the first pass, with room for `cap_values` values a source (a source with more kept reads
+  // its whole values again).
+  void compact_into(int64_t cap_values) {
+    compact = ds::cuda::DeviceBuffer(size_t(S) * size_t(cap_values) * 4, "compact");
+    compact_n = ds::cuda::DeviceBuffer(size_t(S) * 4, "compact counts");
+    plan.compact = compact.as<float>();
+    plan.compact_cap = cap_values;
+    plan.compact_n = compact_n.as<unsigned>();
+  }
   // The initial table and ranks uploaded, found and the error flag zeroed, the values poisoned (NaN where nothing is
   // collected); waits.
   void reset() {
@@ -309,19 +318,29 @@ struct Selection {
 // values: exactly every |x| at or above it), its two middles, and the middles over every source's values. Sources of
 // odd sizes: fewer than 100 values, heavy tails with ties, all zeros and one whose 100th value is tied 3000 times
 // (these two: their top only placed at the last pass, more values than the cap: found says so).
-TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
+// Each time three ways: every pass over the whole values; the later passes over the compaction's copies; and copies
+// too small for the larger sources (whose later passes read their whole values again). The last source starts 4
+// bytes into its buffer (no float4 reads).
+class OutlierSelectCompact : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Copies, OutlierSelectCompact, ::testing::Values(int64_t(0), int64_t(200000), int64_t(3000)));
+
+TEST_P(OutlierSelectCompact, CudaSelectionEqualsNthElement) {
   SKIP_WITHOUT_DEVICE();
   std::vector<std::vector<float>> v = {values(100003, 31), values(57, 32), std::vector<float>(5000, 0.f),
-                                       values(77777, 33), values(20000, 34)};
+                                       values(77777, 33), values(20000, 34), values(30001, 35)};
   for (size_t i = 0; i < 3000; ++i) v[4][i * 5] = -1.0e6f;  // 3000 ties at the top of a heavy-tailed set
   const int S = int(v.size()), cap = 1024;
   std::vector<ds::cuda::DeviceBuffer> dv;
   std::vector<std::pair<const float*, int64_t>> src;
   for (const std::vector<float>& x : v) {
-    dv.push_back(to_device(x));
-    src.emplace_back(dv.back().as<float>(), int64_t(x.size()));
+    const bool skew = &x == &v.back();
+    std::vector<float> y = x;
+    if (skew) y.insert(y.begin(), 7.f);  // (not one of the values: the source starts after it)
+    dv.push_back(to_device(y));
+    src.emplace_back(dv.back().as<float>() + (skew ? 1 : 0), int64_t(x.size()));
   }
   Selection sel(src, cap);
+  if (GetParam() > 0) sel.compact_into(GetParam());
   sel.reset();
   sel.launch();
   DS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -335,6 +354,15 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
     std::memcpy(&x, &ranks[i].prefix, 4);
     return x;
   };
+  if (GetParam() > 0) {  // the copies: every source fits the larger; the zeros (all kept) do not fit the smaller
+    std::vector<unsigned> kept(static_cast<size_t>(S));
+    DS_CUDA_CHECK(cudaMemcpy(kept.data(), sel.compact_n.get(), kept.size() * 4, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < S; ++s) {
+      EXPECT_GT(kept[size_t(s)], 0u) << "source " << s;
+      if (GetParam() >= 200000) EXPECT_LE(kept[size_t(s)], unsigned(GetParam())) << "source " << s;
+    }
+    if (GetParam() == 3000) EXPECT_EQ(kept[2], 5000u);
+  }
   std::vector<float> every;
   for (int s = 0; s < S; ++s) {
     std::vector<float> a(v[size_t(s)].size());
@@ -380,20 +408,30 @@ TEST(OutlierSelect, CudaSelectionEqualsNthElement) {
 #endif
 
 #ifdef DS_HAVE_CUDA
-// The selection's launches alone over 16 sources of 4096 x 2048 heavy-tailed values (one array read 16 times), timed
-// by events in the stream, and with the wait on the host (DS_OUTLIER_PERF=1; skipped otherwise). Medians of 21.
+// The selection's launches alone over 16 sources of 4096 x 2048 heavy-tailed values (one array's values in 16
+// buffers, so that no pass reads from L2 what the previous one left), timed by events in the stream, and with the wait
+// on the host, without and with the compaction after the first pass (DS_OUTLIER_PERF=1; skipped otherwise). Medians
+// of 21, the two ways alternating.
 TEST(OutlierSelect, CudaSelectionTimes) {
   SKIP_WITHOUT_DEVICE();
   if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the selection";
   constexpr int S = 16;
   const size_t n = size_t(4096) * 2048;
-  const ds::cuda::DeviceBuffer x = to_device(values(n, 41));
-  Selection sel(std::vector<std::pair<const float*, int64_t>>(S, {x.as<float>(), int64_t(n)}), 1024);
+  const std::vector<float> host = values(n, 41);
+  std::vector<ds::cuda::DeviceBuffer> xs;
+  std::vector<std::pair<const float*, int64_t>> src;
+  for (int s = 0; s < S; ++s) {
+    xs.push_back(to_device(host));
+    src.emplace_back(xs.back().as<float>(), int64_t(n));
+  }
+  Selection whole(src, 1024), copy(src, 1024);
+  copy.compact_into(int64_t(n / 8));
   cudaEvent_t e0, e1;
   DS_CUDA_CHECK(cudaEventCreate(&e0));
   DS_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> gpu, wall;
-  for (int rep = 0; rep < 22; ++rep) {
+  std::vector<double> gpu[2], wall[2];
+  for (int rep = 0; rep < 44; ++rep) {
+    Selection& sel = rep % 2 ? copy : whole;
     sel.reset();
     const auto t0 = std::chrono::steady_clock::now();
     DS_CUDA_CHECK(cudaEventRecord(e0, nullptr));
@@ -403,12 +441,15 @@ TEST(OutlierSelect, CudaSelectionTimes) {
     const double w = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     float ms = 0;
     DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (rep > 0) gpu.push_back(ms), wall.push_back(w);
+    if (rep > 1) gpu[rep % 2].push_back(ms), wall[rep % 2].push_back(w);
   }
-  std::sort(gpu.begin(), gpu.end());
-  std::sort(wall.begin(), wall.end());
-  std::printf("[ the selection's launches over 16 x 4096 x 2048 values: %.3f ms in the stream, %.3f ms with the wait ]\n",
-              gpu[gpu.size() / 2], wall[wall.size() / 2]);
+  for (int k = 0; k < 2; ++k) {
+    std::sort(gpu[k].begin(), gpu[k].end());
+    std::sort(wall[k].begin(), wall[k].end());
+    std::printf("[ the selection's launches over 16 x 4096 x 2048 values, %s: %.3f ms in the stream, %.3f ms with the "
+                "wait ]\n", k ? "later passes over the copies" : "every pass over the whole values",
+                gpu[k][gpu[k].size() / 2], wall[k][wall[k].size() / 2]);
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }

@@ -89,6 +89,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   decode_gemv_ = env_switch("DS_DECODE_GEMV", true);
   fused_swiglu_ = env_switch("DS_SWIGLU_FUSED", true);
   device_select_ = env_switch("DS_OUTLIER_DEVICE_SELECT", true);
+  select_compact_ = env_switch("DS_OUTLIER_COMPACT", true);
   initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
@@ -455,17 +456,28 @@ int64_t CudaBackend::max_tokens() const {
   if (!loaded_) return 0;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
-  size_t avail = free_b + act_.bytes();
+  size_t avail = free_b + act_.bytes() + outlier_compact_.bytes();
   // Under --gpu-mem-limit: what the limit leaves after the load (as a card of that size would)
   if (mem_limit_ > 0) avail = std::min(avail, mem_limit_ > held_after_load_ ? mem_limit_ - held_after_load_ : 0);
   if (avail <= kReserve) return 0;
   return int64_t((avail - kReserve) / bytes_per_token());
 }
 
+bool CudaBackend::has_spare(size_t bytes) const {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (mem_limit_ > 0 && held_after_load_ + act_.bytes() + bytes + kReserve > mem_limit_) return false;
+  return free_b > bytes + kReserve;
+}
+
 void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
   if (act_.cap >= T && act_.cap_n >= n) return;
   const int64_t old_cap = act_.cap, old_cap_n = act_.cap_n;
   act_ = Activations{};  // free first: the new set may need the room
+  outlier_compact_ = DeviceBuffer{};
   has_run_ = false;
   ++act_gen_;
   rope_n_ = 0;

@@ -632,7 +632,7 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   const size_t o_ranks = align16(size_t(L) * sizeof(kern::DenseSource)),
                o_pre = align16(o_ranks + R * sizeof(kern::RankState)), o_cnt = align16(o_pre + size_t(L) * K * 4),
                o_found = align16(o_cnt + size_t(L) * K * kBins * 4), o_err = o_found + size_t(L) * 4,
-               o_vals = align16(o_err + 4), bytes = o_vals + size_t(L) * cap * 4;
+               o_vals = align16(o_err + 4), o_cn = align16(o_vals + size_t(L) * cap * 4), bytes = o_cn + size_t(L) * 4;
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
   char* base = outlier_buf_.as<char>();
   kern::SelectPlan plan;
@@ -660,6 +660,18 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   const std::vector<uint64_t> all = top_median_ranks(uint64_t(count) * uint64_t(L));
   ranks[3 * L] = kern::RankState{all[1], all[1]};
   ranks[3 * L + 1] = kern::RankState{all[2], all[2]};
+  // The copy the later passes read: an eighth of the values, where that memory is there (else the whole states).
+  const int64_t ccap = std::min<int64_t>(count, ((std::max<int64_t>(count / 8, 4096) + 3) / 4) * 4);
+  const size_t cbytes = size_t(L) * size_t(ccap) * 4;
+  if (select_compact_ && outlier_compact_.bytes() < cbytes) {
+    outlier_compact_ = DeviceBuffer{};
+    if (has_spare(cbytes)) outlier_compact_ = DeviceBuffer(cbytes, "outlier statistics");
+  }
+  if (select_compact_ && outlier_compact_.bytes() >= cbytes) {
+    plan.compact = outlier_compact_.as<float>();
+    plan.compact_cap = ccap;
+    plan.compact_n = reinterpret_cast<unsigned*>(base + o_cn);
+  }
   DS_CUDA_CHECK(cudaMemcpyAsync(base, up.data(), up.size(), cudaMemcpyHostToDevice, stream()));
   DS_CUDA_CHECK(cudaMemsetAsync(base + o_found, 0, o_vals - o_found, stream()));  // found, error
   timed("outlier_select", -1, [&] {

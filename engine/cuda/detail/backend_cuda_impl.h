@@ -187,6 +187,9 @@ class CudaBackend final : public Backend {
   template <class F>
   void outlier_cells(int layer, bool logits, F&& f);
   DeviceBuffer outlier_buf_;  // the passes' counts, prefixes, thresholds and collected values
+  // outlier_hidden_select's copies of the values its later passes read (an eighth of the hidden states at most);
+  // released with the activations, and counted as free memory by max_tokens()
+  DeviceBuffer outlier_compact_;
   DeviceBuffer logit_ptrs_;   // the batched logit GEMM's A, B and C pointers (outlier_cells)
   DeviceBuffer mean_slots_;   // the mean ablations' means (Ops::mean_columns): [64 slots][1024] f32
   void set_decode_graphs(bool on) { decode_graphs_ = on; }  // false: every step launched eagerly (tests compare)
@@ -325,6 +328,8 @@ class CudaBackend final : public Backend {
   int view_heads() const { return int(cfg_.view_heads()); }
   int64_t qkv_width() const { return (cfg_.heads + 2 * cfg_.kv_heads) * cfg_.head_dim; }
   size_t bytes_per_token() const;
+  // Whether `bytes` more fit beside the activations (the device's free memory, --gpu-mem-limit) with the reserve left.
+  bool has_spare(size_t bytes) const;
 
   int device_ = 0;
   std::string device_name_;
@@ -336,6 +341,7 @@ class CudaBackend final : public Backend {
   bool autotune_ = true;            // DS_GEMM_AUTOTUNE=0 turns it off
   bool initcheck_mark_ = false;     // DS_CUDA_INITCHECK_MARK_GEMM=1: GEMM outputs zeroed first (gemm_launch)
   bool device_select_ = true;       // DS_OUTLIER_DEVICE_SELECT=0: outlier_hidden_select declines (A/B measurements)
+  bool select_compact_ = true;      // DS_OUTLIER_COMPACT=0: its later passes read the whole hidden states (A/B)
   bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU (and the GMU's in_proj and
                                     // gate) as two kernels on sm_90a too
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
