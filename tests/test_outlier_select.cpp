@@ -257,7 +257,7 @@ struct Selection {
   std::vector<ds::kern::RankState> ranks;
   uint64_t total = 0;
   int64_t max_count = 0;
-  ds::cuda::DeviceBuffer dtab, dranks, pre, cnt, out, found, compact, compact_n;
+  ds::cuda::DeviceBuffer dtab, dranks, pre, cnt, out, found, compact, compact_n, top;
   ds::kern::SelectPlan plan;
 
   Selection(const std::vector<std::pair<const float*, int64_t>>& src, int cap_)
@@ -265,7 +265,7 @@ struct Selection {
         dtab(src.size() * sizeof(ds::kern::DenseSource), "table"),
         dranks((3 * src.size() + 2) * sizeof(ds::kern::RankState), "ranks"), pre(src.size() * K * 4, "prefixes"),
         cnt(src.size() * K * 4096 * 4, "counts"), out(src.size() * size_t(cap_) * 4, "values"),
-        found(src.size() * 4 + 4, "found, error") {
+        found(src.size() * 4 + 4, "found, error"), top(src.size() * 100 * 4, "top") {
     for (int s = 0; s < S; ++s) {
       const uint64_t n = uint64_t(src[size_t(s)].second);
       table[size_t(s)].x = src[size_t(s)].first;
@@ -343,6 +343,9 @@ TEST_P(OutlierSelectCompact, CudaSelectionEqualsNthElement) {
   if (GetParam() > 0) sel.compact_into(GetParam());
   sel.reset();
   sel.launch();
+  DS_CUDA_CHECK(cudaMemset(sel.top.get(), 0xff, sel.top.bytes()));
+  DS_CUDA_CHECK(ds::kern::launch_outlier_sort_top(sel.plan, sel.out.as<float>(), sel.found.as<unsigned>(),
+                                                  sel.top.as<float>(), 100, nullptr));
   DS_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned> nf(size_t(S) + 1);
   DS_CUDA_CHECK(cudaMemcpy(nf.data(), sel.found.get(), nf.size() * 4, cudaMemcpyDeviceToHost));
@@ -395,6 +398,11 @@ TEST_P(OutlierSelectCompact, CudaSelectionEqualsNthElement) {
     ASSERT_GE(got.size(), want.size()) << "source " << s;
     std::sort(want.begin(), want.end(), std::greater<float>());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "source " << s;
+    // sorted on the device: the largest 100 (of what it collected), largest first
+    const size_t k = std::min<size_t>(100, got.size());
+    std::vector<float> top(k);
+    DS_CUDA_CHECK(cudaMemcpy(top.data(), sel.top.as<float>() + size_t(s) * 100, k * 4, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::equal(top.begin(), top.end(), got.begin())) << "source " << s;
     size_t above = 0;
     for (float x : a) above += x >= got.back();
     EXPECT_EQ(above, got.size()) << "source " << s;

@@ -202,8 +202,9 @@ class Backend {
     return out;
   }
   // The hidden states' statistics of every layer with the selection itself on the device (the radix passes and the
-  // RankFinder steps between them queued back to back, one wait): per layer l, top[l] every value >= its 100th
-  // largest |x| (all of them in a smaller set; unsorted), middle[l] its values at ascending ranks (count - 1) / 2
+  // RankFinder steps between them queued back to back, one wait): per layer l, top[l] its 100 largest |x|, largest
+  // first (all of them in a smaller set; or, where more values tie at its 100th than the device collects, every
+  // value >= the 100th, unsorted), middle[l] its values at ascending ranks (count - 1) / 2
   // and count / 2; model_middle the same over every layer's values. false: this backend leaves the selection to the
   // caller (the passes above).
   struct HiddenSelection {

@@ -628,11 +628,13 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
     return false;
   constexpr int K = kern::kSelectPrefixes, kBins = 4096, cap = int(kFirstCap);
   const size_t R = size_t(3 * L + 2);
-  // [table | ranks | prefixes u32 | counts u32 | found u32 | error | values f32]
+  constexpr int kTop = 100;  // (the summary's largest: top_median_ranks' first rank)
+  // [table | ranks | prefixes u32 | counts u32 | found u32 | error | values f32 | copies' counts u32 | top f32]
   const size_t o_ranks = align16(size_t(L) * sizeof(kern::DenseSource)),
                o_pre = align16(o_ranks + R * sizeof(kern::RankState)), o_cnt = align16(o_pre + size_t(L) * K * 4),
                o_found = align16(o_cnt + size_t(L) * K * kBins * 4), o_err = o_found + size_t(L) * 4,
-               o_vals = align16(o_err + 4), o_cn = align16(o_vals + size_t(L) * cap * 4), bytes = o_cn + size_t(L) * 4;
+               o_vals = align16(o_err + 4), o_cn = align16(o_vals + size_t(L) * cap * 4), o_top = align16(o_cn + size_t(L) * 4),
+               bytes = o_top + size_t(L) * kTop * 4;
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
   char* base = outlier_buf_.as<char>();
   kern::SelectPlan plan;
@@ -677,13 +679,14 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   timed("outlier_select", -1, [&] {
     DS_CUDA_CHECK(kern::launch_outlier_select_passes(plan, RankFinder::kPasses, kRadixShift, kRadixWidth, count, vals,
                                                      found, stream()));
+    DS_CUDA_CHECK(kern::launch_outlier_sort_top(plan, vals, found, reinterpret_cast<float*>(base + o_top), kTop, stream()));
   });
   std::vector<kern::RankState> got(R);
   std::vector<unsigned> nf(size_t(L) + 1);  // found, then the error flag
-  std::vector<float> host(size_t(L) * cap);
+  std::vector<float> host(size_t(L) * kTop);
   copy_to_host({{got.data(), plan.ranks, R * sizeof(kern::RankState)},
                 {nf.data(), found, (size_t(L) + 1) * 4},
-                {host.data(), vals, host.size() * 4}});
+                {host.data(), base + o_top, host.size() * 4}});
   if (nf[size_t(L)]) throw Error("internal: the outlier selection on the device lost a rank");
   auto value = [&](size_t i) {
     float v;
@@ -694,8 +697,9 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   out.middle.assign(size_t(L), {});
   for (int l = 0; l < L; ++l) {
     const unsigned n = nf[size_t(l)];
-    if (n <= unsigned(cap)) {
-      out.top[size_t(l)].assign(host.data() + size_t(l) * cap, host.data() + size_t(l) * cap + n);
+    if (n <= unsigned(cap)) {  // sorted on the device, its largest kTop
+      const float* t = host.data() + size_t(l) * kTop;
+      out.top[size_t(l)].assign(t, t + std::min(n, unsigned(kTop)));
     } else {  // (folded only at the last pass: its exact 100th value, and more than cap values at or above it)
       out.top[size_t(l)] = outlier_values(l, false, {value(size_t(3 * l))},
                                           size_t(std::min<int64_t>(count, int64_t(1) << 22)))[0];
