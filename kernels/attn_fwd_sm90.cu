@@ -261,8 +261,24 @@ __global__ void __launch_bounds__(THREADS, 1)
   // their products without turns. (A second S register set, to issue the next tile's product before reading this
   // one's, made ptxas serialise every wgmma of the kernel for want of registers.)
   float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY};
+  // A logit of row half r to its step: x / step rounded half to even, times step. x times 1 / step plus 1.5 * 2^23 in
+  // one FMA (the exact product rounded once, to an integer: |x / step| is at most 2^15 - 1), minus it again, on the
+  // FMA pipe (rintf is a conversion-class instruction, which shares its unit with the softmax's exp2 and made the
+  // quantised pass that unit's bottleneck). The multiply by 1 / step may round the other way than quantize_logit's
+  // division within an ulp of a midpoint.
+  auto quantized = [&](const float x, const int r) {
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+    return __fmul_rn(__fadd_rn(__fmaf_rn(x, q_inv[r], kRound), -kRound), q_step[r]);
+  };
   if constexpr (QUANT) {
-    float amax[2] = {0.f, 0.f}, smax[2] = {-INFINITY, -INFINITY};
+    // Four partial maxima a row (of every fourth pair of columns): chains of NS / 8 dependent max instructions
+    // instead of NS / 2 (two warps a scheduler hide little latency). Only the diagonal tile holds -inf (masked keys),
+    // so only it tests for them; the other tiles' |x| is an operand modifier of the max.
+    float amax4[2][4], smax4[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) amax4[r][q] = 0.f, smax4[r][q] = -INFINITY;
     for (int it = 0; it < n_kt; ++it) {
       const PreSlot ps = pre_slot(it);
       float s[NS];
@@ -274,15 +290,30 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int i = 0; i < NS; ++i) pin(s[i]);
       mbar_arrive(ps.empty);
-      if (it == 0) mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);  // -inf: no |logit|, and max ignores it
+      if (it == 0) {
+        mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);  // -inf: no |logit|, and max ignores it
 #pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const int r = (i >> 1) & 1;
-        smax[r] = fmaxf(smax[r], s[i]);
-        amax[r] = fmaxf(amax[r], s[i] == -INFINITY ? 0.f : fabsf(s[i]));
+        for (int i = 0; i < NS; ++i) {
+          const int r = (i >> 1) & 1, q = (i >> 2) & 3;
+          smax4[r][q] = fmaxf(smax4[r][q], s[i]);
+          amax4[r][q] = fmaxf(amax4[r][q], s[i] == -INFINITY ? 0.f : fabsf(s[i]));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          const int r = (i >> 1) & 1, q = (i >> 2) & 3;
+          smax4[r][q] = fmaxf(smax4[r][q], s[i]);
+          amax4[r][q] = fmaxf(amax4[r][q], fabsf(s[i]));
+        }
       }
     }
     const float levels = float((1 << (p.logit_bits - 1)) - 1);
+    float amax[2], smax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      amax[r] = fmaxf(fmaxf(amax4[r][0], amax4[r][1]), fmaxf(amax4[r][2], amax4[r][3]));
+      smax[r] = fmaxf(fmaxf(smax4[r][0], smax4[r][1]), fmaxf(smax4[r][2], smax4[r][3]));
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
@@ -292,20 +323,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       // quantize_logit's step; its rounding is monotone, so the quantised maximum is the maximum's quantised value
       // (a row whose logits are all 0 keeps step and 1 / step at 0: its logits stay 0)
       if (amax[r] > 0.f) q_step[r] = amax[r] / levels, q_inv[r] = 1.f / q_step[r];
-      q_max[r] = rintf(smax[r] * q_inv[r]) * q_step[r] * sl2;
+      q_max[r] = quantized(smax[r], r) * sl2;
     }
   }
-  // Every logit of a tile to its row's step (x / step rounded half to even, times step; the multiply by 1 / step
-  // may round the other way than quantize_logit's division within an ulp of a midpoint). MASKED: the tile holds
-  // -inf (masked keys), which must stay -inf in a row of step 0. The rounding adds and subtracts 1.5 * 2^23 (exact
-  // round-half-to-even for |x / step| < 2^22; it is at most 2^15 - 1 here) on the FMA pipe: rintf is a conversion-class
-  // instruction, which shares its unit with the softmax's exp2 and made the quantised pass that unit's bottleneck.
+  // Every logit of a tile to its row's step (quantized). MASKED: the tile holds -inf (masked keys), which must stay
+  // -inf in a row of step 0. The quantised maximum (q_max) comes from the same formula: its rounding is monotone.
   auto quantize = [&](float (&s)[NS], const bool masked) {
-    constexpr float kRound = 12582912.f;  // 1.5 * 2^23
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-      const int r = (i >> 1) & 1;
-      const float x = __fmul_rn(__fadd_rn(__fadd_rn(__fmul_rn(s[i], q_inv[r]), kRound), -kRound), q_step[r]);
+      const float x = quantized(s[i], (i >> 1) & 1);
       if (!masked || s[i] != -INFINITY) s[i] = x;
     }
   };
