@@ -349,7 +349,7 @@ __global__ void plan_kernel(const SelectPlan p) {
 // The compaction after the first pass (SelectPlan::compact): source blockIdx.y's values whose bits above the first
 // digit (b >> hi, 31 - hi <= 12 bits) are marked in a table of its prefixes (and of every prefix from its top rank's
 // on, while that rank is unplaced), staged per warp in shared memory and appended to the source's copy with one global
-// atomic a flush (no block-wide barrier after the bitmap: a version staging per block, with two barriers a round, took
+// atomic a flush (no block-wide barrier after the table: a version staging per block, with two barriers a round, took
 // 221 us over 16 x 4096 x 2048 values against 172 us for the first pass); a top rank folded at the first pass collects
 // here (as a counting pass would). A warp reads 64 consecutive float4 a round, the next round's loads in flight.
 constexpr int kWarpStage = 512;  // staged values a warp (16 KB a block); a round adds at most 32 * 8
@@ -430,12 +430,12 @@ __global__ void __launch_bounds__(kThreads) compact_kernel(const SelectPlan p, i
   }
   // The values after the last float4 (or every value of a source not 16-byte aligned), 8 a lane a round.
   const int64_t rest = d.count - n4 * 4;
-  for (int64_t r0 = (int64_t(blockIdx.x) * (kThreads / 32) + warp) * 256; r0 < rest; r0 += warps * 256) {
+  for (int64_t r1 = (int64_t(blockIdx.x) * (kThreads / 32) + warp) * 256; r1 < rest; r1 += warps * 256) {
     float v[8];
     int nv = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {  // (a lane's index grows with k: its valid values are the first nv)
-      const int64_t i = r0 + int64_t(k) * 32 + lane;
+      const int64_t i = r1 + int64_t(k) * 32 + lane;
       v[k] = i < rest ? d.x[n4 * 4 + i] : 0.f;
       nv += i < rest;
     }
@@ -507,7 +507,8 @@ cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, 
 namespace {
 cudaError_t launch_compact(const SelectPlan& plan, int hi, int64_t max_count, float* out, unsigned* found,
                            cudaStream_t stream) {
-  if (hi < 19 || hi > 30 || plan.compact_cap < 1 || !plan.compact_n) return cudaErrorInvalidValue;  // (31 - hi <= 12 bits)
+  if (hi < 19 || hi > 30 || plan.compact_cap < 1 || !plan.compact_n)  // (31 - hi <= 12 bits: the table's 4096)
+    return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(plan.compact_n, 0, size_t(plan.nsources) * 4, stream);
   if (e != cudaSuccess) return e;
   // one wave: as many blocks as stay resident (its registers allow fewer than the counting passes' eight an SM)
@@ -521,8 +522,8 @@ cudaError_t launch_compact(const SelectPlan& plan, int hi, int64_t max_count, fl
   if (dev < 64) resident_on[dev].store(resident, std::memory_order_relaxed);
   const int64_t per_block = int64_t(kThreads) * 32;
   const int64_t want = (max_count + per_block - 1) / per_block;
-  const int blocks =
-      int(std::max<int64_t>(1, std::min<int64_t>(want, std::max(1, sm_count() * std::max(1, resident) / plan.nsources))));
+  const int per_source = std::max(1, sm_count() * std::max(1, resident) / plan.nsources);
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(want, per_source)));
   compact_kernel<<<dim3{unsigned(blocks), unsigned(plan.nsources)}, kThreads, 0, stream>>>(plan, hi, out, found);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   adopt_kernel<<<(plan.nsources + 127) / 128, 128, 0, stream>>>(plan);
@@ -542,7 +543,8 @@ cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, con
       e = launch_outlier_count_dense(plan.table, plan.nsources, max_count, pass == 0 ? 0 : 2, shift[pass], width[pass],
                                      plan.prefixes, plan.counts, out, found, stream);
     if (e == cudaSuccess) e = launch_outlier_select(plan, shift[pass], width[pass], pass == 0, pass == passes - 1, stream);
-    if (e == cudaSuccess && pass == 0 && passes > 1 && plan.compact) e = launch_compact(plan, shift[0], max_count, out, found, stream);
+    if (e == cudaSuccess && pass == 0 && passes > 1 && plan.compact)
+      e = launch_compact(plan, shift[0], max_count, out, found, stream);
     if (e != cudaSuccess) return e;
   }
   return launch_outlier_count_dense(plan.table, plan.nsources, max_count, 0, 0, 0, plan.prefixes, plan.counts, out,

@@ -95,17 +95,18 @@ constexpr int kMaxSelectSources = 1024;
 // prefix list is its ranks' and the model's. The counts are read, not cleared.
 cudaError_t launch_outlier_select(const SelectPlan& plan, int shift, int width, bool first, bool last,
                                   cudaStream_t stream);
-// The whole selection queued (with plan.compact, the compaction after the first pass): for each of `passes` passes (digits width[p] at shift[p]) the counts cleared, the
+// The whole selection queued: for each of `passes` passes (digits width[p] at shift[p]) the counts cleared, the
 // counting launch over plan.table (histograms of the sources' prefixes; the folded sources' collections into
-// out + s * cap, found[s] counting them) and the selection step; then the collection of the sources whose top rank
-// was placed at the last pass. plan.table, plan.ranks, found and *plan.error must be initialised (the table's
-// nprefix 0, collect_at -1; found and error 0). max_count: the largest source's count.
+// out + s * cap, found[s] counting them) and the selection step, with plan.compact the compaction after the first;
+// then the collection of the sources whose top rank was placed at the last pass. plan.table, plan.ranks, found and
+// *plan.error must be initialised (the table's nprefix 0, collect_at -1; found and error 0). max_count: the largest
+// source's count.
+cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, const int* shift, const int* width,
+                                         int64_t max_count, float* out, unsigned* found, cudaStream_t stream);
 // Each source's collected values (out + s * cap, found[s] of them; plan.cap <= 1024) sorted largest first on the
 // device, the first min(found[s], k) to top + s * k; a source that found more than cap is left (the caller collects
 // again).
 cudaError_t launch_outlier_sort_top(const SelectPlan& plan, const float* out, const unsigned* found, float* top, int k,
                                     cudaStream_t stream);
-cudaError_t launch_outlier_select_passes(const SelectPlan& plan, int passes, const int* shift, const int* width,
-                                         int64_t max_count, float* out, unsigned* found, cudaStream_t stream);
 
 }  // namespace ds::kern

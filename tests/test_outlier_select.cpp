@@ -13,7 +13,10 @@
 #include <random>
 #include <vector>
 
+#include "engine/core/error.h"
 #include "engine/core/outlier_select.h"
+#include "engine/session/session_outliers.h"
+#include "tests/test_util.h"
 
 #ifdef DS_HAVE_CUDA
 #include "kernels/outlier_count.h"
@@ -462,3 +465,31 @@ TEST(OutlierSelect, CudaSelectionTimes) {
   cudaEventDestroy(e1);
 }
 #endif
+
+// Session-level statistics with the logits go layer by layer: the progress rises to 1 after every layer's passes,
+// a cancel stops them between layers with ds::Cancelled, and the session gives the same statistics afterwards (the
+// demo model on the CPU backend).
+TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
+  auto s =
+      ds::Session::open(dstest::source_dir() + "/assets/models/diffllama-demo", ds::BackendChoice::Cpu, nullptr, 2);
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(10 + (i * 37) % 3000);
+  s->set_ids(ids);
+  s->run();
+  const int L = int(s->config().layers);
+  ds::OutlierRequest q;
+  std::vector<double> seen;
+  q.progress = [&](double f) { seen.push_back(f); };
+  const std::string whole = ds::outliers_json(ds::outlier_stats(*s, q));
+  ASSERT_GE(seen.size(), size_t(ds::RankFinder::kPasses * L));
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_GT(seen.front(), 0.0);
+  EXPECT_EQ(seen.back(), 1.0);
+  int polls = 0;
+  ds::OutlierRequest c;
+  c.cancel = [&] { return ++polls > L + 1; };  // stops in the second pass
+  EXPECT_THROW(ds::outlier_stats(*s, c), ds::Cancelled);
+  EXPECT_EQ(polls, L + 2);
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*s)), whole);
+}
+

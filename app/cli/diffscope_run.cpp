@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <optional>
 #include <string>
 #include <vector>
@@ -403,15 +404,40 @@ int run(const Args& a) {
       }
     }
   }
+  bool outliers_interrupted = false;
   if (!a.outliers.empty()) {
-    const ds::Outliers o = ds::outlier_stats(*s);
-    ds::write_file_safely(a.outliers, ds::outliers_json(o) + "\n", "the outlier statistics");
-    if (!a.json) {
-      std::printf("\nactivation outliers (top 1 / median):  hidden %.4g / %.4g", double(o.hidden.s.top[0]),
-                  double(o.hidden.s.median));
-      if (o.logit1.s.count) std::printf("   logit1 %.4g / %.4g", double(o.logit1.s.top[0]), double(o.logit1.s.median));
-      if (o.logit2.s.count) std::printf("   logit2 %.4g / %.4g", double(o.logit2.s.top[0]), double(o.logit2.s.median));
-      std::printf("\nwrote %s\n", a.outliers.c_str());
+    g_interrupted = false;
+    std::signal(SIGINT, on_sigint);
+    ds::OutlierRequest q;  // Ctrl-C stops the logits' passes between layers: nothing is written, the rest goes on
+    q.cancel = [] { return g_interrupted.load(); };
+    // Long work (every layer's attention logits, three times): said on stderr, with the fraction done on a terminal
+    const bool tty = isatty(fileno(stderr));
+    std::fprintf(stderr, "diffscope-run: the activation outliers: every layer's attention logits, pass by pass "
+                         "(Ctrl-C stops them)\n");
+    if (tty) q.progress = [](double f) { std::fprintf(stderr, "\r  %3.0f %%", 100 * f); };
+    std::optional<ds::Outliers> got;
+    try {
+      got = ds::outlier_stats(*s, q);
+      if (tty) std::fprintf(stderr, "\n");
+    } catch (const ds::Cancelled&) {
+      if (tty) std::fprintf(stderr, "\n");
+      outliers_interrupted = true;
+      std::fprintf(stderr, "diffscope-run: interrupted: the outlier statistics were not written (%s)\n",
+                   a.outliers.c_str());
+    }
+    std::signal(SIGINT, SIG_DFL);
+    if (got) {
+      const ds::Outliers& o = *got;
+      ds::write_file_safely(a.outliers, ds::outliers_json(o) + "\n", "the outlier statistics");
+      if (!a.json) {
+        std::printf("\nactivation outliers (top 1 / median):  hidden %.4g / %.4g", double(o.hidden.s.top[0]),
+                    double(o.hidden.s.median));
+        if (o.logit1.s.count)
+          std::printf("   logit1 %.4g / %.4g", double(o.logit1.s.top[0]), double(o.logit1.s.median));
+        if (o.logit2.s.count)
+          std::printf("   logit2 %.4g / %.4g", double(o.logit2.s.top[0]), double(o.logit2.s.median));
+        std::printf("\nwrote %s\n", a.outliers.c_str());
+      }
     }
   }
   if (!a.lens.empty()) {
@@ -473,7 +499,7 @@ int run(const Args& a) {
     dump(*s, a);
     if (!a.json) std::printf("\nwrote %s\n", a.dump.c_str());
   }
-  return g_interrupted ? kExitInterrupted : 0;
+  return g_interrupted || outliers_interrupted ? kExitInterrupted : 0;
 }
 
 }  // namespace

@@ -230,7 +230,12 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
                "Recomputes each layer's Q.K three times (a radix select), once per result.");
   if (!st.req.outliers) return empty_state("Off. Turn it on to compare the outliers of layers (and of models).");
   const auto& ov = s.outliers;
-  if (!ov || !s.result || ov->result_seq != s.result->seq) return empty_state("Computing...");
+  if (!ov || !s.result || ov->result_seq != s.result->seq) {
+    if (s.outliers_fraction < 0) return empty_state("Computing...");
+    char msg[64];
+    std::snprintf(msg, sizeof msg, "Computing... %.0f %% of the layers' passes", 100 * s.outliers_fraction);
+    return empty_state(msg);
+  }
   const Outliers& o = ov->o;
   ImGui::Text("model: |h| top %s (median %s)", fmt_value(o.hidden.s.top[0]).c_str(), fmt_value(o.hidden.s.median).c_str());
   if (o.logit1.s.count) {

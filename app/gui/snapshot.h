@@ -272,6 +272,7 @@ struct Snapshot {
     Outliers o;
   };
   std::shared_ptr<const OutlierView> outliers;
+  double outliers_fraction = -1;  // the outliers being computed for the current result: the fraction done (-1: none)
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
   std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first
 };

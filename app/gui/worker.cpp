@@ -333,24 +333,36 @@ void Worker::step(const Request& r) {
   if (r.lens && !superseded())
     traced("lens", [&] { refresh_lens(r); });
   if (r.outliers && !superseded())
-    traced("outliers", [&] { refresh_outliers(); });
+    traced("outliers", [&] { refresh_outliers(r); });
   if (r.importance_seq != applied_importance_ && !superseded())
     traced("importance", [&] { run_importance(r); });
 }
 
-// The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed three times).
-void Worker::refresh_outliers() {
+// The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed three times,
+// layer by layer: seconds at long prompts). A request for another result (a new prompt, lambda, intervention) stops
+// them between layers, and that result computes them again; the Profiler shows the fraction done.
+void Worker::refresh_outliers(const Request& r) {
   if (outliers_seq_ == result_seq_) return;
   auto v = std::make_shared<Snapshot::OutlierView>();
   v->result_seq = result_seq_;
+  OutlierRequest q;
+  q.cancel = [this, &r] { return lambda_superseded(r); };
+  q.progress = [this](double f) { publish([f](Snapshot& s) { s.outliers_fraction = f; }); };
   try {
-    v->o = outlier_stats(*session_);
+    v->o = outlier_stats(*session_, q);
+  } catch (const Cancelled&) {
+    publish([](Snapshot& s) { s.outliers_fraction = -1; });
+    return;
   } catch (const std::exception& e) {
+    publish([](Snapshot& s) { s.outliers_fraction = -1; });
     report_error(e.what());
     return;
   }
   outliers_seq_ = result_seq_;
-  publish([&](Snapshot& s) { s.outliers = v; });
+  publish([&](Snapshot& s) {
+    s.outliers = v;
+    s.outliers_fraction = -1;
+  });
 }
 
 // The logit lens at the row view's position, once per result and position (session_lens.h).

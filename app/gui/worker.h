@@ -106,7 +106,7 @@ class Worker {
   void run_importance(const Request& r);
   uint64_t applied_importance_ = 0;
   void refresh_lens(const Request& r);
-  void refresh_outliers();
+  void refresh_outliers(const Request& r);
   uint64_t outliers_seq_ = 0;  // the result whose outliers were published
   std::shared_ptr<const Snapshot::LensView> lens_;
   void run_scan(const Request& r);  // worker_scan.cpp

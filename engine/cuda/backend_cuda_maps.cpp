@@ -633,8 +633,8 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   const size_t o_ranks = align16(size_t(L) * sizeof(kern::DenseSource)),
                o_pre = align16(o_ranks + R * sizeof(kern::RankState)), o_cnt = align16(o_pre + size_t(L) * K * 4),
                o_found = align16(o_cnt + size_t(L) * K * kBins * 4), o_err = o_found + size_t(L) * 4,
-               o_vals = align16(o_err + 4), o_cn = align16(o_vals + size_t(L) * cap * 4), o_top = align16(o_cn + size_t(L) * 4),
-               bytes = o_top + size_t(L) * kTop * 4;
+               o_vals = align16(o_err + 4), o_cn = align16(o_vals + size_t(L) * cap * 4),
+               o_top = align16(o_cn + size_t(L) * 4), bytes = o_top + size_t(L) * kTop * 4;
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
   char* base = outlier_buf_.as<char>();
   kern::SelectPlan plan;
@@ -679,7 +679,8 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   timed("outlier_select", -1, [&] {
     DS_CUDA_CHECK(kern::launch_outlier_select_passes(plan, RankFinder::kPasses, kRadixShift, kRadixWidth, count, vals,
                                                      found, stream()));
-    DS_CUDA_CHECK(kern::launch_outlier_sort_top(plan, vals, found, reinterpret_cast<float*>(base + o_top), kTop, stream()));
+    DS_CUDA_CHECK(
+        kern::launch_outlier_sort_top(plan, vals, found, reinterpret_cast<float*>(base + o_top), kTop, stream()));
   });
   std::vector<kern::RankState> got(R);
   std::vector<unsigned> nf(size_t(L) + 1);  // found, then the error flag

@@ -111,6 +111,22 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   constexpr uint64_t kFoldCap = 1024;
   Backend::OutlierValues values(src.size());
   std::vector<bool> collected(src.size(), false);
+  // The logits' steps one layer at a time (the sources of a layer are consecutive), polling r.cancel before each and
+  // reporting after each: the passes, then at most one collection; the hidden states alone in one call.
+  const double steps = double(RankFinder::kPasses + 1) * double(L);
+  double done = 0;
+  auto by_layer = [&](size_t n, const std::function<int(size_t)>& layer_of,
+                      const std::function<void(size_t, size_t)>& step) {
+    if (!r.logits) return step(0, n);
+    for (size_t i = 0; i < n;) {
+      size_t j = i;
+      while (j < n && layer_of(j) == layer_of(i)) ++j;
+      if (r.cancel && r.cancel()) throw Cancelled();
+      step(i, j);
+      if (r.progress) r.progress(std::min(1.0, ++done / steps));
+      i = j;
+    }
+  };
   for (int pass = 0; pass < RankFinder::kPasses; ++pass) {
     std::vector<RadixPass> all_pass;
     for (const RankFinder& f : all) all_pass.push_back(f.pass());
@@ -140,10 +156,20 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
       queries[i].layer = src[i].layer;
       queries[i].logits = src[i].logits;
     }
-    std::vector<std::vector<uint64_t>> counts_of;
-    Backend::OutlierValues got;
-    const bool any = std::find(collects.begin(), collects.end(), true) != collects.end();
-    s.backend().outlier_counts_many(queries, counts_of, any ? &got : nullptr);
+    std::vector<std::vector<uint64_t>> counts_of(src.size());
+    Backend::OutlierValues got(src.size());
+    by_layer(src.size(), [&](size_t i) { return src[i].layer; }, [&](size_t i, size_t j) {
+      const std::vector<Backend::OutlierQuery> part(queries.begin() + long(i), queries.begin() + long(j));
+      std::vector<std::vector<uint64_t>> c;
+      Backend::OutlierValues v;
+      const auto c0 = collects.begin() + long(i), c1 = collects.begin() + long(j);
+      const bool any = std::find(c0, c1, true) != c1;
+      s.backend().outlier_counts_many(part, c, any ? &v : nullptr);
+      for (size_t k = 0; k < part.size(); ++k) {
+        counts_of[i + k] = std::move(c.at(k));
+        if (any) got[i + k] = std::move(v.at(k));
+      }
+    });
     // The model's finders add up the sources' histograms of their prefixes.
     std::vector<std::vector<uint64_t>> all_counts(3);
     for (size_t k = 0; k < 3; ++k) all_counts[k].assign(size_t(all_pass[k].histograms()) * size_t(all_pass[k].bins()), 0);
@@ -185,10 +211,12 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     vq.push_back(std::move(x));
     vq_src.push_back(i);
   }
-  if (!vq.empty()) {
-    Backend::OutlierValues more = s.backend().outlier_values_many(vq);
-    for (size_t j = 0; j < vq.size(); ++j) values[vq_src[j]] = std::move(more.at(j));
-  }
+  by_layer(vq.size(), [&](size_t j) { return vq[j].layer; }, [&](size_t i, size_t j) {
+    if (i == j) return;
+    Backend::OutlierValues more = s.backend().outlier_values_many({vq.begin() + long(i), vq.begin() + long(j)});
+    for (size_t k = i; k < j; ++k) values[vq_src[k]] = std::move(more.at(k - i));
+  });
+  if (r.progress && r.logits) r.progress(1.0);
   for (size_t i = 0; i < src.size(); ++i) {
     std::vector<std::vector<float>>& v = values.at(i);
     LayerOutliers* lo = nullptr;

@@ -7,6 +7,7 @@
 // the GUI's outlier plot and the Python module's Session.outliers all call this.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,11 @@ struct OutlierRequest {
   // The hidden states' selection on the backend's device where it has one (Backend::outlier_hidden_select); false:
   // the host's RankFinder over the backend's counts (the tests hold the two equal)
   bool device_select = true;
+  // With the logits, the passes go layer by layer (seconds at long prompts, minutes on a CPU): `cancel` is polled
+  // before each layer's step (true: ds::Cancelled; nothing is kept, as a part of the layers is not the model's
+  // statistics, and the session is as it was), `progress` gets the fraction done after each.
+  std::function<bool()> cancel;
+  std::function<void(double)> progress;
 };
 
 // One value set: the TopMedian summary and its 100 largest values, largest first (fewer when the set is smaller).

@@ -425,7 +425,9 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   }
   r.mean = all.mean();
   if (opt_.outliers) {  // before any answer token is generated: the prompt's own values
-    r.outliers = std::make_shared<const Outliers>(outlier_stats(s_));
+    OutlierRequest oq;
+    oq.cancel = cancelled;  // (between layers: a long prompt's logits take seconds)
+    r.outliers = std::make_shared<const Outliers>(outlier_stats(s_, oq));
     check();
   }
   if (p.has_target) {

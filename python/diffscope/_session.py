@@ -367,7 +367,8 @@ class Session:
         largest |value| and the median over every position and channel of the layer's output ("hidden_top",
         "hidden_median") and over every causal |q.k / sqrt(d)| of the view heads' map 1 and map 2 ("logit_top1",
         "logit_median1", "logit_top2", "logit_median2"; logits=False skips them), and the same over all layers
-        ("model"), as diffscope-run --outliers writes them."""
+        ("model"), as diffscope-run --outliers writes them. The logits are recomputed layer by layer: Ctrl-C
+        stops them between layers (KeyboardInterrupt; the session is as it was)."""
         return json.loads(self._s.outliers(bool(logits)))
 
     # ------------------------------------------------------------------------------------------------ maps

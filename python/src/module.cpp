@@ -998,7 +998,10 @@ NB_MODULE(_diffscope, m) {
         return ps.call([&](ds::Session& s) { return ds::quantize_report_json(ds::quantize_report(s, bits)); });
       }, "bits"_a)
       .def("outliers", [](PySession& ps, bool logits) {
-        return ps.call([&](ds::Session& s) { return ds::outliers_json(ds::outlier_stats(s, {logits})); });
+        ds::OutlierRequest q;  // Ctrl-C stops the logits' passes between layers: KeyboardInterrupt
+        q.logits = logits;
+        q.cancel = &PySession::cancel;
+        return ps.call([&](ds::Session& s) { return ds::outliers_json(ds::outlier_stats(s, q)); });
       }, "logits"_a)
       .def("set_watch_max_abs_hidden", [](PySession& ps, bool on) {
         ps.call([&](ds::Session& s) { s.set_watch_max_abs_hidden(on); return 0; });
