@@ -265,6 +265,16 @@ def test_layer_split_equals_one_backend():
         diffscope.open(DEMO, backend="cpu,cpu", gpu_mem_limit="80M", plan_tokens=-1)
 
 
+def _interrupted_child(code, too_fast):
+    """Runs `code` (which signals itself) in a child process; exit 3 means the work finished before the signal (a skip,
+    with `too_fast` as the reason); returns its stdout after checking it succeeded."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    if p.returncode == 3:
+        pytest.skip(too_fast + ": " + p.stdout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
 def test_keyboard_interrupt_stops_the_outlier_statistics_between_layers():
     """Ctrl-C while Session.outliers() recomputes every layer's attention logits (seconds at 4000 tokens on a CPU):
     KeyboardInterrupt, and the session's statistics afterwards are a fresh session's (that the engine stops between
@@ -292,11 +302,8 @@ with diffscope.open({str(DEMO)!r}, backend="cpu", threads=2) as f:
     assert a == f.outliers(logits=False)
 print("usable")
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
-    if p.returncode == 3:
-        pytest.skip("the outlier statistics of 4000 tokens finished before the signal (a fast machine): " + p.stdout)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "interrupted" in p.stdout and "usable" in p.stdout
+    out = _interrupted_child(code, "the outlier statistics of 4000 tokens finished before the signal (a fast machine)")
+    assert "interrupted" in out and "usable" in out
 
 
 def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
@@ -326,11 +333,8 @@ with diffscope.open({str(DEMO)!r}, backend="cpu", threads=2) as f:
     assert np.array_equal(a, f.logprobs())
 print("usable")
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
-    if p.returncode == 3:
-        pytest.skip("the 8000-token forward finished before the signal (a fast machine): " + p.stdout)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "interrupted after" in p.stdout and "usable" in p.stdout
+    out = _interrupted_child(code, "the 8000-token forward finished before the signal (a fast machine)")
+    assert "interrupted after" in out and "usable" in out
 
 
 def test_threads_share_a_session_safely(demo):

@@ -3,9 +3,11 @@
 code is 130. Waits for the statistics to have started (the line diffscope-run says on stderr), never for a clock.
 usage: run_outliers_sigint_check.py DIFFSCOPE_RUN MODEL_DIR WORK_DIR"""
 import os
-import signal
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sigint_when import sigint_when  # noqa: E402
 
 run, model, work = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(work, exist_ok=True)
@@ -17,13 +19,7 @@ with open(ids, "w") as f:  # 4000 tokens: seconds of attention logits on a CPU
     f.write(" ".join(str(10 + (100 + i) % 4000) for i in range(4000)))
 p = subprocess.Popen([run, "--model", model, "--token-ids-file", ids, "--backend", "cpu", "--threads", "2",
                       "--outliers", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-seen = b""
-while b"the activation outliers" not in seen:
-    line = p.stderr.readline()
-    if not line:
-        break
-    seen += line
-p.send_signal(signal.SIGINT)
+seen = sigint_when(p, p.stderr, lambda s: b"the activation outliers" in s, lambda f: f.readline())
 _, err = p.communicate(timeout=600)  # a guard against a hang only
 err = (seen + err).decode(errors="replace")
 fails = []
