@@ -179,6 +179,14 @@ int sm_count() {
   return sms;
 }
 
+// Blocks per source of a pass over dense sources (blockIdx.y the source): each thread reads at least 8 float4, and
+// about `per_sm` blocks per multiprocessor over all sources.
+int blocks_per_source(int64_t max_count, int nsources, int per_sm) {
+  const int64_t per_block = int64_t(kThreads) * 32;
+  const int64_t want = (max_count + per_block - 1) / per_block;
+  return int(std::max<int64_t>(1, std::min<int64_t>(want, std::max(1, sm_count() * std::max(1, per_sm) / nsources))));
+}
+
 unsigned grid_for(int64_t total) {
   return unsigned(std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 16));
 }
@@ -210,10 +218,7 @@ cudaError_t launch_outlier_count_dense(const DenseSource* sources, int nsources,
   if (!sources || nsources < 1 || nsources > 65535 || max_count < 1 || max_count > int64_t(UINT32_MAX) || max_nprefix < 0 || width < 0 || width > 16 ||
       shift < 0 || shift + width > 32 || (max_nprefix > 0 && !prefixes) || !counts)
     return cudaErrorInvalidValue;
-  // Each thread reads at least 8 float4; about 8 blocks per multiprocessor over all sources.
-  const int64_t per_block = int64_t(kThreads) * 32;
-  const int64_t want = (max_count + per_block - 1) / per_block;
-  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(want, std::max(1, sm_count() * 8 / nsources))));
+  const int blocks = blocks_per_source(max_count, nsources, 8);
   const size_t smem = size_t(std::max(1, max_nprefix)) * (size_t(1) << width) * 4;
   const dim3 grid{unsigned(blocks), unsigned(nsources)};
   if (smem <= size_t(kDenseSmemBytes)) {
@@ -520,10 +525,7 @@ cudaError_t launch_compact(const SelectPlan& plan, int hi, int64_t max_count, fl
       (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, compact_kernel, kThreads, 0)) != cudaSuccess)
     return e;
   if (dev < 64) resident_on[dev].store(resident, std::memory_order_relaxed);
-  const int64_t per_block = int64_t(kThreads) * 32;
-  const int64_t want = (max_count + per_block - 1) / per_block;
-  const int per_source = std::max(1, sm_count() * std::max(1, resident) / plan.nsources);
-  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(want, per_source)));
+  const int blocks = blocks_per_source(max_count, plan.nsources, resident);
   compact_kernel<<<dim3{unsigned(blocks), unsigned(plan.nsources)}, kThreads, 0, stream>>>(plan, hi, out, found);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   adopt_kernel<<<(plan.nsources + 127) / 128, 128, 0, stream>>>(plan);
