@@ -252,10 +252,10 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
   void keep_attention(int l, float lambda, fwd::Rows rows, const fwd::AttnEdit* edit) override {
     if (decode_ || recompute_ || gemms_only_ || batch_ != 1 || rows != fwd::Rows::New || l != b_.keep_req_) return;
     auto& k = b_.kept_;
-    const size_t bytes = size_t(n_) * size_t(c_.heads * c_.head_dim) * 2;
-    if (k.buf.bytes() < bytes) k.buf = DeviceBuffer(bytes, "a layer's kept attention output");
+    if (k.buf.bytes() < attn_bytes()) k.buf = DeviceBuffer(attn_bytes(), "a layer's kept attention output");
     step("keep_attention", l, [&] {
-      DS_CUDA_CHECK(cudaMemcpyAsync(k.buf.get(), b_.act_.attn.get(), bytes, cudaMemcpyDeviceToDevice, b_.stream()));
+      DS_CUDA_CHECK(
+          cudaMemcpyAsync(k.buf.get(), b_.act_.attn.get(), attn_bytes(), cudaMemcpyDeviceToDevice, b_.stream()));
     });
     k.layer = l, k.n = n_, k.gen = b_.act_gen_, k.lambda = lambda, k.edit = edit ? *edit : fwd::AttnEdit{};
     k.valid = true;
@@ -267,11 +267,12 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
         k.n != n_ || k.gen != b_.act_gen_ || !(k.lambda == lambda) || !(k.edit == (edit ? *edit : fwd::AttnEdit{})))
       return false;
     step("attention_kept", l, [&] {
-      DS_CUDA_CHECK(cudaMemcpyAsync(b_.act_.attn.get(), k.buf.get(), size_t(n_) * size_t(c_.heads * c_.head_dim) * 2,
-                                    cudaMemcpyDeviceToDevice, b_.stream()));
+      DS_CUDA_CHECK(
+          cudaMemcpyAsync(b_.act_.attn.get(), k.buf.get(), attn_bytes(), cudaMemcpyDeviceToDevice, b_.stream()));
     });
     return true;
   }
+  size_t attn_bytes() const { return size_t(n_) * size_t(c_.heads * c_.head_dim) * 2; }  // Attn of every row, bf16
 
   void conv(int l) override {
     const int64_t di = c_.d_inner;
