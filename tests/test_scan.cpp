@@ -10,6 +10,7 @@
 
 #include "engine/session/session.h"
 #include "engine/session/session_scan.h"
+#include "engine/session/session_scan_queue.h"
 #include "test_util.h"
 
 #ifdef DS_HAVE_CUDA
@@ -422,4 +423,43 @@ TEST(ScanExactSum, EveryOrderGivesTheCorrectlyRoundedSum) {
   EXPECT_EQ(e.value(), 0.0);
   e.add(1e16), e.add(1.0), e.add(-1e16);
   EXPECT_EQ(e.value(), 1.0);  // a plain sum loses the 1
+}
+
+// The replicas' prompt order (session_scan_queue.h): input order, except that a prompt whose length bucket another
+// replica is starting is passed over (within the look-ahead) for one whose bucket is timed or not yet started; every
+// prompt is taken exactly once.
+TEST(ScanQueue, PassesOverBucketsBeingStartedAndTakesEveryPromptOnce) {
+  const std::vector<int64_t> g = {7, 7, 9, 9, 7, 11, -1, 9};
+  int asked = 0;
+  ds::scan::PromptQueue q(g.size(), [&](size_t i) { return ++asked, g[i]; });
+  EXPECT_EQ(q.take(), 0u);  // bucket 7 starts
+  EXPECT_EQ(q.take(), 2u);  // 1 is in bucket 7, being started elsewhere: 9 starts instead
+  EXPECT_EQ(q.take(), 5u);  // 1, 3, 4 wait on buckets 7 and 9; 11 is new
+  EXPECT_EQ(q.take(), 6u);  // no bucket: never passed over
+  q.done(2);                // bucket 9 is timed
+  EXPECT_EQ(q.take(), 3u);
+  EXPECT_EQ(q.take(), 7u);  // ahead of 1 and 4, whose bucket 7 is still being started
+  // Every bucket left is being started: the first prompt left, as plain input order would give
+  EXPECT_EQ(q.take(), 1u);
+  q.done(0);
+  EXPECT_EQ(q.take(), 4u);
+  EXPECT_EQ(q.take(), std::nullopt);
+  EXPECT_EQ(q.taken(), g.size());
+  EXPECT_EQ(asked, int(g.size()));  // each prompt's bucket asked once
+
+  // One replica (each prompt done before the next is taken): exactly input order.
+  ds::scan::PromptQueue one(g.size(), [&](size_t i) { return g[i]; });
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(one.take(), i);
+    one.done(i);
+  }
+  EXPECT_EQ(one.take(), std::nullopt);
+
+  // The look-ahead bounds the search: with it at 2, prompt 3 (bucket 8) is out of reach and 1 is taken.
+  const std::vector<int64_t> h = {5, 5, 5, 8};
+  ds::scan::PromptQueue near(h.size(), [&](size_t i) { return h[i]; }, 2);
+  EXPECT_EQ(near.take(), 0u);
+  EXPECT_EQ(near.take(), 1u);
+  EXPECT_EQ(near.take(), 3u);  // 2 (bucket 5 still starting) is passed over now that 3 is within reach
+  EXPECT_EQ(near.take(), 2u);
 }

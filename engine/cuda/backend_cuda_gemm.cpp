@@ -11,6 +11,7 @@
 
 #include "engine/cuda/detail/backend_cuda_impl.h"
 #include "engine/core/error.h"
+#include "engine/core/length_bucket.h"
 #include "kernels/elementwise.h"
 #include "kernels/fill.h"
 
@@ -44,16 +45,6 @@ size_t elem_y(const GemmArgs& g) { return g.y_f32 ? 4 : 2; }
 // Bytes from y's first element to one past its last (rows ld_y apart).
 size_t gemm_out_bytes(const GemmArgs& g) {
   return (size_t(g.tokens - 1) * size_t(ld_y(g)) + size_t(g.out_f)) * elem_y(g);
-}
-
-// The tokens rounded up to an eighth of their power of two (exact up to 64): the GEMMs of prompts whose lengths fall
-// in one bucket are timed once. A corpus of prompts of many lengths paid the timing (it synchronises, up to ~0.1 s a
-// shape) at every prompt: half of a mixed-length scan's time on the H200 (bench/EXPERIMENTS.md).
-int64_t tune_bucket(int64_t n) {
-  if (n <= 64) return n;
-  int64_t step = 1;
-  while ((step << 4) <= n) step <<= 1;  // 8 <= n / step < 16
-  return (n + step - 1) / step * step;
 }
 
 // The timed choice per shape with its tokens rounded to a length bucket, per kind of device, for the whole process: a
@@ -116,7 +107,7 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     p->tuned = !p->lt || !autotune_ || p->candidates.size() == 1;
     if (!p->tuned) {  // a length of a tuned bucket: its algorithm, where the heuristic offers it for this shape too
       TunedKey bucket{device_name_, key};
-      bucket.key.n = tune_bucket(key.n);
+      bucket.key.n = gemm_length_bucket(key.n);
       std::lock_guard<std::mutex> lk(g_tuned_mu);
       if (const auto t = g_tuned.find(bucket); t != g_tuned.end())
         for (const cublasLtMatmulAlgo_t& a : p->candidates)
@@ -137,7 +128,7 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     if (d) gemm_tune(p, g, d);
     if (p.tuned) {
       TunedKey bucket{device_name_, key};
-      bucket.key.n = tune_bucket(key.n);
+      bucket.key.n = gemm_length_bucket(key.n);
       std::lock_guard<std::mutex> lk(g_tuned_mu);
       g_tuned.emplace(bucket, p.algo);
     }

@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "engine/core/error.h"
+#include "engine/core/length_bucket.h"
 #include "engine/core/model.h"
+#include "engine/session/session_scan_queue.h"
 #include "engine/session/split_backend.h"
 
 namespace ds::scan {
@@ -102,17 +104,29 @@ std::string ReplicaScan::backend_name() const {
 bool ReplicaScan::run(const std::vector<Prompt>& prompts, const std::function<bool()>& cancelled,
                       const std::function<void(const Prompt&, const PromptResult*, const std::string*)>& done) {
   std::mutex mu;
-  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::exception_ptr fault;
   size_t finished = 0;  // prompts scanned or skipped
+  // A prompt's length bucket: its ids', or for a text its bytes times the tokens per byte of the texts scanned so far
+  // (an estimate: it only orders the prompts).
+  double text_tokens = 0, text_bytes = 0;
+  PromptQueue queue(prompts.size(), [&](size_t i) {
+    const Prompt& p = prompts[i];
+    if (!p.is_text) return gemm_length_bucket(int64_t(p.ids.size()));
+    const double per_byte = text_bytes > 0 ? text_tokens / text_bytes : 0.25;
+    return gemm_length_bucket(int64_t(double(p.text.size()) * per_byte) + 1);
+  });
   const auto stopped = [&] { return stop.load() || (cancelled && cancelled()); };
   const auto work = [&](Replica& rep) {
     for (;;) {
       if (stopped()) return;
-      const size_t i = next.fetch_add(1);
-      if (i >= prompts.size()) return;
-      const Prompt& p = prompts[i];
+      std::optional<size_t> next;
+      {
+        std::lock_guard lk(mu);
+        next = queue.take();
+      }
+      if (!next) return;
+      const Prompt& p = prompts[*next];
       std::string why;
       bool ok = false;
       try {
@@ -129,11 +143,14 @@ bool ReplicaScan::run(const std::vector<Prompt>& prompts, const std::function<bo
         return;
       }
       std::lock_guard lk(mu);
-      if (ok)
+      queue.done(*next);
+      if (ok) {
+        if (p.is_text) text_tokens += double(rep.runs[0]->results().back().tokens), text_bytes += double(p.text.size());
         for (size_t k = 0; k < rep.runs.size(); ++k) {
           results_[k].push_back(rep.runs[k]->results().back());
           rep.runs[k]->drop_last();  // kept here only: the replica's runs compute, the scan keeps
         }
+      }
       ++finished;
       if (done) done(p, ok ? &results_[0].back() : nullptr, ok ? nullptr : &why);
     }

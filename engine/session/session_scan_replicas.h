@@ -1,6 +1,7 @@
 // A corpus scan on several replicas of the model (diffscope-scan --backend cuda:all, cuda:0,1, ...; one replica is
 // the plain scan): one Session per backend (and one more per backend for a compare model), the prompts handed out
-// one at a time to whichever replica is free, so long and short prompts mix without one GPU waiting on another. Each
+// one at a time to whichever replica is free, so long and short prompts mix without one GPU waiting on another (in
+// input order, but for passing over a length bucket another replica is starting: session_scan_queue.h). Each
 // replica computes a prompt exactly as a one-GPU scan would (the same kernels on the same kind of device); the
 // results are kept per prompt and the report is made from all of them in input order, with exactly rounded sums
 // (session_scan.h ExactSum): the same report, whatever the order in which prompts finish.
