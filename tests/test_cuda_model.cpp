@@ -29,6 +29,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include "engine/core/backend.h"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/cuda/detail/backend_cuda_impl.h"
+#include "engine/core/env.h"
 #include "engine/core/error.h"
 #include "engine/core/model.h"
 #include "kernels/gemm_swiglu_sm90.h"
@@ -322,6 +323,60 @@ TEST(CudaModel, FusedSwigluMatchesTheTwoKernelPath) {
   }
   ASSERT_EQ(two.logits.size(), fused.logits.size());
   EXPECT_LT(dstest::rel_err(fused.logits.data(), two.logits.data(), two.logits.size()), kLogitsRel);
+}
+
+// The GEMM autotuner times a shape once per length bucket (core/length_bucket.h): every other length of the bucket
+// takes the bucket's choice without timing (a corpus of mixed lengths timed the GEMMs of nearly every prompt when the
+// choice was taken only where cuBLASLt's heuristic offered it again), and computes what the heuristic's choice does.
+// A model shape no other test uses, so that nothing of it is timed before.
+TEST(CudaModel, GemmTimingsOncePerLengthBucket) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::env_switch("DS_GEMM_AUTOTUNE", true)) GTEST_SKIP() << "DS_GEMM_AUTOTUNE=0: nothing is timed";
+  const dstest::TempDir tmp;
+  const std::string dir = tmp.str();
+  ds::SyntheticShape shape;
+  shape.hidden = 320, shape.heads = 8, shape.kv_heads = 4, shape.layers = 2, shape.intermediate = 880;
+  shape.vocab = 2000;
+  ds::write_synthetic_model(dir, shape, 11);
+  std::unique_ptr<ds::Model> model = ds::load_model(dir);
+  ds::ForwardRequest req;
+  for (int l = 0; l < int(shape.layers); ++l) req.lambda.push_back(float(model->model_lambda[size_t(l)]));
+  std::mt19937 rng(3);
+  const auto ids = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& x : v) x = int32_t(rng() % uint32_t(shape.vocab));
+    return v;
+  };
+  auto be = ds::make_cuda_backend();
+  be->load(*model, nullptr);
+  ds::ForwardResult r;
+  const auto run = [&](const std::vector<int32_t>& v) {
+    req.ids = v;
+    be->forward(req, r);
+    return ds::cuda_gemm_timings();
+  };
+  const int64_t t0 = ds::cuda_gemm_timings();
+  const int64_t t1 = run(ids(1100));  // the bucket of 1025..1152 tokens
+  ASSERT_GT(t1, t0) << "the first length of a bucket times its GEMMs";
+  const std::vector<int32_t> in_bucket = ids(1123);
+  for (int n : {1030, 1077, 1152}) EXPECT_EQ(run(ids(n)), t1) << n << " tokens, in the bucket of 1100, timed again";
+  EXPECT_EQ(run(in_bucket), t1);
+  const std::vector<float> bucket_logits = r.logits;
+  EXPECT_GT(run(ids(1200)), t1) << "1200 tokens: the next bucket";
+
+  // The bucket's choice computes what the heuristic's first choice does (another summation order at most).
+  const char* outer = std::getenv("DS_GEMM_AUTOTUNE");
+  const std::string saved = outer ? outer : "";
+  setenv("DS_GEMM_AUTOTUNE", "0", 1);
+  auto plain = ds::make_cuda_backend();
+  if (outer) setenv("DS_GEMM_AUTOTUNE", saved.c_str(), 1);
+  else unsetenv("DS_GEMM_AUTOTUNE");
+  plain->load(*model, nullptr);
+  req.ids = in_bucket;
+  ds::ForwardResult want;
+  plain->forward(req, want);
+  ASSERT_EQ(bucket_logits.size(), want.logits.size());
+  EXPECT_LT(dstest::rel_err(bucket_logits.data(), want.logits.data(), want.logits.size()), 1e-2);
 }
 
 // The same on a Phi-4-mini-flash-shaped model (random weights, 1100 tokens): there the fused GEMMs also form the

@@ -20,6 +20,10 @@ bool cuda_backend_available(std::string* why_not, int device = 0);
 // microseconds of launch time per kernel. Off: profile() reports only forward_ms.
 void cuda_set_profiling(Backend& b, bool on);
 
+// How many GEMM shapes this process has timed (the autotuner, DS_GEMM_AUTOTUNE: the first of each length bucket on
+// each kind of GPU); 0 in a build without CUDA.
+int64_t cuda_gemm_timings();
+
 // Usable CUDA devices (compute capability 8.0 or newer); 0 in a build without CUDA or without a driver.
 int cuda_device_count();
 // Free memory on GPU `device` in bytes (0 when it cannot be asked).

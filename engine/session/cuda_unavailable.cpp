@@ -19,6 +19,8 @@ void cuda_set_profiling(Backend&, bool) {}
 
 int cuda_device_count() { return 0; }
 
+int64_t cuda_gemm_timings() { return 0; }
+
 int64_t cuda_free_memory(int) { return 0; }
 
 bool cuda_enable_peer(int, int) { return false; }

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/core/env.h"
 #include "engine/core/error.h"
 #include "engine/core/length_bucket.h"
 #include "engine/core/model.h"
@@ -115,7 +116,7 @@ bool ReplicaScan::run(const std::vector<Prompt>& prompts, const std::function<bo
     if (!p.is_text) return gemm_length_bucket(int64_t(p.ids.size()));
     const double per_byte = text_bytes > 0 ? text_tokens / text_bytes : 0.25;
     return gemm_length_bucket(int64_t(double(p.text.size()) * per_byte) + 1);
-  });
+  }, env_switch("DS_SCAN_IN_ORDER", false) ? 1 : 64);  // (a look-ahead of one prompt: input order, for A/B runs)
   const auto stopped = [&] { return stop.load() || (cancelled && cancelled()); };
   const auto work = [&](Replica& rep) {
     for (;;) {
