@@ -136,6 +136,18 @@ TEST(ScanRowMassCuda, MatchesRowsAndCpu) {
         }
       }
     }
+    // Every layer's with one wait (a scan's prompt): the same values as layer by layer, in the order asked.
+    std::vector<int> layers;
+    for (int64_t l : c.map_layers()) layers.insert(layers.begin(), int(l));
+    const int64_t q = n - 1, s0 = q / 2, s1 = std::min(q + 1, q / 2 + 4);
+    const std::vector<std::vector<ds::RowMass>> all = g->backend().row_masses(layers, q, s0, s1);
+    ASSERT_EQ(all.size(), layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const std::vector<ds::RowMass> one = g->backend().row_mass(layers[i], q, s0, s1);
+      ASSERT_EQ(all[i].size(), one.size());
+      for (size_t h = 0; h < one.size(); ++h)
+        expect_mass_near(all[i][h], one[h], 0.0, std::string(fx) + " layer " + std::to_string(layers[i]) + " batched");
+    }
   }
 }
 #endif

@@ -72,6 +72,19 @@ void compare_sessions(ds::Session& one, ds::Session& two, const std::string& wha
     const auto ma = one.backend().row_mass(l, n - 1, 3, 9), mb = two.backend().row_mass(l, n - 1, 3, 9);
     for (size_t h = 0; h < ma.size(); ++h) EXPECT_EQ(ma[h].answer[0], mb[h].answer[0]) << what << " row mass " << l;
   }
+  // Every layer's row masses at once (a scan's prompt), the layers out of order and across the blocks.
+  std::vector<int> layers;
+  for (int l = 0; l < int(c.layers); ++l)
+    if (c.has_maps(l)) layers.insert(layers.begin(), l);
+  const int64_t n = int64_t(one.ids().size());
+  const auto all = two.backend().row_masses(layers, n - 1, 3, 9);
+  ASSERT_EQ(all.size(), layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto m = one.backend().row_mass(layers[i], n - 1, 3, 9);
+    ASSERT_EQ(all[i].size(), m.size()) << what;
+    for (size_t h = 0; h < m.size(); ++h)
+      EXPECT_EQ(all[i][h].context[2], m[h].context[2]) << what << " row masses, layer " << layers[i];
+  }
 }
 
 }  // namespace

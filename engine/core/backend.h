@@ -143,6 +143,14 @@ class Backend {
   // Row q of every view head of `layer` split into a key span, the sink and the rest (map_query.h), [view heads];
   // O(heads) back from the device.
   virtual std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) = 0;
+  // The same for each of `layers` ([layers][view heads]): a scan's every prompt. This default asks row_mass layer by
+  // layer; a backend may answer with one wait.
+  virtual std::vector<std::vector<RowMass>> row_masses(const std::vector<int>& layers, int64_t q, int64_t a0,
+                                                       int64_t a1) {
+    std::vector<std::vector<RowMass>> out;
+    for (int l : layers) out.push_back(row_mass(l, q, a0, a1));
+    return out;
+  }
   // The implicit attention of one channel (req.head) of a Mamba layer's scan for the last forward, pooled as a view
   // (map_query.h, "implicit attention"); recomputed from the layer's cached input, O(view) back to the host.
   virtual void mamba_view(const ViewRequest& req, MapView& out) = 0;

@@ -352,35 +352,48 @@ void CudaBackend::map_rows(int layer, const std::vector<int64_t>& positions, Map
   if (out.on_device()) sync();
 }
 
-// The row as map_rows computes it, then reduced per head on the device: 12 f64 per head come back.
+// The row as map_rows computes it, then reduced per head on the device: 12 f64 per head and layer come back, after
+// one wait for all the layers.
 std::vector<RowMass> CudaBackend::row_mass(int layer, int64_t q, int64_t a0, int64_t a1) {
+  return row_masses({layer}, q, a0, a1).at(0);
+}
+
+std::vector<std::vector<RowMass>> CudaBackend::row_masses(const std::vector<int>& layers, int64_t q, int64_t a0,
+                                                          int64_t a1) {
   const DeviceGuard on(device_);
-  const kern::AttnParams p = layer_params(layer);
   const int64_t n = last_n_, Hv = view_heads();
+  std::vector<kern::AttnParams> params;
+  for (int layer : layers) params.push_back(layer_params(layer));  // (checks each layer)
   check_row_mass(q, n, a0, a1);
   const int nmaps = cfg_.is_diff() ? 2 : 1;
-  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4;
+  const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4, per_layer = size_t(Hv) * 12;
   if (map_buf_.bytes() < row_bytes) map_buf_ = DeviceBuffer(row_bytes, "attention maps");
   if (map_stats_.bytes() < size_t(Hv) * kern::MAP_NSTAT * 4)
     map_stats_ = DeviceBuffer(size_t(Hv) * kern::MAP_NSTAT * 4, "attention map statistics");
-  if (stats_sum_.bytes() < size_t(Hv) * 12 * 8) stats_sum_ = DeviceBuffer(size_t(Hv) * 12 * 8, "row mass sums");
+  if (stats_sum_.bytes() < layers.size() * per_layer * 8)
+    stats_sum_ = DeviceBuffer(layers.size() * per_layer * 8, "row mass sums");
   float* buf = map_buf_.as<float>();
-  timed("attn_row_mass", layer, [&] {
-    DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(q), 1, buf, stream()));
-    DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(q), 1, buf, map_stats_.as<float>(), stream()));
-    DS_CUDA_CHECK(kern::launch_attn_row_mass(buf, int(Hv), nmaps, int(n), int(q), p.diff ? p.lambda : 0.f, int(a0),
-                                             int(a1), stats_sum_.as<double>(), stream()));
-  });
-  std::vector<double> sums(size_t(Hv) * 12);
+  for (size_t i = 0; i < layers.size(); ++i) {  // (one map buffer: the stream orders the layers' uses of it)
+    const kern::AttnParams& p = params[i];
+    timed("attn_row_mass", layers[i], [&] {
+      DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(q), 1, buf, stream()));
+      DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(q), 1, buf, map_stats_.as<float>(), stream()));
+      DS_CUDA_CHECK(kern::launch_attn_row_mass(buf, int(Hv), nmaps, int(n), int(q), p.diff ? p.lambda : 0.f, int(a0),
+                                               int(a1), stats_sum_.as<double>() + i * per_layer, stream()));
+    });
+  }
+  std::vector<double> sums(layers.size() * per_layer);
   DS_CUDA_CHECK(cudaMemcpyAsync(sums.data(), stats_sum_.get(), sums.size() * 8, cudaMemcpyDeviceToHost, stream()));
   sync();
-  std::vector<RowMass> out(static_cast<size_t>(Hv));
-  for (size_t h = 0; h < size_t(Hv); ++h)
-    for (int m = 0; m < MASS_NMAPS; ++m) {
-      out[h].answer[m] = sums[h * 12 + size_t(m)];
-      out[h].sink[m] = sums[h * 12 + 4 + size_t(m)];
-      out[h].context[m] = sums[h * 12 + 8 + size_t(m)];
-    }
+  std::vector<std::vector<RowMass>> out(layers.size(), std::vector<RowMass>(static_cast<size_t>(Hv)));
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (size_t h = 0; h < size_t(Hv); ++h)
+      for (int m = 0; m < MASS_NMAPS; ++m) {
+        const double* x = sums.data() + i * per_layer + h * 12;
+        out[i][h].answer[m] = x[size_t(m)];
+        out[i][h].sink[m] = x[4 + size_t(m)];
+        out[i][h].context[m] = x[8 + size_t(m)];
+      }
   return out;
 }
 

@@ -175,7 +175,7 @@ int Session::run(bool all_logits, const std::function<bool()>& cancel, bool canc
   }
   req.all_logits = all_logits;
   req.logits_on_demand = bulk_.has_value() && !all_logits;
-  req.profile = !bulk_;
+  req.profile = !bulk_ && profiled_;
   req.keep_attention = bulk_.value_or(-1);
   req.all_rows = all_rows_wanted_;
   const bool rerun = !ids_dirty_ && has_result_;

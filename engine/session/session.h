@@ -113,6 +113,11 @@ class Session {
   // run keeps nothing (no result until the next run, which starts at layer 0). The GUI leaves it off: a prompt's
   // first run always completes there, however often the user moves lambda meanwhile.
   int run(bool all_logits = false, const std::function<bool()>& cancel = nullptr, bool cancel_new_prompt = false);
+  // Whether run() keeps a per-kernel profile (default on: the GUI's profiler, the CLI's --profile). Off, a forward
+  // records no events around its kernels and computes the last layer's attention for the last row alone when only the
+  // next-token logits are kept; profile() stays the last profiled run's. A scan turns it off for its prompts.
+  void set_profiled(bool on) { profiled_ = on; }
+  bool profiled() const { return profiled_; }
   // run() as one of many re-runs queued back to back (head importance): the backend may leave the last position's
   // logits on its device and return before its work is done (ForwardRequest::logits_on_demand; readers fetch them
   // when asked), and keeps no per-kernel profile of it (ForwardRequest::profile; profile() stays the last run's).
@@ -238,6 +243,7 @@ class Session {
   // mutable: a greedy decoding step may leave the logits on the device, and const readers fetch them on demand.
   mutable ForwardResult res_;
   std::optional<int> bulk_;  // during run_bulk: its keep_attention
+  bool profiled_ = true;     // set_profiled
   std::vector<double> queued_logp_;   // queue_next_token_logprob's values computed here
   std::vector<uint8_t> queued_dev_;   // 1: that slot's value was queued on the backend
   void ensure_logits() const;

@@ -405,6 +405,13 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
     r.answer_end = p.answer_end;
   }
   r.tokens = int64_t(ids.size());
+  // No per-kernel profile of a scan's prompts (the report has none; the session's own profiling is back after).
+  struct Unprofiled {
+    Session& s;
+    bool was;
+    ~Unprofiled() { s.set_profiled(was); }
+  } unprofiled{s_, s_.profiled()};
+  s_.set_profiled(false);
   s_.set_ids(ids);  // checks the vocabulary, the positions and the backend's memory
   s_.set_lambda_scale(opt_.lambda_scale);
   s_.set_logit_bits(opt_.logit_bits);
@@ -413,8 +420,7 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
   check();
   const int64_t q = r.tokens - 1;
   FractionSums all;
-  for (int l : layers_) {
-    const std::vector<RowMass> m = s_.backend().row_mass(l, q, r.answer_begin, r.answer_end);
+  for (const std::vector<RowMass>& m : s_.backend().row_masses(layers_, q, r.answer_begin, r.answer_end)) {
     std::vector<Fractions> hf;
     hf.reserve(m.size());
     for (const RowMass& x : m) {

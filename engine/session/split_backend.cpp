@@ -197,6 +197,21 @@ class SplitBackend final : public Backend {
   std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override {
     return at(layer).row_mass(layer, q, a0, a1);
   }
+  // Each block's layers in one call to the block's backend.
+  std::vector<std::vector<RowMass>> row_masses(const std::vector<int>& layers, int64_t q, int64_t a0,
+                                               int64_t a1) override {
+    std::vector<std::vector<RowMass>> out(layers.size());
+    for (size_t b = 0; b < subs_.size(); ++b) {
+      std::vector<int> mine;
+      std::vector<size_t> where;
+      for (size_t i = 0; i < layers.size(); ++i)
+        if (&at(layers[i]) == subs_[b].get()) mine.push_back(layers[i]), where.push_back(i);
+      if (mine.empty()) continue;
+      std::vector<std::vector<RowMass>> got = subs_[b]->row_masses(mine, q, a0, a1);
+      for (size_t k = 0; k < where.size(); ++k) out[where[k]] = std::move(got[k]);
+    }
+    return out;
+  }
   void mamba_view(const ViewRequest& req, MapView& out) override { at(req.layer).mamba_view(req, out); }
   void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override {
     at(layer).mamba_row(layer, channel, q, row);

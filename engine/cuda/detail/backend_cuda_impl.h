@@ -151,6 +151,8 @@ class CudaBackend final : public Backend {
   void mamba_row(int layer, int channel, int64_t q, std::vector<float>& row) override;
   void map_rows(int layer, const std::vector<int64_t>& positions, MapRows& out) override;
   std::vector<RowMass> row_mass(int layer, int64_t q, int64_t a0, int64_t a1) override;
+  std::vector<std::vector<RowMass>> row_masses(const std::vector<int>& layers, int64_t q, int64_t a0,
+                                               int64_t a1) override;
   void set_profiling(bool on) { profiling_ = on; }
   // Random bf16 weights generated on the GPU (benchmarks): uniform with std 0.02, norms 1.
   void load_random(const ModelConfig& cfg, uint64_t seed);
