@@ -88,32 +88,12 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.out_f), g.in_f));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(g.in_f), uint64_t(g.tokens), ld_x(g)));
     DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, uint64_t(g.out_f), uint64_t(g.tokens), ld_y(g)));
-    PreferencePtr pref = make_preference();
-    std::vector<cublasLtMatmulHeuristicResult_t> res(kGemmCandidates);
-    int count = 0;
     const uint64_t ws = lt_ws_.bytes();
-    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                         sizeof ws));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
-    for (const auto& [attr, v] : aligns)
-      DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &v, sizeof v));
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_.get(), p->op, p->a, p->b, p->d, p->d, pref.get(),
-                                                             kGemmCandidates, res.data(), &count);
-    // NOT_SUPPORTED: no cuBLASLt kernel for this shape/alignment; cublasGemmEx still runs it (its own fallbacks).
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) DS_CUBLAS_CHECK(st);
-    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < count; ++i)
-      if (res[size_t(i)].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(res[size_t(i)].algo);
-    p->lt = !p->candidates.empty();
-    if (p->lt) p->algo = p->candidates.front();
-    p->tuned = !p->lt || !autotune_ || p->candidates.size() == 1;
-    if (!p->tuned) {
-      // A length of a tuned bucket: its algorithm, where cuBLASLt says it runs this shape within the workspace. (Taking
-      // it only where the heuristic offered it again, with the one-row products' lds above, timed GEMMs at most new
-      // lengths: 2.9 s of a 6.9 s scan of 256 prompts of 2K-4K tokens on the H200, bench/RESULTS.md.)
+    // A length of a tuned bucket: its algorithm, where cuBLASLt says it runs this shape within the workspace, without
+    // asking the heuristic. (Taking it only where the heuristic offered it again, with the one-row products' lds above,
+    // timed GEMMs at most new lengths: 2.9 s of a 6.9 s scan of 256 prompts of 2K-4K tokens on the H200,
+    // bench/RESULTS.md.)
+    if (autotune_) {
       TunedKey bucket{device_name_, key};
       bucket.key.n = gemm_length_bucket(key.n);
       std::optional<cublasLtMatmulAlgo_t> chosen;
@@ -125,9 +105,32 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
       if (chosen && cublasLtMatmulAlgoCheck(lt_.get(), p->op, p->a, p->b, p->d, p->d, &*chosen, &check) ==
                         CUBLAS_STATUS_SUCCESS && check.workspaceSize <= ws) {
         p->algo = *chosen;
-        p->tuned = true;
+        p->lt = p->tuned = true;
       }
       cudaGetLastError();  // (a check that fails leaves nothing behind for the next kernel's check)
+    }
+    if (!p->tuned) {  // the heuristic's candidates: its first choice, or (autotune_) the fastest of them, timed
+      PreferencePtr pref = make_preference();
+      std::vector<cublasLtMatmulHeuristicResult_t> res(kGemmCandidates);
+      int count = 0;
+      DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                           sizeof ws));
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+      for (const auto& [attr, v] : aligns)
+        DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &v, sizeof v));
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_.get(), p->op, p->a, p->b, p->d, p->d, pref.get(),
+                                                               kGemmCandidates, res.data(), &count);
+      // NOT_SUPPORTED: no cuBLASLt kernel for this shape/alignment; cublasGemmEx still runs it (its own fallbacks).
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) DS_CUBLAS_CHECK(st);
+      for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < count; ++i)
+        if (res[size_t(i)].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(res[size_t(i)].algo);
+      p->lt = !p->candidates.empty();
+      if (p->lt) p->algo = p->candidates.front();
+      p->tuned = !p->lt || !autotune_ || p->candidates.size() == 1;
     }
     if (p->tuned) p->candidates.clear();
     it = gemm_plans_.emplace(key, std::move(plan)).first;
