@@ -360,6 +360,7 @@ std::vector<RowMass> CudaBackend::row_mass(int layer, int64_t q, int64_t a0, int
 
 std::vector<std::vector<RowMass>> CudaBackend::row_masses(const std::vector<int>& layers, int64_t q, int64_t a0,
                                                           int64_t a1) {
+  if (layers.empty()) return {};
   const DeviceGuard on(device_);
   const int64_t n = last_n_, Hv = view_heads();
   std::vector<kern::AttnParams> params;
