@@ -1,9 +1,9 @@
 // The order in which the replicas of a scan over several devices (session_scan_replicas.h) take their prompts.
 //
 // Each device's backend times its GEMMs the first time it meets a length bucket (core/length_bucket.h), and identical
-// devices share what any of them timed. Handing prompts out strictly in input order made the replicas of a 4-GPU scan
-// start on prompts of the same buckets at the same time, so that each GPU timed most buckets itself: the scan's
-// start-up cost per GPU stayed that of one GPU. This queue keeps input order, except that a prompt whose bucket another
+// devices share what any of them timed. Handed out strictly in input order, the replicas of a 4-GPU scan start on
+// prompts of the same buckets at the same time, and each GPU may time most buckets itself (a timing is shared only
+// once it is done). This queue keeps input order, except that a prompt whose bucket another
 // replica has started and not yet finished is passed over for the next one (within a look-ahead) whose bucket is
 // either already timed or not yet started: the buckets' timings spread over the devices instead of being repeated on
 // each. Which replica scans a prompt never changes its result, only when it finishes.
