@@ -8,9 +8,12 @@ different algorithms for a shape); the identity check runs once more with DS_GEM
 deterministic choice, as the issue asks ("pin the GEMM algorithm choice").
 
     bench/scan_gpus.py --scan build/diffscope-scan --model DIR [--lengths 4096,16384] [--prompts 64]
-                       [--multi cuda:all] [--rounds 2] [--json OUT.json]
+                       [--multi cuda:all] [--rounds 2] [--in-order-too] [--json OUT.json]
+
+--in-order-too also times the multi runs with DS_SCAN_IN_ORDER=1 (the replicas' length-bucket queue off).
 """
 import argparse
+import copy
 import json
 import os
 import random
@@ -20,7 +23,7 @@ import tempfile
 
 
 def timeless(r):
-    r = dict(r)
+    r = copy.deepcopy(r)
     r.pop("elapsed_s")
     r.pop("backend", None)
     for p in r["per_prompt"]:
@@ -40,6 +43,8 @@ def main():
     ap.add_argument("--multi-args", default="", help="more diffscope-scan flags for the multi runs (--gpu-mem-limit 40G:"
                     " a layer split group per replica)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--in-order-too", action="store_true", help="also time the multi runs with DS_SCAN_IN_ORDER=1 "
+                    "(prompts strictly in input order: the A/B of the replicas' length-bucket queue)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="scan_gpus_")
@@ -53,15 +58,18 @@ def main():
                 m = rng.randint(n // 2, n)
                 b = rng.randint(1, m - 9)
                 f.write(json.dumps({"ids": [rng.randrange(a.vocab) for _ in range(m)], "answer": [b, b + 8]}) + "\n")
-        rates = {"single": [], "multi": []}
+        variants = ["single", "multi"] + (["in_order"] if a.in_order_too else [])
+        rates = {v: [] for v in variants}
         reports = {}
         for rnd in range(a.rounds):
-            for which in ("single", "multi") if rnd % 2 == 0 else ("multi", "single"):
+            for which in variants if rnd % 2 == 0 else variants[::-1]:
                 rep = os.path.join(work, f"{which}{n}.json")
-                extra = a.multi_args.split() if which == "multi" else []
-                p = subprocess.run([a.scan, "--backend", getattr(a, which), "--model", a.model, "--input", corpus,
+                backend = a.single if which == "single" else a.multi
+                extra = a.multi_args.split() if which != "single" else []
+                env = dict(os.environ, DS_SCAN_IN_ORDER="1" if which == "in_order" else "0")
+                p = subprocess.run([a.scan, "--backend", backend, "--model", a.model, "--input", corpus,
                                     "--out", rep, "--no-progress"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+                                   text=True, env=env)
                 if rnd == 0 and which == "multi":
                     print("   ", p.stderr.splitlines()[0] if p.stderr else "", flush=True)
                 if p.returncode != 0:
@@ -69,7 +77,7 @@ def main():
                 r = json.load(open(rep))
                 rates[which].append(r["prompts"] / r["elapsed_s"])
                 reports[which] = r
-                print(f"{n:>6} tokens  {which:6} {getattr(a, which):10} {r['prompts']} prompts in {r['elapsed_s']:.2f} s: "
+                print(f"{n:>6} tokens  {which:8} {backend:10} {r['prompts']} prompts in {r['elapsed_s']:.2f} s: "
                       f"{rates[which][-1]:.2f} prompts/s", flush=True)
         pinned = {}
         for which in ("single", "multi"):
@@ -87,6 +95,12 @@ def main():
         row = {"tokens_max": n, "prompts": a.prompts, "single_prompts_per_s": s, "multi_prompts_per_s": m,
                "speedup": m / s, "reports_identical": same, "reports_identical_tuned": same_tuned, "rounds": a.rounds,
                "single_all": rates["single"], "multi_all": rates["multi"]}
+        if a.in_order_too:
+            o = max(rates["in_order"])
+            row.update({"in_order_prompts_per_s": o, "in_order_speedup": o / s, "in_order_all": rates["in_order"],
+                        "reports_identical_in_order": timeless(reports["in_order"]) == timeless(reports["single"])})
+            print(f"{n:>6} tokens: {a.multi} in input order (DS_SCAN_IN_ORDER=1) {o:.2f} prompts/s: {o / s:.2f}x",
+                  flush=True)
         print(f"{n:>6} tokens: {a.multi} {m:.2f} prompts/s vs {a.single} {s:.2f}: {m / s:.2f}x; reports identical "
               f"but timings: {same} (GEMM choice pinned), {same_tuned} (each GPU tuning its own)", flush=True)
         out["rows"].append(row)
