@@ -158,7 +158,8 @@ if has importance_bench; then
     --json "$OUT/head_importance_bench.json" 2>&1 | tee "$OUT/importance_bench.log" | tail -12 | tee -a "$SUMMARY"
 fi
 # Scans on every GPU (issue 47): diffscope-scan on one GPU against cuda:all on a random kajuma-shaped checkpoint, and
-# the reports compared (bench/scan_gpus.py). SCAN_GPUS_ARGS adds to its arguments.
+# the reports compared (bench/scan_gpus.py), and cuda:all again with the replicas' length-bucket queue off
+# (DS_SCAN_IN_ORDER=1, --in-order-too). SCAN_GPUS_ARGS adds to its arguments.
 if has scan_gpus; then
   log "## Corpus scans on every GPU"
   nvidia-smi -L | tee -a "$SUMMARY"
@@ -168,7 +169,7 @@ if has scan_gpus; then
   done
   [ -f /tmp/kajuma_rand/config.json ] || python3 tools/make_random_checkpoint.py /tmp/kajuma_rand > "$OUT/make_ckpt.log" 2>&1
   timeout 560 python3 bench/scan_gpus.py --scan "$DS/bin/diffscope-scan" --model /tmp/kajuma_rand \
-    --json "$OUT/scan_gpus.json" ${SCAN_GPUS_ARGS:-} 2>&1 | tee "$OUT/scan_gpus.log" | tail -12 | tee -a "$SUMMARY"
+    --in-order-too --json "$OUT/scan_gpus.json" ${SCAN_GPUS_ARGS:-} 2>&1 | tee "$OUT/scan_gpus.log" | tail -12 | tee -a "$SUMMARY"
 fi
 # Issue 46's residual-stream costs (bench/residual_bench.py): the lens, the outlier statistics and quantised logits
 # against the forward, on a random kajuma-shaped checkpoint. RESIDUAL_ARGS adds to its arguments.
