@@ -51,9 +51,10 @@ size_t gemm_out_bytes(const GemmArgs& g) {
   return (size_t(g.tokens - 1) * size_t(ld_y(g)) + size_t(g.out_f)) * elem_y(g);
 }
 
-// The timed choice per shape with its tokens rounded to a length bucket, per kind of device, for the whole process: a
-// new length in a tuned bucket takes that algorithm when its heuristic offers it, without timing, and the backends of a
-// scan's replicas on identical GPUs (session_scan_replicas.h) share what each of them timed.
+// The timed choice per shape with its tokens rounded to a length bucket (core/length_bucket.h), per kind of device, for
+// the whole process: a new length in a tuned bucket takes that algorithm wherever cuBLASLt accepts it for the shape,
+// without timing, and the backends of a scan's replicas on identical GPUs (session_scan_replicas.h) share what each
+// of them timed.
 struct TunedKey {
   std::string device;
   GemmKey key;
