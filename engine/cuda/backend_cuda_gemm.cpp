@@ -107,7 +107,6 @@ GemmPlan& CudaBackend::gemm_plan(const GemmArgs& g) {
         p->algo = *chosen;
         p->lt = p->tuned = true;
       }
-      cudaGetLastError();  // (a check that fails leaves nothing behind for the next kernel's check)
     }
     if (!p->tuned) {  // the heuristic's candidates: its first choice, or (autotune_) the fastest of them, timed
       PreferencePtr pref = make_preference();
