@@ -10,6 +10,7 @@
 #include "engine/core/model.h"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/session/session.h"
+#include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
 #include "engine/session/session_outliers.h"
 #include "engine/session/split_backend.h"
@@ -232,4 +233,124 @@ TEST(SplitBackend, BackendListsAndSizesParse) {
   for (const char* bad : {"", "12", "20Q", "G", "-4G", "1e30T"})
     EXPECT_NE(dstest::error_of([&] { ds::parse_size(bad, "--gpu-mem-limit"); }).find("--gpu-mem-limit"), std::string::npos)
         << bad;
+}
+
+namespace {
+// An environment variable set for a scope (the CUDA backend reads its switches when it is made).
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) old = std::getenv(n);
+    setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+// Everything the comparison of two sessions covers, on the same ids: the prompt, a lambda re-run from a middle layer
+// and from the last, interventions, the lens, outliers, the hidden-state reader and generation.
+void compare_everything(ds::Session& one, ds::Session& two, int64_t n) {
+  const ds::ModelConfig& c = one.config();
+  const std::vector<int32_t> ids = demo_ids(n);
+  one.set_ids(ids);
+  two.set_ids(ids);
+  one.run();
+  two.run();
+  compare_sessions(one, two, "prompt");
+  for (int l : {1, int(c.layers) - 1}) {
+    one.set_lambda_override(l, 0.3);
+    two.set_lambda_override(l, 0.3);
+    EXPECT_EQ(one.run(), two.run());
+    compare_sessions(one, two, "lambda at layer " + std::to_string(l));
+  }
+  for (auto* s : {&one, &two}) {
+    s->set_head_scale(1, 2, 0.f);
+    s->set_head_mix(int(c.layers) - 2, 0, false, 0.f);
+    s->add_knockout(ds::parse_knockout("all:-1:,5:9", int(c.layers)));
+    s->run();
+  }
+  compare_sessions(one, two, "interventions");
+  one.clear_interventions();
+  two.clear_interventions();
+  one.run();
+  two.run();
+  // Head importance: bulk re-runs that keep the ablated layer's attention output (its Q/K/V not written again)
+  ds::HeadImportanceRequest hr;
+  hr.modes = {"head", "a2"};
+  EXPECT_EQ(ds::head_importance_json(ds::run_head_importance(one, hr)),
+            ds::head_importance_json(ds::run_head_importance(two, hr)));
+  compare_sessions(one, two, "after head importance");
+  const ds::Lens la = ds::logit_lens(one, ds::LensRequest{{-1, 10}, {}, 5, -1});
+  const ds::Lens lb = ds::logit_lens(two, ds::LensRequest{{-1, 10}, {}, 5, -1});
+  ASSERT_EQ(la.layers.size(), lb.layers.size());
+  for (size_t i = 0; i < la.layers.size(); ++i)
+    for (size_t p = 0; p < la.layers[i].positions.size(); ++p)
+      EXPECT_EQ(la.layers[i].positions[p].target_prob, lb.layers[i].positions[p].target_prob) << "lens layer " << i;
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(one)), ds::outliers_json(ds::outlier_stats(two)));
+  one.set_watch_max_abs_hidden(true);
+  two.set_watch_max_abs_hidden(true);
+  one.run();
+  two.run();
+  expect_same_floats(one.max_abs_hidden(), two.max_abs_hidden(), "max |h|");
+  one.set_watch_max_abs_hidden(false);
+  two.set_watch_max_abs_hidden(false);
+  ds::GenerateOptions g;
+  g.max_new = 8;
+  g.stop_at_eos = false;
+  EXPECT_EQ(one.generate(g), two.generate(g));
+  compare_sessions(one, two, "after generation");
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(one)), ds::outliers_json(ds::outlier_stats(two)));
+}
+}  // namespace
+
+// Host caches (engine/cuda/backend_cuda_host_caches.cpp): every layer's stream and Q/K/V rows in host memory, two
+// device slots of each, forced here with DS_HOST_CACHES=1 on one GPU and on a split of two blocks over it. Every
+// result equals the device-resident backend's bit for bit (the same kernels on the same rows; the GEMM choice pinned).
+TEST(SplitBackendCuda, HostCachesEqualDeviceResidentRows) {
+  if (ds::cuda_device_count() < 1) GTEST_SKIP() << "needs a usable CUDA GPU (none here)";
+  const ScopedEnv pin("DS_GEMM_AUTOTUNE", "0");
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  std::unique_ptr<ds::Session> host, split;
+  {
+    const ScopedEnv on("DS_HOST_CACHES", "1");
+    host = ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0);
+    const std::vector<ds::BackendChoice> same{{ds::BackendChoice::Kind::Cuda, 0}, {ds::BackendChoice::Kind::Cuda, 0}};
+    split = ds::Session::open(demo(), same, nullptr, 0, limit_for_blocks(c, same, 2));
+  }
+  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *host, 300);
+  EXPECT_NE(split->backend().name().find("layer split"), std::string::npos) << split->backend().name();
+  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *split, 257);
+}
+
+// A plan for more tokens than the device can hold every layer's rows of: the placement keeps them in host memory,
+// says so, and the model runs.
+TEST(SplitBackendCuda, PlacementWithHostCaches) {
+  if (ds::cuda_device_count() < 1) GTEST_SKIP() << "needs a usable CUDA GPU (none here)";
+  const ds::ModelConfig c = ds::load_model(demo())->cfg;
+  ds::SplitOptions o;
+  o.backends = {{ds::BackendChoice::Kind::Cuda, 0}};
+  o.plan_tokens = 1 << 17;
+  o.mem_limit = int64_t(1) << 40;
+  const ds::Placement whole = ds::place_layers(c, o);
+  ASSERT_FALSE(whole.host_caches);
+  // A limit a third of the layers' rows below the device-resident need: the host-cached need (two slots of rows,
+  // a third of six layers' rows) is below it.
+  const size_t E = size_t(c.hidden), W = size_t((c.heads + 2 * c.kv_heads) * c.head_dim);
+  const int64_t rows = int64_t(o.plan_tokens) * int64_t(E * 4 + W * 2) * c.layers;
+  o.mem_limit = int64_t(whole.need.at(0)) - rows / 3 + (int64_t(768) << 20);
+  ds::Placement p;
+  try {
+    p = ds::place_layers(c, o);
+  } catch (const ds::Error& e) {
+    GTEST_SKIP() << "this machine's host memory does not hold the plan: " << e.what();
+  }
+  EXPECT_TRUE(p.host_caches);
+  EXPECT_NE(ds::placement_text(p, o.backends).find("in host memory"), std::string::npos) << ds::placement_text(p, o.backends);
+  auto s = ds::Session::open(demo(), o.backends, nullptr, 0, o.mem_limit, o.plan_tokens);
+  s->set_ids(demo_ids(100));
+  s->run();
+  EXPECT_EQ(s->result().logits.size(), size_t(c.vocab));
 }

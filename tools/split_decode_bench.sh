@@ -2,17 +2,21 @@
 # A layer split's forward and decoding against one GPU (issue 47), on the device: a random checkpoint (kajuma's shape,
 # or FAMILY=motif2: Motif-2-12.7B's) at a 32K-token prompt, diffscope-run --generate 64 --json on cuda:0 and on
 # SPLIT (cuda:0,1) forced to split by --gpu-mem-limit, alternating, twice each; the generated tokens must be the same
-# (the GEMM choice pinned, DS_GEMM_AUTOTUNE=0). EXTRA_LIMIT=20G: once more on cuda:all with that limit per GPU (the
-# 24 GB-card case), printing the placement.
-#   [FAMILY=motif2] [SPLIT=cuda:0,1] [EXTRA_LIMIT=20G] tools/split_decode_bench.sh RUN_EXE OUT_DIR [LIMIT] [TOKENS]
+# (the GEMM choice pinned, DS_GEMM_AUTOTUNE=0). EXTRA_LIMIT=20G: once more on EXTRA_BACKEND (cuda:all; cuda:0,0 has one
+# large GPU stand in for two cards) with that limit per GPU (the 24 GB-card case), printing the placement. ROUNDS=0:
+# one GPU once, then only that run.
+#   [FAMILY=motif2] [SPLIT=cuda:0,1] [EXTRA_LIMIT=20G] [EXTRA_BACKEND=cuda:0,0] [ROUNDS=2]
+#     tools/split_decode_bench.sh RUN_EXE OUT_DIR [LIMIT] [TOKENS]
 set -u
 RUN=$1 OUT=$2 LIMIT=${3:-4G} N=${4:-32768}
 FAMILY=${FAMILY:-diffllama} SPLIT=${SPLIT:-cuda:0,1}
 MODEL=/tmp/kajuma_rand; [ "$FAMILY" = diffllama ] || MODEL=/tmp/${FAMILY}_rand
 [ -f $MODEL/config.json ] || python3 tools/make_random_checkpoint.py $MODEL --family "$FAMILY" > "$OUT/make_ckpt_$FAMILY.log" 2>&1
 python3 -c "import random; r=random.Random(3); print(','.join(str(r.randrange(8192)) for _ in range($N)))" > /tmp/split_ids.txt
-for round in 1 2; do
+ROUNDS=${ROUNDS:-2}
+for round in $(seq 1 $((ROUNDS > 0 ? ROUNDS : 1))); do
   for which in single split; do
+    [ "$ROUNDS" = 0 ] && [ $which = split ] && continue
     args=(--backend cuda:0); [ $which = split ] && args=(--backend "$SPLIT" --gpu-mem-limit "$LIMIT")
     DS_GEMM_AUTOTUNE=0 "$RUN" --model $MODEL --token-ids-file /tmp/split_ids.txt --generate 64 --ignore-eos \
       --json "${args[@]}" > "$OUT/split_decode_${which}_$round.json" 2> "$OUT/split_decode_${which}_$round.err"
@@ -28,8 +32,8 @@ done
 if [ -n "${EXTRA_LIMIT:-}" ]; then
   python3 -c "import random; r=random.Random(3); print(','.join(str(r.randrange(8192)) for _ in range(${EXTRA_TOKENS:-$N})))" > /tmp/split_ids_extra.txt
   DS_GEMM_AUTOTUNE=0 "$RUN" --model $MODEL --token-ids-file /tmp/split_ids_extra.txt --generate 64 --ignore-eos --json \
-    --backend cuda:all --gpu-mem-limit "$EXTRA_LIMIT" > "$OUT/split_decode_limit.json" 2> "$OUT/split_decode_limit.err"
-  echo "cuda:all --gpu-mem-limit $EXTRA_LIMIT, ${EXTRA_TOKENS:-$N} tokens: exit $?"
+    --backend "${EXTRA_BACKEND:-cuda:all}" --gpu-mem-limit "$EXTRA_LIMIT" > "$OUT/split_decode_limit.json" 2> "$OUT/split_decode_limit.err"
+  echo "${EXTRA_BACKEND:-cuda:all} --gpu-mem-limit $EXTRA_LIMIT, ${EXTRA_TOKENS:-$N} tokens: exit $?"
   grep -i "layer\|place\|GiB\|error" "$OUT/split_decode_limit.err" | head -12
   python3 - "$OUT/split_decode_limit.json" "$OUT/split_decode_single_1.json" <<'PY'
 import json, sys
@@ -42,6 +46,7 @@ print(f"limit run: forward {d['forward_ms']:.1f} ms, {d['generate_ms'] / max(1, 
       f"the same tokens as one GPU: {same}; {d['backend']}")
 PY
 fi
+[ "$ROUNDS" = 0 ] && exit 0
 python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]

@@ -166,7 +166,9 @@ void run_layers(const ModelConfig& cfg, Ops& ops, const Plan& plan) {
     if (ops.cancelled()) throw ForwardCancelled(l);
     const float lam = cfg.is_diff() && cfg.has_maps(l) && plan.lambda ? plan.lambda[l] : 0.f;
     const AttnEdit* edit = plan.edits && size_t(l) < plan.edits->size() ? &(*plan.edits)[size_t(l)] : nullptr;
+    ops.layer_begin(l);
     layer(cfg, ops, l, lam, last_only && l == L - 1, plan.hooks, edit);
+    ops.layer_end(l);
     if (ops.cancelled()) throw ForwardCancelled(l);  // the layer stopped halfway: it and those above are stale
   }
 }

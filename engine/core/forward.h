@@ -133,6 +133,11 @@ class Ops {
   }
   // Polled between layers and between a layer's blocks: true stops the forward (ForwardCancelled).
   virtual bool cancelled() { return false; }
+  // Around each layer of run_layers: a backend that keeps the layers' rows elsewhere than where the ops read and write
+  // them (the CUDA backend's host caches: two device slots per activation, every layer's rows in host memory) places
+  // the layer's slots before it and moves its rows out after it.
+  virtual void layer_begin(int layer) { (void)layer; }
+  virtual void layer_end(int layer) { (void)layer; }
 };
 
 // --- hooks -----------------------------------------------------------------------------------------------------

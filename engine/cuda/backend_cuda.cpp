@@ -91,6 +91,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   device_select_ = env_switch("DS_OUTLIER_DEVICE_SELECT", true);
   select_compact_ = env_switch("DS_OUTLIER_COMPACT", true);
   initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
+  if (std::getenv("DS_HOST_CACHES")) host_caches_mode_ = env_switch("DS_HOST_CACHES", false) ? 1 : 0;
   attn_opt_ = attn_options_from_env();
   attn_dev_ = kern::query_attn_device(device_);
 }
@@ -417,7 +418,8 @@ float* CudaBackend::ssm_state(int layer) const {
 bf16* CudaBackend::qkv_slot(int layer) const {
   const int s = qkv_slot_.at(size_t(layer));
   if (s < 0) throw Error(cfg_.no_attention(layer, "queries or keys"));
-  return act_.qkv_cache.as<bf16>() + size_t(s) * size_t(act_.cap) * size_t(qkv_width());
+  // (host caches: the layer's device slot, which holds its rows while it runs or once page_qkv brought them)
+  return act_.qkv_cache.as<bf16>() + size_t(act_.host ? s & 1 : s) * size_t(act_.cap) * size_t(qkv_width());
 }
 
 namespace {
@@ -428,10 +430,12 @@ size_t scratch32_per_token(const ModelConfig& c) {
 }
 }  // namespace
 
-size_t CudaBackend::bytes_per_token() const {
-  const size_t E = size_t(cfg_.hidden), L = size_t(end_layer() - first_), W = size_t(qkv_width());
+size_t CudaBackend::bytes_per_token(bool host) const {
+  const size_t E = size_t(cfg_.hidden), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim);
-  const size_t attn_layers = size_t(qkv_slots_), di = size_t(cfg_.d_inner);
+  // (host caches: two stream slots and two Q/K/V slots on the device)
+  const size_t L = host ? 1 : size_t(end_layer() - first_);
+  const size_t attn_layers = host ? std::min<size_t>(2, size_t(qkv_slots_)) : size_t(qkv_slots_), di = size_t(cfg_.d_inner);
   size_t ssm = 0;  // SambaY: ssm and memory [di] bf16, xdbl [R + 2S] bf16, the scan's workspace per token
   if (di) {
     kern::ScanParams sp;
@@ -451,7 +455,7 @@ int64_t CudaBackend::device_memory_used() const {
   return int64_t(total_b - free_b);
 }
 
-int64_t CudaBackend::max_tokens() const {
+int64_t CudaBackend::device_tokens(bool host) const {
   const DeviceGuard on(device_);
   if (!loaded_) return 0;
   size_t free_b = 0, total_b = 0;
@@ -460,7 +464,13 @@ int64_t CudaBackend::max_tokens() const {
   // Under --gpu-mem-limit: what the limit leaves after the load (as a card of that size would)
   if (mem_limit_ > 0) avail = std::min(avail, mem_limit_ > held_after_load_ ? mem_limit_ - held_after_load_ : 0);
   if (avail <= kReserve) return 0;
-  return int64_t((avail - kReserve) / bytes_per_token());
+  return int64_t((avail - kReserve) / bytes_per_token(host));
+}
+
+int64_t CudaBackend::max_tokens() const {
+  if (host_caches_mode_ == 0 || !host_caches_possible()) return device_tokens(false);
+  const int64_t host = std::min(device_tokens(true), host_tokens());
+  return host_caches_mode_ == 1 ? host : std::max(device_tokens(false), host);
 }
 
 bool CudaBackend::has_spare(size_t bytes) const {
@@ -481,17 +491,30 @@ void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
   has_run_ = false;
   ++act_gen_;
   rope_n_ = 0;
+  // Host caches where the device alone cannot hold the prompt (or DS_HOST_CACHES=1)
+  const bool host = host_caches_mode_ != 0 && host_caches_possible() &&
+                    (host_caches_mode_ == 1 || std::max(T, old_cap) > device_tokens(false));
   // Room for `spare` more positions (a single sequence that may be decoded further) where memory allows.
-  const int64_t room = std::max<int64_t>(0, std::min(spare, max_tokens() - T));
-  make_activations(act_, std::max(T + room, old_cap), std::max(n + room, old_cap_n));
+  const int64_t limit = host ? std::min(device_tokens(true), host_tokens()) : device_tokens(false);
+  const int64_t room = std::max<int64_t>(0, std::min(spare, limit - T));
+  make_activations(act_, std::max(T + room, old_cap), std::max(n + room, old_cap_n), host);
+  hc_.stream_res[0] = hc_.stream_res[1] = hc_.qkv_res[0] = hc_.qkv_res[1] = -1;
 }
 
-void CudaBackend::make_activations(Activations& a, int64_t cap, int64_t cap_n) const {
+void CudaBackend::make_activations(Activations& a, int64_t cap, int64_t cap_n, bool host) const {
   const size_t E = size_t(cfg_.hidden), L = size_t(end_layer() - first_), W = size_t(qkv_width());
   const size_t I = size_t(cfg_.intermediate), Hd = size_t(cfg_.heads * cfg_.head_dim), C = size_t(cap);
   const char* what = "activations (hint: the prompt length sets their size)";
-  a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);  // Stream(first_) .. Stream(end_layer())
-  a.qkv_cache = DeviceBuffer(size_t(qkv_slots_) * C * W * 2, what);
+  if (host) {  // two device slots of each; every layer's rows in pinned host memory
+    a.hidden = DeviceBuffer(2 * C * E * 4, what);
+    a.qkv_cache = DeviceBuffer(std::min<size_t>(2, size_t(qkv_slots_)) * C * W * 2, what);
+    a.host_hidden = PinnedBuffer((L + 1) * C * E * 4);
+    a.host_qkv = PinnedBuffer(size_t(qkv_slots_) * C * W * 2);
+    a.host = true;
+  } else {
+    a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);  // Stream(first_) .. Stream(end_layer())
+    a.qkv_cache = DeviceBuffer(size_t(qkv_slots_) * C * W * 2, what);
+  }
   a.scratch32 = DeviceBuffer(C * scratch32_per_token(cfg_), what);
   if (cfg_.d_inner > 0) {  // SambaY
     const size_t di = size_t(cfg_.d_inner);
@@ -627,6 +650,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (first > 0 && from == first && !stream_in_)
     throw Error("internal: layers " + std::to_string(first) + ".. of a layer split run without their input stream");
   ensure_activations(T, n, batch == 1 ? kDecodeSpare : 0);
+  if (act_.host) hc_.rows = T, hc_run_start(from);
   // A kept attention output holds while its layer's input does (no layer below it runs, the same ids)
   if (kept_.valid && (!reuse || from < kept_.layer || kept_.gen != act_gen_)) kept_.valid = false;
   run_from_ = from;
@@ -782,10 +806,14 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
     if (req.keep_hidden) {
       const int64_t E = cfg_.hidden;
       out.hidden.resize(size_t(L + 1));
+      if (act_.host) hc_wait_copies();
       for (int l = first_; l <= end_layer(); ++l) {  // a block of a layer split: its streams
         out.hidden[size_t(l)].resize(size_t(n * E));
-        DS_CUDA_CHECK(cudaMemcpyAsync(out.hidden[size_t(l)].data(), stream_ptr(l), size_t(n * E) * 4,
-                                      cudaMemcpyDeviceToHost, stream()));
+        if (act_.host)
+          std::memcpy(out.hidden[size_t(l)].data(), host_stream(l), size_t(n * E) * 4);
+        else
+          DS_CUDA_CHECK(cudaMemcpyAsync(out.hidden[size_t(l)].data(), stream_ptr(l), size_t(n * E) * 4,
+                                        cudaMemcpyDeviceToHost, stream()));
       }
     }
     // Nothing waits for the work when nothing of it comes back now (logits on demand, no maps, no profile): the
@@ -931,11 +959,17 @@ void CudaBackend::copy_stream_in(float* dst, size_t bytes) {
 
 float* CudaBackend::stream_ptr(int l, int64_t row) const {
   if (l < first_ || l > end_layer()) throw Error("internal: stream " + std::to_string(l) + " is another block's");
-  return act_.hidden.as<float>() + (size_t(l - first_) * size_t(act_.cap) + size_t(row)) * size_t(cfg_.hidden);
+  // (host caches: the stream's device slot, which holds it while the forward makes it or once page_stream brought it)
+  const size_t at = act_.host ? size_t((l - first_) & 1) : size_t(l - first_);
+  return act_.hidden.as<float>() + (at * size_t(act_.cap) + size_t(row)) * size_t(cfg_.hidden);
 }
 
 Backend::StreamRows CudaBackend::stream_rows(int l, int64_t r0) const {
   const DeviceGuard on(device_);
+  if (act_.host) {  // host caches: the host rows themselves, once written
+    hc_wait_copies();
+    return {host_stream(l) + r0 * cfg_.hidden, -1};
+  }
   DS_CUDA_CHECK(cudaStreamSynchronize(stream()));  // the forward that wrote them has finished
   return {stream_ptr(l, r0), device_};
 }
@@ -943,12 +977,23 @@ Backend::StreamRows CudaBackend::stream_rows(int l, int64_t r0) const {
 void CudaBackend::write_stream(int l, int64_t r0, int64_t rows, const float* in) {
   const DeviceGuard on(device_);
   if (!has_run_ || r0 < 0 || r0 + rows > last_n_) throw Error("internal: write_stream outside the last forward");
+  if (act_.host) {  // into the host rows; the slot that held the stream reads them again when asked
+    hc_wait_copies();
+    DS_CUDA_CHECK(cudaMemcpy(host_stream(l) + r0 * cfg_.hidden, in, size_t(rows) * size_t(cfg_.hidden) * 4, cudaMemcpyDefault));
+    if (hc_.stream_res[(l - first_) & 1] == l) hc_.stream_res[(l - first_) & 1] = -1;
+    return;
+  }
   DS_CUDA_CHECK(cudaMemcpyAsync(stream_ptr(l, r0), in, size_t(rows) * size_t(cfg_.hidden) * 4, cudaMemcpyDefault, stream()));
   DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 void CudaBackend::read_stream(int l, int64_t r0, int64_t rows, float* out) {
   const DeviceGuard on(device_);
   if (!has_run_ || r0 < 0 || r0 + rows > last_n_) throw Error("internal: read_stream outside the last forward");
+  if (act_.host) {
+    hc_wait_copies();
+    std::memcpy(out, host_stream(l) + r0 * cfg_.hidden, size_t(rows) * size_t(cfg_.hidden) * 4);
+    return;
+  }
   copy_to_host({{out, stream_ptr(l, r0), size_t(rows) * size_t(cfg_.hidden) * 4}});
 }
 }  // namespace cuda

@@ -37,13 +37,21 @@ void CudaBackend::grow_activations(int64_t need) {
   // Both sets live while the cached rows move across: grow by a quarter at least, so that this is rare.
   const int64_t cap = std::min(limit, std::max(need, act_.cap + std::max<int64_t>(512, act_.cap / 4)));
   Activations a;
-  make_activations(a, cap, cap);
+  make_activations(a, cap, cap, act_.host);
   const size_t E = size_t(cfg_.hidden), W = size_t(qkv_width()), n = size_t(last_n_);
   const size_t old_cap = size_t(act_.cap), new_cap = size_t(cap);
-  for (size_t l = 0; l <= size_t(end_layer() - first_); ++l)  // the block's streams
+  if (act_.host) {  // host caches: the host rows move (the device slots are paged in again when read)
+    hc_wait_copies();
+    for (size_t l = 0; l <= size_t(end_layer() - first_); ++l)
+      std::memcpy(a.host_hidden.as<float>() + l * new_cap * E, act_.host_hidden.as<float>() + l * old_cap * E, n * E * 4);
+    for (size_t s = 0; s < size_t(qkv_slots_); ++s)
+      std::memcpy(a.host_qkv.as<bf16>() + s * new_cap * W, act_.host_qkv.as<bf16>() + s * old_cap * W, n * W * 2);
+    hc_.stream_res[0] = hc_.stream_res[1] = hc_.qkv_res[0] = hc_.qkv_res[1] = -1;
+  }
+  for (size_t l = 0; !act_.host && l <= size_t(end_layer() - first_); ++l)  // the block's streams
     DS_CUDA_CHECK(cudaMemcpyAsync(a.hidden.as<float>() + l * new_cap * E, act_.hidden.as<float>() + l * old_cap * E,
                                   n * E * 4, cudaMemcpyDeviceToDevice, stream()));
-  for (size_t s = 0; s < size_t(qkv_slots_); ++s)
+  for (size_t s = 0; !act_.host && s < size_t(qkv_slots_); ++s)
     DS_CUDA_CHECK(cudaMemcpyAsync(a.qkv_cache.as<bf16>() + s * new_cap * W, act_.qkv_cache.as<bf16>() + s * old_cap * W,
                                   n * W * 2, cudaMemcpyDeviceToDevice, stream()));
   if (cfg_.d_inner > 0)
@@ -187,7 +195,10 @@ void CudaBackend::decode_step(int32_t id, const std::vector<float>& lambda) {
     copy_stream_in(d.h.as<float>() + size_t(first_) * size_t(cfg_.hidden), size_t(cfg_.hidden) * 4);
   }
   has_run_ = false;  // until the step completes
-  if (decode_profile_) {  // eager, every launch between two events (build_profile reads them)
+  if (act_.host) {  // host caches: every step eager (each layer's K and V are paged in), after the write-backs
+    hc_wait_copies();
+    decode_launches();
+  } else if (decode_profile_) {  // eager, every launch between two events (build_profile reads them)
     marks_.clear();
     events_used_ = 0;
     decode_launches();

@@ -152,6 +152,7 @@ kern::AttnParams CudaBackend::layer_params(int layer) const {
     throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg_.layers) +
                 " layers)");
   if (!cfg_.has_maps(layer)) throw Error(cfg_.no_attention(layer, "attention maps"));
+  if (act_.host) page_qkv(layer);  // (host caches: the layer's Q/K/V into its device slot)
   return layer_attn(layer, last_n_, 1, last_lambda_.empty() ? 0.f : last_lambda_[size_t(layer)]);  // sequence 0
 }
 
@@ -363,8 +364,7 @@ std::vector<std::vector<RowMass>> CudaBackend::row_masses(const std::vector<int>
   if (layers.empty()) return {};
   const DeviceGuard on(device_);
   const int64_t n = last_n_, Hv = view_heads();
-  std::vector<kern::AttnParams> params;
-  for (int layer : layers) params.push_back(layer_params(layer));  // (checks each layer)
+  for (int layer : layers) layer_params(layer);  // (checks each layer)
   check_row_mass(q, n, a0, a1);
   const int nmaps = cfg_.is_diff() ? 2 : 1;
   const size_t row_bytes = size_t(Hv) * size_t(nmaps) * size_t(n) * 4, per_layer = size_t(Hv) * 12;
@@ -375,7 +375,7 @@ std::vector<std::vector<RowMass>> CudaBackend::row_masses(const std::vector<int>
     stats_sum_ = DeviceBuffer(layers.size() * per_layer * 8, "row mass sums");
   float* buf = map_buf_.as<float>();
   for (size_t i = 0; i < layers.size(); ++i) {  // (one map buffer: the stream orders the layers' uses of it)
-    const kern::AttnParams& p = params[i];
+    const kern::AttnParams p = layer_params(layers[i]);  // (host caches: paged in here, a layer at a time)
     timed("attn_row_mass", layers[i], [&] {
       DS_CUDA_CHECK(kern::launch_attn_map_logits(p, int(q), 1, buf, stream()));
       DS_CUDA_CHECK(kern::launch_attn_map_softmax(p, int(q), 1, buf, map_stats_.as<float>(), stream()));
@@ -406,6 +406,7 @@ const float* CudaBackend::outlier_stream(int layer) {
   if (!has_run_ || last_batch_ != 1) throw Error("no result: run a prompt first");
   if (layer < 0 || layer >= int(cfg_.layers) || (layer == int(cfg_.layers) - 1 && partial_last_layer_))
     throw Error("internal: outlier statistics of layer " + std::to_string(layer) + " without every row");
+  if (act_.host) page_stream(layer + 1);
   return stream_ptr(layer + 1);
 }
 
@@ -479,6 +480,18 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
                                       OutlierValues* values) {
   const DeviceGuard on(device_);
   const size_t Q = q.size();
+  if (act_.host && Q > 1) {  // host caches: one layer's rows in a slot at a time, so one query a call
+    counts.assign(Q, {});
+    if (values) values->assign(Q, {});
+    for (size_t i = 0; i < Q; ++i) {
+      std::vector<std::vector<uint64_t>> c;
+      OutlierValues v;
+      outlier_counts_many({q[i]}, c, values ? &v : nullptr);
+      counts[i] = std::move(c.at(0));
+      if (values) (*values)[i] = std::move(v.at(0));
+    }
+    return;
+  }
   // Counts: the logit queries' u64 (a layer's causal logits can pass 2^32), the hidden states' u32 (half the copy).
   std::vector<size_t> at(Q + 1, 0), at32(Q + 1, 0), pre_at(Q), slot(Q + 1, 0);  // offsets; each query's first map slot
   std::vector<uint32_t> prefixes;
@@ -637,7 +650,7 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
   const DeviceGuard on(device_);
   const int L = int(cfg_.layers);
   const int64_t count = last_n_ * cfg_.hidden;
-  if (!device_select_ || first_ != 0 || end_layer() != L || L > kern::kMaxSelectSources || count < 1 ||
+  if (!device_select_ || act_.host || first_ != 0 || end_layer() != L || L > kern::kMaxSelectSources || count < 1 ||
       count > int64_t(UINT32_MAX))
     return false;
   constexpr int K = kern::kSelectPrefixes, kBins = 4096, cap = int(kFirstCap);

@@ -121,6 +121,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
       case fwd::Weight::LmHead: wt = b_.lm_head_ptr_, out_f = c_.vocab; break;
     }
     const View x = view(op.in), y = view(op.out);
+    if (op.out.t == fwd::Act::Qkv && !decode_) b_.hc_.qkv_written = true;  // (host caches: its rows go back after it)
     const bool residual = op.epi == fwd::Epilogue::Residual;
     const View r = residual ? view(op.res) : View{};
     const bool gated = op.epi == fwd::Epilogue::GatedAct, swiglu = gated && c_.spec().mlp == MlpAct::Silu;
@@ -247,6 +248,16 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
         step("attention_knockout", l, [&] { DS_CUDA_CHECK(kern::launch_attn_fwd_generic(p, b_.stream())); });
       }
     }
+  }
+
+  // Host caches (backend_cuda_host_caches.cpp): the layer's slots before it, its rows to the host after it.
+  void layer_begin(int l) override {
+    if (b_.act_.host && !recompute_) b_.hc_layer_begin(l, decode_);
+  }
+  void layer_end(int l) override {
+    if (!b_.act_.host || recompute_) return;
+    flush_max_abs();  // (a reader's pending reduction reads the layer's slot before another layer reuses it)
+    b_.hc_layer_end(l, decode_);
   }
 
   void keep_attention(int l, float lambda, fwd::Rows rows, const fwd::AttnEdit* edit) override {
@@ -542,6 +553,7 @@ void CudaBackend::lens_logits(int layer, int64_t position, float* out) {
       position < 0 || position >= last_n_)
     throw Error("internal: lens of layer " + std::to_string(layer) + " at position " + std::to_string(position));
   ensure_logits(1);
+  if (act_.host) page_stream(layer + 1);
   ForwardOps ops(*this, 1, last_n_, false);
   ops.set_window(position, 1);
   fwd::lens(cfg_, ops, layer, fwd::Rows::New);
@@ -550,6 +562,7 @@ void CudaBackend::lens_logits(int layer, int64_t position, float* out) {
 
 void CudaBackend::final_logits_rows(int64_t first, int64_t count) {
   ensure_logits(count);
+  if (act_.host) page_stream(int(cfg_.layers));
   ForwardOps ops(*this, 1, last_n_, false);
   ops.set_window(first, count);
   fwd::logits(cfg_, ops, fwd::Rows::New);
@@ -581,7 +594,9 @@ void CudaBackend::decode_launches() {
   // Every layer's input row (and the last output) into hidden at the position, in one launch: rows L+1 of E f32
   // (a layer split's block: its own streams), the step's rows E apart, hidden's cap x E apart.
   const int end = end_layer();
-  timed_if(decode_profile_, "store_rows", L, [&] {
+  if (act_.host) {  // (host caches: to the host rows)
+    hc_decode_rows(last_n_);
+  } else timed_if(decode_profile_, "store_rows", L, [&] {
     DS_CUDA_CHECK(kern::launch_copy_rows(dec_->h.as<float>() + size_t(first_) * size_t(E), E * 4, act_.hidden.get(),
                                          act_.cap * E * 4, dec_->ctl.as<int32_t>() + 1, E * 4, end - first_ + 1, stream()));
   });

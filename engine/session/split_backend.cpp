@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
+#include "engine/core/env.h"
 #include "engine/core/error.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/model.h"
@@ -31,18 +33,33 @@ std::string device_label(const BackendChoice& c, int index) {
 
 // What one block of layers [first, end) plans to hold: weights (bf16 on a GPU, f32 on the CPU), the embedding with
 // layer 0, the LM head with the last layer, and the activations of plan_tokens tokens (its streams, caches, scratch).
+// host: the CUDA backend's host caches (backend_cuda_host_caches.cpp): two slots of stream and Q/K/V rows on the
+// device, every layer's rows (host_per_layer) in host memory.
 struct Costs {
-  double per_param, embed, per_layer, act_fixed, act_per_layer;
+  double per_param, embed, per_layer, act_fixed, act_per_layer, host_per_layer;
 };
-Costs costs_of(const ModelConfig& c, bool cuda, int64_t tokens) {
+Costs costs_of(const ModelConfig& c, bool cuda, int64_t tokens, bool host = false) {
   Costs k;
   k.per_param = cuda ? 2 : 4;
   k.embed = double(c.vocab * c.hidden) * k.per_param;
   k.per_layer = c.layer_share_params() * k.per_param;
   const double W = double((c.heads + 2 * c.kv_heads) * c.head_dim), E = double(c.hidden);
-  k.act_per_layer = double(tokens) * (E * 4 + W * 2);
-  k.act_fixed = double(tokens) * (E * 4 + double(c.intermediate) * 6 + E * 6 + double(c.heads * c.head_dim) * 2);
+  const double rows = double(tokens) * (E * 4 + W * 2);
+  k.act_per_layer = host ? 0 : rows;
+  k.host_per_layer = host ? rows : 0;
+  k.act_fixed = double(tokens) * (E * 4 + double(c.intermediate) * 6 + E * 6 + double(c.heads * c.head_dim) * 2) +
+                (host ? 2 * rows : 0);
   return k;
+}
+
+// Whether the CUDA backend can keep this model's layers' rows in host memory (host_caches_possible: attention layers
+// that read their own caches), and DS_HOST_CACHES does not forbid it.
+bool host_caches_allowed(const ModelConfig& c) {
+  if (std::getenv("DS_HOST_CACHES") && !env_switch("DS_HOST_CACHES", false)) return false;
+  if (c.d_inner > 0) return false;
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (!c.has_maps(l) || c.kv_layer(l) != l) return false;
+  return true;
 }
 
 }  // namespace
@@ -62,27 +79,45 @@ Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
     p.budget.push_back(budget);
   }
   // Greedy in device order: each device takes as many of the remaining layers as fit, so the model uses as few
-  // devices (and hand-offs) as it can.
+  // devices (and hand-offs) as it can. Where the devices cannot hold every layer's rows of plan_tokens tokens, GPUs
+  // plan again with host caches (the rows in host memory, two slots of them on the device).
+  bool all_cuda = true;
+  for (const BackendChoice& b : opt.backends) all_cuda &= is_cuda(b);
+  const uint64_t host_free = available_memory_bytes(), host_reserve = uint64_t(2) << 30;
   int l = 0;
-  for (int d = 0; d < D && l < L; ++d) {
-    const Costs k = costs_of(cfg, is_cuda(opt.backends[size_t(d)]), opt.plan_tokens);
-    double need = k.act_fixed + (l == 0 ? k.embed : 0) + k.act_per_layer;  // (the block's first stream)
-    int end = l;
-    while (end < L) {
-      const double tail = end + 1 == L ? k.embed : 0;  // the LM head (the embedding again when tied)
-      if (need + k.per_layer + k.act_per_layer + tail > double(p.budget[size_t(d)])) break;
-      need += k.per_layer + k.act_per_layer;
-      ++end;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool host = pass == 1;
+    if (host) {
+      if (!all_cuda || !host_caches_allowed(cfg)) break;
+      const Costs k = costs_of(cfg, true, opt.plan_tokens, true);
+      if (k.host_per_layer * L > double(host_free > host_reserve ? host_free - host_reserve : 0)) break;
+      p.first.clear(), p.end.clear(), p.dev.clear(), p.need.clear();
+      p.host_caches = true;
+      p.host_bytes = size_t(k.host_per_layer * L);
+      l = 0;
     }
-    if (end == l) continue;  // this device cannot take one layer: the next
-    if (end == L) need += k.embed;
-    p.first.push_back(l);
-    p.end.push_back(end);
-    p.dev.push_back(d);
-    p.need.push_back(size_t(need));
-    l = end;
+    for (int d = 0; d < D && l < L; ++d) {
+      const Costs k = costs_of(cfg, is_cuda(opt.backends[size_t(d)]), opt.plan_tokens, host);
+      double need = k.act_fixed + (l == 0 ? k.embed : 0) + k.act_per_layer;  // (the block's first stream)
+      int end = l;
+      while (end < L) {
+        const double tail = end + 1 == L ? k.embed : 0;  // the LM head (the embedding again when tied)
+        if (need + k.per_layer + k.act_per_layer + tail > double(p.budget[size_t(d)])) break;
+        need += k.per_layer + k.act_per_layer;
+        ++end;
+      }
+      if (end == l) continue;  // this device cannot take one layer: the next
+      if (end == L) need += k.embed;
+      p.first.push_back(l);
+      p.end.push_back(end);
+      p.dev.push_back(d);
+      p.need.push_back(size_t(need));
+      l = end;
+    }
+    if (l == L) break;
   }
   if (l < L) {
+    p.host_caches = false;
     const Costs k = costs_of(cfg, is_cuda(opt.backends[0]), opt.plan_tokens);
     const double total = k.embed * 2 + (k.per_layer + k.act_per_layer) * L + k.act_fixed * D;
     double offered = 0;
@@ -92,6 +127,11 @@ Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt) {
                 ", activations for " + std::to_string(opt.plan_tokens) + " tokens " +
                 gib((k.act_per_layer * L + k.act_fixed * D)) + ") and they offer " + gib(offered) +
                 (opt.mem_limit > 0 ? " under --gpu-mem-limit " + gib(double(opt.mem_limit)) + " each" : "") +
+                (all_cuda && host_caches_allowed(cfg)
+                     ? " (with the layers' rows in host memory: " +
+                           gib(costs_of(cfg, true, opt.plan_tokens, true).host_per_layer * L) + " of " +
+                           gib(double(host_free)) + " free)"
+                     : "") +
                 "; HINT: add devices (--backend cuda:all) or raise --gpu-mem-limit");
   }
   return p;
@@ -107,6 +147,7 @@ std::string placement_text(const Placement& p, const std::vector<BackendChoice>&
          " on " + device_label(b, p.dev[i]) + " (" +
          gib(double(p.need[i])) + " of " + gib(double(p.budget[size_t(p.dev[i])])) + ")";
   }
+  if (p.host_caches) t += "; the layers' streams and Q/K/V in host memory (" + gib(double(p.host_bytes)) + ")";
   return t;
 }
 

@@ -31,6 +31,10 @@ struct Placement {
   std::vector<int> dev;         // per block: its index in SplitOptions::backends (a device too small for a layer is skipped)
   std::vector<size_t> need;     // bytes each block plans for
   std::vector<int64_t> budget;  // bytes each device offers (after the limit and a reserve)
+  // The devices cannot hold every layer's rows of plan_tokens tokens: the CUDA backends keep them in host memory
+  // (backend_cuda_impl.h, host caches), host_bytes in all; need then counts the device's two slots.
+  bool host_caches = false;
+  size_t host_bytes = 0;
 };
 Placement place_layers(const ModelConfig& cfg, const SplitOptions& opt);
 std::string placement_text(const Placement& p, const std::vector<BackendChoice>& backends);

@@ -62,7 +62,11 @@ struct Activations {
   // SambaY: the scan's (or GMU's) gated output [T][di], the memory [T][di], x_proj's output [T][R + 2S] (bf16),
   // and the scan's workspace. in_proj's output [T][2 di] and dt [T][di] live in scratch32.
   DeviceBuffer ssm, memory, xdbl, scan_ws;
-  size_t bytes() const {
+  // Host caches (backend_cuda_host_caches.cpp): hidden holds two stream slots and qkv_cache two Q/K/V slots, and every
+  // layer's rows live here in pinned host memory: [L_block + 1][cap][E] f32 and [attention layers][cap][W] bf16.
+  bool host = false;
+  PinnedBuffer host_hidden, host_qkv;
+  size_t bytes() const {  // (device bytes)
     return hidden.bytes() + qkv_cache.bytes() + scratch32.bytes() + x.bytes() + attn.bytes() + act.bytes() +
            ids.bytes() + cos_sin.bytes() + ssm.bytes() + memory.bytes() + xdbl.bytes() + scan_ws.bytes();
   }
@@ -275,7 +279,34 @@ class CudaBackend final : public Backend {
   void reset_model();
   // Activations for `tokens` rows of sequences of n, with room for `spare` more positions where memory allows.
   void ensure_activations(int64_t tokens, int64_t n, int64_t spare = 0);
-  void make_activations(Activations& a, int64_t cap, int64_t cap_n) const;
+  void make_activations(Activations& a, int64_t cap, int64_t cap_n, bool host) const;
+  // --- host caches (backend_cuda_host_caches.cpp): a prompt whose streams and Q/K/V do not fit the device keeps
+  // every layer's rows in pinned host memory. The forward fills two device slots of each (layer l: slot l & 1),
+  // and after each layer a copy stream writes its rows back while the next layer runs; a reader pages a layer's rows
+  // in again (page_stream, page_qkv) before it reads them. Only blocks of attention layers (no Mamba, no cross-layer
+  // KV) take them; DS_HOST_CACHES=0 never, =1 always (tests), unset: when the device alone cannot hold the prompt.
+  bool host_caches_possible() const;
+  int64_t device_tokens(bool host) const;  // positions the device's free memory holds (host: two slots a layer)
+  int64_t host_tokens() const;             // positions the host's free memory holds for the caches
+  void hc_run_start(int from);             // run(): the copies of the last forward done, Stream(from) in its slot
+  void hc_layer_begin(int l, bool decode);
+  void hc_layer_end(int l, bool decode);
+  void hc_decode_rows(int64_t pos);        // a decoding step's stream rows at `pos` into the host caches
+  void page_stream(int l) const;
+  void page_qkv(int l) const;
+  void hc_wait_copies() const;             // the host waits for every write-back (before reading the host rows)
+  float* host_stream(int l) const;         // Stream(l)'s rows in the host caches
+  int64_t hc_rows() const;                 // rows a layer holds: the last run's batch x n
+  int host_caches_mode_ = -1;              // DS_HOST_CACHES: -1 auto, 0 off, 1 always
+  struct HostCacheState {
+    int stream_res[2] = {-1, -1};  // the stream each device slot holds (-1: none)
+    int qkv_res[2] = {-1, -1};     // the layer whose Q/K/V each slot holds
+    bool qkv_written = false;      // this layer's forward wrote its Q/K/V (a kept attention output does not)
+    int64_t rows = 0;              // rows of this forward (batch x n)
+    StreamPtr copy;                // the write-backs' stream
+    std::unique_ptr<CudaEvent> stream_done[2], qkv_done[2], layer_done, copies;
+  };
+  mutable HostCacheState hc_;
   void ensure_logits(int64_t rows);
   // The layers from `from` on (fwd::run_layers through ForwardOps) for `batch` sequences of n.
   void run_layers(int batch, int64_t n, const std::vector<float>& lambda, int from, bool last_rows_only,
@@ -329,7 +360,7 @@ class CudaBackend final : public Backend {
   void set_bias(const GemmPlan& p, const GemmArgs& g);
   int view_heads() const { return int(cfg_.view_heads()); }
   int64_t qkv_width() const { return (cfg_.heads + 2 * cfg_.kv_heads) * cfg_.head_dim; }
-  size_t bytes_per_token() const;
+  size_t bytes_per_token(bool host = false) const;  // device bytes a position takes (host: with host caches)
   // Whether `bytes` more fit beside the activations (the device's free memory, --gpu-mem-limit) with the reserve left.
   bool has_spare(size_t bytes) const;
 
