@@ -252,7 +252,8 @@ struct ScopedEnv {
 
 // Everything the comparison of two sessions covers, on the same ids: the prompt, a lambda re-run from a middle layer
 // and from the last, interventions, the lens, outliers, the hidden-state reader and generation.
-void compare_everything(ds::Session& one, ds::Session& two, int64_t n) {
+void compare_everything(ds::Session& one, ds::Session& two, int64_t n, const std::string& label) {
+  SCOPED_TRACE(label);
   const ds::ModelConfig& c = one.config();
   const std::vector<int32_t> ids = demo_ids(n);
   one.set_ids(ids);
@@ -320,9 +321,14 @@ TEST(SplitBackendCuda, HostCachesEqualDeviceResidentRows) {
     const std::vector<ds::BackendChoice> same{{ds::BackendChoice::Kind::Cuda, 0}, {ds::BackendChoice::Kind::Cuda, 0}};
     split = ds::Session::open(demo(), same, nullptr, 0, limit_for_blocks(c, same, 2));
   }
-  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *host, 300);
+  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *host, 300, "one GPU with host caches");
   EXPECT_NE(split->backend().name().find("layer split"), std::string::npos) << split->backend().name();
-  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *split, 257);
+  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0), *split, 257, "a split over cuda:0,0 with host caches");
+  // The same split without them (the hand-off of bulk re-runs: each block's input copied before the previous block
+  // runs again)
+  const std::vector<ds::BackendChoice> same{{ds::BackendChoice::Kind::Cuda, 0}, {ds::BackendChoice::Kind::Cuda, 0}};
+  compare_everything(*ds::Session::open(demo(), ds::BackendChoice::Cuda, nullptr, 0),
+                     *ds::Session::open(demo(), same, nullptr, 0, limit_for_blocks(c, same, 2)), 257, "a split over cuda:0,0");
 }
 
 // A plan for more tokens than the device can hold every layer's rows of: the placement keeps them in host memory,

@@ -100,6 +100,7 @@ CudaBackend::~CudaBackend() {
   try {
     const DeviceGuard on(device_);
     if (stream_) cudaStreamSynchronize(stream());
+    if (hc_.copy) cudaStreamSynchronize(hc_.copy.get());  // (the host caches' write-backs, before their memory goes)
     reset_model();
     act_ = Activations{};
     gemm_plans_.clear();
@@ -143,6 +144,7 @@ void CudaBackend::reset_model() {
   weight_bytes_ = 0;
   loaded_ = false;
   has_run_ = false;
+  if (hc_.copy) cudaStreamSynchronize(hc_.copy.get());  // (host caches: no write-back in flight)
   act_ = Activations{};
   logits_.reset();
   xf_.reset();
@@ -486,6 +488,7 @@ bool CudaBackend::has_spare(size_t bytes) const {
 void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
   if (act_.cap >= T && act_.cap_n >= n) return;
   const int64_t old_cap = act_.cap, old_cap_n = act_.cap_n;
+  if (hc_.copy) DS_CUDA_CHECK(cudaStreamSynchronize(hc_.copy.get()));  // (host caches: no write-back in flight)
   act_ = Activations{};  // free first: the new set may need the room
   outlier_compact_ = DeviceBuffer{};
   has_run_ = false;
@@ -508,8 +511,8 @@ void CudaBackend::make_activations(Activations& a, int64_t cap, int64_t cap_n, b
   if (host) {  // two device slots of each; every layer's rows in pinned host memory
     a.hidden = DeviceBuffer(2 * C * E * 4, what);
     a.qkv_cache = DeviceBuffer(std::min<size_t>(2, size_t(qkv_slots_)) * C * W * 2, what);
-    a.host_hidden = PinnedBuffer((L + 1) * C * E * 4);
-    a.host_qkv = PinnedBuffer(size_t(qkv_slots_) * C * W * 2);
+    a.host_hidden = HostCacheBuffer((L + 1) * C * E * 4);
+    a.host_qkv = HostCacheBuffer(size_t(qkv_slots_) * C * W * 2);
     a.host = true;
   } else {
     a.hidden = DeviceBuffer((L + 1) * C * E * 4, what);  // Stream(first_) .. Stream(end_layer())
@@ -662,8 +665,12 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (profiling_) DS_CUDA_CHECK(cudaMemsetAsync(head_ns_.get(), 0, head_ns_.bytes(), stream()));
   if (from == first) {
     DS_CUDA_CHECK(cudaMemcpyAsync(act_.ids.get(), ids, size_t(T) * 4, cudaMemcpyHostToDevice, stream()));
-    if (first > 0)  // the previous block's output: a peer copy from its GPU, or from the host
+    if (first > 0) {  // the previous block's output: a peer copy from its GPU, or from the host
       timed("handoff", first, [&] { copy_stream_in(stream_ptr(first), size_t(T) * size_t(cfg_.hidden) * 4); });
+      // The previous block may run again (bulk re-runs queue forwards without waiting) and rewrite those rows: the
+      // copy is done before this call returns.
+      DS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
     if (cfg_.spec().rotary)
       timed("rope_table", -1, [&] {
         DS_CUDA_CHECK(kern::launch_rope_table(inv_freq_.as<float>(), int(n), int(cfg_.head_dim / 2),

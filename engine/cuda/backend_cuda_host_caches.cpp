@@ -9,14 +9,63 @@
 // hand-off) pages a layer's rows into its slot first; a decoding step pages in each layer's K and V before that layer
 // and writes its new rows to the host after it. The kernels are the ones of the device-resident path, on the same
 // rows: results are bit-identical (tests/test_cuda_model.cpp, HostCaches*).
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
+#include "engine/core/env.h"
 #include "engine/core/error.h"
 #include "engine/core/input_limits.h"
 #include "engine/cuda/detail/backend_cuda_impl.h"
 
 namespace ds::cuda {
+
+HostCacheBuffer::HostCacheBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  if (!env_switch("DS_HOST_CACHES_REGISTER", true)) {
+    DS_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+    return;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error("host caches: cannot map " + gib(bytes) + " of host memory");
+  madvise(p, bytes, MADV_HUGEPAGE);  // (a hint: fewer pages to fault in and to pin)
+  // Each thread faults in its share (the kernel zeroes the pages there, in parallel)
+  const size_t nt = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16), page = 4096;
+  const size_t share = (bytes / nt + page - 1) / page * page;
+  std::vector<std::thread> threads;
+  try {
+    for (size_t i = 0; i < nt && i * share < bytes; ++i)
+      threads.emplace_back([p, bytes, share, i] {
+        volatile char* b = static_cast<char*>(p);
+        for (size_t o = i * share, e = std::min(bytes, (i + 1) * share); o < e; o += page) b[o] = 0;
+      });
+  } catch (const std::exception&) {  // fewer threads: cudaHostRegister faults in the rest
+  }
+  for (std::thread& t : threads) t.join();
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    munmap(p, bytes);
+    throw Error("host caches: cannot pin " + gib(bytes) + " of host memory (" + cudaGetErrorString(e) + ")");
+  }
+  p_ = p;
+  mapped_ = true;
+}
+
+void HostCacheBuffer::release() noexcept {
+  if (!p_) return;
+  if (mapped_) {
+    cudaHostUnregister(p_);
+    munmap(p_, bytes_);
+  } else {
+    cudaFreeHost(p_);
+  }
+  cudaGetLastError();  // (nothing to tell from a destructor)
+  p_ = nullptr;
+}
 
 namespace {
 // Host memory left to the rest of the machine when the caches are sized.

@@ -65,7 +65,7 @@ struct Activations {
   // Host caches (backend_cuda_host_caches.cpp): hidden holds two stream slots and qkv_cache two Q/K/V slots, and every
   // layer's rows live here in pinned host memory: [L_block + 1][cap][E] f32 and [attention layers][cap][W] bf16.
   bool host = false;
-  PinnedBuffer host_hidden, host_qkv;
+  HostCacheBuffer host_hidden, host_qkv;
   size_t bytes() const {  // (device bytes)
     return hidden.bytes() + qkv_cache.bytes() + scratch32.bytes() + x.bytes() + attn.bytes() + act.bytes() +
            ids.bytes() + cos_sin.bytes() + ssm.bytes() + memory.bytes() + xdbl.bytes() + scan_ws.bytes();

@@ -98,6 +98,40 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// Pinned host memory of the host caches (backend_cuda_host_caches.cpp; tens of GB): mapped with transparent huge
+// pages, its pages faulted in by several threads, then registered with CUDA as portable (every GPU's copies run at
+// full speed). cudaMallocHost pins such sizes on one thread. DS_HOST_CACHES_REGISTER=0: cudaMallocHost (A/B).
+class HostCacheBuffer {
+ public:
+  HostCacheBuffer() = default;
+  explicit HostCacheBuffer(size_t bytes);  // throws ds::Error
+  ~HostCacheBuffer() { release(); }
+  HostCacheBuffer(HostCacheBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), mapped_(o.mapped_) {}
+  HostCacheBuffer& operator=(HostCacheBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+      mapped_ = o.mapped_;
+    }
+    return *this;
+  }
+  HostCacheBuffer(const HostCacheBuffer&) = delete;
+  HostCacheBuffer& operator=(const HostCacheBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void release() noexcept;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+  bool mapped_ = false;  // mmap + cudaHostRegister (else cudaMallocHost)
+};
+
 class CudaEvent {
  public:
   CudaEvent() { DS_CUDA_CHECK(cudaEventCreate(&e_)); }
