@@ -776,10 +776,13 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   } profile_off{profiling_, profiling_};
   if (!req.profile) profiling_ = false;
   const int64_t limit = max_tokens();
-  if (n > limit)
+  if (n > limit) {
+    const bool host = host_caches_mode_ != 0 && host_caches_possible();  // (the limit counts the host's memory too)
     throw Error("prompt of " + std::to_string(n) + " tokens is too long for " + device_name_ + ": at most " +
-                std::to_string(limit) + " fit in its free memory with this model; HINT: shorten the prompt or use "
-                "--backend cpu");
+                std::to_string(limit) + " fit in its free memory" +
+                (host ? " and the host's (the layers' rows in host memory)" : "") +
+                " with this model; HINT: shorten the prompt" + (host ? "" : " or use --backend cpu"));
+  }
   try {
     run(req.ids.data(), 1, n, req.lambda, req.from_layer, !req.all_logits,
         !req.all_logits && !req.keep_hidden && !req.all_rows);
