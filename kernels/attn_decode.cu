@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
   constexpr int RS = THREADS / CH;  // rows per pass of the CTA over a segment
   const int lc = tid % CH, lr = tid / CH;
   const bool col_ok = lc * 8 < p.d;
+  const int64_t kv_stride = p.kv && p.kv_row_stride > 0 ? p.kv_row_stride : p.row_stride;
   const bf16* const src0 = kvb + seg_off0 + lc * 8;
   const bf16* const src1 = kvb + seg_off1 + lc * 8;
   const bf16* const src2 = kvb + seg_off2 + lc * 8;
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(THREADS) attn_decode_split_kernel(const Decode
       for (int j = 0; j < TK / RS; ++j) {
         const int key = lr + j * RS, k = key0 + key;
         const bool ok = col_ok && k < ke;
-        cp_async_16_l2(dst + 2u * uint32_t(seg * SEG + swz<DP>(key, lc * 8)), ok ? base + int64_t(k) * p.row_stride : kvb,
+        cp_async_16_l2(dst + 2u * uint32_t(seg * SEG + swz<DP>(key, lc * 8)), ok ? base + int64_t(k) * kv_stride : kvb,
                        ok ? 16 : 0);
       }
     }
@@ -525,7 +526,7 @@ cudaError_t make_plan(const AttnParams& p, int q_rows, int max_len, Plan& pl) {
       p.window < 0 || p.logit_bits < 0 || p.logit_bits == 1 || p.logit_bits > 16)
     return cudaErrorInvalidValue;
   if (!aligned16(p.qkv) || (p.kv && !aligned16(p.kv)) || p.row_stride % 8 != 0 || p.q_off % 8 != 0 ||
-      p.k_off % 8 != 0 || p.v_off % 8 != 0 || p.row_stride <= 0)
+      p.k_off % 8 != 0 || p.v_off % 8 != 0 || p.row_stride <= 0 || p.kv_row_stride < 0 || p.kv_row_stride % 8 != 0)
     return cudaErrorInvalidValue;
   pl.dp = p.d <= 64 ? 64 : p.d <= 128 ? 128 : p.d <= 256 && !p.diff ? 256 : 0;
   if (pl.dp == 0) return cudaErrorInvalidValue;

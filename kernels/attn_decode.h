@@ -3,7 +3,8 @@
 // graph, serves every decoding step while n grows.
 //
 // Layout and options as for the prefill kernels (attn_params.h): Q rows from p.qkv, K and V from kv_base(p) (p.kv for
-// cross-layer KV reuse), both with p.row_stride and p.q_off / k_off / v_off; p.window a sliding window; p.diff a
+// cross-layer KV reuse), both with p.row_stride (K and V with p.kv_row_stride when p.kv and it are set) and
+// p.q_off / k_off / v_off; p.window a sliding window; p.diff a
 // differential head (two softmaxes over K1 and K2, V of 2d, O1/l1 - lambda O2/l2, RMS norm over 2d with p.eps, times
 // p.out_scale) or a plain one; GQA by attn_heads.h's view_head_map. p.batch, p.batch_stride, p.n, p.head_ns and
 // p.tile_major are not read (batch 1; n comes from *len).

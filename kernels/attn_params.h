@@ -40,6 +40,10 @@ struct AttnParams {
   bool fixed_max = true;                  // the Hopper kernel's fixed-maximum first pass (launch_attn: the choice's)
   int window = 0;                         // sliding window in keys (row i sees max(0, i - window + 1) .. i); 0: none
   const bf16* kv = nullptr;               // K and V from here when set (same layout and offsets), else from qkv
+  // > 0: the rows of kv are this many elements apart instead of row_stride (the decoding kernel only: the CUDA
+  // backend's host caches keep a layer's K and V rows alone, [n][2 Hkv d], for a step; kv then points H d elements
+  // before them, so that k_off and v_off still find K and V)
+  int64_t kv_row_stride = 0;
   // diff: per view head (c1, c2) with O = c1 O1/l1 - c2 O2/l2 (device memory, [view heads]); null: (1, lambda) for
   // every head. A head's interventions (drop A1: c1 = 0; drop A2 or its own lambda: c2), forward.h AttnEdit.
   const float2* head_coef = nullptr;

@@ -17,7 +17,8 @@
 # Run knobs (environment): BACKEND=cuda, TOKENS=32768, SMALL=1 (2-layer checkpoint, for a CPU test), GLMODE=auto
 # (nvidia first, then mesa) | nvidia | mesa, REPLAY=8,0,1.5,60 (1,0,1.5,60 with SMALL), MOUSE=-1,-1 (ImGui's pointer,
 # off the window; empty: Xvfb's, mid-screen), SIZE=WxH (the window, default 1600x1000; the screen is 1920x1080),
-# HEAD=L.H (the head view; default the dragged layer's head 0), GUI_TIMEOUT=300 (seconds), GUI_ARGS (more diffscope
+# HEAD=L.H (the head view; default the dragged layer's head 0), GUI_TIMEOUT=300 (seconds), X11_EXTRA (a folder copied
+# over the unpacked X11 pack), GUI_ARGS (more diffscope
 # flags, e.g. "--generate 32"), CKPT=/tmp/ds_kajuma_random
 # (kept between calls while the machine is warm), FAMILY=phi4flash (a random Phi-4-mini-flash-shaped checkpoint;
 # set CKPT to another folder with it).
@@ -183,6 +184,9 @@ for p in "$GUI_PACK" "$X11_PACK"; do
 done
 rm -rf "$DSX" "$DSG" && mkdir -p "$DSX" "$DSG"
 tar -C "$DSX" -xJf "$X11_PACK" && tar -C "$DSG" -xJf "$GUI_PACK" || { say "unpacking failed"; exit 1; }
+# X11_EXTRA: a folder copied over the X11 pack's (its dri/ from an earlier call while the machine was warm, when the
+# working tree and both packs together pass the transfer limit)
+[ -n "${X11_EXTRA:-}" ] && { cp -a "$X11_EXTRA"/. "$DSX"/ && say "X11 pack: $X11_EXTRA added"; }
 say "GUI binary from commit $(cat "$DSG/bin/COMMIT" 2>/dev/null || echo unknown)"
 FONT=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf  # the first path the GUI's load_fonts tries
 if [ ! -e "$FONT" ]; then

@@ -122,6 +122,7 @@ kern::AttnChoice CudaBackend::attn_choice(const kern::AttnParams& p) const {
 std::string CudaBackend::name() const {
   std::string n = "CUDA: " + device_name_;
   if (attn_dev_.sm90a && attn_dev_.tma) n += " (sm_90a kernels)";
+  if (act_.host) n += ", the layers' rows in host memory";  // (host caches: the last prompt did not fit the GPU)
   return n;
 }
 

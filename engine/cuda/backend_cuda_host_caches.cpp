@@ -112,6 +112,7 @@ void CudaBackend::hc_run_start(int from) {
       *e = std::make_unique<CudaEvent>();
   }
   wait(stream(), hc_.copies);  // the last forward's write-backs have read the slots this one writes
+  hc_.kv_gen = -1;             // (its scratch is no longer a decoding step's K and V)
   if (from == first_) {
     hc_.stream_res[0] = first_;  // the embedding or the hand-off writes it
     if (hc_.stream_res[1] == first_) hc_.stream_res[1] = -1;
@@ -149,10 +150,27 @@ void CudaBackend::hc_layer_begin(int l, bool decode) {
   const int slot = qkv_slot_.at(size_t(l));
   if (decode) {  // the cached positions' K and V of the layer into its slot (the step writes the new row's)
     const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, d = cfg_.head_dim, W = qkv_width(), pos = last_n_;
+    if (hc_.kv_gen != act_gen_) {  // the layers whose K and V the idle prompt scratch holds, first to last
+      const size_t per = size_t(act_.cap) * size_t(2 * Hkv * d) * 2;
+      hc_.kv_res.assign(size_t(cfg_.layers), nullptr);
+      hc_.kv_filled.assign(size_t(cfg_.layers), 0);
+      int next = first_;
+      for (const DeviceBuffer* b : {&act_.scratch32, &act_.act, &act_.attn, &act_.x})
+        for (size_t off = 0; off + per <= b->bytes() && next < end_layer(); off += per)
+          hc_.kv_res[size_t(next++)] = reinterpret_cast<bf16*>(b->as<char>() + off);
+      hc_.kv_gen = act_gen_;
+    }
+    hc_.qkv_res[slot & 1] = -1;  // (its queries are another layer's)
+    if (bf16* r = hc_.kv_res[size_t(l)]) {
+      if (!hc_.kv_filled[size_t(l)])
+        DS_CUDA_CHECK(cudaMemcpy2DAsync(r, size_t(2 * Hkv * d) * 2, host_qkv_of(act_, slot, W) + H * d, size_t(W) * 2,
+                                        size_t(2 * Hkv * d) * 2, size_t(pos), cudaMemcpyHostToDevice, stream()));
+      hc_.kv_filled[size_t(l)] = 1;
+      return;
+    }
     DS_CUDA_CHECK(cudaMemcpy2DAsync(qkv_slot(l) + H * d, size_t(W) * 2, host_qkv_of(act_, slot, W) + H * d,
                                     size_t(W) * 2, size_t(2 * Hkv * d) * 2, size_t(pos), cudaMemcpyHostToDevice,
                                     stream()));
-    hc_.qkv_res[slot & 1] = -1;  // (its queries are another layer's)
     return;
   }
   // The slots Stream(l + 1) and layer l's Q/K/V take: the rows they held (layer l - 2's) are on the host first
@@ -194,6 +212,23 @@ void CudaBackend::hc_layer_end(int l, bool decode) {
     hc_.qkv_res[slot & 1] = -1;  // a kept attention output ran: the slot holds no Q/K/V of this layer
   }
   record(hc_.copies, hc_.copy.get());
+}
+
+void CudaBackend::hc_decode_kv(int l, kern::AttnParams& p) const {
+  bf16* r = hc_.kv_gen == act_gen_ ? hc_.kv_res.at(size_t(l)) : nullptr;
+  if (!r) return;
+  p.kv = r;  // [cap][K of the kv heads | V of the kv heads]
+  p.kv_row_stride = 2 * cfg_.kv_heads * cfg_.head_dim;
+  p.k_off = 0;
+  p.v_off = cfg_.kv_heads * cfg_.head_dim;
+}
+
+void CudaBackend::hc_decode_row_kv(int l) {
+  bf16* r = hc_.kv_gen == act_gen_ ? hc_.kv_res.at(size_t(l)) : nullptr;
+  if (!r) return;
+  const int64_t H = cfg_.heads, KV = 2 * cfg_.kv_heads * cfg_.head_dim, W = qkv_width(), pos = last_n_;
+  DS_CUDA_CHECK(cudaMemcpyAsync(r + pos * KV, qkv_slot(l) + pos * W + H * cfg_.head_dim, size_t(KV) * 2,
+                                cudaMemcpyDeviceToDevice, stream()));
 }
 
 void CudaBackend::hc_decode_rows(int64_t pos) {

@@ -204,6 +204,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
       return step("rope_store", l, [&] {
         DS_CUDA_CHECK(kern::launch_rope_row_store(b_.dec_->qkv.as<bf16>(), cs, b_.dec_->ctl.as<int32_t>() + 1, int(H),
                                                   int(Hkv), int(d), b_.qkv_slot(l), b_.qkv_width(), b_.stream()));
+        if (b_.act_.host) b_.hc_decode_row_kv(l);  // (host caches: the row's K and V beside the kept ones)
       });
     }
     if (!cs) return;
@@ -222,6 +223,7 @@ class CudaBackend::ForwardOps final : public fwd::Ops {
     p.out_scale = float(1.0 - c_.lambda_init(l));
     p.eps = float(c_.subln_eps);
     if (decode_) {  // (quantised logits: the kernel's row-maximum launch first, attn_decode.h)
+      if (b_.act_.host) b_.hc_decode_kv(l, p);  // (host caches: K and V kept on the device, where they are)
       p.out = b_.dec_->attn.as<bf16>();
       p.out_row_stride = p.out_batch_stride = Hd;
       return step("decode_attention", l, [&] {

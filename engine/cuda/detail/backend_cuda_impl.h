@@ -292,6 +292,11 @@ class CudaBackend final : public Backend {
   void hc_layer_begin(int l, bool decode);
   void hc_layer_end(int l, bool decode);
   void hc_decode_rows(int64_t pos);        // a decoding step's stream rows at `pos` into the host caches
+  // Decoding: layers whose K and V rows stay on the device between steps, [cap][2 Hkv d] in the prompt's scratch
+  // (scratch32, act, attn, x: idle while decoding, rewritten by the next prompt's forward): hc_decode_kv points the
+  // step's attention at them (else the layer's slot, paged in each step), hc_decode_row_kv adds the step's row.
+  void hc_decode_kv(int l, kern::AttnParams& p) const;
+  void hc_decode_row_kv(int l);
   void page_stream(int l) const;
   void page_qkv(int l) const;
   void hc_wait_copies() const;             // the host waits for every write-back (before reading the host rows)
@@ -304,6 +309,9 @@ class CudaBackend final : public Backend {
     bool qkv_written = false;      // this layer's forward wrote its Q/K/V (a kept attention output does not)
     int64_t rows = 0;              // rows of this forward (batch x n)
     StreamPtr copy;                // the write-backs' stream
+    std::vector<bf16*> kv_res;     // [L] decoding: the layer's K and V rows kept on the device (null: paged in)
+    std::vector<uint8_t> kv_filled;
+    int64_t kv_gen = -1;           // act_gen_ they were placed for (-1: a prompt's forward has used the scratch since)
     std::unique_ptr<CudaEvent> stream_done[2], qkv_done[2], layer_done, copies;
   };
   mutable HostCacheState hc_;
