@@ -360,3 +360,11 @@ TEST(SplitBackendCuda, PlacementWithHostCaches) {
   s->run();
   EXPECT_EQ(s->result().logits.size(), size_t(c.vocab));
 }
+
+// Which models the host caches (and a split's plan for them) take: those whose every layer attends over its own keys
+// and values. Phi-4-mini-flash (Mamba, GMU and cross-layer attention) is not one of them.
+TEST(SplitBackend, HostCachesTakeSelfAttentionModelsOnly) {
+  EXPECT_TRUE(ds::load_model(demo())->cfg.self_attention_only());
+  EXPECT_TRUE(ds::load_model(dstest::fixture("motif_gda_d16_sharded_f32"))->cfg.self_attention_only());
+  EXPECT_FALSE(ds::load_model(dstest::fixture("phi4flash_L8_gqa_bf16"))->cfg.self_attention_only());
+}

@@ -86,6 +86,13 @@ struct ModelConfig {
   int64_t layer_window(int64_t layer) const { return kind(layer) == LayerKind::SlidingAttention ? window : 0; }
   // The layer whose K and V layer l's attention reads: itself, or kv_source for cross-attention.
   int64_t kv_layer(int64_t layer) const { return kind(layer) == LayerKind::CrossAttention ? kv_source : layer; }
+  // Every layer attends over its own keys and values (no Mamba, GMU or cross-layer layer): what the CUDA backend's
+  // host caches (and a layer split's plan for them) take.
+  bool self_attention_only() const {
+    for (int64_t l = 0; l < layers; ++l)
+      if (!has_maps(l) || kv_layer(l) != l) return false;
+    return d_inner == 0;
+  }
   // Layers with maps, in order.
   std::vector<int64_t> map_layers() const;
   // The layer with maps nearest to l, looking first in direction dir (+1 / -1): what a viewer selects when asked

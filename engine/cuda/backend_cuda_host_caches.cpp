@@ -6,9 +6,10 @@
 // (its index) & 1. Layer l reads Stream(l) and writes Stream(l + 1) and its Q/K/V, so the slots that layer l + 2 takes
 // are free once the copy stream has written layer l's rows back to the host, which it does while layer l + 1 runs
 // (its rows are not written again in between). A reader (maps, rows, statistics, row masses, lens, outliers, a split's
-// hand-off) pages a layer's rows into its slot first; a decoding step pages in each layer's K and V before that layer
-// and writes its new rows to the host after it. The kernels are the ones of the device-resident path, on the same
-// rows: results are bit-identical (tests/test_cuda_model.cpp, HostCaches*).
+// hand-off) pages a layer's rows into its slot first. A decoding step reads each layer's K and V from the device where
+// the prompt's idle scratch holds them (filled once), else pages them in before that layer, and writes its new rows to
+// the host after it. The kernels are the ones of the device-resident path, on the same rows: results are
+// bit-identical (tests/test_split_backend.cpp, SplitBackendCuda.HostCaches*).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -72,12 +73,7 @@ namespace {
 constexpr uint64_t kHostReserve = uint64_t(2) << 30;
 }  // namespace
 
-bool CudaBackend::host_caches_possible() const {
-  if (!loaded_ || cfg_.d_inner > 0 || qkv_slots_ == 0) return false;
-  for (int l = first_; l < end_layer(); ++l)
-    if (!cfg_.has_maps(l) || cfg_.kv_layer(l) != l) return false;
-  return true;
-}
+bool CudaBackend::host_caches_possible() const { return loaded_ && qkv_slots_ > 0 && cfg_.self_attention_only(); }
 
 int64_t CudaBackend::host_tokens() const {
   const size_t E = size_t(cfg_.hidden), W = size_t(qkv_width()), L = size_t(end_layer() - first_);

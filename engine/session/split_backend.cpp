@@ -52,14 +52,11 @@ Costs costs_of(const ModelConfig& c, bool cuda, int64_t tokens, bool host = fals
   return k;
 }
 
-// Whether the CUDA backend can keep this model's layers' rows in host memory (host_caches_possible: attention layers
-// that read their own caches), and DS_HOST_CACHES does not forbid it.
+// Whether the CUDA backend can keep this model's layers' rows in host memory (ModelConfig::self_attention_only), and
+// DS_HOST_CACHES does not forbid it.
 bool host_caches_allowed(const ModelConfig& c) {
   if (std::getenv("DS_HOST_CACHES") && !env_switch("DS_HOST_CACHES", false)) return false;
-  if (c.d_inner > 0) return false;
-  for (int64_t l = 0; l < c.layers; ++l)
-    if (!c.has_maps(l) || c.kv_layer(l) != l) return false;
-  return true;
+  return c.self_attention_only();
 }
 
 }  // namespace
