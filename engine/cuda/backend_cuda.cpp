@@ -458,7 +458,7 @@ int64_t CudaBackend::device_memory_used() const {
   return int64_t(total_b - free_b);
 }
 
-int64_t CudaBackend::device_tokens(bool host) const {
+int64_t CudaBackend::tokens_held(bool host) const {
   const DeviceGuard on(device_);
   if (!loaded_) return 0;
   size_t free_b = 0, total_b = 0;
@@ -467,13 +467,13 @@ int64_t CudaBackend::device_tokens(bool host) const {
   // Under --gpu-mem-limit: what the limit leaves after the load (as a card of that size would)
   if (mem_limit_ > 0) avail = std::min(avail, mem_limit_ > held_after_load_ ? mem_limit_ - held_after_load_ : 0);
   if (avail <= kReserve) return 0;
-  return int64_t((avail - kReserve) / bytes_per_token(host));
+  const int64_t device = int64_t((avail - kReserve) / bytes_per_token(host));
+  return host ? std::min(device, host_tokens()) : device;
 }
 
 int64_t CudaBackend::max_tokens() const {
-  if (host_caches_mode_ == 0 || !host_caches_possible()) return device_tokens(false);
-  const int64_t host = std::min(device_tokens(true), host_tokens());
-  return host_caches_mode_ == 1 ? host : std::max(device_tokens(false), host);
+  if (!host_caches_possible()) return tokens_held(false);
+  return host_caches_mode_ == 1 ? tokens_held(true) : std::max(tokens_held(false), tokens_held(true));
 }
 
 bool CudaBackend::has_spare(size_t bytes) const {
@@ -496,11 +496,9 @@ void CudaBackend::ensure_activations(int64_t T, int64_t n, int64_t spare) {
   ++act_gen_;
   rope_n_ = 0;
   // Host caches where the device alone cannot hold the prompt (or DS_HOST_CACHES=1)
-  const bool host = host_caches_mode_ != 0 && host_caches_possible() &&
-                    (host_caches_mode_ == 1 || std::max(T, old_cap) > device_tokens(false));
+  const bool host = host_caches_possible() && (host_caches_mode_ == 1 || std::max(T, old_cap) > tokens_held(false));
   // Room for `spare` more positions (a single sequence that may be decoded further) where memory allows.
-  const int64_t limit = host ? std::min(device_tokens(true), host_tokens()) : device_tokens(false);
-  const int64_t room = std::max<int64_t>(0, std::min(spare, limit - T));
+  const int64_t room = std::max<int64_t>(0, std::min(spare, tokens_held(host) - T));
   make_activations(act_, std::max(T + room, old_cap), std::max(n + room, old_cap_n), host);
   hc_.stream_res[0] = hc_.stream_res[1] = hc_.qkv_res[0] = hc_.qkv_res[1] = -1;
 }
@@ -654,7 +652,7 @@ void CudaBackend::run(const int32_t* ids, int batch, int64_t n, const std::vecto
   if (first > 0 && from == first && !stream_in_)
     throw Error("internal: layers " + std::to_string(first) + ".. of a layer split run without their input stream");
   ensure_activations(T, n, batch == 1 ? kDecodeSpare : 0);
-  if (act_.host) hc_.rows = T, hc_run_start(from);
+  if (act_.host) hc_run_start(from, T);
   // A kept attention output holds while its layer's input does (no layer below it runs, the same ids)
   if (kept_.valid && (!reuse || from < kept_.layer || kept_.gen != act_gen_)) kept_.valid = false;
   run_from_ = from;
@@ -778,7 +776,7 @@ void CudaBackend::forward(const ForwardRequest& req, ForwardResult& out) {
   if (!req.profile) profiling_ = false;
   const int64_t limit = max_tokens();
   if (n > limit) {
-    const bool host = host_caches_mode_ != 0 && host_caches_possible();  // (the limit counts the host's memory too)
+    const bool host = host_caches_possible();  // (the limit counts the host's memory too)
     throw Error("prompt of " + std::to_string(n) + " tokens is too long for " + device_name_ + ": at most " +
                 std::to_string(limit) + " fit in its free memory" +
                 (host ? " and the host's (the layers' rows in host memory)" : "") +

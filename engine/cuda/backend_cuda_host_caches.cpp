@@ -73,7 +73,9 @@ namespace {
 constexpr uint64_t kHostReserve = uint64_t(2) << 30;
 }  // namespace
 
-bool CudaBackend::host_caches_possible() const { return loaded_ && qkv_slots_ > 0 && cfg_.self_attention_only(); }
+bool CudaBackend::host_caches_possible() const {
+  return host_caches_mode_ != 0 && loaded_ && qkv_slots_ > 0 && cfg_.self_attention_only();
+}
 
 int64_t CudaBackend::host_tokens() const {
   const size_t E = size_t(cfg_.hidden), W = size_t(qkv_width()), L = size_t(end_layer() - first_);
@@ -98,7 +100,8 @@ void record(const std::unique_ptr<CudaEvent>& e, cudaStream_t s) { DS_CUDA_CHECK
 void wait(cudaStream_t s, const std::unique_ptr<CudaEvent>& e) { DS_CUDA_CHECK(cudaStreamWaitEvent(s, e->get(), 0)); }
 }  // namespace
 
-void CudaBackend::hc_run_start(int from) {
+void CudaBackend::hc_run_start(int from, int64_t rows) {
+  hc_.rows = rows;
   if (!hc_.copy) {  // (created with the first host-cached run, on this backend's device)
     cudaStream_t st = nullptr;
     DS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -177,13 +180,17 @@ void CudaBackend::hc_layer_begin(int l, bool decode) {
   hc_.qkv_res[slot & 1] = l;
   hc_.qkv_written = false;
   if (l == first_ && run_from_ == first_) {  // the block's input (the embedding or the hand-off) to the host too
-    record(hc_.layer_done, stream());
-    wait(hc_.copy.get(), hc_.layer_done);
-    DS_CUDA_CHECK(cudaMemcpyAsync(host_stream(l), stream_ptr(l), size_t(hc_.rows) * size_t(cfg_.hidden) * 4,
-                                  cudaMemcpyDeviceToHost, hc_.copy.get()));
-    record(hc_.stream_done[(l - first_) & 1], hc_.copy.get());
+    hc_write_back_stream(l, hc_.stream_done[(l - first_) & 1]);
     record(hc_.copies, hc_.copy.get());
   }
+}
+
+void CudaBackend::hc_write_back_stream(int l, const std::unique_ptr<CudaEvent>& done) {
+  record(hc_.layer_done, stream());
+  wait(hc_.copy.get(), hc_.layer_done);
+  DS_CUDA_CHECK(cudaMemcpyAsync(host_stream(l), stream_ptr(l), size_t(hc_.rows) * size_t(cfg_.hidden) * 4,
+                                cudaMemcpyDeviceToHost, hc_.copy.get()));
+  record(done, hc_.copy.get());
 }
 
 void CudaBackend::hc_layer_end(int l, bool decode) {
@@ -195,11 +202,7 @@ void CudaBackend::hc_layer_end(int l, bool decode) {
                                   cudaMemcpyDeviceToHost, stream()));
     return;
   }
-  record(hc_.layer_done, stream());
-  wait(hc_.copy.get(), hc_.layer_done);
-  DS_CUDA_CHECK(cudaMemcpyAsync(host_stream(l + 1), stream_ptr(l + 1), size_t(hc_.rows) * size_t(cfg_.hidden) * 4,
-                                cudaMemcpyDeviceToHost, hc_.copy.get()));
-  record(hc_.stream_done[(l + 1 - first_) & 1], hc_.copy.get());
+  hc_write_back_stream(l + 1, hc_.stream_done[(l + 1 - first_) & 1]);  // (the copy stream then waits for the layer)
   if (hc_.qkv_written) {
     DS_CUDA_CHECK(cudaMemcpyAsync(host_qkv_of(act_, slot, W), qkv_slot(l), size_t(hc_.rows) * size_t(W) * 2,
                                   cudaMemcpyDeviceToHost, hc_.copy.get()));

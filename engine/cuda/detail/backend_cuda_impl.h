@@ -285,10 +285,12 @@ class CudaBackend final : public Backend {
   // and after each layer a copy stream writes its rows back while the next layer runs; a reader pages a layer's rows
   // in again (page_stream, page_qkv) before it reads them. Only blocks of attention layers (no Mamba, no cross-layer
   // KV) take them; DS_HOST_CACHES=0 never, =1 always (tests), unset: when the device alone cannot hold the prompt.
-  bool host_caches_possible() const;
-  int64_t device_tokens(bool host) const;  // positions the device's free memory holds (host: two slots a layer)
+  bool host_caches_possible() const;       // the model takes them and DS_HOST_CACHES does not forbid them
+  // Positions the memory holds: the device's free memory for every layer's rows, or (host) for two slots of them and
+  // the host's free memory for the rest.
+  int64_t tokens_held(bool host) const;
   int64_t host_tokens() const;             // positions the host's free memory holds for the caches
-  void hc_run_start(int from);             // run(): the copies of the last forward done, Stream(from) in its slot
+  void hc_run_start(int from, int64_t rows);  // run(): the last forward's copies done, Stream(from) in its slot
   void hc_layer_begin(int l, bool decode);
   void hc_layer_end(int l, bool decode);
   void hc_decode_rows(int64_t pos);        // a decoding step's stream rows at `pos` into the host caches
@@ -297,6 +299,9 @@ class CudaBackend final : public Backend {
   // step's attention at them (else the layer's slot, paged in each step), hc_decode_row_kv adds the step's row.
   void hc_decode_kv(int l, kern::AttnParams& p) const;
   void hc_decode_row_kv(int l);
+  // After the main stream's work so far: Stream(l)'s rows (its slot) to the host on the copy stream, `done` then
+  // recorded there
+  void hc_write_back_stream(int l, const std::unique_ptr<CudaEvent>& done);
   void page_stream(int l) const;
   void page_qkv(int l) const;
   void hc_wait_copies() const;             // the host waits for every write-back (before reading the host rows)
