@@ -38,6 +38,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -75,6 +76,19 @@ struct TileWs {
 constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE0 = 4;
 
 using namespace sm90;
+#endif
+
+#if defined(DS_SM90A_WS)
+// The quantised rows' largest |logit|, staged by attn_row_absmax_kernel in the row's own output columns: view head
+// j's map m at column j * 2d + m * d of the output row (the columns the attention kernel's CTA of j writes last, as a
+// float; launch_t checks the alignment). Rows past n: 0 (their output is never stored).
+__device__ __forceinline__ float* absmax_slot(const AttnParams& p, int b, int row, int j, int m) {
+  return reinterpret_cast<float*>(p.out + int64_t(b) * p.out_batch_stride + int64_t(row) * p.out_row_stride +
+                                  int64_t(j) * 2 * p.d + int64_t(m) * p.d);
+}
+__device__ __forceinline__ float staged_absmax(const AttnParams& p, int b, int row, int j, int m) {
+  return row < p.n ? *absmax_slot(p, b, row, j, m) : 0.f;
+}
 #endif
 
 // WINDOW: built for a sliding window (p.window > 0). The build without is the kernel as it was before windows
@@ -139,9 +153,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int kt_top = (q0 + BM - 1) / BN;  // the key tile holding the diagonal
   // from it down to the tile of the first row's first key
   const int n_kt = WINDOW ? kt_top - window_first_key(p.window, q0) / BN + 1 : kt_top + 1;
+  // QUANT: the rows' largest |logit| from the row-maximum kernel (p.absmax_staged), else from the first pass here
+  const bool pre_pass = QUANT && !p.absmax_staged;
   // K and V stage uses of the quantised kernel's first pass (pre_slot)
-  const int pre_k = QUANT ? (n_kt / 4) * 2 + min(n_kt % 4, 2) : 0;
-  const int pre_v = QUANT ? (n_kt / 4) * 2 + max(n_kt % 4 - 2, 0) : 0;
+  const int pre_k = pre_pass ? (n_kt / 4) * 2 + min(n_kt % 4, 2) : 0;
+  const int pre_v = pre_pass ? (n_kt / 4) * 2 + max(n_kt % 4 - 2, 0) : 0;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -200,7 +216,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                           int(p.v_off) + kvh[m] * D + sl * 64, k0, b, bar_full_v(vs));
         }
       };
-      if constexpr (QUANT)  // the first pass: K alone, four tiles in flight (pre_slot)
+      if (pre_pass)  // the first pass: K alone, four tiles in flight (pre_slot)
         for (int it = 0; it < n_kt; ++it) {
           const PreSlot ps = pre_slot(it);
           mbar_wait(ps.empty, ps.phase ^ 1u);
@@ -256,30 +272,34 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int row0 = q0 + wrow + g4;
 
   mbar_wait(bar_q, 0);
-  // QUANT: the first pass (S alone) for each row's largest |logit| (the quantisation step) and largest logit (whose
-  // quantised value, in log2 units, is the softmax's fixed maximum), over the tiles of pre_slot. Both warpgroups issue
-  // their products without turns. (A second S register set, to issue the next tile's product before reading this
-  // one's, made ptxas serialise every wgmma of the kernel for want of registers.)
-  float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY};
-  // A logit of row half r to its step: x / step rounded half to even, times step. x times 1 / step plus 1.5 * 2^23 in
-  // one FMA (the exact product rounded once, to an integer: |x / step| is at most 2^15 - 1), minus it again, on the
-  // FMA pipe (rintf is a conversion-class instruction, which shares its unit with the softmax's exp2 and made the
-  // quantised pass that unit's bottleneck). The multiply by 1 / step may round the other way than quantize_logit's
-  // division within an ulp of a midpoint.
-  auto quantized = [&](const float x, const int r) {
+  // QUANT: the first pass (S alone) for each row's largest |logit| (the quantisation step), over the tiles of
+  // pre_slot. Both warpgroups issue their products without turns. (A second S register set, to issue the next tile's
+  // product before reading this one's, made ptxas serialise every wgmma of the kernel for want of registers.) The
+  // softmax pass then holds each row's maximum at its quantised |logit| maximum, which no quantised logit exceeds
+  // (the rounding is monotone): one max a logit here instead of two (the row's signed maximum as well), the pass's
+  // bottleneck. A row whose largest logit lies so far below its largest |logit| (a large negative outlier) that its
+  // exponentials would underflow fails the verdict below (l < 2^-60) and takes the exact pass.
+  float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY}, q_sl2[2] = {0.f, 0.f};
+  // A logit of row half r to its step, in units of the step: x / step rounded half to even. x times 1 / step plus
+  // 1.5 * 2^23 in one FMA (the exact product rounded once, to an integer: |x / step| is at most 2^15 - 1), minus it
+  // again, on the FMA pipe (rintf is a conversion-class instruction, which shares its unit with the softmax's exp2 and
+  // made the quantised pass that unit's bottleneck). The multiply by 1 / step may round the other way than
+  // quantize_logit's division within an ulp of a midpoint.
+  auto steps = [&](const float x, const int r) {
     constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-    return __fmul_rn(__fadd_rn(__fmaf_rn(x, q_inv[r], kRound), -kRound), q_step[r]);
+    return __fadd_rn(__fmaf_rn(x, q_inv[r], kRound), -kRound);
   };
+  auto quantized = [&](const float x, const int r) { return __fmul_rn(steps(x, r), q_step[r]); };
   if constexpr (QUANT) {
     // Four partial maxima a row (of every fourth pair of columns): chains of NS / 8 dependent max instructions
     // instead of NS / 2 (two warps a scheduler hide little latency). Only the diagonal tile holds -inf (masked keys),
     // so only it tests for them; the other tiles' |x| is an operand modifier of the max.
-    float amax4[2][4], smax4[2][4];
+    float amax4[2][4];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) amax4[r][q] = 0.f, smax4[r][q] = -INFINITY;
-    for (int it = 0; it < n_kt; ++it) {
+      for (int q = 0; q < 4; ++q) amax4[r][q] = 0.f;
+    for (int it = 0; it < (pre_pass ? n_kt : 0); ++it) {
       const PreSlot ps = pre_slot(it);
       float s[NS];
       zero_pinned(s);
@@ -291,39 +311,32 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < NS; ++i) pin(s[i]);
       mbar_arrive(ps.empty);
       if (it == 0) {
-        mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);  // -inf: no |logit|, and max ignores it
+        mask_diagonal<false>(s, kt_top * BN, row0, t4, 0);  // -inf: no |logit|
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
           const int r = (i >> 1) & 1, q = (i >> 2) & 3;
-          smax4[r][q] = fmaxf(smax4[r][q], s[i]);
           amax4[r][q] = fmaxf(amax4[r][q], s[i] == -INFINITY ? 0.f : fabsf(s[i]));
         }
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
           const int r = (i >> 1) & 1, q = (i >> 2) & 3;
-          smax4[r][q] = fmaxf(smax4[r][q], s[i]);
           amax4[r][q] = fmaxf(amax4[r][q], fabsf(s[i]));
         }
       }
     }
     const float levels = float((1 << (p.logit_bits - 1)) - 1);
-    float amax[2], smax[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      amax[r] = fmaxf(fmaxf(amax4[r][0], amax4[r][1]), fmaxf(amax4[r][2], amax4[r][3]));
-      smax[r] = fmaxf(fmaxf(smax4[r][0], smax4[r][1]), fmaxf(smax4[r][2], smax4[r][3]));
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
-      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
-      smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 1));
-      smax[r] = fmaxf(smax[r], __shfl_xor_sync(0xffffffffu, smax[r], 2));
-      // quantize_logit's step; its rounding is monotone, so the quantised maximum is the maximum's quantised value
-      // (a row whose logits are all 0 keeps step and 1 / step at 0: its logits stay 0)
-      if (amax[r] > 0.f) q_step[r] = amax[r] / levels, q_inv[r] = 1.f / q_step[r];
-      q_max[r] = quantized(smax[r], r) * sl2;
+      float amax = fmaxf(fmaxf(amax4[r][0], amax4[r][1]), fmaxf(amax4[r][2], amax4[r][3]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      if (!pre_pass) amax = staged_absmax(p, b, row0 + 8 * r, j, map);
+      // quantize_logit's step (a row whose logits are all 0 keeps step and 1 / step at 0: its logits stay 0); the
+      // softmax's fixed maximum is the quantised |logit| maximum in the later tiles' units (steps times q_sl2)
+      if (amax > 0.f) q_step[r] = amax / levels, q_inv[r] = 1.f / q_step[r];
+      q_sl2[r] = q_step[r] * sl2;
+      q_max[r] = steps(amax, r) * q_sl2[r];
     }
   }
   // Every logit of a tile to its row's step (quantized). MASKED: the tile holds -inf (masked keys), which must stay
@@ -335,6 +348,19 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (!masked || s[i] != -INFINITY) s[i] = x;
     }
   };
+  // The fixed-maximum pass's later tiles: each logit in steps, and the softmax's scale per row (q_sl2) takes the
+  // multiply by the step (one instruction a logit less); P = 2^(steps * step * sl2 - q_max), q_max in the same units.
+  auto softmax_steps = [&](float (&s)[NS]) {
+    float rs[2];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = (i >> 1) & 1;
+      s[i] = ex2_ftz(fmaf(steps(s[i], r), q_sl2[r], -q_max[r]));
+    }
+    rows_tree(s, rs, add_op);
+    l_run[0] += rs[0];
+    l_run[1] += rs[1];
+  };
   // One pass over the CTA's key tiles, the diagonal one first. Stage uses u = u0 + it (V) and uk0 + it (K, after the
   // quantised kernel's first pass) set the stages and phases (a second pass continues the first's counts). FIXED: the
   // row maxima stay at the diagonal tile's (no maximum, no shuffles and no O rescale on later tiles); the exponentials
@@ -344,7 +370,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     constexpr bool FIXED = decltype(fixed_tag)::value;
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-    m_run[0] = q_max[0], m_run[1] = q_max[1];  // -inf, or the quantised kernel's exact row maxima
+    // -inf, or the quantised kernel's row maxima (its fixed pass; the exact pass starts from -inf: a maximum above
+    // the row's largest logit would underflow there as well)
+    m_run[0] = FIXED ? q_max[0] : -INFINITY, m_run[1] = FIXED ? q_max[1] : -INFINITY;
     l_run[0] = l_run[1] = 0.f;
     if (map == 1) named_arrive(BAR_SCHED0, 256);
     float alpha_prev[2] = {1.f, 1.f};
@@ -388,9 +416,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_empty_k(ks));
       if constexpr (WINDOW)
         if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
-      if constexpr (QUANT) quantize(s, false);
-      if constexpr (FIXED) softmax_fixed_max<NS>(s, m_run, l_run, sl2);
-      else softmax(s, alpha_prev);
+      if constexpr (QUANT && FIXED) {
+        softmax_steps(s);
+      } else {
+        if constexpr (QUANT) quantize(s, false);
+        if constexpr (FIXED) softmax_fixed_max<NS>(s, m_run, l_run, sl2);
+        else softmax(s, alpha_prev);
+      }
       wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the A registers may be written
       pin_pv_operands(acc, pa);
       mbar_arrive(bar_empty_v(vs));
@@ -416,6 +448,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     // The verdict: every l and O element of both warpgroups finite, or the exact pass. One bar.red over the 256
     // consumer threads; one thread tells the producer (its flag, then the verdict barrier's release).
     bool bad = !(isfinite(l_run[0]) && isfinite(l_run[1]));
+    // QUANT: a row sum under 2^-60 (its largest exponential under 2^-77 at 128K keys) has lost terms to underflow
+    if constexpr (QUANT) bad |= !(l_run[0] >= 0x1p-60f && l_run[1] >= 0x1p-60f);
 #pragma unroll
     for (int i = 0; i < NACC; ++i) bad |= !isfinite(acc[i]);
     uint32_t any;
@@ -502,6 +536,126 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 
+// The quantised kernel's row maxima as a kernel of their own: each row's largest |q . k| over its causal keys, for
+// every map of every view head. The attention kernel's own first pass reads each K tile for its 64 rows only; as a
+// pass of Q K^T products alone (no softmax, no P V) that made it bound by the L2's bandwidth (a 32K-token forward of
+// the kajuma shape: 8-bit logits 1.32x the full-precision forward). Here a CTA takes 256 rows of one query head (four
+// consumer warpgroups of 64 rows against each K tile, four tiles in flight; one producer warp issues the TMA loads),
+// so that each K byte feeds four times the products. Grid: (query blocks, heaviest first) x (view head j, map m) x
+// batch; the result goes to absmax_slot. Consumers skip the products of tiles past their rows' diagonal but release
+// them; only the tiles that cross a consumer's diagonal take the causal mask.
+constexpr int AB_ROWS = 256, AB_THREADS = 4 * 128 + 32, AB_STAGES = 4;
+
+template <int D, int BN>
+__global__ void __launch_bounds__(AB_THREADS, 1)
+    attn_row_absmax_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                           const AttnParams p) {
+#if defined(DS_SM90A_WS)
+  constexpr int NS = BN / 2, SLABS = D / 64;
+  constexpr int Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t s_base = raw + ((1024 - (raw & 1023)) & 1023);
+  const uint32_t sQ = s_base, sK = s_base + Q_BYTES, bar_q = sK + AB_STAGES * K_BYTES;
+  auto bar_full = [&](int st) { return bar_q + 8u * uint32_t(1 + st); };
+  auto bar_empty = [&](int st) { return bar_q + 8u * uint32_t(1 + AB_STAGES + st); };
+
+  const int hv = p.heads / 2, n_qb = (p.n + AB_ROWS - 1) / AB_ROWS, per_qb = 2 * hv * p.batch;
+  const int qb = n_qb - 1 - int(blockIdx.x) / per_qb, rest = int(blockIdx.x) % per_qb;
+  const int jm = rest % (2 * hv), b = rest / (2 * hv), j = jm >> 1, m = jm & 1;
+  const ViewHeadMap hm = view_head_map(p.diff, p.diff ? j : 2 * j + m, p.heads, p.kv_heads);
+  const int qh = p.diff && m ? hm.q[1] : hm.q[0], kvh = p.diff && m ? hm.k[1] : hm.k[0];  // (no indexed local array)
+  const int q0 = qb * AB_ROWS;
+  const int n_kt = min(q0 + AB_ROWS, p.n) / BN + (min(q0 + AB_ROWS, p.n) % BN != 0);  // tiles of keys < min(q0 + 256, n)
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < AB_STAGES; ++st) {
+      mbar_init(bar_full(st), 1);
+      mbar_init(bar_empty(st), 512);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= 512) {  // the producer warp: one thread issues every copy
+    if (tid == 512) {
+      prefetch_tensormap(&tm_q);
+      prefetch_tensormap(&tm_kv);
+      mbar_expect_tx(bar_q, Q_BYTES);
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+          tma_load_3d(sQ + uint32_t(c * 64 * D * 2 + sl * 64 * 128), &tm_q, int(p.q_off) + qh * D + sl * 64,
+                      q0 + 64 * c, b, bar_q);
+      for (int kt = 0; kt < n_kt; ++kt) {
+        const int st = kt % AB_STAGES;
+        mbar_wait(bar_empty(st), uint32_t(((kt / AB_STAGES) & 1) ^ 1));
+        mbar_expect_tx(bar_full(st), K_BYTES);
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+          tma_load_3d(sK + uint32_t(st * K_BYTES + sl * BN * 128), &tm_kv, int(p.k_off) + kvh * D + sl * 64, kt * BN,
+                      b, bar_full(st));
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup c: rows q0 + 64 c .. + 63; this thread's rows row0 and row0 + 8 (the wgmma layout).
+  const int c = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
+  const int c_row = q0 + 64 * c, row0 = c_row + warp * 16 + g4;
+  const int last_kt = c_row < p.n ? (min(c_row + 63, p.n - 1)) / BN : -1;  // the tile of its last valid row's key
+  const uint32_t q_base = sQ + uint32_t(c * 64 * D * 2);
+  float amax4[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) amax4[r][q] = 0.f;
+  mbar_wait(bar_q, 0);
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int st = kt % AB_STAGES;
+    mbar_wait(bar_full(st), uint32_t((kt / AB_STAGES) & 1));
+    if (kt > last_kt) {  // past this warpgroup's rows: release the stage, nothing to compute
+      mbar_arrive(bar_empty(st));
+      continue;
+    }
+    float s[NS];
+    zero_pinned(s);
+    wgmma_fence();
+    issue_qk<D, BN>(s, q_base, sK + uint32_t(st * K_BYTES));
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NS; ++i) pin(s[i]);
+    mbar_arrive(bar_empty(st));
+    if (kt * BN + BN - 1 > c_row) {  // the tile crosses the diagonal of some row: keys past the row count 0
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int col = kt * BN + 8 * (i >> 2) + 2 * t4 + (i & 1), row = row0 + 8 * ((i >> 1) & 1);
+        const int r = (i >> 1) & 1, q = (i >> 2) & 3;
+        amax4[r][q] = fmaxf(amax4[r][q], col > row ? 0.f : fabsf(s[i]));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int r = (i >> 1) & 1, q = (i >> 2) & 3;
+        amax4[r][q] = fmaxf(amax4[r][q], fabsf(s[i]));
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float amax = fmaxf(fmaxf(amax4[r][0], amax4[r][1]), fmaxf(amax4[r][2], amax4[r][3]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const int row = row0 + 8 * r;
+    if (t4 == 0 && row < p.n) *absmax_slot(p, b, row, j, m) = amax;
+  }
+#else
+  __trap();  // built without sm_90a: never launched
+#endif
+}
+
 template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
@@ -518,8 +672,23 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
                        : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
+  AttnParams pa = p;
+  // Quantised: the rows' largest |logit| from attn_row_absmax_kernel, parked in the output rows (4-byte aligned
+  // floats there), else from the attention kernel's own first pass.
+  pa.absmax_staged = p.logit_bits > 0 && reinterpret_cast<uintptr_t>(p.out) % 4 == 0 && p.out_row_stride % 2 == 0 &&
+                     (p.batch == 1 || p.out_batch_stride % 2 == 0) && !std::getenv("DS_ATTN_QUANT_ONE_KERNEL");
+  if (pa.absmax_staged) {
+    CUtensorMap tq4;  // Q boxes of 64 rows as above; K boxes of BN rows (tkv)
+    if (!make_attn_tma_map(tq4, p.qkv, p.row_stride, p.batch_stride, p, 64)) return cudaErrorNotSupported;
+    constexpr int ab_smem = AB_ROWS * D * 2 + AB_STAGES * BN * D * 2 + (1 + 2 * AB_STAGES) * 8 + 1024;
+    e = cudaFuncSetAttribute(attn_row_absmax_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, ab_smem);
+    if (e != cudaSuccess) return e;
+    const unsigned ab_ctas = unsigned((p.n + AB_ROWS - 1) / AB_ROWS) * unsigned(p.heads * p.batch);
+    attn_row_absmax_kernel<D, BN><<<ab_ctas, AB_THREADS, ab_smem, stream>>>(tq4, tkv, pa);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
-  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, p);
+  kernel<<<ctas, THREADS, smem, stream>>>(tq, tkv, tout, pa);
   return cudaGetLastError();
 }
 

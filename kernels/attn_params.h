@@ -58,6 +58,10 @@ struct AttnParams {
   // kernel and the generic kernel (each with a first pass for each row's largest |score|), the map kernels (select_attn
   // routes a quantised layer to them) and the decoding kernel (a row-maximum launch before its split kernel) take it.
   int logit_bits = 0;
+  // Set by the Hopper kernel's launch alone (attn_fwd_sm90.cu): each quantised row's largest |logit| was computed by
+  // the row-maximum kernel before it and parked as a float in the row's own output columns, where the attention
+  // kernel reads it before it writes the row.
+  bool absmax_staged = false;
 };
 
 // The symmetric absmax fake-quantisation of one logit (cpu_attn::quantize_logit's formula).

@@ -81,12 +81,16 @@ struct AttnOpts {
   bool separate_kv = false;
   int poison_rows = 0;
   int logit_bits = 0;  // quantised logits (AttnParams::logit_bits)
+  // a large negative logit in every row from key 2 on (Q's channel 0 at 8, key 2's at -200: q.k about -1600), so that
+  // a row's largest |logit| lies far above its largest logit (the quantised Hopper pass's exact fallback)
+  bool negative_outlier = false;
 };
 
 std::string opts_name(const AttnOpts& o) {
   return " window=" + std::to_string(o.window) + (o.separate_kv ? " kv-buffer" : "") +
          (o.logit_bits ? " bits=" + std::to_string(o.logit_bits) : "") +
-         (o.poison_rows ? " poisoned-rows=" + std::to_string(o.poison_rows) : "");
+         (o.poison_rows ? " poisoned-rows=" + std::to_string(o.poison_rows) : "") +
+         (o.negative_outlier ? " negative-outlier" : "");
 }
 
 // Random Q/K/V in the fused-QKV layout with padded rows, the params for it, and the float64 reference output
@@ -122,6 +126,14 @@ struct AttnProblem {
     for (int b = 0; b < c.batch; ++b)
       for (int t = 0; t < std::min(o.poison_rows, c.n); ++t)
         for (int64_t e = k_off; e < W; ++e) src[(size_t(b) * c.n + t) * row_stride + e] = kBf16NaN;
+    if (o.negative_outlier && !o.separate_kv)
+      for (int b = 0; b < c.batch; ++b)
+        for (int t = 0; t < c.n; ++t) {
+          uint16_t* row = &qkv[(size_t(b) * c.n + t) * row_stride];
+          for (int h = 0; h < c.heads; ++h) row[int64_t(h) * c.d] = ds::f32_to_bf16(8.f);
+          if (t == 2)
+            for (int g = 0; g < c.kv_heads; ++g) row[k_off + int64_t(g) * c.d] = ds::f32_to_bf16(-200.f);
+        }
     reference();
   }
   double at(int b, int t, int64_t col) const { return bf(qkv[(size_t(b) * c.n + t) * row_stride + col]); }
@@ -450,9 +462,24 @@ TEST(CudaKernels, GenericAttentionMatchesFloat64) {
   }
 }
 
+// DS_ATTN_QUANT_ONE_KERNEL=1 while it lives: the quantised Hopper kernel's rows' |logit| maxima from its own first
+// pass instead of the row-maximum kernel.
+struct OneKernelQuant {
+  explicit OneKernelQuant(bool on) : on_(on) {
+    if (on_) setenv("DS_ATTN_QUANT_ONE_KERNEL", "1", 1);
+  }
+  ~OneKernelQuant() {
+    if (on_) unsetenv("DS_ATTN_QUANT_ONE_KERNEL");
+  }
+  OneKernelQuant(const OneKernelQuant&) = delete;
+  OneKernelQuant& operator=(const OneKernelQuant&) = delete;
+  bool on_;
+};
+
 // Quantised logits (the Figure 8 what-if) in the kernels that take them, against the float64 reference quantised the
-// same way: the Hopper kernel's first pass (both tile widths at d = 64, many key tiles, plain and differential) and
-// the generic kernel, at 8 and 4 bits; a windowed layer goes to the generic kernel. The device's f32 logits can land
+// same way: the Hopper kernel with its rows' maxima from the row-maximum kernel and from its own first pass (both
+// tile widths at d = 64, many key tiles, plain and differential) and the generic kernel, at 8 and 4 bits; a windowed
+// layer goes to the generic kernel. The device's f32 logits can land
 // on the other side of a rounding midpoint than float64's: a logit then moves by one step, which the bounds absorb
 // (a few such logits among the ~10^6 of a case).
 TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
@@ -463,7 +490,7 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
     for (bool diff : {true, false})
       for (auto [d, bn] : {std::pair{64, 64}, std::pair{64, 128}, std::pair{128, 64}})
         for (int n : small_run() ? std::vector<int>{65, 300} : std::vector<int>{1, 65, 300, 1100}) {
-          const AttnCase c{n, 1, 4, 2, d, diff};
+          const AttnCase c{n, n == 300 ? 2 : 1, 4, 2, d, diff};
           AttnOpts o;
           o.logit_bits = bits;
           AttnProblem pr(c, rng, o);
@@ -472,10 +499,12 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
           DeviceBuffer in = to_device(pr.qkv), out(16, "unused");
           const ds::kern::AttnChoice auto_choice = choose(pr.params(in, out), AttnImpl::Auto, bn);
           EXPECT_EQ(auto_choice.impl, granted(AttnImpl::Sm90, c) ? AttnImpl::Sm90 : AttnImpl::Generic) << what;
-          for (AttnImpl impl : {AttnImpl::Sm90, AttnImpl::Generic}) {
+          for (auto [impl, one_kernel] : {std::pair{AttnImpl::Sm90, false}, std::pair{AttnImpl::Sm90, true},
+                                          std::pair{AttnImpl::Generic, false}}) {
             if (!granted(impl, c, bn) || (impl == AttnImpl::Generic && bn != 64)) continue;
+            OneKernelQuant one(one_kernel);
             const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0);
-            const std::string w = std::string(ds::kern::attn_impl_name(impl)) + " " + what;
+            const std::string w = std::string(ds::kern::attn_impl_name(impl)) + (one_kernel ? " (one kernel) " : " ") + what;
             EXPECT_EQ(r.unwritten, 0u) << w;
             EXPECT_EQ(r.padding_touched, 0u) << w;
             EXPECT_LT(r.rel, impl == AttnImpl::Sm90 ? kFusedRel : kGenericRel) << w;
@@ -483,6 +512,29 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
             sm90_ran += impl == AttnImpl::Sm90;
           }
         }
+  // A large negative logit in every row: the Hopper pass's fixed maximum (the row's quantised |logit| maximum)
+  // would underflow every exponential; the verdict sends such a row's CTA through the exact pass.
+  for (int bits : {8, 4})
+    for (bool diff : {true, false})
+      for (int bn : {64, 128}) {
+        const AttnCase c{300, 1, 4, 2, 64, diff};
+        AttnOpts o;
+        o.logit_bits = bits;
+        o.negative_outlier = true;
+        AttnProblem pr(c, rng, o);
+        for (auto [impl, one_kernel] : {std::pair{AttnImpl::Sm90, false}, std::pair{AttnImpl::Sm90, true},
+                                        std::pair{AttnImpl::Generic, false}}) {
+          if (!granted(impl, c, bn) || (impl == AttnImpl::Generic && bn != 64)) continue;
+          OneKernelQuant one(one_kernel);
+          const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0);
+          const std::string w = std::string(ds::kern::attn_impl_name(impl)) + (one_kernel ? " (one kernel) " : " ") +
+                                case_name(c) + opts_name(o) + " block_n=" + std::to_string(bn);
+          EXPECT_EQ(r.unwritten, 0u) << w;
+          EXPECT_LT(r.rel, impl == AttnImpl::Sm90 ? kFusedRel : kGenericRel) << w;
+          EXPECT_LT(r.max_abs, impl == AttnImpl::Sm90 ? kFusedAbs : 2 * kGenericAbs) << w;
+          sm90_ran += impl == AttnImpl::Sm90;
+        }
+      }
   // under a sliding window the quantised layer runs the generic kernel (the Hopper pass is built without one)
   AttnOpts o;
   o.logit_bits = 6;
