@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // pre_slot. Both warpgroups issue their products without turns. (A second S register set, to issue the next tile's
   // product before reading this one's, made ptxas serialise every wgmma of the kernel for want of registers.) The
   // softmax pass then holds each row's maximum at its quantised |logit| maximum, which no quantised logit exceeds
-  // (the rounding is monotone): one max a logit here instead of two (the row's signed maximum as well), the pass's
-  // bottleneck. A row whose largest logit lies so far below its largest |logit| (a large negative outlier) that its
+  // (the rounding is monotone): one max a logit here instead of two (the row's signed maximum as well; 8-bit logits
+  // at 32K, kajuma shape: 375 -> 354 ms a forward). A row whose largest logit lies so far below its largest |logit| (a large negative outlier) that its
   // exponentials would underflow fails the verdict below (l < 2^-60) and takes the exact pass.
   float q_step[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f}, q_max[2] = {-INFINITY, -INFINITY}, q_sl2[2] = {0.f, 0.f};
   // A logit of row half r to its step, in units of the step: x / step rounded half to even. x times 1 / step plus
@@ -537,11 +537,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 
 // The quantised kernel's row maxima as a kernel of their own: each row's largest |q . k| over its causal keys, for
-// every map of every view head. The attention kernel's own first pass reads each K tile for its 64 rows only; as a
-// pass of Q K^T products alone (no softmax, no P V) that made it bound by the L2's bandwidth (a 32K-token forward of
-// the kajuma shape: 8-bit logits 1.32x the full-precision forward). Here a CTA takes 256 rows of one query head (four
+// every map of every view head. The attention kernel's own first pass reads each K tile for its 64 rows only (32
+// FMA a byte read from L2, for a pass of Q K^T products alone). Here a CTA takes 256 rows of one query head (four
 // consumer warpgroups of 64 rows against each K tile, four tiles in flight; one producer warp issues the TMA loads),
-// so that each K byte feeds four times the products. Grid: (query blocks, heaviest first) x (view head j, map m) x
+// so that each K byte feeds four times the products: a 32K-token forward of the kajuma shape with 8-bit logits took
+// 1.32x the full-precision one with the first pass, 1.28x with this kernel (H200; bench/EXPERIMENTS.md). It runs at
+// about 69 % of the tensor cores' peak, its max instructions near the ALU pipe's limit. Grid: (query blocks, heaviest first) x (view head j, map m) x
 // batch; the result goes to absmax_slot. Consumers skip the products of tiles past their rows' diagonal but release
 // them; only the tiles that cross a consumer's diagonal take the causal mask.
 constexpr int AB_ROWS = 256, AB_THREADS = 4 * 128 + 32, AB_STAGES = 4;
