@@ -197,6 +197,7 @@ AttnChoice select_attn(const AttnDevice& dev, const AttnShape& s, const AttnOpti
   c.tile_major = opt.order == CtaOrder::TileMajor ||
                  (opt.order == CtaOrder::Auto && dev.l2_bytes > 0 && kv_bytes <= 0.5 * dev.l2_bytes);
   c.fixed_max = opt.fixed_max;
+  c.quant_row_kernel = opt.quant_row_kernel;
   return c;
 }
 
@@ -204,6 +205,7 @@ cudaError_t launch_attn(const AttnChoice& choice, const AttnParams& p, cudaStrea
   AttnParams q = p;
   q.tile_major = choice.tile_major;
   q.fixed_max = choice.fixed_max;
+  q.quant_row_kernel = choice.quant_row_kernel;
   switch (choice.impl) {
     case AttnImpl::Sm90: return launch_attn_fwd_sm90(q, choice.block_n, stream);
     case AttnImpl::MmaBoth: return launch_attn_mma(q, MMA_BOTH, stream);

@@ -64,6 +64,8 @@ struct AttnOptions {
   int block_n = 0;                 // DS_ATTN_BN: keys per tile of Sm90 at d = 64 (64 or 128; 0 = the rule's)
   CtaOrder order = CtaOrder::Auto; // DS_ATTN_ORDER
   bool fixed_max = true;           // DS_ATTN_FIXMAX=0: Sm90 takes the running row maximum on every key tile
+  bool quant_row_kernel = true;    // DS_ATTN_QUANT_ONE_KERNEL=1: quantised Sm90 takes its rows' |logit| maxima from
+                                   // its own first pass instead of the row-maximum kernel
 };
 
 struct AttnChoice {
@@ -71,6 +73,7 @@ struct AttnChoice {
   int block_n = 64;         // Sm90 at d = 64: 64 or 128 keys per tile; every other kernel 64
   bool tile_major = false;  // CTA order (attn_params.h, CtaTile)
   bool fixed_max = true;    // Sm90: the first pass keeps the diagonal tile's row maxima (attn_fwd_sm90.cu)
+  bool quant_row_kernel = true;  // quantised Sm90: the rows' |logit| maxima from the row-maximum kernel
   std::string why;          // the rule that decided, or why nothing can run the shape (impl None)
 };
 

@@ -38,7 +38,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -676,8 +675,8 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   AttnParams pa = p;
   // Quantised: the rows' largest |logit| from attn_row_absmax_kernel, parked in the output rows (4-byte aligned
   // floats there), else from the attention kernel's own first pass.
-  pa.absmax_staged = p.logit_bits > 0 && reinterpret_cast<uintptr_t>(p.out) % 4 == 0 && p.out_row_stride % 2 == 0 &&
-                     (p.batch == 1 || p.out_batch_stride % 2 == 0) && !std::getenv("DS_ATTN_QUANT_ONE_KERNEL");
+  pa.absmax_staged = p.logit_bits > 0 && p.quant_row_kernel && reinterpret_cast<uintptr_t>(p.out) % 4 == 0 &&
+                     p.out_row_stride % 2 == 0 && (p.batch == 1 || p.out_batch_stride % 2 == 0);
   if (pa.absmax_staged) {
     CUtensorMap tq4;  // Q boxes of 64 rows as above; K boxes of BN rows (tkv)
     if (!make_attn_tma_map(tq4, p.qkv, p.row_stride, p.batch_stride, p, 64)) return cudaErrorNotSupported;

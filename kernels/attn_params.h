@@ -58,6 +58,9 @@ struct AttnParams {
   // kernel and the generic kernel (each with a first pass for each row's largest |score|), the map kernels (select_attn
   // routes a quantised layer to them) and the decoding kernel (a row-maximum launch before its split kernel) take it.
   int logit_bits = 0;
+  // The Hopper kernel under quantised logits: each row's largest |logit| from the row-maximum kernel (launch_attn: the
+  // choice's), else from the attention kernel's own first pass.
+  bool quant_row_kernel = true;
   // Set by the Hopper kernel's launch alone (attn_fwd_sm90.cu): each quantised row's largest |logit| was computed by
   // the row-maximum kernel before it and parked as a float in the row's own output columns, where the attention
   // kernel reads it before it writes the row.

@@ -226,14 +226,17 @@ bool granted(AttnImpl impl, const AttnCase& c, int block_n = 0) {
 
 // The choice for p with `impl` forced (Auto: the default); impl None when the device cannot run it.
 ds::kern::AttnChoice choose(const ds::kern::AttnParams& p, AttnImpl impl, int block_n = 0,
-                            ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto) {
-  return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), {impl, block_n, order});
+                            ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, bool quant_row_kernel = true) {
+  ds::kern::AttnOptions o{impl, block_n, order};
+  o.quant_row_kernel = quant_row_kernel;
+  return ds::kern::select_attn(this_device(), ds::kern::attn_shape(p), o);
 }
 
 // Runs `impl` (forced) on the problem and compares with the reference; rows below first_row are not compared (they may
 // legitimately read poisoned keys).
 AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
-                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int first_row = 0) {
+                        ds::kern::CtaOrder order = ds::kern::CtaOrder::Auto, int first_row = 0,
+                        bool quant_row_kernel = true) {
   DeviceBuffer in = to_device(pr.qkv);
   DeviceBuffer kv = to_device(pr.o.separate_kv ? pr.kvb : std::vector<uint16_t>(8, 0));
   const size_t out_elems = size_t(pr.c.batch) * pr.c.n * pr.out_row_stride;
@@ -244,7 +247,7 @@ AttnCheck run_attention(const AttnProblem& pr, AttnImpl impl, int block_n = 0,
   DS_CUDA_CHECK(cudaMemset(head_ns.get(), 0, head_ns.bytes()));
   ds::kern::AttnParams p = pr.params(in, out, &kv);
   p.head_ns = head_ns.as<unsigned long long>();
-  const ds::kern::AttnChoice choice = choose(p, impl, block_n, order);
+  const ds::kern::AttnChoice choice = choose(p, impl, block_n, order, quant_row_kernel);
   EXPECT_EQ(choice.impl, impl) << choice.why;
   DS_CUDA_CHECK(ds::kern::launch_attn(choice, p, nullptr));
   DS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -462,20 +465,6 @@ TEST(CudaKernels, GenericAttentionMatchesFloat64) {
   }
 }
 
-// DS_ATTN_QUANT_ONE_KERNEL=1 while it lives: the quantised Hopper kernel's rows' |logit| maxima from its own first
-// pass instead of the row-maximum kernel.
-struct OneKernelQuant {
-  explicit OneKernelQuant(bool on) : on_(on) {
-    if (on_) setenv("DS_ATTN_QUANT_ONE_KERNEL", "1", 1);
-  }
-  ~OneKernelQuant() {
-    if (on_) unsetenv("DS_ATTN_QUANT_ONE_KERNEL");
-  }
-  OneKernelQuant(const OneKernelQuant&) = delete;
-  OneKernelQuant& operator=(const OneKernelQuant&) = delete;
-  bool on_;
-};
-
 // Quantised logits (the Figure 8 what-if) in the kernels that take them, against the float64 reference quantised the
 // same way: the Hopper kernel with its rows' maxima from the row-maximum kernel and from its own first pass (both
 // tile widths at d = 64, many key tiles, plain and differential) and the generic kernel, at 8 and 4 bits; a windowed
@@ -502,8 +491,8 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
           for (auto [impl, one_kernel] : {std::pair{AttnImpl::Sm90, false}, std::pair{AttnImpl::Sm90, true},
                                           std::pair{AttnImpl::Generic, false}}) {
             if (!granted(impl, c, bn) || (impl == AttnImpl::Generic && bn != 64)) continue;
-            OneKernelQuant one(one_kernel);
-            const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0);
+            const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0, ds::kern::CtaOrder::Auto, 0,
+                                              !one_kernel);
             const std::string w = std::string(ds::kern::attn_impl_name(impl)) + (one_kernel ? " (one kernel) " : " ") + what;
             EXPECT_EQ(r.unwritten, 0u) << w;
             EXPECT_EQ(r.padding_touched, 0u) << w;
@@ -525,8 +514,8 @@ TEST(CudaKernels, QuantisedLogitsMatchFloat64) {
         for (auto [impl, one_kernel] : {std::pair{AttnImpl::Sm90, false}, std::pair{AttnImpl::Sm90, true},
                                         std::pair{AttnImpl::Generic, false}}) {
           if (!granted(impl, c, bn) || (impl == AttnImpl::Generic && bn != 64)) continue;
-          OneKernelQuant one(one_kernel);
-          const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0);
+          const AttnCheck r = run_attention(pr, impl, impl == AttnImpl::Sm90 ? bn : 0, ds::kern::CtaOrder::Auto, 0,
+                                            !one_kernel);
           const std::string w = std::string(ds::kern::attn_impl_name(impl)) + (one_kernel ? " (one kernel) " : " ") +
                                 case_name(c) + opts_name(o) + " block_n=" + std::to_string(bn);
           EXPECT_EQ(r.unwritten, 0u) << w;

@@ -60,6 +60,7 @@ kern::AttnOptions attn_options_from_env() {
       throw Error(std::string("DS_ATTN_FIXMAX=") + e + ": must be 0 (the exact pass alone) or 1 (the default)");
     o.fixed_max = e[0] == '1';
   }
+  o.quant_row_kernel = !env_switch("DS_ATTN_QUANT_ONE_KERNEL", false);
   return o;
 }
 

@@ -393,7 +393,7 @@ class CudaBackend final : public Backend {
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
   bool loaded_ = false;
   kern::AttnDevice attn_dev_;  // what select_attn reads of this device, queried once
-  kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / DS_ATTN_BN / DS_ATTN_ORDER / DS_ATTN_FIXMAX, parsed once
+  kern::AttnOptions attn_opt_;  // DS_ATTN_KERNEL / _BN / _ORDER / _FIXMAX / _QUANT_ONE_KERNEL, parsed once
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
   int first_ = 0, last_ = -1;  // set_layer_range (-1: to the last layer)
