@@ -36,6 +36,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -656,6 +657,197 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 #endif
 }
 
+// The outlier statistics' pass over a layer's attention logits (launch_logit_pass_sm90): the row-maximum kernel's
+// pipeline (256 rows of one query head's map a CTA, four consumer warpgroups, one producer warp, four K tiles in
+// flight), each causal cell inside the window visited once as |scale q . k| in registers and counted where it is:
+// MODE 1 (the first pass, no prefixes): every cell's digit into one shared-memory histogram; MODE 2: the digits of
+// the cells with one of the pass's prefixes, into a histogram per prefix (the first sh_pre in shared memory, the rest
+// in the global counts); MODE 0: the collection alone. Any mode also collects the cells at or above the map's
+// threshold. The batched-GEMM path it replaces wrote every logit to memory and read it back: the kajuma shape's
+// logit statistics took 4.9x a forward at 4K tokens and 16x at 32K, with this kernel 1.0x and 2.1x (H200).
+template <int D, int BN, int MODE>
+__global__ void __launch_bounds__(AB_THREADS, 1)
+    attn_logit_pass_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                           const AttnParams p, const LogitPass c, int sh_pre, int tshift) {
+#if defined(DS_SM90A_WS)
+  constexpr int NS = BN / 2, SLABS = D / 64;
+  constexpr int Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t pad = (1024 - (raw & 1023)) & 1023;
+  const uint32_t s_base = raw + pad;
+  const uint32_t sQ = s_base, sK = s_base + Q_BYTES, bar_q = sK + AB_STAGES * K_BYTES;
+  auto bar_full = [&](int st) { return bar_q + 8u * uint32_t(1 + st); };
+  auto bar_empty = [&](int st) { return bar_q + 8u * uint32_t(1 + AB_STAGES + st); };
+  // After the barriers: MODE 1: the histogram (bins u32). MODE 0 and 2: [sh_pre histograms (bins u32) | the prefixes
+  // (nprefix u32) | a table over the leading bits of |x| (bits >> tshift; 1 << (31 - tshift) bytes), nonzero where a
+  // value may have work: 1 + the index of the one prefix with those leading bits, 255 for several (or an index past
+  // 253), 254 at or above the leading bits of the collection's threshold (and no prefix)]
+  const int bins = MODE == 0 ? 0 : 1 << c.width, npre = MODE == 2 ? c.nprefix : 0;
+  unsigned* hist = reinterpret_cast<unsigned*>(smem_raw + pad + Q_BYTES + AB_STAGES * K_BYTES + (1 + 2 * AB_STAGES) * 8);
+  uint32_t* pre_s = hist + (MODE == 2 ? sh_pre * bins : 0);
+  unsigned char* table = reinterpret_cast<unsigned char*>(pre_s + npre);
+
+  const int hv = p.heads / 2, n_qb = (p.n + AB_ROWS - 1) / AB_ROWS, per_qb = 2 * hv * p.batch;
+  const int qb = n_qb - 1 - int(blockIdx.x) / per_qb, rest = int(blockIdx.x) % per_qb;
+  const int jm = rest % (2 * hv), b = rest / (2 * hv), j = jm >> 1, m = jm & 1;
+  const ViewHeadMap hm = view_head_map(p.diff, p.diff ? j : 2 * j + m, p.heads, p.kv_heads);
+  const int qh = p.diff && m ? hm.q[1] : hm.q[0], kvh = p.diff && m ? hm.k[1] : hm.k[0];
+  const int map = p.diff ? m : 0;  // the counts' and collections' map
+  const int q0 = qb * AB_ROWS;
+  const int kt0 = window_first_key(p.window, q0) / BN;  // the CTA's first row's first key's tile
+  const int n_kt = min(q0 + AB_ROWS, p.n) / BN + (min(q0 + AB_ROWS, p.n) % BN != 0);
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < AB_STAGES; ++st) {
+      mbar_init(bar_full(st), 1);
+      mbar_init(bar_empty(st), 512);
+    }
+    fence_mbarrier_init();
+  }
+  const uint32_t hi = uint32_t(c.shift + c.width);
+  const int tsize = 1 << (31 - tshift);
+  const bool collect = c.collect.at_least != nullptr;
+  const float thr = collect ? c.collect.at_least[map] : 0.f;
+  if (MODE == 1)
+    for (int i = tid; i < bins; i += AB_THREADS) hist[i] = 0;
+  if (MODE != 1) {
+    for (int i = tid; i < sh_pre * bins; i += AB_THREADS) hist[i] = 0;
+    for (int i = tid; i < npre; i += AB_THREADS) pre_s[i] = c.prefixes[i];
+    const int t_thr = !collect ? tsize : thr > 0.f ? int(min(__float_as_uint(thr) >> tshift, uint32_t(tsize))) : 0;
+    for (int i = tid; i < tsize; i += AB_THREADS) table[i] = i >= t_thr ? 254 : 0;
+    __syncthreads();
+    if (tid == 0)
+      for (int i = 0; i < npre; ++i) {  // (tshift >= hi: a prefix has one entry)
+        unsigned char& e = table[c.prefixes[i] >> (tshift - int(hi))];
+        e = (e == 0 || e == 254) && i < 253 ? static_cast<unsigned char>(i + 1) : 255;
+      }
+  }
+  __syncthreads();
+
+  if (tid >= 512) {  // the producer warp
+    if (tid == 512) {
+      prefetch_tensormap(&tm_q);
+      prefetch_tensormap(&tm_kv);
+      mbar_expect_tx(bar_q, Q_BYTES);
+      for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+          tma_load_3d(sQ + uint32_t(cc * 64 * D * 2 + sl * 64 * 128), &tm_q, int(p.q_off) + qh * D + sl * 64,
+                      q0 + 64 * cc, b, bar_q);
+      for (int kt = kt0; kt < n_kt; ++kt) {
+        const int i = kt - kt0, st = i % AB_STAGES;
+        mbar_wait(bar_empty(st), uint32_t(((i / AB_STAGES) & 1) ^ 1));
+        mbar_expect_tx(bar_full(st), K_BYTES);
+#pragma unroll
+        for (int sl = 0; sl < SLABS; ++sl)
+          tma_load_3d(sK + uint32_t(st * K_BYTES + sl * BN * 128), &tm_kv, int(p.k_off) + kvh * D + sl * 64, kt * BN,
+                      b, bar_full(st));
+      }
+    }
+    return;
+  }
+
+  const int cw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
+  const int c_row = q0 + 64 * cw, row0 = c_row + warp * 16 + g4;
+  const int last_kt = c_row < p.n ? (min(c_row + 63, p.n - 1)) / BN : -1;
+  const uint32_t q_base = sQ + uint32_t(cw * 64 * D * 2);
+  const uint32_t mask = (1u << c.width) - 1;
+  const int H = npre > 0 ? npre : 1;
+  unsigned long long* gcounts = c.counts + size_t(map) * size_t(H) * size_t(bins > 0 ? bins : 1);
+  auto collect_cell = [&](float a) {
+    if (collect && a >= thr) {
+      const unsigned slot = atomicAdd(c.collect.found + map, 1u);
+      if (int(slot) < c.collect.cap) c.collect.out[size_t(map) * c.collect.cap + slot] = a;
+    }
+  };
+  auto count = [&](int q, uint32_t bits) {
+    const uint32_t digit = (bits >> c.shift) & mask;
+    if (q < sh_pre) atomicAdd(&hist[q * bins + digit], 1u);
+    else atomicAdd(gcounts + size_t(q) * bins + digit, 1ull);
+  };
+  // MODE 0 and 2: a cell whose leading bits the table marks (about one in twenty at the second pass: the middle's
+  // prefix; far fewer at the third and in a collection) joins a per-thread list, handled after the tile in a loop of
+  // its own. The pass is bound by the instructions issued per cell (Q K^T's share is a third): this keeps them to a
+  // load and a compare. (Measured on the H200, bench/EXPERIMENTS.md: the prefixes' loop inlined at each cell, a
+  // branch on a table of prefix indices, and counting every cell into its prefix's histogram or a sink took 2-4x
+  // the first pass.)
+  float rare[NS];
+  int nrare = 0;
+  auto visit = [&](float dot, bool valid) {
+    const float a = fabsf(dot * p.scale);
+    if (!valid) return;
+    const uint32_t bits = __float_as_uint(a);
+    if (MODE == 1) {
+      collect_cell(a);
+      atomicAdd(&hist[(bits >> c.shift) & mask], 1u);
+      return;
+    }
+    if (table[bits >> tshift]) rare[nrare++] = a;
+  };
+  auto rare_cell = [&](float a) {
+    collect_cell(a);
+    if (MODE != 2) return;
+    const uint32_t bits = __float_as_uint(a), top = bits >> hi;
+    const int e = table[bits >> tshift];
+    if (e == 254) return;
+    if (e < 254) {  // the one prefix these leading bits can have
+      if (top == pre_s[e - 1]) count(e - 1, bits);
+      return;
+    }
+    for (int q = 0; q < npre; ++q)
+      if (top == pre_s[q]) {
+        count(q, bits);
+        return;  // (the prefixes of a pass are distinct)
+      }
+  };
+  const bool rows_in = row0 + 8 < p.n;
+  mbar_wait(bar_q, 0);
+  for (int kt = kt0; kt < n_kt; ++kt) {
+    const int i = kt - kt0, st = i % AB_STAGES;
+    mbar_wait(bar_full(st), uint32_t((i / AB_STAGES) & 1));
+    if (kt > last_kt) {
+      mbar_arrive(bar_empty(st));
+      continue;
+    }
+    float s[NS];
+    zero_pinned(s);
+    wgmma_fence();
+    issue_qk<D, BN>(s, q_base, sK + uint32_t(st * K_BYTES));
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i2 = 0; i2 < NS; ++i2) pin(s[i2]);
+    mbar_arrive(bar_empty(st));
+    // Every cell of the tile counts when the tile lies left of the warpgroup's first row's diagonal, both of this
+    // thread's rows exist and no window edge crosses it; otherwise each cell is tested.
+    const bool whole = kt * BN + BN - 1 <= c_row && rows_in && window_first_key(p.window, c_row + 63) <= kt * BN;
+    if (whole) {
+#pragma unroll
+      for (int i2 = 0; i2 < NS; ++i2) visit(s[i2], true);
+    } else {
+#pragma unroll
+      for (int i2 = 0; i2 < NS; ++i2) {
+        const int col = kt * BN + 8 * (i2 >> 2) + 2 * t4 + (i2 & 1), row = row0 + 8 * ((i2 >> 1) & 1);
+        visit(s[i2], row < p.n && col <= row && col >= window_first_key(p.window, row));
+      }
+    }
+    if (MODE != 1) {
+#pragma unroll 1
+      for (int k = 0; k < nrare; ++k) rare_cell(rare[k]);
+      nrare = 0;
+    }
+  }
+  if (MODE == 0) return;
+  named_sync(1, 512);  // the consumers' counts are in; the producer warp has left
+  for (int i = tid; i < sh_pre * bins; i += 512)
+    if (const unsigned v = hist[i]) atomicAdd(gcounts + i, (unsigned long long)v);
+#else
+  __trap();  // built without sm_90a: never launched
+#endif
+}
+
 template <int D, int BN, bool DIFF>
 cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   CUtensorMap tq, tkv, tout;
@@ -765,6 +957,60 @@ bool make_tma_map_2d(CUtensorMap& m, const bf16* base, int64_t cols, int64_t row
 cudaError_t launch_attn_fwd_sm90(const AttnParams& p, int block_n, cudaStream_t stream) {
   if (p.n <= 0 || p.heads % 2 || (p.diff && p.kv_heads % 2) || p.heads % p.kv_heads) return cudaErrorInvalidValue;
   return p.diff ? launch_mode<true>(p, block_n, stream) : launch_mode<false>(p, block_n, stream);
+}
+
+namespace {
+template <int D, int BN, int MODE>
+cudaError_t launch_logit_pass_t(const AttnParams& p, const LogitPass& c, cudaStream_t stream) {
+  CUtensorMap tq4, tkv;
+  if (!make_attn_tma_map(tq4, p.qkv, p.row_stride, p.batch_stride, p, 64) ||
+      !make_attn_tma_map(tkv, kv_base(p), p.row_stride, p.batch_stride, p, BN))
+    return cudaErrorNotSupported;
+  int dev = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  const int base = 1024 + AB_ROWS * D * 2 + AB_STAGES * BN * D * 2 + (1 + 2 * AB_STAGES) * 8;
+  const int npre = MODE == 2 ? c.nprefix : 0, bins = MODE == 0 ? 0 : 1 << c.width;
+  int sh_pre = 0;  // the histograms held in shared memory (MODE 2: as many as fit; MODE 1: its one)
+  int smem = base, tshift = 31;
+  if (MODE == 1) sh_pre = 1, smem += bins * 4;
+  // The table over 12 leading bits, or 16 for longer prefixes (a later pass's: fewer cells listed), or the
+  // prefixes' own where they are shorter; fewer where memory is short.
+  if (MODE != 1) {
+    const int hi = c.shift + c.width;
+    for (tshift = std::max(hi, hi < 19 && npre > 0 ? 15 : 19); tshift < 31 && base + npre * 4 + (1 << (31 - tshift)) > optin; ++tshift) {
+    }
+    const int fixed = base + npre * 4 + (1 << (31 - tshift));
+    sh_pre = std::max(0, std::min(npre, (optin - fixed) / (std::max(1, bins) * 4)));
+    smem = fixed + sh_pre * bins * 4;
+  }
+  if (smem > optin) return cudaErrorNotSupported;
+  const auto kernel = attn_logit_pass_kernel<D, BN, MODE>;
+  if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
+  const unsigned ctas = unsigned((p.n + AB_ROWS - 1) / AB_ROWS) * unsigned(p.heads * p.batch);
+  kernel<<<ctas, AB_THREADS, smem, stream>>>(tq4, tkv, p, c, sh_pre, tshift);
+  return cudaGetLastError();
+}
+template <int MODE>
+cudaError_t launch_logit_pass_mode(const AttnParams& p, const LogitPass& c, cudaStream_t stream) {
+  if (p.d == 64) return launch_logit_pass_t<64, 128, MODE>(p, c, stream);
+  return launch_logit_pass_t<128, 64, MODE>(p, c, stream);
+}
+}  // namespace
+
+bool logit_pass_sm90_supports(const AttnParams& p) {
+  return (p.d == 64 || p.d == 128) && p.n > 0 && p.heads % 2 == 0 && (!p.diff || p.kv_heads % 2 == 0) &&
+         p.kv_heads > 0 && p.heads % p.kv_heads == 0;
+}
+
+cudaError_t launch_logit_pass_sm90(const AttnParams& p, const LogitPass& c, cudaStream_t stream) {
+  if (!logit_pass_sm90_supports(p) || c.width < 0 || c.width > 12 || c.shift < 0 || c.shift + c.width > 31 ||
+      (c.width > 0 && !c.counts) || (c.width == 0 && !c.collect.at_least) || c.nprefix < 0 ||
+      (c.nprefix > 0 && !c.prefixes) || (c.collect.at_least && (!c.collect.out || !c.collect.found || c.collect.cap < 0)))
+    return cudaErrorInvalidValue;
+  if (c.width == 0) return launch_logit_pass_mode<0>(p, c, stream);
+  return c.nprefix == 0 ? launch_logit_pass_mode<1>(p, c, stream) : launch_logit_pass_mode<2>(p, c, stream);
 }
 
 }  // namespace ds::kern

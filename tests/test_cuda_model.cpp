@@ -33,6 +33,7 @@ TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "no CUDA device: this build has no C
 #include "engine/core/error.h"
 #include "engine/core/model.h"
 #include "kernels/gemm_swiglu_sm90.h"
+#include "kernels/attn_fwd_sm90.h"
 #include "map_reference.h"
 #include "engine/session/session.h"
 #include "engine/session/session_outliers.h"
@@ -595,6 +596,66 @@ TEST(CudaModel, OutlierSelectionOnTheDeviceEqualsTheHosts) {
       EXPECT_EQ(a.layers[0].hidden.top100.size(), size_t(std::min<int64_t>(100, n * s->config().hidden)));
     }
   }
+}
+
+// The logits' outlier passes on the fused Hopper kernel (kern::launch_logit_pass_sm90, the default where it runs)
+// against the batched GEMM's rows (DS_OUTLIER_LOGITS_FUSED=0): the same products summed in another order, so every
+// statistic agrees to f32 rounding; the hidden states' are the same floats. Differential and plain heads, d = 64 and
+// 128, prompts of one query block and of several with a partial last one.
+TEST(CudaModel, OutlierLogitPassesFusedEqualTheGemmRows) {
+  SKIP_WITHOUT_DEVICE();
+  struct Model {
+    std::string dir;
+    int n;
+  };
+  std::vector<Model> models;
+  for (const char* name : {"diff_gqa_d64_llama3_bf16_tied", "llama_tied_llama3_bf16", "motif_gqa_d64_bf16_tied"})
+    models.push_back({dstest::fixture(name), 200});
+  for (bool diff : {true, false}) {
+    ds::SyntheticShape shape;
+    shape.diff = diff, shape.hidden = diff ? 512 : 256, shape.layers = 2, shape.heads = 4, shape.kv_heads = 2;
+    shape.head_dim = diff ? 128 : 64, shape.intermediate = 256, shape.vocab = 512, shape.max_positions = 1024;
+    const std::string dir = ::testing::TempDir() + "/logit_pass_model_" + (diff ? "diff" : "plain");
+    ds::write_synthetic_model(dir, shape);
+    models.push_back({dir, 700});
+  }
+  const int64_t launches0 = ds::cuda_logit_pass_launches();
+  for (const Model& mdl : models) {
+    auto s = ds::Session::open(mdl.dir, ds::BackendChoice::Cuda);
+    setenv("DS_OUTLIER_LOGITS_FUSED", "0", 1);
+    auto w = ds::Session::open(mdl.dir, ds::BackendChoice::Cuda);
+    unsetenv("DS_OUTLIER_LOGITS_FUSED");
+    std::mt19937 g(3);
+    std::vector<int32_t> ids(static_cast<size_t>(mdl.n));
+    for (int32_t& x : ids) x = int32_t(g() % uint32_t(std::min<int64_t>(s->config().vocab, 200)));
+    s->set_ids(ids);
+    s->run();
+    w->set_ids(ids);
+    w->run();
+    const ds::Outliers a = ds::outlier_stats(*s), b = ds::outlier_stats(*w);
+    ASSERT_EQ(a.layers.size(), b.layers.size());
+    auto near = [&](const ds::OutlierSet& x, const ds::OutlierSet& y, const std::string& what) {
+      ASSERT_EQ(x.top100.size(), y.top100.size()) << what;
+      EXPECT_EQ(x.s.count, y.s.count) << what;
+      for (size_t i = 0; i < x.top100.size(); ++i)
+        EXPECT_NEAR(x.top100[i], y.top100[i], 2e-5 * (1 + std::fabs(y.top100[i]))) << what << " rank " << i;
+      EXPECT_NEAR(x.s.median, y.s.median, 2e-5 * (1 + std::fabs(y.s.median))) << what;
+    };
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+      const std::string what = mdl.dir + " layer " + std::to_string(l);
+      EXPECT_EQ(a.layers[l].hidden.top100, b.layers[l].hidden.top100) << what;
+      ASSERT_EQ(a.layers[l].has_logits, b.layers[l].has_logits) << what;
+      if (!a.layers[l].has_logits) continue;
+      near(a.layers[l].logit1, b.layers[l].logit1, what + " map 1");
+      if (a.differential) near(a.layers[l].logit2, b.layers[l].logit2, what + " map 2");
+    }
+    near(a.logit1, b.logit1, mdl.dir + " model map 1");
+    if (a.differential) near(a.logit2, b.logit2, mdl.dir + " model map 2");
+  }
+  if (ds::kern::attn_fwd_sm90_code_runs() && ds::kern::attn_tma_encoder_available())
+    EXPECT_GT(ds::cuda_logit_pass_launches(), launches0) << "the fused logit pass did not run on this Hopper GPU";
+  else
+    EXPECT_EQ(ds::cuda_logit_pass_launches(), launches0);
 }
 
 // Where the hidden states' outlier statistics spend their time (DS_OUTLIER_PERF=1; skipped otherwise): a random

@@ -19,6 +19,7 @@
 #include "tests/test_util.h"
 
 #ifdef DS_HAVE_CUDA
+#include "kernels/attn_fwd_sm90.h"
 #include "kernels/outlier_count.h"
 #include "tests/test_cuda_util.h"
 #endif
@@ -154,6 +155,220 @@ TEST(OutlierSelect, CudaCountsEqualTheHost) {
     DS_CUDA_CHECK(cudaMemcpy(got2.data(), out.get(), got2.size() * 4, cudaMemcpyDeviceToHost));
     std::sort(got2.begin(), got2.end());
     EXPECT_EQ(got2, want);
+  }
+}
+
+// The fused pass over attention logits on Hopper (launch_logit_pass_sm90: Q K^T on the tensor cores, each value
+// counted where it is computed) against the host's counts of the same cells. Q and K hold multiples of 1/4 up to 4
+// and the scale is a power of two, so every logit is exact in f32 whatever the order of the sums, and the counts
+// must be equal, digit for digit: differential and plain heads (GQA), d = 64 and 128, with and without a sliding
+// window, prompts of 1 to 4 query blocks of 256 with partial last blocks; a pass over more prefixes than shared
+// memory holds (the rest counted in global memory); the collection alone and riding on a counting pass.
+TEST(OutlierSelect, CudaLogitPassEqualsTheHost) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::kern::attn_fwd_sm90_code_runs() || !ds::kern::attn_tma_encoder_available())
+    GTEST_SKIP() << "the fused logit pass runs on Hopper (sm_90a code and the driver's tensor-map encoder)";
+  struct Case {
+    int d;
+    bool diff;
+    int window, n;
+  };
+  std::mt19937 g(11);
+  for (const Case cs : {Case{64, true, 0, 700}, Case{64, false, 0, 300}, Case{128, true, 0, 513},
+                        Case{128, false, 45, 700}, Case{64, true, 45, 37}, Case{64, true, 300, 1000},
+                        Case{128, true, 0, 1}}) {
+    const int H = 4, Hkv = 2, d = cs.d, n = cs.n, nmaps = cs.diff ? 2 : 1, Hv = cs.diff ? H / 2 : H;
+    const int64_t stride = int64_t(H + 2 * Hkv) * d;
+    std::uniform_int_distribution<int> q4(-16, 16);
+    std::vector<int> qi(size_t(n) * size_t(stride));
+    for (int& x : qi) x = q4(g);
+    std::vector<__nv_bfloat16> qkv(qi.size());
+    for (size_t i = 0; i < qi.size(); ++i) qkv[i] = __float2bfloat16(float(qi[i]) / 4.f);
+    const ds::cuda::DeviceBuffer dqkv = to_device(qkv);
+    ds::kern::AttnParams p;
+    p.qkv = dqkv.as<__nv_bfloat16>();
+    p.row_stride = stride, p.batch_stride = int64_t(n) * stride;
+    p.q_off = 0, p.k_off = int64_t(H) * d, p.v_off = int64_t(H + Hkv) * d;
+    p.n = n, p.heads = H, p.kv_heads = Hkv, p.d = d, p.diff = cs.diff, p.window = cs.window;
+    p.scale = d == 64 ? 0.125f : 0.0625f;
+    const std::string what = "d " + std::to_string(d) + (cs.diff ? " diff" : " plain") + " window " +
+                             std::to_string(cs.window) + " n " + std::to_string(n);
+    std::vector<float> cells[2];  // the host's cells per map, exact
+    for (int j = 0; j < Hv; ++j)
+      for (int m = 0; m < nmaps; ++m) {
+        const ds::kern::ViewHeadMap hm = ds::kern::view_head_map(cs.diff, j, H, Hkv);
+        for (int r = 0; r < n; ++r)
+          for (int k = ds::kern::window_first_key(cs.window, r); k <= r; ++k) {
+            int64_t dot = 0;  // in sixteenths
+            for (int e = 0; e < d; ++e)
+              dot += int64_t(qi[size_t(r * stride + p.q_off + hm.q[m] * d + e)]) *
+                     qi[size_t(k * stride + p.k_off + hm.k[m] * d + e)];
+            cells[m].push_back(std::fabs(float(double(dot) / 16.0 * double(p.scale))));
+          }
+      }
+    auto device_pass = [&](const ds::RadixPass& rp, const ds::kern::OutlierCollect& k) {
+      const size_t per = size_t(rp.histograms()) * size_t(rp.bins());
+      ds::cuda::DeviceBuffer pre = to_device(rp.prefixes.empty() ? std::vector<uint32_t>{0} : rp.prefixes);
+      ds::cuda::DeviceBuffer cnt(size_t(nmaps) * per * 8, "counts");
+      DS_CUDA_CHECK(cudaMemset(cnt.get(), 0xff, size_t(nmaps) * per * 8));  // poisoned, then cleared
+      DS_CUDA_CHECK(cudaMemset(cnt.get(), 0, size_t(nmaps) * per * 8));
+      ds::kern::LogitPass lp;
+      lp.shift = rp.shift, lp.width = rp.width, lp.prefixes = pre.as<uint32_t>(), lp.nprefix = int(rp.prefixes.size());
+      lp.counts = cnt.as<unsigned long long>(), lp.collect = k;
+      DS_CUDA_CHECK(ds::kern::launch_logit_pass_sm90(p, lp, nullptr));
+      DS_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint64_t> got(size_t(nmaps) * per);
+      DS_CUDA_CHECK(cudaMemcpy(got.data(), cnt.get(), got.size() * 8, cudaMemcpyDeviceToHost));
+      return got;
+    };
+    auto host_pass = [&](const ds::RadixPass& rp) {
+      const size_t per = size_t(rp.histograms()) * size_t(rp.bins());
+      std::vector<uint64_t> want(size_t(nmaps) * per, 0);
+      for (int m = 0; m < nmaps; ++m)
+        ds::radix_count(cells[m].data(), int64_t(cells[m].size()), rp, want.data() + size_t(m) * per);
+      return want;
+    };
+    // The passes a selection of map 1's top and middles makes.
+    ds::RankFinder f(ds::top_median_ranks(cells[0].size()));
+    for (int pass = 0; pass < ds::RankFinder::kPasses; ++pass) {
+      const ds::RadixPass rp = f.pass();
+      const std::vector<uint64_t> want = host_pass(rp), got = device_pass(rp, {});
+      ASSERT_EQ(got, want) << what << " pass " << pass;
+      f.take(std::vector<uint64_t>(want.begin(), want.begin() + long(want.size() / size_t(nmaps))));
+    }
+    // Every 12-bit prefix present, in descending order (more than shared memory holds at d = 128: the rest in global
+    // memory).
+    std::vector<uint32_t> tops;
+    for (int m = 0; m < nmaps; ++m)
+      for (float x : cells[m]) tops.push_back(ds::abs_bits(x) >> 19);
+    std::sort(tops.begin(), tops.end(), std::greater<uint32_t>());
+    tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
+    const ds::RadixPass many{7, 12, tops};
+    ASSERT_EQ(device_pass(many, {}), host_pass(many)) << what << " (" << tops.size() << " prefixes)";
+    // The collection: every value at or above each map's 20th largest, alone and with a counting pass.
+    std::vector<float> thr(2, 0.f), want[2];
+    for (int m = 0; m < nmaps; ++m) {
+      std::vector<float> v = cells[m];
+      std::sort(v.begin(), v.end(), std::greater<float>());
+      thr[size_t(m)] = v[std::min<size_t>(19, v.size() - 1)];
+      for (float x : cells[m])
+        if (x >= thr[size_t(m)]) want[m].push_back(x);
+      std::sort(want[m].begin(), want[m].end());
+    }
+    const int cap = 4096;
+    ds::cuda::DeviceBuffer dthr = to_device(thr), out(size_t(nmaps) * cap * 4, "values"), found(8, "found");
+    for (const ds::RadixPass& rp : {ds::RadixPass{0, 0, {}}, ds::RadixPass{19, 12, {}}}) {
+      DS_CUDA_CHECK(cudaMemset(found.get(), 0, 8));
+      const std::vector<uint64_t> got = device_pass(rp, {dthr.as<float>(), out.as<float>(), cap, found.as<unsigned>()});
+      if (rp.width > 0) EXPECT_EQ(got, host_pass(rp)) << what;
+      std::vector<unsigned> nf(2);
+      DS_CUDA_CHECK(cudaMemcpy(nf.data(), found.get(), 8, cudaMemcpyDeviceToHost));
+      for (int m = 0; m < nmaps; ++m) {
+        ASSERT_EQ(nf[size_t(m)], want[m].size()) << what << " map " << m;
+        std::vector<float> v(nf[size_t(m)]);
+        DS_CUDA_CHECK(cudaMemcpy(v.data(), out.as<float>() + size_t(m) * cap, v.size() * 4, cudaMemcpyDeviceToHost));
+        std::sort(v.begin(), v.end());
+        EXPECT_EQ(v, want[m]) << what << " map " << m << " width " << rp.width;
+      }
+    }
+  }
+}
+
+// What the fused logit pass costs (DS_OUTLIER_PERF=1; skipped otherwise): one layer of the kajuma shape (32 query
+// heads, 8 kv heads, d = 64, differential) at 4K and 32K tokens, Q and K ~ N(0, 3) (|logit| median near 2, as the
+// random kajuma checkpoint's): a collection that finds nothing (Q K^T and one compare a cell), the first pass, and
+// the two later passes with the prefixes of each map's middle and top.
+TEST(OutlierSelect, CudaLogitPassTimes) {
+  SKIP_WITHOUT_DEVICE();
+  if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the fused logit pass";
+  if (!ds::kern::attn_fwd_sm90_code_runs() || !ds::kern::attn_tma_encoder_available())
+    GTEST_SKIP() << "the fused logit pass runs on Hopper";
+  for (int n : {4096, 32768}) {
+    const int H = 32, Hkv = 8, d = 64;
+    const int64_t stride = int64_t(H + 2 * Hkv) * d;
+    std::vector<__nv_bfloat16> qkv(size_t(n) * size_t(stride));
+    uint64_t x = 88172645463325252ull;
+    for (auto& v : qkv) {
+      float u = 0;
+      for (int k = 0; k < 4; ++k) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        u += float(x >> 40) / float(1 << 24);
+      }
+      v = __float2bfloat16((u - 2.f) * 1.732f * 1.732f);  // (sum of 4 uniforms: variance 1/3)
+    }
+    const ds::cuda::DeviceBuffer dqkv = to_device(qkv);
+    ds::kern::AttnParams p;
+    p.qkv = dqkv.as<__nv_bfloat16>();
+    p.row_stride = stride, p.batch_stride = int64_t(n) * stride;
+    p.q_off = 0, p.k_off = int64_t(H) * d, p.v_off = int64_t(H + Hkv) * d;
+    p.n = n, p.heads = H, p.kv_heads = Hkv, p.d = d, p.diff = true, p.scale = 0.125f;
+    ds::cuda::DeviceBuffer cnt(size_t(2) * 8 * 4096 * 8, "counts"), thr(8, "thr"), out(2 * 1024 * 4, "out"),
+        found(8, "found"), pre(64 * 4, "prefixes");
+    const float big[2] = {1e30f, 1e30f};
+    DS_CUDA_CHECK(cudaMemcpy(thr.get(), big, 8, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    DS_CUDA_CHECK(cudaEventCreate(&e0));
+    DS_CUDA_CHECK(cudaEventCreate(&e1));
+    auto timed = [&](const ds::kern::LogitPass& lp) {
+      float best = 1e30f;
+      for (int r = 0; r < 4; ++r) {
+        DS_CUDA_CHECK(cudaMemset(cnt.get(), 0, cnt.bytes()));
+        DS_CUDA_CHECK(cudaMemset(found.get(), 0, 8));
+        DS_CUDA_CHECK(cudaEventRecord(e0));
+        const cudaError_t e = ds::kern::launch_logit_pass_sm90(p, lp, nullptr);
+        DS_CUDA_CHECK(e);
+        DS_CUDA_CHECK(cudaEventRecord(e1));
+        DS_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0) best = std::min(best, ms);
+      }
+      return best;
+    };
+    auto counts = [&](size_t k) {
+      std::vector<uint64_t> c(k);
+      DS_CUDA_CHECK(cudaMemcpy(c.data(), cnt.get(), k * 8, cudaMemcpyDeviceToHost));
+      return c;
+    };
+    ds::kern::LogitPass lp;
+    lp.collect = {thr.as<float>(), out.as<float>(), 1024, found.as<unsigned>()};
+    const float floor_ms = timed(lp);
+    lp.collect = {};
+    lp.shift = 19, lp.width = 12, lp.counts = cnt.as<unsigned long long>();
+    const float pass0 = timed(lp);
+    const std::vector<uint64_t> c0 = counts(2 * 4096);
+    // each map's middle and 100th largest's first digits
+    std::vector<uint32_t> pfx;
+    const uint64_t cells = uint64_t(n) * uint64_t(n + 1) / 2 * uint64_t(H / 2);
+    for (int m = 0; m < 2; ++m)
+      for (uint64_t rank : {cells / 2, cells - 100}) {
+        uint64_t below = 0;
+        for (uint32_t dgt = 0; dgt < 4096; ++dgt) {
+          const uint64_t k = c0[size_t(m) * 4096 + dgt];
+          if (below + k > rank) {
+            if (std::find(pfx.begin(), pfx.end(), dgt) == pfx.end()) pfx.push_back(dgt);
+            break;
+          }
+          below += k;
+        }
+      }
+    DS_CUDA_CHECK(cudaMemcpy(pre.get(), pfx.data(), pfx.size() * 4, cudaMemcpyHostToDevice));
+    lp.shift = 7, lp.width = 12, lp.prefixes = pre.as<uint32_t>(), lp.nprefix = int(pfx.size());
+    const float pass1 = timed(lp);
+    const std::vector<uint64_t> c1 = counts(size_t(2) * pfx.size() * 4096);
+    std::vector<uint32_t> pfx2;  // the middle's 24-bit prefix of map 0 (the first prefix's busiest digit)
+    uint32_t best = 0;
+    for (uint32_t dgt = 0; dgt < 4096; ++dgt)
+      if (c1[dgt] > c1[best]) best = dgt;
+    pfx2.push_back((pfx[0] << 12) | best);
+    DS_CUDA_CHECK(cudaMemcpy(pre.get(), pfx2.data(), 4, cudaMemcpyHostToDevice));
+    lp.shift = 0, lp.width = 7, lp.nprefix = 1;
+    const float pass2 = timed(lp);
+    std::printf("logit pass n %d (one layer, 16 view heads x 2 maps): Q K^T + compare %.3f ms; first pass %.3f; "
+                "second (%zu prefixes) %.3f; third %.3f ms\n",
+                n, floor_ms, pass0, pfx.size(), pass1, pass2);
+    DS_CUDA_CHECK(cudaEventDestroy(e0));
+    DS_CUDA_CHECK(cudaEventDestroy(e1));
   }
 }
 

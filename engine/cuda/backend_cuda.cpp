@@ -91,6 +91,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   fused_swiglu_ = env_switch("DS_SWIGLU_FUSED", true);
   device_select_ = env_switch("DS_OUTLIER_DEVICE_SELECT", true);
   select_compact_ = env_switch("DS_OUTLIER_COMPACT", true);
+  logit_pass_fused_ = env_switch("DS_OUTLIER_LOGITS_FUSED", true);
   initcheck_mark_ = env_switch("DS_CUDA_INITCHECK_MARK_GEMM", false);
   if (std::getenv("DS_HOST_CACHES")) host_caches_mode_ = env_switch("DS_HOST_CACHES", false) ? 1 : 0;
   attn_opt_ = attn_options_from_env();

@@ -23,6 +23,9 @@ void cuda_set_profiling(Backend& b, bool on);
 // How many GEMM shapes this process has timed (the autotuner, DS_GEMM_AUTOTUNE: the first of each length bucket on
 // each kind of GPU); 0 in a build without CUDA.
 int64_t cuda_gemm_timings();
+// How many outlier passes over attention logits this process ran on the fused Hopper kernel
+// (kern::launch_logit_pass_sm90) rather than the batched GEMM's rows; 0 in a build without CUDA.
+int64_t cuda_logit_pass_launches();
 
 // Usable CUDA devices (compute capability 8.0 or newer); 0 in a build without CUDA or without a driver.
 int cuda_device_count();

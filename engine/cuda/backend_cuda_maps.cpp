@@ -2,6 +2,7 @@
 // the device, rows, per-head statistics and row masses, all recomputed from the cached post-RoPE Q/K/V of the last
 // forward in chunks of rows, and the implicit attention of a Mamba channel. O(view) or O(rows) back to the host.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "engine/cuda/detail/backend_cuda_impl.h"
 #include "engine/core/error.h"
 #include "kernels/attn_fwd_generic.h"
+#include "kernels/attn_fwd_sm90.h"
 #include "kernels/attn_maps.h"
 #include "kernels/diff_attn_fwd.h"
 #include "kernels/mamba_implicit.h"
@@ -273,7 +275,7 @@ void CudaBackend::mamba_row(int layer, int channel, int64_t q, std::vector<float
 // of the link's speed, and one thread's memcpy out of pinned memory is slower than the link: every piece (<= 1 MB)
 // is copied into pinned staging at once, each with an event, and up to 4 threads (from 8 MB on) move the pieces into
 // place as they land. Rounds of at most 64 MB.
-void CudaBackend::copy_to_host(std::initializer_list<HostCopy> copies) {
+void CudaBackend::copy_to_host(const std::vector<HostCopy>& copies) {
   constexpr size_t kPiece = size_t(1) << 20, kRound = size_t(64) << 20;
   struct Piece {
     char* dst;
@@ -460,6 +462,33 @@ void CudaBackend::outlier_cells(int layer, bool logits, F&& f) {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_logit_pass_launches{0};
+}  // namespace
+
+void CudaBackend::outlier_logit_pass(int layer, int shift, int width, const uint32_t* prefixes, int nprefix,
+                                     unsigned long long* counts, const kern::OutlierCollect& collect) {
+  if (logit_pass_fused_ && attn_dev_.sm90a && attn_dev_.tma) {
+    if (!has_run_ || last_batch_ != 1) throw Error("no result: run a prompt first");
+    kern::AttnParams p = layer_params(layer);
+    p.nko = 0;  // (the logits themselves, as below)
+    if (kern::attn_shape(p).aligned16 && kern::logit_pass_sm90_supports(p)) {
+      kern::LogitPass lp;
+      lp.shift = shift, lp.width = width, lp.prefixes = prefixes, lp.nprefix = nprefix, lp.counts = counts;
+      lp.collect = collect;
+      DS_CUDA_CHECK(kern::launch_logit_pass_sm90(p, lp, stream()));
+      g_logit_pass_launches.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
+  outlier_cells(layer, true, [&](const kern::OutlierCells& c) {
+    if (width == 0)
+      DS_CUDA_CHECK(kern::launch_outlier_collect(c, collect.at_least, collect.out, collect.cap, collect.found, stream()));
+    else
+      DS_CUDA_CHECK(kern::launch_outlier_count(c, shift, width, prefixes, nprefix, counts, stream(), collect));
+  });
+}
+
 void CudaBackend::outlier_counts(int layer, bool logits, const RadixPass& pass, std::vector<uint64_t>& counts) {
   std::vector<std::vector<uint64_t>> c;
   outlier_counts_many({OutlierQuery{layer, logits, pass, {}, 0}}, c, nullptr);
@@ -469,13 +498,15 @@ void CudaBackend::outlier_counts(int layer, bool logits, const RadixPass& pass, 
 namespace {
 size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 constexpr size_t kFirstCap = 1024;  // values collected per map in a batched call; a query that finds more runs again
+// (a logit query may ask for more, up to kLogitCap: a long prompt's top bucket holds thousands of logits)
+constexpr size_t kLogitCap = size_t(1) << 16;
 }  // namespace
 
 // Every query's pass in one call: one upload (prefixes, the dense sources' table, thresholds), the hidden states of
 // every layer counted by one launch (kern::launch_outlier_count_dense), each layer's logit rows chunk by chunk (the
 // logits computed once per chunk, counted and collected from the same buffer), one copy back of the counts, the
-// numbers found and the values collected. A query that found more than kFirstCap values (ties, or thresholds far
-// below its 100th value) collects again alone with its own cap.
+// numbers found and the values collected (those found alone, where a logit query's room passes kFirstCap). A query
+// that found more than its room (kFirstCap; a logit query's cap up to kLogitCap) collects again alone with its cap.
 void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
                                       OutlierValues* values) {
   const DeviceGuard on(device_);
@@ -494,6 +525,7 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
   }
   // Counts: the logit queries' u64 (a layer's causal logits can pass 2^32), the hidden states' u32 (half the copy).
   std::vector<size_t> at(Q + 1, 0), at32(Q + 1, 0), pre_at(Q), slot(Q + 1, 0);  // offsets; each query's first map slot
+  std::vector<size_t> room(Q, 0), vat;  // values a slot of query i holds; each slot's first value
   std::vector<uint32_t> prefixes;
   std::vector<int> nmaps(Q);
   for (size_t i = 0; i < Q; ++i) {
@@ -505,10 +537,14 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
     at[i + 1] = at[i] + (q[i].logits ? size : 0);
     at32[i + 1] = at32[i] + (q[i].logits ? 0 : size);
     slot[i + 1] = slot[i] + (collects ? size_t(nmaps[i]) : 0);
+    room[i] = collects ? (q[i].logits ? std::min(std::max(q[i].cap, kFirstCap), kLogitCap) : kFirstCap) : 0;
     pre_at[i] = prefixes.size();
     prefixes.insert(prefixes.end(), q[i].pass.prefixes.begin(), q[i].pass.prefixes.end());
   }
   const size_t S = slot.back();
+  size_t V = 0;  // values in all
+  for (size_t i = 0; i < Q; ++i)
+    for (size_t m = slot[i]; m < slot[i + 1]; ++m) vat.push_back(V), V += room[i];
   std::vector<float> thr(S);
   for (size_t i = 0; i < Q; ++i)
     for (size_t m = 0; m < slot[i + 1] - slot[i]; ++m) thr[slot[i] + m] = q[i].at_least[m];
@@ -522,14 +558,14 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
     d.prefix_at = int(pre_at[i]);
     d.nprefix = int(q[i].pass.prefixes.size());
     d.counts_at = int64_t(at32[i]);
-    if (slot[i + 1] > slot[i]) d.at_least = thr[slot[i]], d.collect_at = int64_t(slot[i] * kFirstCap), d.cap = int(kFirstCap);
+    if (slot[i + 1] > slot[i]) d.at_least = thr[slot[i]], d.collect_at = int64_t(vat[slot[i]]), d.cap = int(room[i]);
     dense.push_back(d);
     dense_q.push_back(i);
   }
-  // [u64 counts | u32 counts | found u32: S slots, then one per dense source | values f32 (S x kFirstCap) | the
-  // upload: prefixes u32, thresholds f32, the dense table]
+  // [u64 counts | u32 counts | found u32: S slots, then one per dense source | values f32 (V: each slot's room) |
+  // the upload: prefixes u32, thresholds f32, the dense table]
   const size_t o_c32 = align16(at.back() * 8), o_found = align16(o_c32 + at32.back() * 4),
-               o_vals = align16(o_found + (S + dense.size()) * 4), o_up = align16(o_vals + S * kFirstCap * 4),
+               o_vals = align16(o_found + (S + dense.size()) * 4), o_up = align16(o_vals + V * 4),
                o_thr = align16(o_up + prefixes.size() * 4), o_dense = align16(o_thr + S * 4);
   const size_t bytes = o_dense + dense.size() * sizeof(kern::DenseSource);
   if (outlier_buf_.bytes() < bytes) outlier_buf_ = DeviceBuffer(bytes, "outlier statistics");
@@ -564,25 +600,21 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
     const RadixPass& pass = q[i].pass;
     kern::OutlierCollect k;
     if (slot[i + 1] > slot[i])
-      k = kern::OutlierCollect{dthr + slot[i], vals + slot[i] * kFirstCap, int(kFirstCap), found + slot[i]};
-    outlier_cells(q[i].layer, true, [&](const kern::OutlierCells& c) {
-      if (pass.width == 0) {  // nothing to count
-        if (k.at_least) DS_CUDA_CHECK(kern::launch_outlier_collect(c, k.at_least, k.out, k.cap, k.found, stream()));
-        return;
-      }
-      DS_CUDA_CHECK(kern::launch_outlier_count(c, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()),
-                                               cnt + at[i], stream(), k));
-    });
+      k = kern::OutlierCollect{dthr + slot[i], vals + vat[slot[i]], int(room[i]), found + slot[i]};
+    if (pass.width == 0 && !k.at_least) continue;  // nothing to count or collect
+    outlier_logit_pass(q[i].layer, pass.shift, pass.width, pre + pre_at[i], int(pass.prefixes.size()), cnt + at[i], k);
   }
-  // One copy back: the counts, the numbers found and the collected values (kFirstCap a map: 4 KB).
+  // One copy back: the counts, the numbers found and the collected values (4 KB a slot); where a slot has more
+  // room, the values found come in a second copy.
   std::vector<uint64_t> c64(at.back());
   std::vector<uint32_t> c32(at32.back());
   std::vector<unsigned> nf(S + dense.size());
-  std::vector<float> host(S * kFirstCap);
-  copy_to_host({{c64.data(), cnt, c64.size() * 8},
-                {c32.data(), cnt32, c32.size() * 4},
-                {nf.data(), found, nf.size() * 4},
-                {host.data(), vals, host.size() * 4}});
+  std::vector<float> host(V);
+  const bool small = V <= S * kFirstCap;
+  std::vector<HostCopy> copies = {{c64.data(), cnt, c64.size() * 8}, {c32.data(), cnt32, c32.size() * 4},
+                                  {nf.data(), found, nf.size() * 4}};
+  if (small) copies.push_back({host.data(), vals, host.size() * 4});
+  copy_to_host(copies);
   counts.resize(Q);
   for (size_t i = 0; i < Q; ++i) {
     if (q[i].logits) counts[i].assign(c64.begin() + long(at[i]), c64.begin() + long(at[i + 1]));
@@ -591,17 +623,25 @@ void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::v
   if (!values) return;
   for (size_t j = 0; j < dense.size(); ++j)  // the dense kernel's per-source counters into the slots'
     if (dense[j].collect_at >= 0) nf[slot[dense_q[j]]] = nf[S + j];
+  std::vector<bool> fits(Q, true);
+  for (size_t i = 0; i < Q; ++i)
+    for (size_t m = slot[i]; m < slot[i + 1]; ++m) fits[i] = fits[i] && nf[m] <= std::min(room[i], q[i].cap);
+  if (!small) {
+    copies.clear();
+    for (size_t i = 0; i < Q; ++i)
+      for (size_t m = slot[i]; fits[i] && m < slot[i + 1]; ++m)
+        if (nf[m]) copies.push_back({host.data() + vat[m], vals + vat[m], size_t(nf[m]) * 4});
+    if (!copies.empty()) copy_to_host(copies);
+  }
   values->assign(Q, {});
   for (size_t i = 0; i < Q; ++i) {
     if (slot[i + 1] == slot[i]) continue;
-    bool fits = true;
-    for (size_t m = slot[i]; m < slot[i + 1]; ++m) fits &= nf[m] <= std::min(kFirstCap, q[i].cap);
-    if (!fits) {
+    if (!fits[i]) {
       (*values)[i] = outlier_values(q[i].layer, q[i].logits, q[i].at_least, q[i].cap);
       continue;
     }
     for (size_t m = slot[i]; m < slot[i + 1]; ++m)
-      (*values)[i].emplace_back(host.data() + m * kFirstCap, host.data() + m * kFirstCap + nf[m]);
+      (*values)[i].emplace_back(host.data() + vat[m], host.data() + vat[m] + nf[m]);
   }
 }
 
@@ -627,7 +667,11 @@ std::vector<std::vector<float>> CudaBackend::outlier_values(int layer, bool logi
   DS_CUDA_CHECK(cudaMemcpyAsync(thr, at_least.data(), size_t(nmaps) * 4, cudaMemcpyHostToDevice, stream()));
   DS_CUDA_CHECK(cudaMemsetAsync(found, 0, size_t(nmaps) * 4, stream()));
   timed("outlier_collect", layer, [&] {
-    outlier_cells(layer, logits, [&](const kern::OutlierCells& c) {
+    if (logits) {
+      outlier_logit_pass(layer, 0, 0, nullptr, 0, nullptr, kern::OutlierCollect{thr, vals, int(cap), found});
+      return;
+    }
+    outlier_cells(layer, false, [&](const kern::OutlierCells& c) {
       DS_CUDA_CHECK(kern::launch_outlier_collect(c, thr, vals, int(cap), found, stream()));
     });
   });
@@ -739,3 +783,7 @@ bool CudaBackend::outlier_hidden_select(HiddenSelection& out) {
 }
 
 }  // namespace ds::cuda
+
+namespace ds {
+int64_t cuda_logit_pass_launches() { return cuda::g_logit_pass_launches.load(); }
+}  // namespace ds

@@ -21,6 +21,8 @@ int cuda_device_count() { return 0; }
 
 int64_t cuda_gemm_timings() { return 0; }
 
+int64_t cuda_logit_pass_launches() { return 0; }
+
 int64_t cuda_free_memory(int) { return 0; }
 
 bool cuda_enable_peer(int, int) { return false; }

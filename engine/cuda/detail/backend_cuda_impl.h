@@ -37,6 +37,7 @@
 #include "engine/core/forward.h"
 #include "kernels/attn_dispatch.h"
 #include "kernels/attn_maps.h"
+#include "kernels/outlier_count.h"
 #include "engine/core/model.h"
 
 namespace ds::cuda {
@@ -189,6 +190,11 @@ class CudaBackend final : public Backend {
                                                  size_t cap) override;
   // The stream leaving `layer` (every row of the last forward), the outlier passes' hidden states.
   const float* outlier_stream(int layer);
+  // One outlier pass over a layer's logits (outlier_counts_many's counting with `collect`, or width 0: the collection
+  // alone): kern::launch_logit_pass_sm90 where it runs (every pass of a layer takes the same path, so the passes
+  // count the same values), else the batched GEMM's chunks of rows and kern::launch_outlier_count / _collect.
+  void outlier_logit_pass(int layer, int shift, int width, const uint32_t* prefixes, int nprefix,
+                          unsigned long long* counts, const kern::OutlierCollect& collect);
   // The cells the outlier passes read: the stream leaving `layer`, or each chunk of its logit rows (f per chunk).
   template <class F>
   void outlier_cells(int layer, bool logits, F&& f);
@@ -363,7 +369,7 @@ class CudaBackend final : public Backend {
     const void* src;
     size_t bytes;
   };
-  void copy_to_host(std::initializer_list<HostCopy> copies);  // synchronous, through host_stage_
+  void copy_to_host(const std::vector<HostCopy>& copies);  // synchronous, through host_stage_
   // Runs g inside the profiler mark `name` (none when null). The shape's plan is made first, outside the mark:
   // the first call with a new shape times the candidates there (DS_GEMM_AUTOTUNE=0: heuristic's first choice).
   void gemm(const char* name, int layer, const GemmArgs& g);
@@ -388,6 +394,7 @@ class CudaBackend final : public Backend {
   bool initcheck_mark_ = false;     // DS_CUDA_INITCHECK_MARK_GEMM=1: GEMM outputs zeroed first (gemm_launch)
   bool device_select_ = true;       // DS_OUTLIER_DEVICE_SELECT=0: outlier_hidden_select declines (A/B measurements)
   bool select_compact_ = true;      // DS_OUTLIER_COMPACT=0: its later passes read the whole hidden states (A/B)
+  bool logit_pass_fused_ = true;    // DS_OUTLIER_LOGITS_FUSED=0: the logits' passes from the batched GEMM (A/B)
   bool fused_swiglu_ = true;        // DS_SWIGLU_FUSED=0: the gate/up GEMM and SwiGLU (and the GMU's in_proj and
                                     // gate) as two kernels on sm_90a too
   std::map<GemmKey, std::unique_ptr<GemmPlan>> gemm_plans_;
