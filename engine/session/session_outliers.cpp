@@ -108,7 +108,9 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   // prefix's smallest value (RankFinder::below); when that is at most kFoldCap for every map of a source, the next
   // pass collects them and that rank leaves the passes (usually after the first: the top of a set is sparse).
   // Otherwise a collection pass after the last, at the exact 100th value, brings them.
-  constexpr uint64_t kFoldCap = 1024;
+  // (kFoldCap; a layer's logits, kLogitFoldCap: at long prompts the 100th largest logit's prefix holds thousands of
+  // values, and without the fold the top takes a collection pass of its own, a fourth recomputation of Q K^T)
+  constexpr uint64_t kFoldCap = 1024, kLogitFoldCap = uint64_t(1) << 16;
   Backend::OutlierValues values(src.size());
   std::vector<bool> collected(src.size(), false);
   // The logits' steps one layer at a time (the sources of a layer are consecutive), polling r.cancel before each and
@@ -135,13 +137,14 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     for (size_t i = 0; i < src.size(); ++i) {
       if (pass > 0 && !collected[i]) {
         bool fold = true;
-        for (int m = 0; m < src[i].maps; ++m) fold &= src[i].count - own[i][size_t(m)].below(0) <= kFoldCap;
+        const uint64_t cap = src[i].logits ? kLogitFoldCap : kFoldCap;
+        for (int m = 0; m < src[i].maps; ++m) fold &= src[i].count - own[i][size_t(m)].below(0) <= cap;
         if (fold) {
           for (int m = 0; m < src[i].maps; ++m) {
             queries[i].at_least.push_back(own[i][size_t(m)].floor_value(0));
             own[i][size_t(m)].retire(0);
           }
-          queries[i].cap = size_t(kFoldCap);
+          queries[i].cap = size_t(cap);
           collects[i] = collected[i] = true;
         }
       }
