@@ -503,8 +503,8 @@ constexpr size_t kLogitCap = size_t(1) << 16;
 }  // namespace
 
 // Every query's pass in one call: one upload (prefixes, the dense sources' table, thresholds), the hidden states of
-// every layer counted by one launch (kern::launch_outlier_count_dense), each layer's logit rows chunk by chunk (the
-// logits computed once per chunk, counted and collected from the same buffer), one copy back of the counts, the
+// every layer counted by one launch (kern::launch_outlier_count_dense), each layer's logits by outlier_logit_pass
+// (counted and collected where they are computed), one copy back of the counts, the
 // numbers found and the values collected (those found alone, where a logit query's room passes kFirstCap). A query
 // that found more than its room (kFirstCap; a logit query's cap up to kLogitCap) collects again alone with its cap.
 void CudaBackend::outlier_counts_many(const std::vector<OutlierQuery>& q, std::vector<std::vector<uint64_t>>& counts,
