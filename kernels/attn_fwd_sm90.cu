@@ -547,30 +547,38 @@ __global__ void __launch_bounds__(THREADS, 1)
 // them; only the tiles that cross a consumer's diagonal take the causal mask.
 constexpr int AB_ROWS = 256, AB_THREADS = 4 * 128 + 32, AB_STAGES = 4;
 
-template <int D, int BN>
-__global__ void __launch_bounds__(AB_THREADS, 1)
-    attn_row_absmax_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
-                           const AttnParams p) {
 #if defined(DS_SM90A_WS)
-  constexpr int NS = BN / 2, SLABS = D / 64;
-  constexpr int Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t s_base = raw + ((1024 - (raw & 1023)) & 1023);
-  const uint32_t sQ = s_base, sK = s_base + Q_BYTES, bar_q = sK + AB_STAGES * K_BYTES;
-  auto bar_full = [&](int st) { return bar_q + 8u * uint32_t(1 + st); };
-  auto bar_empty = [&](int st) { return bar_q + 8u * uint32_t(1 + AB_STAGES + st); };
+// The pipeline of the row kernels (attn_row_absmax_kernel, attn_logit_pass_kernel): a CTA takes 256 rows of one
+// query head's map (grid: query blocks, heaviest first, x (view head j, map m) x batch); thread 512 (the producer
+// warp's first) loads the four 64-row Q boxes once and the K tiles of keys [kt0 BN, min(q0 + 256, n)) into
+// AB_STAGES mbarrier-guarded stages; consumer warpgroup cw (threads 128 cw ..) takes rows q0 + 64 cw .. + 63 and for
+// each tile up to its rows' last key gets S = Q K^T (the wgmma layout: this thread's rows row0 and row0 + 8, column
+// kt BN + 8 (i >> 2) + 2 t4 + (i & 1) of s[i]). Shared memory from the 1024-aligned base: Q, the K stages, the
+// barriers (bytes()); a kernel's own data after them.
+template <int D, int BN>
+struct RowTiles {
+  static constexpr int NS = BN / 2, SLABS = D / 64, Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
+  // (the launches add 1024 for the alignment)
+  static constexpr int bytes() { return Q_BYTES + AB_STAGES * K_BYTES + (1 + 2 * AB_STAGES) * 8; }
+  uint32_t sQ, sK, bar_q;
+  int j, m, b, qh, kvh, q0, kt0, n_kt;
 
-  const int hv = p.heads / 2, n_qb = (p.n + AB_ROWS - 1) / AB_ROWS, per_qb = 2 * hv * p.batch;
-  const int qb = n_qb - 1 - int(blockIdx.x) / per_qb, rest = int(blockIdx.x) % per_qb;
-  const int jm = rest % (2 * hv), b = rest / (2 * hv), j = jm >> 1, m = jm & 1;
-  const ViewHeadMap hm = view_head_map(p.diff, p.diff ? j : 2 * j + m, p.heads, p.kv_heads);
-  const int qh = p.diff && m ? hm.q[1] : hm.q[0], kvh = p.diff && m ? hm.k[1] : hm.k[0];  // (no indexed local array)
-  const int q0 = qb * AB_ROWS;
-  const int n_kt = min(q0 + AB_ROWS, p.n) / BN + (min(q0 + AB_ROWS, p.n) % BN != 0);  // tiles of keys < min(q0 + 256, n)
-  const int tid = threadIdx.x;
-
-  if (tid == 0) {
+  __device__ RowTiles(uint32_t base, const AttnParams& p, bool window) {
+    sQ = base, sK = base + Q_BYTES, bar_q = sK + AB_STAGES * K_BYTES;
+    const int hv = p.heads / 2, n_qb = (p.n + AB_ROWS - 1) / AB_ROWS, per_qb = 2 * hv * p.batch;
+    const int qb = n_qb - 1 - int(blockIdx.x) / per_qb, rest = int(blockIdx.x) % per_qb;
+    const int jm = rest % (2 * hv);
+    j = jm >> 1, m = jm & 1, b = rest / (2 * hv);
+    const ViewHeadMap hm = view_head_map(p.diff, p.diff ? j : 2 * j + m, p.heads, p.kv_heads);
+    qh = p.diff && m ? hm.q[1] : hm.q[0], kvh = p.diff && m ? hm.k[1] : hm.k[0];  // (no indexed local array)
+    q0 = qb * AB_ROWS;
+    kt0 = window ? window_first_key(p.window, q0) / BN : 0;  // the tile of the CTA's first row's first key
+    n_kt = min(q0 + AB_ROWS, p.n) / BN + (min(q0 + AB_ROWS, p.n) % BN != 0);  // tiles of keys < min(q0 + 256, n)
+  }
+  __device__ uint32_t bar_full(int st) const { return bar_q + 8u * uint32_t(1 + st); }
+  __device__ uint32_t bar_empty(int st) const { return bar_q + 8u * uint32_t(1 + AB_STAGES + st); }
+  // Thread 0, before the CTA's first barrier.
+  __device__ void init() const {
     mbar_init(bar_q, 1);
     for (int st = 0; st < AB_STAGES; ++st) {
       mbar_init(bar_full(st), 1);
@@ -578,57 +586,85 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
     }
     fence_mbarrier_init();
   }
-  __syncthreads();
-
-  if (tid >= 512) {  // the producer warp: one thread issues every copy
-    if (tid == 512) {
-      prefetch_tensormap(&tm_q);
-      prefetch_tensormap(&tm_kv);
-      mbar_expect_tx(bar_q, Q_BYTES);
-      for (int c = 0; c < 4; ++c)
+  // Thread 512: every copy.
+  __device__ void produce(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const AttnParams& p) const {
+    prefetch_tensormap(tm_q);
+    prefetch_tensormap(tm_kv);
+    mbar_expect_tx(bar_q, Q_BYTES);
+    for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl)
-          tma_load_3d(sQ + uint32_t(c * 64 * D * 2 + sl * 64 * 128), &tm_q, int(p.q_off) + qh * D + sl * 64,
-                      q0 + 64 * c, b, bar_q);
-      for (int kt = 0; kt < n_kt; ++kt) {
-        const int st = kt % AB_STAGES;
-        mbar_wait(bar_empty(st), uint32_t(((kt / AB_STAGES) & 1) ^ 1));
-        mbar_expect_tx(bar_full(st), K_BYTES);
+      for (int sl = 0; sl < SLABS; ++sl)
+        tma_load_3d(sQ + uint32_t(c * 64 * D * 2 + sl * 64 * 128), tm_q, int(p.q_off) + qh * D + sl * 64, q0 + 64 * c,
+                    b, bar_q);
+    for (int kt = kt0; kt < n_kt; ++kt) {
+      const int i = kt - kt0, st = i % AB_STAGES;
+      mbar_wait(bar_empty(st), uint32_t(((i / AB_STAGES) & 1) ^ 1));
+      mbar_expect_tx(bar_full(st), K_BYTES);
 #pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl)
-          tma_load_3d(sK + uint32_t(st * K_BYTES + sl * BN * 128), &tm_kv, int(p.k_off) + kvh * D + sl * 64, kt * BN,
-                      b, bar_full(st));
-      }
+      for (int sl = 0; sl < SLABS; ++sl)
+        tma_load_3d(sK + uint32_t(st * K_BYTES + sl * BN * 128), tm_kv, int(p.k_off) + kvh * D + sl * 64, kt * BN, b,
+                    bar_full(st));
     }
+  }
+  // Consumer warpgroup cw: f(s, kt) for each tile up to its rows' last key (later tiles released unread).
+  template <class F>
+  __device__ void consume(int cw, const AttnParams& p, F&& f) const {
+    const int c_row = q0 + 64 * cw;
+    const int last_kt = c_row < p.n ? (min(c_row + 63, p.n - 1)) / BN : -1;  // the tile of its last valid row's key
+    const uint32_t q_base = sQ + uint32_t(cw * 64 * D * 2);
+    mbar_wait(bar_q, 0);
+    for (int kt = kt0; kt < n_kt; ++kt) {
+      const int i = kt - kt0, st = i % AB_STAGES;
+      mbar_wait(bar_full(st), uint32_t((i / AB_STAGES) & 1));
+      if (kt > last_kt) {  // past this warpgroup's rows: release the stage, nothing to compute
+        mbar_arrive(bar_empty(st));
+        continue;
+      }
+      float s[NS];
+      zero_pinned(s);
+      wgmma_fence();
+      issue_qk<D, BN>(s, q_base, sK + uint32_t(st * K_BYTES));
+      wgmma_wait<0>();
+#pragma unroll
+      for (int k = 0; k < NS; ++k) pin(s[k]);
+      mbar_arrive(bar_empty(st));
+      f(s, kt);
+    }
+  }
+};
+#endif
+
+// The quantised kernel's row maxima as a kernel of their own: each row's largest |q . k| over its causal keys, for
+// every map of every view head. The attention kernel's own first pass reads each K tile for its 64 rows only (32
+// FMA a byte read from L2, for a pass of Q K^T products alone). Here RowTiles' CTA of 256 rows (four consumer
+// warpgroups against each K tile) lets each K byte feed four times the products: a 32K-token forward of the kajuma
+// shape with 8-bit logits took 1.32x the full-precision one with the first pass, 1.28x with this kernel (H200;
+// bench/EXPERIMENTS.md). It runs at about 69 % of the tensor cores' peak, its max instructions near the ALU pipe's
+// limit. The result goes to absmax_slot. Only the tiles that cross a consumer's diagonal take the causal mask.
+template <int D, int BN>
+__global__ void __launch_bounds__(AB_THREADS, 1)
+    attn_row_absmax_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                           const AttnParams p) {
+#if defined(DS_SM90A_WS)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const RowTiles<D, BN> rt(raw + ((1024 - (raw & 1023)) & 1023), p, false);
+  const int tid = threadIdx.x;
+  if (tid == 0) rt.init();
+  __syncthreads();
+  if (tid >= 512) {  // the producer warp: one thread issues every copy
+    if (tid == 512) rt.produce(&tm_q, &tm_kv, p);
     return;
   }
-
-  // Consumer warpgroup c: rows q0 + 64 c .. + 63; this thread's rows row0 and row0 + 8 (the wgmma layout).
-  const int c = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
-  const int c_row = q0 + 64 * c, row0 = c_row + warp * 16 + g4;
-  const int last_kt = c_row < p.n ? (min(c_row + 63, p.n - 1)) / BN : -1;  // the tile of its last valid row's key
-  const uint32_t q_base = sQ + uint32_t(c * 64 * D * 2);
+  const int cw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
+  const int c_row = rt.q0 + 64 * cw, row0 = c_row + warp * 16 + g4;
   float amax4[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int q = 0; q < 4; ++q) amax4[r][q] = 0.f;
-  mbar_wait(bar_q, 0);
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int st = kt % AB_STAGES;
-    mbar_wait(bar_full(st), uint32_t((kt / AB_STAGES) & 1));
-    if (kt > last_kt) {  // past this warpgroup's rows: release the stage, nothing to compute
-      mbar_arrive(bar_empty(st));
-      continue;
-    }
-    float s[NS];
-    zero_pinned(s);
-    wgmma_fence();
-    issue_qk<D, BN>(s, q_base, sK + uint32_t(st * K_BYTES));
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NS; ++i) pin(s[i]);
-    mbar_arrive(bar_empty(st));
+  rt.consume(cw, p, [&](const float (&s)[RowTiles<D, BN>::NS], int kt) {
+    constexpr int NS = RowTiles<D, BN>::NS;
     if (kt * BN + BN - 1 > c_row) {  // the tile crosses the diagonal of some row: keys past the row count 0
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
@@ -643,23 +679,23 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
         amax4[r][q] = fmaxf(amax4[r][q], fabsf(s[i]));
       }
     }
-  }
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float amax = fmaxf(fmaxf(amax4[r][0], amax4[r][1]), fmaxf(amax4[r][2], amax4[r][3]));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const int row = row0 + 8 * r;
-    if (t4 == 0 && row < p.n) *absmax_slot(p, b, row, j, m) = amax;
+    if (t4 == 0 && row < p.n) *absmax_slot(p, rt.b, row, rt.j, rt.m) = amax;
   }
 #else
   __trap();  // built without sm_90a: never launched
 #endif
 }
 
-// The outlier statistics' pass over a layer's attention logits (launch_logit_pass_sm90): the row-maximum kernel's
-// pipeline (256 rows of one query head's map a CTA, four consumer warpgroups, one producer warp, four K tiles in
-// flight), each causal cell inside the window visited once as |scale q . k| in registers and counted where it is:
+// The outlier statistics' pass over a layer's attention logits (launch_logit_pass_sm90): RowTiles' pipeline (the
+// row-maximum kernel's), each causal cell inside the window visited once as |scale q . k| in registers and counted
+// where it is:
 // MODE 1 (the first pass, no prefixes): every cell's digit into one shared-memory histogram; MODE 2: the digits of
 // the cells with one of the pass's prefixes, into a histogram per prefix (the first sh_pre in shared memory, the rest
 // in the global counts); MODE 0: the collection alone. Any mode also collects the cells at or above the map's
@@ -670,43 +706,24 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
     attn_logit_pass_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                            const AttnParams p, const LogitPass c, int sh_pre, int tshift) {
 #if defined(DS_SM90A_WS)
-  constexpr int NS = BN / 2, SLABS = D / 64;
-  constexpr int Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
+  using RT = RowTiles<D, BN>;
+  constexpr int NS = RT::NS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
-  const uint32_t s_base = raw + pad;
-  const uint32_t sQ = s_base, sK = s_base + Q_BYTES, bar_q = sK + AB_STAGES * K_BYTES;
-  auto bar_full = [&](int st) { return bar_q + 8u * uint32_t(1 + st); };
-  auto bar_empty = [&](int st) { return bar_q + 8u * uint32_t(1 + AB_STAGES + st); };
+  const RT rt(raw + pad, p, true);
   // After the barriers: MODE 1: the histogram (bins u32). MODE 0 and 2: [sh_pre histograms (bins u32) | the prefixes
   // (nprefix u32) | a table over the leading bits of |x| (bits >> tshift; 1 << (31 - tshift) bytes), nonzero where a
   // value may have work: 1 + the index of the one prefix with those leading bits, 255 for several (or an index past
   // 253), 254 at or above the leading bits of the collection's threshold (and no prefix)]
   const int bins = MODE == 0 ? 0 : 1 << c.width, npre = MODE == 2 ? c.nprefix : 0;
-  unsigned* hist = reinterpret_cast<unsigned*>(smem_raw + pad + Q_BYTES + AB_STAGES * K_BYTES + (1 + 2 * AB_STAGES) * 8);
+  unsigned* hist = reinterpret_cast<unsigned*>(smem_raw + pad + RT::bytes());
   uint32_t* pre_s = hist + (MODE == 2 ? sh_pre * bins : 0);
   unsigned char* table = reinterpret_cast<unsigned char*>(pre_s + npre);
 
-  const int hv = p.heads / 2, n_qb = (p.n + AB_ROWS - 1) / AB_ROWS, per_qb = 2 * hv * p.batch;
-  const int qb = n_qb - 1 - int(blockIdx.x) / per_qb, rest = int(blockIdx.x) % per_qb;
-  const int jm = rest % (2 * hv), b = rest / (2 * hv), j = jm >> 1, m = jm & 1;
-  const ViewHeadMap hm = view_head_map(p.diff, p.diff ? j : 2 * j + m, p.heads, p.kv_heads);
-  const int qh = p.diff && m ? hm.q[1] : hm.q[0], kvh = p.diff && m ? hm.k[1] : hm.k[0];
-  const int map = p.diff ? m : 0;  // the counts' and collections' map
-  const int q0 = qb * AB_ROWS;
-  const int kt0 = window_first_key(p.window, q0) / BN;  // the CTA's first row's first key's tile
-  const int n_kt = min(q0 + AB_ROWS, p.n) / BN + (min(q0 + AB_ROWS, p.n) % BN != 0);
+  const int map = p.diff ? rt.m : 0;  // the counts' and collections' map
   const int tid = threadIdx.x;
-
-  if (tid == 0) {
-    mbar_init(bar_q, 1);
-    for (int st = 0; st < AB_STAGES; ++st) {
-      mbar_init(bar_full(st), 1);
-      mbar_init(bar_empty(st), 512);
-    }
-    fence_mbarrier_init();
-  }
+  if (tid == 0) rt.init();
   const uint32_t hi = uint32_t(c.shift + c.width);
   const int tsize = 1 << (31 - tshift);
   const bool collect = c.collect.at_least != nullptr;
@@ -728,32 +745,12 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
   __syncthreads();
 
   if (tid >= 512) {  // the producer warp
-    if (tid == 512) {
-      prefetch_tensormap(&tm_q);
-      prefetch_tensormap(&tm_kv);
-      mbar_expect_tx(bar_q, Q_BYTES);
-      for (int cc = 0; cc < 4; ++cc)
-#pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl)
-          tma_load_3d(sQ + uint32_t(cc * 64 * D * 2 + sl * 64 * 128), &tm_q, int(p.q_off) + qh * D + sl * 64,
-                      q0 + 64 * cc, b, bar_q);
-      for (int kt = kt0; kt < n_kt; ++kt) {
-        const int i = kt - kt0, st = i % AB_STAGES;
-        mbar_wait(bar_empty(st), uint32_t(((i / AB_STAGES) & 1) ^ 1));
-        mbar_expect_tx(bar_full(st), K_BYTES);
-#pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl)
-          tma_load_3d(sK + uint32_t(st * K_BYTES + sl * BN * 128), &tm_kv, int(p.k_off) + kvh * D + sl * 64, kt * BN,
-                      b, bar_full(st));
-      }
-    }
+    if (tid == 512) rt.produce(&tm_q, &tm_kv, p);
     return;
   }
 
   const int cw = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
-  const int c_row = q0 + 64 * cw, row0 = c_row + warp * 16 + g4;
-  const int last_kt = c_row < p.n ? (min(c_row + 63, p.n - 1)) / BN : -1;
-  const uint32_t q_base = sQ + uint32_t(cw * 64 * D * 2);
+  const int c_row = rt.q0 + 64 * cw, row0 = c_row + warp * 16 + g4;
   const uint32_t mask = (1u << c.width) - 1;
   const int H = npre > 0 ? npre : 1;
   unsigned long long* gcounts = c.counts + size_t(map) * size_t(H) * size_t(bins > 0 ? bins : 1);
@@ -804,22 +801,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
       }
   };
   const bool rows_in = row0 + 8 < p.n;
-  mbar_wait(bar_q, 0);
-  for (int kt = kt0; kt < n_kt; ++kt) {
-    const int i = kt - kt0, st = i % AB_STAGES;
-    mbar_wait(bar_full(st), uint32_t((i / AB_STAGES) & 1));
-    if (kt > last_kt) {
-      mbar_arrive(bar_empty(st));
-      continue;
-    }
-    float s[NS];
-    zero_pinned(s);
-    wgmma_fence();
-    issue_qk<D, BN>(s, q_base, sK + uint32_t(st * K_BYTES));
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i2 = 0; i2 < NS; ++i2) pin(s[i2]);
-    mbar_arrive(bar_empty(st));
+  rt.consume(cw, p, [&](const float (&s)[NS], int kt) {
     // Every cell of the tile counts when the tile lies left of the warpgroup's first row's diagonal, both of this
     // thread's rows exist and no window edge crosses it; otherwise each cell is tested.
     const bool whole = kt * BN + BN - 1 <= c_row && rows_in && window_first_key(p.window, c_row + 63) <= kt * BN;
@@ -838,7 +820,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
       for (int k = 0; k < nrare; ++k) rare_cell(rare[k]);
       nrare = 0;
     }
-  }
+  });
   if (MODE == 0) return;
   named_sync(1, 512);  // the consumers' counts are in; the producer warp has left
   for (int i = tid; i < sh_pre * bins; i += 512)
