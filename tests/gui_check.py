@@ -126,6 +126,13 @@ class Runner:
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S,
                            cwd=self.source)
         sys.stdout.write(p.stdout.decode(errors="replace"))
+        if xvfb and p.returncode == 5 and b"problem while cleaning up temporary directory" in p.stdout:
+            # xvfb-run's own cleanup failed after the program ran (its exit status replaces the program's; seen once
+            # on a 2-core machine under ctest -j2): the wrapper's fault, not the GUI's, so the run is made again.
+            print("(xvfb-run could not remove its temporary directory: running again)", flush=True)
+            p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S,
+                               cwd=self.source)
+            sys.stdout.write(p.stdout.decode(errors="replace"))
         state = json.load(open(js)) if os.path.exists(js) else None
         img = read_png(png) if os.path.exists(png) else None
         return p.returncode, state, img
