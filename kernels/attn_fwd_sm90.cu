@@ -536,16 +536,16 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 
-// The quantised kernel's row maxima as a kernel of their own: each row's largest |q . k| over its causal keys, for
-// every map of every view head. The attention kernel's own first pass reads each K tile for its 64 rows only (32
-// FMA a byte read from L2, for a pass of Q K^T products alone). Here a CTA takes 256 rows of one query head (four
-// consumer warpgroups of 64 rows against each K tile, four tiles in flight; one producer warp issues the TMA loads),
-// so that each K byte feeds four times the products: a 32K-token forward of the kajuma shape with 8-bit logits took
-// 1.32x the full-precision one with the first pass, 1.28x with this kernel (H200; bench/EXPERIMENTS.md). It runs at
-// about 69 % of the tensor cores' peak, its max instructions near the ALU pipe's limit. Grid: (query blocks, heaviest first) x (view head j, map m) x
-// batch; the result goes to absmax_slot. Consumers skip the products of tiles past their rows' diagonal but release
-// them; only the tiles that cross a consumer's diagonal take the causal mask.
 constexpr int AB_ROWS = 256, AB_THREADS = 4 * 128 + 32, AB_STAGES = 4;
+// The row kernels' shared memory before a kernel's own data (Q, the K stages, the barriers; the launches add 1024 for
+// the alignment), and their grid (RowTiles).
+template <int D, int BN>
+constexpr int row_tiles_bytes() {
+  return AB_ROWS * D * 2 + AB_STAGES * BN * D * 2 + (1 + 2 * AB_STAGES) * 8;
+}
+inline unsigned row_tiles_ctas(const AttnParams& p) {
+  return unsigned((p.n + AB_ROWS - 1) / AB_ROWS) * unsigned(p.heads * p.batch);
+}
 
 #if defined(DS_SM90A_WS)
 // The pipeline of the row kernels (attn_row_absmax_kernel, attn_logit_pass_kernel): a CTA takes 256 rows of one
@@ -554,12 +554,10 @@ constexpr int AB_ROWS = 256, AB_THREADS = 4 * 128 + 32, AB_STAGES = 4;
 // AB_STAGES mbarrier-guarded stages; consumer warpgroup cw (threads 128 cw ..) takes rows q0 + 64 cw .. + 63 and for
 // each tile up to its rows' last key gets S = Q K^T (the wgmma layout: this thread's rows row0 and row0 + 8, column
 // kt BN + 8 (i >> 2) + 2 t4 + (i & 1) of s[i]). Shared memory from the 1024-aligned base: Q, the K stages, the
-// barriers (bytes()); a kernel's own data after them.
+// barriers (row_tiles_bytes); a kernel's own data after them.
 template <int D, int BN>
 struct RowTiles {
   static constexpr int NS = BN / 2, SLABS = D / 64, Q_BYTES = AB_ROWS * D * 2, K_BYTES = BN * D * 2;
-  // (the launches add 1024 for the alignment)
-  static constexpr int bytes() { return Q_BYTES + AB_STAGES * K_BYTES + (1 + 2 * AB_STAGES) * 8; }
   uint32_t sQ, sK, bar_q;
   int j, m, b, qh, kvh, q0, kt0, n_kt;
 
@@ -717,7 +715,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
   // value may have work: 1 + the index of the one prefix with those leading bits, 255 for several (or an index past
   // 253), 254 at or above the leading bits of the collection's threshold (and no prefix)]
   const int bins = MODE == 0 ? 0 : 1 << c.width, npre = MODE == 2 ? c.nprefix : 0;
-  unsigned* hist = reinterpret_cast<unsigned*>(smem_raw + pad + RT::bytes());
+  unsigned* hist = reinterpret_cast<unsigned*>(smem_raw + pad + row_tiles_bytes<D, BN>());
   uint32_t* pre_s = hist + (MODE == 2 ? sh_pre * bins : 0);
   unsigned char* table = reinterpret_cast<unsigned char*>(pre_s + npre);
 
@@ -854,11 +852,10 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
   if (pa.absmax_staged) {
     CUtensorMap tq4;  // Q boxes of 64 rows as above; K boxes of BN rows (tkv)
     if (!make_attn_tma_map(tq4, p.qkv, p.row_stride, p.batch_stride, p, 64)) return cudaErrorNotSupported;
-    constexpr int ab_smem = AB_ROWS * D * 2 + AB_STAGES * BN * D * 2 + (1 + 2 * AB_STAGES) * 8 + 1024;
+    constexpr int ab_smem = row_tiles_bytes<D, BN>() + 1024;
     e = cudaFuncSetAttribute(attn_row_absmax_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, ab_smem);
     if (e != cudaSuccess) return e;
-    const unsigned ab_ctas = unsigned((p.n + AB_ROWS - 1) / AB_ROWS) * unsigned(p.heads * p.batch);
-    attn_row_absmax_kernel<D, BN><<<ab_ctas, AB_THREADS, ab_smem, stream>>>(tq4, tkv, pa);
+    attn_row_absmax_kernel<D, BN><<<row_tiles_ctas(p), AB_THREADS, ab_smem, stream>>>(tq4, tkv, pa);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   const unsigned ctas = unsigned((p.n + BM - 1) / BM) * unsigned((p.heads / 2) * p.batch);
@@ -952,7 +949,7 @@ cudaError_t launch_logit_pass_t(const AttnParams& p, const LogitPass& c, cudaStr
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
-  const int base = 1024 + AB_ROWS * D * 2 + AB_STAGES * BN * D * 2 + (1 + 2 * AB_STAGES) * 8;
+  const int base = 1024 + row_tiles_bytes<D, BN>();
   const int npre = MODE == 2 ? c.nprefix : 0, bins = MODE == 0 ? 0 : 1 << c.width;
   int sh_pre = 0;  // the histograms held in shared memory (MODE 2: as many as fit; MODE 1: its one)
   int smem = base, tshift = 31;
@@ -970,8 +967,7 @@ cudaError_t launch_logit_pass_t(const AttnParams& p, const LogitPass& c, cudaStr
   if (smem > optin) return cudaErrorNotSupported;
   const auto kernel = attn_logit_pass_kernel<D, BN, MODE>;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
-  const unsigned ctas = unsigned((p.n + AB_ROWS - 1) / AB_ROWS) * unsigned(p.heads * p.batch);
-  kernel<<<ctas, AB_THREADS, smem, stream>>>(tq4, tkv, p, c, sh_pre, tshift);
+  kernel<<<row_tiles_ctas(p), AB_THREADS, smem, stream>>>(tq4, tkv, p, c, sh_pre, tshift);
   return cudaGetLastError();
 }
 template <int MODE>
