@@ -372,6 +372,168 @@ TEST(OutlierSelect, CudaLogitPassTimes) {
   }
 }
 
+// The statistics the Hopper attention kernel counts while it computes a layer's attention (AttnParams::stat_hist,
+// stat_rowmax) against the host's counts of the same cells: Q and K hold multiples of 1/4 up to 4 and the scale is a
+// power of two, so every logit is exact in f32 and its truncated bits (bin) are the host's. Every bin but the first
+// (which also takes the cells the kernel computes and does not count) and every row's maximum must be equal, and the
+// attention output must be the one the kernel gives without the statistics, bit for bit: differential and plain heads
+// (GQA), d = 64 (64 and 128 keys a tile) and 128, prompts of one row to several query tiles with partial last tiles,
+// and a batch of two.
+TEST(OutlierSelect, CudaForwardCountsTheLogits) {
+  SKIP_WITHOUT_DEVICE();
+  if (!ds::kern::attn_fwd_sm90_code_runs() || !ds::kern::attn_tma_encoder_available())
+    GTEST_SKIP() << "the attention kernel's statistics run on Hopper (sm_90a code and the driver's tensor-map encoder)";
+  struct Case {
+    int d, block_n;
+    bool diff;
+    int n, batch;
+  };
+  std::mt19937 g(12);
+  for (const Case cs : {Case{64, 128, true, 700, 1}, Case{64, 64, true, 300, 2}, Case{64, 128, false, 129, 1},
+                        Case{128, 64, true, 513, 1}, Case{128, 64, false, 200, 2}, Case{128, 64, true, 1, 1}}) {
+    const int H = 4, Hkv = 2, d = cs.d, n = cs.n, B = cs.batch, nmaps = cs.diff ? 2 : 1, Hv = cs.diff ? H / 2 : H;
+    const int64_t stride = int64_t(H + 2 * Hkv) * d, ow = int64_t(H) * d;
+    std::uniform_int_distribution<int> q4(-16, 16);
+    std::vector<int> qi(size_t(B) * size_t(n) * size_t(stride));
+    for (int& x : qi) x = q4(g);
+    std::vector<__nv_bfloat16> qkv(qi.size());
+    for (size_t i = 0; i < qi.size(); ++i) qkv[i] = __float2bfloat16(float(qi[i]) / 4.f);
+    const ds::cuda::DeviceBuffer dqkv = to_device(qkv);
+    ds::kern::AttnParams p;
+    p.qkv = dqkv.as<__nv_bfloat16>();
+    p.row_stride = stride, p.batch_stride = int64_t(n) * stride;
+    p.q_off = 0, p.k_off = int64_t(H) * d, p.v_off = int64_t(H + Hkv) * d;
+    p.n = n, p.batch = B, p.heads = H, p.kv_heads = Hkv, p.d = d, p.diff = cs.diff;
+    p.scale = d == 64 ? 0.125f : 0.0625f, p.lambda = 0.3f, p.out_scale = 0.8f;
+    p.out_row_stride = ow, p.out_batch_stride = int64_t(n) * ow;
+    const std::string what = "d " + std::to_string(d) + " block_n " + std::to_string(cs.block_n) +
+                             (cs.diff ? " diff" : " plain") + " n " + std::to_string(n) + " batch " + std::to_string(B);
+    std::vector<uint64_t> want(size_t(2) * ds::kern::kStatBins, 0);
+    std::vector<uint16_t> want_max(size_t(B) * size_t(H) * size_t(n), 0);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < Hv; ++j)
+        for (int m = 0; m < nmaps; ++m) {
+          const ds::kern::ViewHeadMap hm = ds::kern::view_head_map(cs.diff, j, H, Hkv);
+          for (int r = 0; r < n; ++r) {
+            uint16_t& mx = want_max[(size_t(b * Hv + j) * size_t(nmaps) + size_t(m)) * size_t(n) + size_t(r)];
+            for (int k = 0; k <= r; ++k) {
+              int64_t dot = 0;  // in sixteenths
+              const int* q = qi.data() + (int64_t(b) * n + r) * stride + p.q_off + hm.q[m] * d;
+              const int* kk = qi.data() + (int64_t(b) * n + k) * stride + p.k_off + hm.k[m] * d;
+              for (int e = 0; e < d; ++e) dot += int64_t(q[e]) * kk[e];
+              const uint32_t top = ds::abs_bits(float(double(dot) / 16.0)) >> 16;
+              mx = std::max<uint16_t>(mx, uint16_t(top));
+              ++want[size_t(m) * ds::kern::kStatBins +
+                     size_t(std::clamp<int>(int(top), ds::kern::kStatLo, ds::kern::kStatHi) - ds::kern::kStatLo)];
+            }
+          }
+        }
+    const size_t out_elems = size_t(B) * size_t(n) * size_t(ow);
+    ds::cuda::DeviceBuffer out0(out_elems * 2, "out"), out1(out_elems * 2, "out"),
+        hist(want.size() * 8, "hist"), rmax(want_max.size() * 2, "rowmax");
+    DS_CUDA_CHECK(cudaMemset(out0.get(), 0xff, out_elems * 2));
+    DS_CUDA_CHECK(cudaMemset(out1.get(), 0xff, out_elems * 2));
+    DS_CUDA_CHECK(cudaMemset(hist.get(), 0, want.size() * 8));
+    DS_CUDA_CHECK(cudaMemset(rmax.get(), 0xff, want_max.size() * 2));  // poisoned: every row's entry is written
+    p.out = out0.as<__nv_bfloat16>();
+    DS_CUDA_CHECK(ds::kern::launch_attn_fwd_sm90(p, cs.block_n, nullptr));
+    p.out = out1.as<__nv_bfloat16>();
+    p.stat_hist = hist.as<unsigned long long>(), p.stat_rowmax = rmax.as<uint16_t>();
+    DS_CUDA_CHECK(ds::kern::launch_attn_fwd_sm90(p, cs.block_n, nullptr));
+    DS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> o0(out_elems), o1(out_elems), got_max(want_max.size());
+    std::vector<uint64_t> got(want.size());
+    DS_CUDA_CHECK(cudaMemcpy(o0.data(), out0.get(), out_elems * 2, cudaMemcpyDeviceToHost));
+    DS_CUDA_CHECK(cudaMemcpy(o1.data(), out1.get(), out_elems * 2, cudaMemcpyDeviceToHost));
+    DS_CUDA_CHECK(cudaMemcpy(got.data(), hist.get(), got.size() * 8, cudaMemcpyDeviceToHost));
+    DS_CUDA_CHECK(cudaMemcpy(got_max.data(), rmax.get(), got_max.size() * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(o1, o0) << what << ": the output changed with the statistics";
+    for (int m = 0; m < 2; ++m) {
+      const size_t at = size_t(m) * ds::kern::kStatBins;
+      EXPECT_GE(got[at], want[at]) << what << " map " << m << " bin 0";
+      EXPECT_EQ(std::vector<uint64_t>(got.begin() + long(at) + 1, got.begin() + long(at) + ds::kern::kStatBins),
+                std::vector<uint64_t>(want.begin() + long(at) + 1, want.begin() + long(at) + ds::kern::kStatBins))
+          << what << " map " << m;
+    }
+    EXPECT_EQ(got_max, want_max) << what;
+    // Quantised logits, a window or the exact pass alone do not count: the launch says so.
+    ds::kern::AttnParams q = p;
+    q.fixed_max = false;
+    EXPECT_EQ(ds::kern::launch_attn_fwd_sm90(q, cs.block_n, nullptr), cudaErrorNotSupported) << what;
+    q = p, q.stat_rowmax = nullptr;
+    EXPECT_EQ(ds::kern::launch_attn_fwd_sm90(q, cs.block_n, nullptr), cudaErrorNotSupported) << what;
+  }
+}
+
+// What counting the statistics in the attention kernel costs (DS_OUTLIER_PERF=1; skipped otherwise): one layer of
+// the kajuma shape (32 query heads, 8 kv heads, d = 64, differential, 128 keys a tile) at 4K and 32K tokens, Q, K and
+// V ~ N(0, 3), the kernel with and without the statistics in turn.
+TEST(OutlierSelect, CudaForwardCountsTheLogitsTimes) {
+  SKIP_WITHOUT_DEVICE();
+  if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the attention kernel's statistics";
+  if (!ds::kern::attn_fwd_sm90_code_runs() || !ds::kern::attn_tma_encoder_available())
+    GTEST_SKIP() << "the attention kernel's statistics run on Hopper";
+  for (int n : {4096, 32768}) {
+    const int H = 32, Hkv = 8, d = 64;
+    const int64_t stride = int64_t(H + 2 * Hkv) * d, ow = int64_t(H) * d;
+    std::vector<__nv_bfloat16> qkv(size_t(n) * size_t(stride));
+    uint64_t x = 88172645463325252ull;
+    for (auto& v : qkv) {
+      float u = 0;
+      for (int k = 0; k < 4; ++k) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        u += float(x >> 40) / float(1 << 24);
+      }
+      v = __float2bfloat16((u - 2.f) * 1.732f * 1.732f);
+    }
+    const ds::cuda::DeviceBuffer dqkv = to_device(qkv);
+    ds::cuda::DeviceBuffer out(size_t(n) * size_t(ow) * 2, "out"), hist(size_t(2) * ds::kern::kStatBins * 8, "hist"),
+        rmax(size_t(H) * size_t(n) * 2, "rowmax");
+    ds::kern::AttnParams p;
+    p.qkv = dqkv.as<__nv_bfloat16>();
+    p.row_stride = stride, p.batch_stride = int64_t(n) * stride;
+    p.q_off = 0, p.k_off = int64_t(H) * d, p.v_off = int64_t(H + Hkv) * d;
+    p.n = n, p.heads = H, p.kv_heads = Hkv, p.d = d, p.diff = true, p.scale = 0.125f, p.lambda = 0.3f;
+    p.out = out.as<__nv_bfloat16>(), p.out_row_stride = ow, p.out_batch_stride = int64_t(n) * ow;
+    cudaEvent_t e0, e1;
+    DS_CUDA_CHECK(cudaEventCreate(&e0));
+    DS_CUDA_CHECK(cudaEventCreate(&e1));
+    auto timed = [&](bool stats) {
+      ds::kern::AttnParams q = p;
+      if (stats) q.stat_hist = hist.as<unsigned long long>(), q.stat_rowmax = rmax.as<uint16_t>();
+      DS_CUDA_CHECK(cudaMemset(hist.get(), 0, hist.bytes()));
+      DS_CUDA_CHECK(cudaEventRecord(e0));
+      DS_CUDA_CHECK(ds::kern::launch_attn_fwd_sm90(q, 128, nullptr));
+      DS_CUDA_CHECK(cudaEventRecord(e1));
+      DS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      DS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      return ms;
+    };
+    float best[2] = {1e30f, 1e30f};
+    for (int r = 0; r < 12; ++r) {
+      const float ms = timed(r % 2 == 1);
+      if (r >= 2) best[r % 2] = std::min(best[r % 2], ms);
+    }
+    for (int probe : {1, 2}) {
+      p.stat_probe = probe;
+      float b2 = 1e30f;
+      for (int r = 0; r < 6; ++r) b2 = std::min(b2, timed(true));
+      std::printf("probe %d: %.3f ms\n", probe, b2);
+      p.stat_probe = 0;
+    }
+    std::vector<uint64_t> h(size_t(2) * ds::kern::kStatBins);
+    DS_CUDA_CHECK(cudaMemcpy(h.data(), hist.get(), h.size() * 8, cudaMemcpyDeviceToHost));
+    uint64_t total = 0;
+    for (uint64_t c : h) total += c;
+    std::printf("attention n %d (one layer, kajuma shape): %.3f ms; with the logit statistics %.3f ms (%.1f %%); "
+                "%llu cells counted\n",
+                n, best[0], best[1], 100.0 * (best[1] / best[0] - 1.0), (unsigned long long)total);
+    DS_CUDA_CHECK(cudaEventDestroy(e0));
+    DS_CUDA_CHECK(cudaEventDestroy(e1));
+  }
+}
+
 // The batched pass over several dense arrays (launch_outlier_count_dense: the hidden states of every layer in one
 // launch): each source's counts equal the host's for its own prefixes, over arrays of odd lengths, one not 16-byte
 // aligned (the scalar path), each pass's histograms in shared memory or (many prefixes) in global memory; the last
