@@ -56,7 +56,7 @@ namespace {
 constexpr int BM = 64, THREADS = 384, KS = 2, VS = 2;
 
 // Shared-memory plan, the same for both modes (plain: the two maps are two heads, and V's halves their Vs).
-template <int D, int BN, bool STATS = false>
+template <int D, int BN>
 struct TileWs {
   static constexpr int VW = 2 * D;
   static constexpr int Q_BYTES = 2 * BM * D * 2;
@@ -65,32 +65,15 @@ struct TileWs {
   static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + KS * K_STAGE_BYTES, BAR_OFF = V_OFF + VS * V_STAGE_BYTES;
   static constexpr int N_BARS = 2 + 2 * KS + 2 * VS;  // Q, K full/empty, V full/empty, the fixed-maximum verdict
   static constexpr int FLAG_OFF = BAR_OFF + N_BARS * 8;  // the verdict: 1 when the CTA runs its tiles again
-  // STATS: per map two more barriers (its staged tile written; read), the staged tiles (each map's 64 x BN |S| as
-  // the f32 values' high halves, [map][consumer warp][16-byte piece][lane]) and a histogram per map (u32 bins)
-  static constexpr int SBAR_OFF = FLAG_OFF + 8, STAGE_OFF = (SBAR_OFF + 4 * 8 + 127) / 128 * 128;
-  static constexpr int STAGE_MAP_BYTES = BM * BN * 2, HIST_OFF = STAGE_OFF + 2 * STAGE_MAP_BYTES;
-  static constexpr int SMEM_BYTES = (STATS ? HIST_OFF + 2 * kStatBins * 4 : FLAG_OFF + 8) + 1024;  // + alignment
+  static constexpr int SMEM_BYTES = FLAG_OFF + 8 + 1024;  // + alignment slack
   static_assert(BM * VW * 4 <= KS * K_STAGE_BYTES, "O1/l1 (DIFF) must fit in the K stages");
   static_assert(BM * VW * 2 <= Q_BYTES, "the bf16 output tile must fit in Q's space");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
 #if defined(DS_SM90A_WS)
-// Named barriers (0 is __syncthreads): both consumers; the turn of map 1 and map 2; a consumer's own 128 threads; the
-// statistics warps (STATS).
-constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE0 = 4, BAR_STATS = 6;
-
-// Two 16-bit lanes at once (sm_90).
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("max.u16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ uint32_t min_u16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("min.u16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+// Named barriers (0 is __syncthreads): both consumers; the turn of map 1 and map 2; a consumer's own 128 threads.
+constexpr int BAR_CONSUMERS = 1, BAR_SCHED0 = 2, BAR_EPILOGUE0 = 4;
 
 using namespace sm90;
 #endif
@@ -116,17 +99,12 @@ __device__ __forceinline__ float staged_absmax(const AttnParams& p, int b, int r
 // every logit to the row's step (quantize_logit) and starts from the row's exact (quantised) maximum, so that no O
 // rescale is needed on any tile and the fixed-maximum pass never overflows. Built without WINDOW (a windowed layer
 // takes the generic kernel when quantised) and with FIXMAX.
-// STATS: the logits' outlier statistics (AttnParams::stat_hist) counted during the fixed-maximum pass by the
-// producer warpgroup's three idle warps: each consumer stages its tile's |S| (the f32 high halves, one byte permute
-// per two logits and four 16-byte stores) for them, and they count it into shared-memory histograms and keep the row
-// maxima, so the consumers' own work per logit grows by a fraction of an instruction.
-template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX, bool QUANT = false, bool STATS = false>
+template <int D, int BN, bool DIFF, bool WINDOW, bool FIXMAX, bool QUANT = false>
 __global__ void __launch_bounds__(THREADS, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                                  const __grid_constant__ CUtensorMap tm_out, const AttnParams p) {
 #if defined(DS_SM90A_WS)
-  static_assert(!STATS || (FIXMAX && !QUANT && !WINDOW), "the statistics ride on the plain fixed-maximum pass");
-  using T = TileWs<D, BN, STATS>;
+  using T = TileWs<D, BN>;
   constexpr int NS = BN / 2;  // S accumulators per thread
   constexpr int VW = T::VW, SLABS = D / 64;
   constexpr int NACC = DIFF ? VW / 2 : D / 2;  // O accumulators per thread: 64 rows x 2d (DIFF) or x d (plain)
@@ -142,8 +120,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto bar_full_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + s); };
   auto bar_empty_v = [&](int s) { return bar_q + 8u * uint32_t(1 + 2 * KS + VS + s); };
   const uint32_t bar_verdict = bar_q + 8u * uint32_t(1 + 2 * KS + 2 * VS);
-  auto bar_stat_full = [&](int m) { return s_base + uint32_t(T::SBAR_OFF + 8 * m); };
-  auto bar_stat_read = [&](int m) { return s_base + uint32_t(T::SBAR_OFF + 16 + 8 * m); };
   volatile uint32_t* const redo_flag = reinterpret_cast<volatile uint32_t*>(smem + T::FLAG_OFF);
   // The quantised kernel's first pass (K alone) keeps four key tiles in flight: its tile it goes to slot it % 4, the
   // two K stages (slots 0, 1) and the two V stages (slots 2, 3: no V is loaded before the softmax pass, and a V stage
@@ -194,19 +170,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(bar_empty_v(s), 256);
     }
     mbar_init(bar_verdict, 1);
-    if constexpr (STATS)
-      for (int m = 0; m < 2; ++m) {
-        mbar_init(bar_stat_full(m), 128);
-        mbar_init(bar_stat_read(m), 96);
-      }
     fence_mbarrier_init();
   }
   __syncthreads();
 
-  if (wg == 0) {  // producer: one thread issues every copy, the rest of the warpgroup leaves at once (STATS: warps
-                  // 1-3 count the logits)
-    if constexpr (STATS) asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+  if (wg == 0) {  // producer: one thread issues every copy, the rest of the warpgroup leaves at once
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (tid == 0) {
       prefetch_tensormap(&tm_q);
       prefetch_tensormap(&tm_kv);
@@ -265,71 +234,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (*redo_flag) produce(pre_k + n_kt, pre_v + n_kt, true);
       }
     }
-    if constexpr (STATS)
-      if (tid >= 32) {
-        // Chunk c = (map c / 4, consumer warp c % 4) of each staged tile: warp sw takes chunks sw, sw + 3, sw + 6;
-        // its lane reads what the consumer's lane of the same number wrote (rows g4 and g4 + 8 of that warp's 16).
-        const int st = tid - 32, sw = st >> 5, lane = tid & 31;
-        constexpr int W = NS / 8;  // 16-byte pieces per consumer thread and tile
-        unsigned* hist = reinterpret_cast<unsigned*>(smem + T::HIST_OFF);
-        for (int i = st; i < 2 * kStatBins; i += 96) hist[i] = 0;
-        named_sync(BAR_STATS, 96);
-        constexpr uint32_t lo2 = uint32_t(kStatLo) * 0x10001u, hi2 = uint32_t(kStatHi) * 0x10001u;
-        uint32_t rmax[3][2] = {{0, 0}, {0, 0}, {0, 0}};  // per chunk and row half: the two columns' maxima
-        for (int it = 0; it < n_kt; ++it)
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mbar_wait(bar_stat_full(m), uint32_t(it & 1));
-            if (p.stat_probe == 2) { mbar_arrive(bar_stat_read(m)); continue; }
-            unsigned* h = hist + m * kStatBins;
-#pragma unroll
-            for (int k = 0; k < 3; ++k) {
-              const int c = sw + 3 * k;
-              if (c >= 8 || (c >> 2) != m) continue;
-              const uint32_t src = s_base + uint32_t(T::STAGE_OFF + m * T::STAGE_MAP_BYTES + ((c & 3) * W * 32 + lane) * 16);
-#pragma unroll
-              for (int q = 0; q < W; ++q) {
-                uint32_t w[4];
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                             : "r"(src + uint32_t(q * 512)));
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  const uint32_t a = w[e] & 0x7fff7fffu;
-                  rmax[k][e & 1] = max_u16x2(rmax[k][e & 1], a);
-                  const uint32_t b = min_u16x2(max_u16x2(a, lo2), hi2);
-                  if (p.stat_probe == 1) { rmax[k][e & 1] |= b; continue; }
-                  atomicAdd(h + ((b & 0xffffu) - uint32_t(kStatLo)), 1u);
-                  atomicAdd(h + ((b >> 16) - uint32_t(kStatLo)), 1u);
-                }
-              }
-            }
-            mbar_arrive(bar_stat_read(m));
-          }
-        named_sync(BAR_STATS, 96);  // every count is in
-        for (int i = st; i < 2 * kStatBins; i += 96)
-          if (const unsigned v = hist[i]) atomicAdd(p.stat_hist + (DIFF ? i : i % kStatBins), (unsigned long long)v);
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int c = sw + 3 * k;
-          if (c >= 8) continue;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            uint32_t x = max(rmax[k][r] & 0xffffu, rmax[k][r] >> 16);
-            x = max(x, __shfl_xor_sync(0xffffffffu, x, 1));
-            x = max(x, __shfl_xor_sync(0xffffffffu, x, 2));
-            const int row = q0 + (c & 3) * 16 + (lane >> 2) + 8 * r;
-            if ((lane & 3) == 0 && row < p.n)
-              p.stat_rowmax[(int64_t(b * hv + j) * 2 + (c >> 2)) * p.n + row] = uint16_t(x);
-          }
-        }
-      }
     return;
   }
 
   // Consumers: warpgroup 1 computes map 1 (plain: head 2j), warpgroup 2 map 2 (plain: head 2j + 1).
-  if constexpr (STATS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  else asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int map = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5, lane = tid & 31;
   const int wrow = warp * 16, g4 = lane >> 2, t4 = lane & 3;
   unsigned long long t_start = 0;
@@ -355,26 +264,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto softmax = [&](float (&s)[NS], float (&alpha)[2]) { online_softmax<NS, true>(s, m_run, l_run, sl2, alpha); };
   auto rescale = [&](const float (&alpha)[2]) { rescale_o(acc, alpha); };
   auto pack = [&](float (&s)[NS]) { pack_p<BN>(s, pa); };
-  // STATS: tile it's |S| for the statistics warps (the f32 values' high halves; masked cells as 0, which bin 0 takes
-  // with rows past n). The one staging slot is free once they have read the previous tile.
-  auto stage_stats = [&](const float (&s)[NS], const int it, const bool masked) {
-    mbar_wait(bar_stat_read(map), uint32_t((it & 1) ^ 1));
-    const uint32_t dst = s_base + uint32_t(T::STAGE_OFF + map * T::STAGE_MAP_BYTES + (warp * (NS / 8) * 32 + lane) * 16);
-#pragma unroll
-    for (int q = 0; q < NS / 8; ++q) {
-      uint32_t w[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[8 * q + 2 * e], y = s[8 * q + 2 * e + 1];
-        if (masked) x = x == -INFINITY ? 0.f : x, y = y == -INFINITY ? 0.f : y;
-        w[e] = __byte_perm(__float_as_uint(x), __float_as_uint(y), 0x7632);
-      }
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + uint32_t(q * 512)), "r"(w[0]), "r"(w[1]),
-                   "r"(w[2]), "r"(w[3])
-                   : "memory");
-    }
-    mbar_arrive(bar_stat_full(map));
-  };
 
   // Sliding window: tiles from iteration edge_it on hold keys left of some row's window (first key k0 < q0 + BM -
   // window, the first key of the CTA's last row) and take the window's mask.
@@ -501,7 +390,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < NS; ++i) pin(s[i]);
       mbar_arrive(bar_empty_k(ks));
       mask_diagonal<WINDOW>(s, kt_top * BN, row0, t4, wlo);
-      if constexpr (STATS && FIXED) stage_stats(s, 0, true);
       if constexpr (QUANT) quantize(s, true);
       softmax(s, alpha_prev);  // O is zero: no rescale
       alpha_prev[0] = alpha_prev[1] = 1.f;
@@ -528,7 +416,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_arrive(bar_empty_k(ks));
       if constexpr (WINDOW)
         if (it >= edge_it) mask_window(s, (kt_top - it) * BN, row0, t4, wlo);
-      if constexpr (STATS && FIXED) stage_stats(s, it, false);
       if constexpr (QUANT && FIXED) {
         softmax_steps(s);
       } else {
@@ -948,14 +835,11 @@ cudaError_t launch_t(const AttnParams& p, cudaStream_t stream) {
       !make_attn_tma_map(tkv, kv_base(p), p.row_stride, p.batch_stride, p, BN) ||
       !make_attn_tma_map(tout, p.out, p.out_row_stride, p.out_batch_stride, p, BM))
     return cudaErrorNotSupported;
-  const bool fixmax = p.fixed_max, stats = p.stat_hist != nullptr;
+  constexpr int smem = TileWs<D, BN>::SMEM_BYTES;
+  const bool fixmax = p.fixed_max;
   if (p.logit_bits > 0 && p.window > 0) return cudaErrorNotSupported;  // (select_attn sends such a layer to generic)
-  if (stats != (p.stat_rowmax != nullptr) || (stats && (p.logit_bits > 0 || p.window > 0 || !fixmax)))
-    return cudaErrorNotSupported;
-  const int smem = stats ? TileWs<D, BN, true>::SMEM_BYTES : TileWs<D, BN>::SMEM_BYTES;
   const auto kernel =
-      stats ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true, false, true>
-      : p.logit_bits > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true, true>
+      p.logit_bits > 0 ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true, true>
       : p.window > 0   ? (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, true, true> : attn_fwd_sm90_kernel<D, BN, DIFF, true, false>)
                        : (fixmax ? attn_fwd_sm90_kernel<D, BN, DIFF, false, true> : attn_fwd_sm90_kernel<D, BN, DIFF, false, false>);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -65,22 +65,7 @@ struct AttnParams {
   // the row-maximum kernel before it and parked as a float in the row's own output columns, where the attention
   // kernel reads it before it writes the row.
   bool absmax_staged = false;
-  // The logits' outlier statistics counted by the Hopper kernel as it computes them (set both or neither;
-  // launch_attn_fwd_sm90 returns cudaErrorNotSupported where it cannot: a window, quantised logits, the exact pass
-  // alone). Each |scale q . k| of a causal cell, truncated to its leading 16 bits (a bf16 with the low mantissa bits
-  // cut: order is kept, so the counts rank the f32 values to within a bf16 step) and clamped to [kStatLo, kStatHi],
-  // adds one to stat_hist[map][bits - kStatLo] (u64, added to); cells the kernel computes but does not count (masked
-  // keys, rows past n) land in bin 0 with the values under 2^-16, so that bin is the caller's to recount. Plain heads
-  // count into map 0. stat_rowmax: each row's largest such truncated |logit|, [batch][view head][2 maps][n] (plain:
-  // [batch][head][n]).
-  unsigned long long* stat_hist = nullptr;
-  uint16_t* stat_rowmax = nullptr;
-  int stat_probe = 0;  // EXPERIMENT: 1 no atomics, 2 stats warps only arrive
 };
-
-// The bins of AttnParams::stat_hist: bf16 bit patterns 2^-16 .. 2^16 (128 a binade), the last taking every larger
-// value (and inf, NaN).
-constexpr int kStatLo = 0x3780, kStatHi = 0x4780, kStatBins = kStatHi - kStatLo + 1;
 
 // The symmetric absmax fake-quantisation of one logit (cpu_attn::quantize_logit's formula).
 __host__ __device__ __forceinline__ float quantize_logit(float x, float amax, int bits) {
