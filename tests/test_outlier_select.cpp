@@ -66,6 +66,27 @@ TEST(OutlierSelect, EveryRankEqualsNthElement) {
   }
 }
 
+// Two passes place each rank to its 24 leading bits: the value given is within 2^-17 of the rank's, relatively, and
+// the floor (the interval's smallest value) at most the rank's; 0 stays 0.
+TEST(OutlierSelect, TwoPassesPlaceARankWithin2ToTheMinus17) {
+  for (uint32_t seed : {4u, 5u}) {
+    const std::vector<float> v = values(40000 + seed * 999, seed);
+    std::vector<float> a(v.size());
+    std::transform(v.begin(), v.end(), a.begin(), [](float x) { return std::fabs(x); });
+    std::sort(a.begin(), a.end());
+    std::vector<uint64_t> ranks = {0, 7, a.size() / 3, a.size() / 2, a.size() - 100, a.size() - 1};
+    ds::RankFinder f(ranks, 2);
+    find(f, v);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const float want = a[ranks[i]];
+      EXPECT_LE(f.floor_value(i), want) << "rank " << ranks[i];
+      if (want == 0.f) EXPECT_EQ(f.value(i), 0.f) << "rank " << ranks[i];
+      else EXPECT_LE(std::fabs(double(f.value(i)) - double(want)), 0x1p-17 * double(want)) << "rank " << ranks[i];
+    }
+  }
+  EXPECT_THROW(ds::RankFinder({1}, 1), ds::Error);
+}
+
 TEST(OutlierSelect, TopMedianSummary) {
   const std::vector<float> v = values(12345, 9);
   std::vector<float> a(v.size());
@@ -683,7 +704,8 @@ TEST(OutlierSelect, CudaSelectionTimes) {
 
 // Session-level statistics with the logits go layer by layer: the progress rises to 1 after every layer's passes,
 // a cancel stops them between layers with ds::Cancelled, and the session gives the same statistics afterwards (the
-// demo model on the CPU backend).
+// demo model on the CPU backend); the exact medians' third pass (DS_OUTLIER_EXACT_MEDIANS=1) changes the logits'
+// medians by at most 2^-17 (relatively) and nothing else.
 TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
   auto s =
       ds::Session::open(dstest::source_dir() + "/assets/models/diffllama-demo", ds::BackendChoice::Cpu, nullptr, 2);
@@ -706,5 +728,22 @@ TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
   EXPECT_THROW(ds::outlier_stats(*s, c), ds::Cancelled);
   EXPECT_EQ(polls, L + 2);
   EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*s)), whole);
+  // DS_OUTLIER_EXACT_MEDIANS=1 (a third pass): the same top values, every logit median within 2^-17 of the exact one
+  ::setenv("DS_OUTLIER_EXACT_MEDIANS", "1", 1);
+  const ds::Outliers exact = ds::outlier_stats(*s);
+  ::unsetenv("DS_OUTLIER_EXACT_MEDIANS");
+  const ds::Outliers two = ds::outlier_stats(*s);
+  ASSERT_EQ(exact.layers.size(), two.layers.size());
+  auto near = [](const ds::OutlierSet& a, const ds::OutlierSet& b, const std::string& what) {
+    EXPECT_EQ(a.top100, b.top100) << what;
+    EXPECT_LE(std::fabs(double(a.s.median) - double(b.s.median)), 0x1p-17 * double(b.s.median)) << what;
+  };
+  for (size_t l = 0; l < two.layers.size(); ++l) {
+    near(two.layers[l].logit1, exact.layers[l].logit1, "layer " + std::to_string(l) + " map 1");
+    near(two.layers[l].logit2, exact.layers[l].logit2, "layer " + std::to_string(l) + " map 2");
+    EXPECT_EQ(two.layers[l].hidden.s.median, exact.layers[l].hidden.s.median);
+  }
+  near(two.logit1, exact.logit1, "model map 1");
+  near(two.logit2, exact.logit2, "model map 2");
 }
 

@@ -410,7 +410,7 @@ int run(const Args& a) {
     std::signal(SIGINT, on_sigint);
     ds::OutlierRequest q;  // Ctrl-C stops the logits' passes between layers: nothing is written, the rest goes on
     q.cancel = [] { return g_interrupted.load(); };
-    // Long work (every layer's attention logits, three times): said on stderr, with the fraction done on a terminal
+    // Long work (every layer's attention logits, twice): said on stderr, with the fraction done on a terminal
     const bool tty = isatty(fileno(stderr));
     std::fprintf(stderr, "diffscope-run: the activation outliers: every layer's attention logits, pass by pass "
                          "(Ctrl-C stops them)\n");

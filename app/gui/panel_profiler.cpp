@@ -225,9 +225,10 @@ static void max_abs_tab(AppState& st, const RunResult& r) {
 static void outliers_tab(AppState& st, const Snapshot& s) {
   if (ImGui::Checkbox("Compute the activation outliers", &st.req.outliers))
     st.submit_now();
-  item_tooltip("The paper's Table 5, exact: per layer the largest |hidden state| over every position and channel, and\n"
-               "the largest |q.k/sqrt(d)| over every causal cell of every head's map 1 and map 2, with their medians.\n"
-               "Recomputes each layer's Q.K three times (a radix select), once per result.");
+  item_tooltip("The paper's Table 5: per layer the largest |hidden state| over every position and channel, and\n"
+               "the largest |q.k/sqrt(d)| over every causal cell of every head's map 1 and map 2 (exact), with their\n"
+               "medians (the logits' within 2^-17, relatively). Recomputes each layer's Q.K twice (a radix select),\n"
+               "once per result.");
   if (!st.req.outliers) return empty_state("Off. Turn it on to compare the outliers of layers (and of models).");
   const auto& ov = s.outliers;
   if (!ov || !s.result || ov->result_seq != s.result->seq) {

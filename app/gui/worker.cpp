@@ -338,7 +338,7 @@ void Worker::step(const Request& r) {
     traced("importance", [&] { run_importance(r); });
 }
 
-// The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed three times,
+// The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed twice,
 // layer by layer: seconds at long prompts). A request for another result (a new prompt, lambda, intervention) stops
 // them between layers, and that result computes them again; the Profiler shows the fraction done.
 void Worker::refresh_outliers(const Request& r) {

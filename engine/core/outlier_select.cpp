@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "engine/core/error.h"
 
@@ -36,8 +37,10 @@ void radix_count(const float* x, int64_t count, const RadixPass& pass, uint64_t*
   }
 }
 
-RankFinder::RankFinder(std::vector<uint64_t> ranks)
-    : rank0_(ranks), rank_(std::move(ranks)), prefix_(rank_.size(), 0), retired_(rank_.size(), false) {}
+RankFinder::RankFinder(std::vector<uint64_t> ranks, int passes)
+    : rank0_(ranks), rank_(std::move(ranks)), prefix_(rank_.size(), 0), retired_(rank_.size(), false), passes_(passes) {
+  if (passes < 2 || passes > kPasses) throw Error("internal: RankFinder of " + std::to_string(passes) + " passes");
+}
 
 void RankFinder::retire(size_t i) { retired_.at(i) = true; }
 
@@ -91,8 +94,10 @@ float RankFinder::floor_value(size_t i) const {
 
 float RankFinder::value(size_t i) const {
   if (!done() || retired_.at(i)) throw Error("internal: RankFinder::value before its last pass or of a retired rank");
+  const int sh = kShift[passes_ - 1];
+  uint32_t b = prefix_.at(i) << sh;
+  if (sh > 0 && b > 0 && b < 0x7f800000u) b |= 1u << (sh - 1);  // the middle (one binade: values linear in bits)
   float v;
-  const uint32_t b = prefix_.at(i);
   std::memcpy(&v, &b, 4);
   return v;
 }

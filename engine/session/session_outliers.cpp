@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "engine/core/env.h"
 #include "engine/core/error.h"
 
 namespace ds {
@@ -90,18 +91,24 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     if (r.logits && c.has_maps(l)) src.push_back({l, true, nmaps, causal_cells(c, l, n)});
   }
   // Finders: per source and map (the 100th largest and the two middles), and per kind and map over all layers (the
-  // two middles; the model's top values come from the layers' top 100).
+  // two middles; the model's top values come from the layers' top 100). The logits' take the first two passes
+  // alone: each pass recomputes every layer's Q K^T, and two place a middle within 2^-17 of its value (relatively;
+  // RankFinder), which the third would make exact for another third of the time. The top values stay exact (they
+  // are collected, not placed), and so does everything of the hidden states, whose passes read memory.
+  // DS_OUTLIER_EXACT_MEDIANS=1: the third pass too (README's table; A/B).
+  const int logit_passes = env_switch("DS_OUTLIER_EXACT_MEDIANS", false) ? RankFinder::kPasses : 2;
+  auto passes_of = [&](bool logits) { return logits ? logit_passes : RankFinder::kPasses; };
   std::vector<std::vector<RankFinder>> own(src.size());
   uint64_t total[3] = {0, 0, 0};  // hidden, logit1, logit2
   for (size_t i = 0; i < src.size(); ++i)
     for (int m = 0; m < src[i].maps; ++m) {
-      own[i].emplace_back(top_median_ranks(src[i].count));
+      own[i].emplace_back(top_median_ranks(src[i].count), passes_of(src[i].logits));
       total[src[i].logits ? 1 + m : 0] += src[i].count;
     }
   std::vector<RankFinder> all;
-  for (uint64_t t : total) {
-    const std::vector<uint64_t> rk = top_median_ranks(std::max<uint64_t>(t, 1));
-    all.emplace_back(std::vector<uint64_t>{rk[1], rk[2]});
+  for (size_t k = 0; k < 3; ++k) {
+    const std::vector<uint64_t> rk = top_median_ranks(std::max<uint64_t>(total[k], 1));
+    all.emplace_back(std::vector<uint64_t>{rk[1], rk[2]}, passes_of(k > 0));
   }
   // The 100 largest of each set: every value at or above its 100th largest, sorted. A pass collects them as soon as
   // it can: after a pass, the 100th largest's prefix is known, and with it how many values are at or above the
@@ -130,11 +137,16 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     }
   };
   for (int pass = 0; pass < RankFinder::kPasses; ++pass) {
-    std::vector<RadixPass> all_pass;
-    for (const RankFinder& f : all) all_pass.push_back(f.pass());
-    std::vector<Backend::OutlierQuery> queries(src.size());  // every source's pass at once
+    std::vector<RadixPass> all_pass(3);
+    for (size_t k = 0; k < 3; ++k)
+      if (!all[k].done()) all_pass[k] = all[k].pass();
+    // the sources this pass counts (the logits' are done after kLogitPasses), each with its query
+    std::vector<size_t> act;
+    for (size_t i = 0; i < src.size(); ++i)
+      if (!own[i][0].done()) act.push_back(i);
+    std::vector<Backend::OutlierQuery> queries(src.size());
     std::vector<bool> collects(src.size(), false);
-    for (size_t i = 0; i < src.size(); ++i) {
+    for (size_t i : act) {
       if (pass > 0 && !collected[i]) {
         bool fold = true;
         const uint64_t cap = src[i].logits ? kLogitFoldCap : kFoldCap;
@@ -161,22 +173,22 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     }
     std::vector<std::vector<uint64_t>> counts_of(src.size());
     Backend::OutlierValues got(src.size());
-    by_layer(src.size(), [&](size_t i) { return src[i].layer; }, [&](size_t i, size_t j) {
-      const std::vector<Backend::OutlierQuery> part(queries.begin() + long(i), queries.begin() + long(j));
+    by_layer(act.size(), [&](size_t a) { return src[act[a]].layer; }, [&](size_t a, size_t b) {
+      std::vector<Backend::OutlierQuery> part;
+      bool any = false;
+      for (size_t k = a; k < b; ++k) part.push_back(queries[act[k]]), any |= collects[act[k]];
       std::vector<std::vector<uint64_t>> c;
       Backend::OutlierValues v;
-      const auto c0 = collects.begin() + long(i), c1 = collects.begin() + long(j);
-      const bool any = std::find(c0, c1, true) != c1;
       s.backend().outlier_counts_many(part, c, any ? &v : nullptr);
       for (size_t k = 0; k < part.size(); ++k) {
-        counts_of[i + k] = std::move(c.at(k));
-        if (any) got[i + k] = std::move(v.at(k));
+        counts_of[act[a + k]] = std::move(c.at(k));
+        if (any) got[act[a + k]] = std::move(v.at(k));
       }
     });
     // The model's finders add up the sources' histograms of their prefixes.
     std::vector<std::vector<uint64_t>> all_counts(3);
     for (size_t k = 0; k < 3; ++k) all_counts[k].assign(size_t(all_pass[k].histograms()) * size_t(all_pass[k].bins()), 0);
-    for (size_t i = 0; i < src.size(); ++i) {
+    for (size_t i : act) {
       if (collects[i]) values[i] = std::move(got.at(i));
       const RadixPass& q = queries[i].pass;
       const size_t bins = size_t(q.bins()), H = size_t(q.histograms());
@@ -198,7 +210,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
       }
     }
     for (size_t k = 0; k < 3; ++k)
-      if (total[k] > 0) all[k].take(all_counts[k].data(), all_pass[k].prefixes);
+      if (total[k] > 0 && !all[k].done()) all[k].take(all_counts[k].data(), all_pass[k].prefixes);
   }
   std::vector<float> pool[3];
   std::vector<Backend::OutlierQuery> vq;
@@ -206,7 +218,8 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
   for (size_t i = 0; i < src.size(); ++i) {
     if (collected[i]) continue;
     Backend::OutlierQuery x;
-    for (int m = 0; m < src[i].maps; ++m) x.at_least.push_back(own[i][size_t(m)].value(0));
+    // every value at or above the 100th largest's prefix floor (its value after kPasses passes)
+    for (int m = 0; m < src[i].maps; ++m) x.at_least.push_back(own[i][size_t(m)].floor_value(0));
     // Ties at the threshold can bring more than 100; a set of equal values brings them all (cap: the whole set).
     x.cap = size_t(std::min<uint64_t>(src[i].count, uint64_t(1) << 22));
     x.layer = src[i].layer;

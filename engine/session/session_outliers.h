@@ -19,7 +19,7 @@
 namespace ds {
 
 struct OutlierRequest {
-  bool logits = true;  // false: the hidden states only (the logits cost three recomputations of every layer's Q.K)
+  bool logits = true;  // false: the hidden states only (the logits cost two recomputations of every layer's Q.K)
   // The hidden states' selection on the backend's device where it has one (Backend::outlier_hidden_select); false:
   // the host's RankFinder over the backend's counts (the tests hold the two equal)
   bool device_select = true;

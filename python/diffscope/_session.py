@@ -363,8 +363,9 @@ class Session:
         return json.loads(self._s.quantize_report(_int(bits, "bits")))
 
     def outliers(self, logits: bool = True) -> dict:
-        """Activation outliers as in the paper's Table 5 (exact): per layer, the 1st, 2nd, 3rd, 10th and 100th
-        largest |value| and the median over every position and channel of the layer's output ("hidden_top",
+        """Activation outliers as in the paper's Table 5 (the largest values exact, the logits' medians within 2^-17
+        relatively): per layer, the 1st, 2nd, 3rd, 10th and 100th largest |value| and the median over every
+        position and channel of the layer's output ("hidden_top",
         "hidden_median") and over every causal |q.k / sqrt(d)| of the view heads' map 1 and map 2 ("logit_top1",
         "logit_median1", "logit_top2", "logit_median2"; logits=False skips them), and the same over all layers
         ("model"), as diffscope-run --outliers writes them. The logits are recomputed layer by layer: Ctrl-C
