@@ -140,7 +140,7 @@ Outliers outlier_stats(Session& s, const OutlierRequest& r) {
     std::vector<RadixPass> all_pass(3);
     for (size_t k = 0; k < 3; ++k)
       if (!all[k].done()) all_pass[k] = all[k].pass();
-    // the sources this pass counts (the logits' are done after kLogitPasses), each with its query
+    // the sources this pass counts (the logits' are done after logit_passes), each with its query
     std::vector<size_t> act;
     for (size_t i = 0; i < src.size(); ++i)
       if (!own[i][0].done()) act.push_back(i);
