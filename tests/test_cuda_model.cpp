@@ -660,7 +660,8 @@ TEST(CudaModel, OutlierLogitPassesFusedEqualTheGemmRows) {
 
 // Where the hidden states' outlier statistics spend their time (DS_OUTLIER_PERF=1; skipped otherwise): a random
 // checkpoint of kajuma's hidden size and depth at 4096 tokens, the whole call (session to summary) with the selection
-// on the device and on the host, against the forward, medians of 21.
+// on the device and on the host, against the forward, medians of 21; and the whole call with the logits in steps of
+// several layers (OutlierRequest::min_step_ms, the default) and of one.
 TEST(CudaModel, OutlierSelectionTimes) {
   SKIP_WITHOUT_DEVICE();
   if (!std::getenv("DS_OUTLIER_PERF")) GTEST_SKIP() << "set DS_OUTLIER_PERF=1 to time the outlier statistics";
@@ -710,6 +711,23 @@ TEST(CudaModel, OutlierSelectionTimes) {
   std::printf("[ outliers(hidden) at 4096 x 2048 x 16 layers: device selection %.3f ms (the backend's call %.3f; with "
               "JSON %.3f; every pass over the whole states %.3f), host %.3f ms; a next-token forward of this checkpoint "
               "%.2f ms ]\n", d, b, j, dw, h, f);
+  // With the logits: steps of several layers while they are quick (the default), and one layer a step, in turn.
+  ds::OutlierRequest lg, one;
+  one.min_step_ms = 0;
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*s, lg)), ds::outliers_json(ds::outlier_stats(*s, one)));
+  std::vector<double> tl, t1;
+  for (int k = 0; k < 11; ++k) {
+    auto t0 = std::chrono::steady_clock::now();
+    ds::outlier_stats(*s, lg);
+    tl.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    t0 = std::chrono::steady_clock::now();
+    ds::outlier_stats(*s, one);
+    t1.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(tl.begin(), tl.end());
+  std::sort(t1.begin(), t1.end());
+  std::printf("[ outliers(logits) at 4096 tokens: %.2f ms in steps of several layers, %.2f ms a layer a step; medians "
+              "of 11 in turn ]\n", tl[5], t1[5]);
   SUCCEED();
 }
 

@@ -704,8 +704,8 @@ TEST(OutlierSelect, CudaSelectionTimes) {
 
 // Session-level statistics with the logits go layer by layer: the progress rises to 1 after every layer's passes,
 // a cancel stops them between layers with ds::Cancelled, and the session gives the same statistics afterwards (the
-// demo model on the CPU backend); the exact medians' third pass (DS_OUTLIER_EXACT_MEDIANS=1) changes the logits'
-// medians by at most 2^-17 (relatively) and nothing else.
+// demo model on the CPU backend, one layer a step), and again in steps of several layers; the exact medians' third
+// pass (DS_OUTLIER_EXACT_MEDIANS=1) changes the logits' medians by at most 2^-17 (relatively) and nothing else.
 TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
   auto s =
       ds::Session::open(dstest::source_dir() + "/assets/models/diffllama-demo", ds::BackendChoice::Cpu, nullptr, 2);
@@ -715,6 +715,7 @@ TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
   s->run();
   const int L = int(s->config().layers);
   ds::OutlierRequest q;
+  q.min_step_ms = 0;  // one layer a step
   std::vector<double> seen;
   q.progress = [&](double f) { seen.push_back(f); };
   const std::string whole = ds::outliers_json(ds::outlier_stats(*s, q));
@@ -724,10 +725,18 @@ TEST(OutlierStats, CancelStopsBetweenLayersAndTheSessionStaysAsItWas) {
   EXPECT_EQ(seen.back(), 1.0);
   int polls = 0;
   ds::OutlierRequest c;
+  c.min_step_ms = 0;
   c.cancel = [&] { return ++polls > L + 1; };  // stops in the second pass
   EXPECT_THROW(ds::outlier_stats(*s, c), ds::Cancelled);
   EXPECT_EQ(polls, L + 2);
-  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*s)), whole);
+  // Steps of several layers where the layers are quick (the default request): the same statistics, the progress
+  // still rising to 1.
+  ds::OutlierRequest g;
+  std::vector<double> seen2;
+  g.progress = [&](double f) { seen2.push_back(f); };
+  EXPECT_EQ(ds::outliers_json(ds::outlier_stats(*s, g)), whole);
+  EXPECT_TRUE(std::is_sorted(seen2.begin(), seen2.end()));
+  EXPECT_EQ(seen2.back(), 1.0);
   // DS_OUTLIER_EXACT_MEDIANS=1 (a third pass): the same top values, every logit median within 2^-17 of the exact one
   ::setenv("DS_OUTLIER_EXACT_MEDIANS", "1", 1);
   const ds::Outliers exact = ds::outlier_stats(*s);

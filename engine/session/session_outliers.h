@@ -28,6 +28,9 @@ struct OutlierRequest {
   // statistics, and the session is as it was), `progress` gets the fraction done after each.
   std::function<bool()> cancel;
   std::function<void(double)> progress;
+  // A step after one that took under this many milliseconds takes twice as many layers (fewer round trips at short
+  // prompts); 0: one layer a step.
+  double min_step_ms = 20;
 };
 
 // One value set: the TopMedian summary and its 100 largest values, largest first (fewer when the set is smaller).
