@@ -79,6 +79,17 @@ void dump(ds::Session& s, const Args& a) {
   out.push_back({"logits", ds::DType::F32, {r.logit_rows, c.vocab}, r.logits.data()});
   std::vector<float> lambdas(static_cast<size_t>(c.layers));
   for (int l = 0; l < c.layers; ++l) lambdas[size_t(l)] = float(s.effective_lambda(l));
+  // Each head's lambda (its own, set by --head-lambda or 0 by --ablate L.H:a2, else the layer's): the one its
+  // difference map (view.diff, the GUI's) takes.
+  const int64_t H = c.view_heads();
+  std::vector<float> head_lambdas(size_t(c.layers) * size_t(H));
+  for (int l = 0; l < c.layers && c.is_diff(); ++l)
+    for (int h = 0; h < H; ++h) head_lambdas[size_t(l) * size_t(H) + size_t(h)] = float(s.head_lambda(l, h));
+  auto add_lambdas = [&](int l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    out.push_back({p + "lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
+    out.push_back({p + "head_lambda", ds::DType::F32, {H}, &head_lambdas[size_t(l) * size_t(H)]});
+  };
   const bool queries = a.view || !a.rows.empty();
   // Only layers with attention have maps and a lambda (SambaY's Mamba and GMU layers are absent from the dump).
   const std::vector<int64_t> map_layers = c.map_layers();
@@ -112,7 +123,7 @@ void dump(ds::Session& s, const Args& a) {
   for (int64_t l64 : map_layers) {
     const int l = int(l64);
     if (queries) {
-      if (c.is_diff()) out.push_back({"layers." + std::to_string(l) + ".lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
+      if (c.is_diff()) add_lambdas(l);
       continue;
     }
     const ds::LayerMaps& m = s.maps(l);
@@ -120,14 +131,15 @@ void dump(ds::Session& s, const Args& a) {
     if (c.is_diff()) {
       out.push_back({p + "attn1", ds::DType::F32, {m.heads, m.n, m.n}, m.a1.data()});
       out.push_back({p + "attn2", ds::DType::F32, {m.heads, m.n, m.n}, m.a2.data()});
-      out.push_back({p + "lambda", ds::DType::F32, {1}, &lambdas[size_t(l)]});
+      add_lambdas(l);
     } else {
       out.push_back({p + "attn", ds::DType::F32, {m.heads, m.n, m.n}, m.a1.data()});
     }
   }
   ds::write_safetensors(path, out, {{"producer", "diffscope-run"}, {"model", s.model_dir()},
                                     {"backend", s.backend().name()},
-                                    {"interventions", ds::interventions_json(s)}});
+                                    {"interventions", ds::interventions_json(s)},
+                                    {"logit_bits", std::to_string(s.logit_bits())}});
 }
 
 // --rows, --view and --rect against the model and the prompt, before the forward (which can take minutes on a long
@@ -268,10 +280,18 @@ int run(const Args& a) {
       else if (x.kind == K::Scale) s->set_head_scale(x.layer, x.head, x.value);
       else if (x.kind == K::HeadLambda) s->set_head_lambda(x.layer, x.head, x.value);
       else {
-        s->add_knockout(ds::parse_knockout(x.knockout, int(c.layers)));
+        const ds::Knockout k = ds::parse_knockout(x.knockout, int(c.layers));
+        s->add_knockout(k);
+        // Causal attention: a query sees no key after it, so a span of keys after every query changes nothing.
+        const ds::fwd::KeySpan r = s->resolve_knockout(k, int64_t(s->ids().size()));
+        if (r.k0 >= r.q1)
+          std::fprintf(stderr, "diffscope-run: note: --knockout %s changes nothing: keys [%lld, %lld) come after every "
+                       "query of [%lld, %lld), which cannot see them\n", x.knockout.c_str(), (long long)r.k0,
+                       (long long)std::min<int64_t>(r.k1, int64_t(s->ids().size())), (long long)r.q0, (long long)r.q1);
       }
     } catch (const ds::Error& e) {
-      throw ArgError(what + ": " + e.what());
+      const std::string m = e.what();  // parse_knockout's messages name the spec already ("knockout SPEC: ...")
+      throw ArgError(m.rfind("knockout " + x.knockout + ":", 0) == 0 ? "--" + m : what + ": " + m);
     }
   }
   if (a.quantize_bits) s->set_logit_bits(a.quantize_bits);
@@ -291,11 +311,6 @@ int run(const Args& a) {
   s->run(full_maps && a.generate == 0);
   if (const std::string bad = s->nonfinite_logits(); !bad.empty()) throw ds::Error(bad);
   const double prefill_ms = s->result().ms;
-  std::optional<ds::QuantizeReport> quant;  // --quantize-logits: against full precision, then the quantised run again
-  if (a.quantize_bits) {
-    quant = ds::quantize_report(*s, a.quantize_bits);
-    s->run(full_maps && a.generate == 0);
-  }
   if (!a.json) {
     const size_t with_maps = c.map_layers().size();
     const std::string attn_layers =
@@ -306,10 +321,6 @@ int run(const Args& a) {
                 prefill_ms);
     if (!s->tokenizer_error().empty() && a.have_prompt) std::printf("note    %s\n", s->tokenizer_error().c_str());
     for (const std::string& line : ds::intervention_lines(*s)) std::printf("edit    %s\n", line.c_str());
-    if (quant)
-      std::printf("quant   attention logits at %d bits: KL from full precision %.3g nats, max |change of A1 - "
-                  "lambda A2| %.3g over the last position's rows, top-1 %d (full precision %d)\n",
-                  quant->bits, quant->kl, quant->max_diff_change, quant->top_quantised, quant->top_full);
   }
   double gen_ms = 0;
   if (a.generate > 0) {
@@ -348,6 +359,18 @@ int run(const Args& a) {
                   gen_ms > 0 ? 1e3 * double(k) / gen_ms : 0.0, ds::stop_reason_name(s->stop_reason()));
     }
     if (full_maps) s->run(true);  // every position's logits, for --dump
+  }
+  // --quantize-logits: at the sequence's last position (after the generated tokens, as the top tokens below):
+  // full precision against the quantised run, which then runs again
+  std::optional<ds::QuantizeReport> quant;
+  if (a.quantize_bits) {
+    quant = ds::quantize_report(*s, a.quantize_bits);
+    s->run(full_maps);
+    if (!a.json)
+      std::printf("quant   attention logits at %d bits, position %lld: KL from full precision %.3g nats, max "
+                  "|change of %s| %.3g over its attention rows, top-1 %d (full precision %d)\n", quant->bits, (long long)quant->position, quant->kl,
+                  c.is_diff() ? "A1 - lambda A2" : "A1", quant->max_diff_change, quant->top_quantised,
+                  quant->top_full);
   }
   const auto top = s->top_k(a.top_k);
   std::optional<ds::LambdaSweep> sw;
@@ -488,7 +511,7 @@ int run(const Args& a) {
     std::signal(SIGINT, SIG_DFL);
     ds::write_file_safely(a.importance, ds::head_importance_json(h) + "\n", "the head importance");
     if (!a.json)
-      std::printf("\nwrote %s (%lld of %lld heads, target %d)\n", a.importance.c_str(), (long long)h.done,
+      std::printf("\nwrote %s (%lld of %lld ablations, target %d)\n", a.importance.c_str(), (long long)h.done,
                   (long long)h.total, h.target);
   }
   if (!a.stats.empty()) {

@@ -1,6 +1,7 @@
 // See run_args.h.
 #include "run_args.h"
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cmath>
@@ -34,12 +35,15 @@ const char* kUsage =
     "                         norm); a2: drop A2 (lambda 0 for that head); mean: its output replaced by its mean\n"
     "                         over the prompt's positions. The --json output and the dump record the interventions\n"
     "                         in force\n"
-    "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; the last one for a head wins)\n"
+    "  --scale-head L.H=X     multiply that head's output by X instead (repeatable; one scale a head: with --ablate\n"
+    "                         L.H, an error)\n"
     "  --head-lambda L.H=V    lambda V for view head H of layer L alone (differential models)\n"
     "  --knockout L:Q0:Q1,K0:K1  query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps\n"
     "                         (repeatable). L: a layer, a range A-B or all; positions below 0 count from the\n"
     "                         prompt's end (-1: its last token; Q1 or K1 left empty after one: to the end of the\n"
-    "                         sequence, generated tokens included), e.g. all:-1:,5:9\n"
+    "                         sequence, generated tokens included; K1 left empty after K0 >= 0 too), e.g.\n"
+    "                         all:-1:,5:9. A query left with no key attends to nothing (that head's output there\n"
+    "                         is 0)\n"
     "  --importance FILE.json head importance: log p(target) change when each head of each attention layer is\n"
     "                         ablated (one at a time, re-running from its layer), as {\"target\", \"base_logp\",\n"
     "                         \"layers\", \"modes\": {\"a2\": [[delta per head] per layer], \"a1\": ..., \"head\": ...}}\n"
@@ -68,8 +72,10 @@ const char* kUsage =
     "  --top-p P              sample from the smallest set of tokens whose probability reaches P (default 1)\n"
     "  --seed S               the sampler's seed (default 0): the same seed gives the same continuation\n"
     "  --ignore-eos           keep generating past the model's end-of-sequence token\n"
-    "  --dump FILE            write logits [n, vocab], per layer layers.L.attn1/attn2 [H, n, n] and layers.L.lambda\n"
-    "                         (Llama: layers.L.attn) as safetensors; with --rows or --view it writes those instead\n"
+    "  --dump FILE            write logits [n, vocab], per layer layers.L.attn1/attn2 [H, n, n], layers.L.lambda [1]\n"
+    "                         and layers.L.head_lambda [H] (the lambda of each head's A1 - lambda A2: the layer's, or\n"
+    "                         the head's own) (Llama: layers.L.attn) as safetensors; with --rows or --view it writes\n"
+    "                         those instead\n"
     "                         of the full maps (and only the last position's logits): memory O(n heads + R C).\n"
     "                         Only layers with attention are written (hybrids: no Mamba or GMU layers)\n"
     "  --rows LIST            query positions (negative: from the end, -1 = last): layers.L.rows1 / rows2\n"
@@ -125,6 +131,7 @@ Args parse_args(int argc, const char* const* argv) {
   std::optional<bool> pool_mean;
   std::optional<std::array<int64_t, 4>> rect;
   int sources = 0;  // --prompt, --prompt-file, --token-ids, --token-ids-file given
+  bool lens_given = false;  // --lens-positions
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) throw ArgError(std::string(argv[i]) + " needs a value");
     return argv[++i];
@@ -304,7 +311,9 @@ Args parse_args(int argc, const char* const* argv) {
       const size_t dot = s.find('.');
       if (dot == std::string::npos) throw ArgError(k + " takes LAYER.HEAD, e.g. " + k + " 3.1");
       const long long l = parse_int(s.substr(0, dot), k + " layer"), h = parse_int(s.substr(dot + 1), k + " head");
-      if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX) throw ArgError(k + ": layer and head must be >= 0");
+      if (l < 0 || h < 0) throw ArgError(k + ": layer and head must be >= 0");
+      if (l > INT32_MAX || h > INT32_MAX) throw ArgError(k + ": layer " + std::to_string(l) + ", head " +
+                                                         std::to_string(h) + " is out of range");
       x.layer = int(l), x.head = int(h);
       a.interventions.push_back(x);
     } else if (k == "--knockout") {
@@ -320,6 +329,8 @@ Args parse_args(int argc, const char* const* argv) {
         const std::string m = s.substr(p, c - p);
         if (m != "a1" && m != "a2" && m != "head" && m != "mean")
           throw ArgError("--importance-modes: '" + m + "' is not a mode (a2, a1, head, mean)");
+        if (std::find(a.importance_modes.begin(), a.importance_modes.end(), m) != a.importance_modes.end())
+          throw ArgError("--importance-modes: '" + m + "' is given twice");
         a.importance_modes.push_back(m);
         p = c + 1;
       }
@@ -332,6 +343,7 @@ Args parse_args(int argc, const char* const* argv) {
     } else if (k == "--lens") {
       a.lens = value(i);
     } else if (k == "--lens-positions") {
+      lens_given = true;
       const std::string s = value(i);
       a.lens_positions.clear();
       for (size_t p = 0; p <= s.size();) {
@@ -388,6 +400,34 @@ Args parse_args(int argc, const char* const* argv) {
   }
   if ((a.view || !a.rows.empty()) && a.dump.empty()) throw ArgError("--rows and --view write into --dump FILE");
   if (a.sweep_head && !a.sweep) throw ArgError("--sweep-head goes with --sweep L,FROM,TO,STEPS");
+  if (a.lens.empty() && (lens_given || a.lens_top_k != 5 || a.lens_target >= 0))
+    throw ArgError("--lens-positions, --lens-top-k and --lens-target go with --lens FILE.json");
+  if (a.importance.empty() && (a.importance_target >= 0 || !a.importance_modes.empty()))
+    throw ArgError("--importance-target and --importance-modes go with --importance FILE.json");
+  // One value a head for its output's scale (--ablate L.H, --scale-head) and for its lambda (--ablate L.H:a2,
+  // --head-lambda): a second one would silently replace the first.
+  for (size_t i = 0; i < a.interventions.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      using K = Args::InterventionArg;
+      const K &x = a.interventions[i], &y = a.interventions[j];
+      if (x.kind == K::Knockout || y.kind == K::Knockout || x.layer != y.layer || x.head != y.head) continue;
+      auto sets = [](const K& z, float& v) {  // 1: the output's scale, 2: the lambda, 0: neither; v: the value
+        v = z.kind == K::Ablate ? 0.f : z.value;
+        if (z.kind == K::Scale || (z.kind == K::Ablate && z.mode == "head")) return 1;
+        if (z.kind == K::HeadLambda || (z.kind == K::Ablate && z.mode == "a2")) return 2;
+        return 0;
+      };
+      float vx = 0, vy = 0;
+      const int sx = sets(x, vx), sy = sets(y, vy);
+      if (sx != 0 && sx == sy && vx != vy) {
+        auto name = [](const K& z) {
+          const std::string h = std::to_string(z.layer) + "." + std::to_string(z.head);
+          return z.kind == K::Ablate ? "--ablate " + h + ":" + z.mode : std::string(z.kind == K::Scale ? "--scale-head " : "--head-lambda ") + h;
+        };
+        throw ArgError(name(x) + ": head " + std::to_string(x.layer) + "." + std::to_string(x.head) + "'s " +
+                       (sx == 1 ? "output scale" : "lambda") + " is already set by " + name(y) + " (one value a head)");
+      }
+    }
   if (a.sweep && a.sweep_head) a.sweep->head = *a.sweep_head;
   if (a.sampling_given && a.generate == 0)
     throw ArgError("--temperature, --sample-top-k, --top-p, --seed and --ignore-eos go with --generate N");

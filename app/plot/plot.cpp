@@ -194,6 +194,9 @@ RunData read_run(const RunReport& r, int index) {
                                                  : std::string("differential"));
   else
     parts.push_back("plain softmax attention");
+  if (r.logit_bits > 0) parts.push_back("logits at " + std::to_string(r.logit_bits) + " bits");
+  if (!r.interventions.empty())
+    parts.push_back(std::to_string(r.interventions.size()) + (r.interventions.size() == 1 ? " intervention" : " interventions"));
   parts.push_back(fmt_number(double(r.prompts)) + (r.prompts == 1 ? " prompt" : " prompts"));
   if (std::isfinite(r.accuracy))
     parts.push_back("accuracy " + printf_str("%.1f%%", r.accuracy * 100) + " (" + fmt_number(double(r.correct)) + "/" +

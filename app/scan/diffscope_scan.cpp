@@ -164,8 +164,8 @@ Args parse_args(int argc, char** argv) {
       a.shard = std::pair(int(si), int(sn));
     }
     else if (f == "--quantize-logits") {
-      a.logit_bits = parse_int(f, v, 2);
-      if (a.logit_bits > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
+      a.logit_bits = parse_int(f, v, -1'000'000'000);
+      if (a.logit_bits < 2 || a.logit_bits > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
     }
     else throw ArgError("unknown option " + f + " (see --help)");
   }
@@ -239,6 +239,7 @@ void print_summary(const ds::scan::Report& report) {
     std::printf("%-28s prompts %lld  answer %.4f  context %.4f  sink %.4f%s", r->label.c_str(), (long long)r->prompts,
                 d ? m.answer_diff : m.answer1, d ? m.context_diff : m.context1, d ? m.sink_diff : m.sink1,
                 d ? " (A1 - lambda*A2)" : " (softmax)");
+    if (r->logit_bits > 0) std::printf("  logits at %d bits", r->logit_bits);
     if (std::isfinite(r->accuracy)) std::printf("  accuracy %.3f", r->accuracy);
     std::printf("\n");
   }

@@ -128,7 +128,7 @@ std::vector<int64_t> resolve_positions(const std::vector<int64_t>& positions, in
   for (int64_t p : positions) {
     const int64_t q = p < 0 ? n + p : p;
     if (q < 0 || q >= n)
-      throw Error("row position " + std::to_string(p) + " is outside the prompt's " + std::to_string(n) +
+      throw Error("position " + std::to_string(p) + " is outside the sequence's " + std::to_string(n) +
                   " tokens (negative positions count from the end: -1 is the last)");
     out.push_back(q);
   }

@@ -291,7 +291,7 @@ void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<floa
   if (!cfg_.is_diff())
     throw Error("this model's heads are not differential: dropping A1 or A2 and a head's own lambda need two maps a "
                 "head; HINT: ablate the whole head (mode head)");
-  check_head(cfg_, layer, head, "heads to ablate");
+  check_head(cfg_, layer, head, lambda && *lambda != 0.f && !drop_a1 ? "heads with a lambda" : "heads to ablate");
   if (lambda && !std::isfinite(*lambda)) throw Error("a head's lambda must be a finite number");
   auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
                          [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
@@ -326,15 +326,16 @@ bool Session::set_head_mixes(const std::vector<HeadMix>& want) {
   return head_mixes_ != have;
 }
 
-void Session::add_knockout(const Knockout& k) {
-  const int L = int(cfg_.layers);
+void check_knockout(const ModelConfig& c, const Knockout& k) {
+  const int L = int(c.layers);
   if (k.layer0 < 0 || k.layer1 > L || k.layer0 >= k.layer1)
     throw Error("knockout layers " + std::to_string(k.layer0) + ".." + std::to_string(k.layer1 - 1) +
                 " are not layers of the model (0.." + std::to_string(L - 1) + ")");
   bool any = false;
-  for (int l = k.layer0; l < k.layer1; ++l) any |= cfg_.has_maps(l);
-  if (!any) throw Error(cfg_.no_attention(k.layer0, "keys to knock out"));
-  // A span is [a, b) from the start (0 <= a < b), from the end (a < b < 0), or from a to the end (a < 0, b = 0).
+  for (int l = k.layer0; l < k.layer1; ++l) any |= c.has_maps(l);
+  if (!any) throw Error(c.no_attention(k.layer0, "keys to knock out"));
+  // A span is [a, b) from the start (0 <= a < b), from the end (a < b < 0), or from a to the end (a < 0, b = 0;
+  // a >= 0, b = Knockout::kToEnd).
   auto check = [](int64_t a, int64_t b, const char* what) {
     const bool ok = (a >= 0 && b > a) || (a < 0 && (b == 0 || (b < 0 && b > a)));
     if (!ok)
@@ -343,6 +344,11 @@ void Session::add_knockout(const Knockout& k) {
   };
   check(k.q0, k.q1, "query");
   check(k.k0, k.k1, "key");
+}
+
+void Session::add_knockout(const Knockout& k) {
+  check_knockout(cfg_, k);
+  if (!ids_.empty()) resolve_knockout(k, int64_t(ids_.size()));  // a span outside the prompt: said now, not at run()
   if (std::find(knockouts_.begin(), knockouts_.end(), k) != knockouts_.end()) return;
   knockouts_.push_back(k);
   writers_stale_from_ = std::min<int64_t>(writers_stale_from_, k.layer0);
@@ -426,27 +432,37 @@ std::shared_ptr<const std::vector<fwd::AttnEdit>> Session::resolve_edits(int64_t
   }
   // Negative positions count from the prompt's end (generated tokens do not move them); an open end reaches past
   // every position there will be (the decoding steps' rows and keys included).
-  const int64_t P = std::min<int64_t>(prompt_len_, n);
-  constexpr int64_t kOpen = std::numeric_limits<int32_t>::max();
   for (const Knockout& k : knockouts_) {
-    auto at = [n, P](int64_t a, int64_t b, const char* what) {
-      const bool open = a < 0 && b == 0;
-      const int64_t lo = a < 0 ? P + a : a, hi = open ? kOpen : b < 0 ? P + b : b;
-      if (lo < 0 || lo >= n || (!open && hi > n) || lo >= hi)
-        throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" + std::to_string(b) +
-                    " is outside the prompt's " + std::to_string(n) + " tokens");
-      return std::pair<int64_t, int64_t>{lo, hi};
-    };
-    const auto q = at(k.q0, k.q1, "query"), kk = at(k.k0, k.k1, "key");
+    const fwd::KeySpan r = resolve_knockout(k, n);
     for (int l = k.layer0; l < k.layer1; ++l)
-      if (cfg_.has_maps(l)) (*e)[size_t(l)].knockout.push_back({q.first, q.second, kk.first, kk.second});
+      if (cfg_.has_maps(l)) (*e)[size_t(l)].knockout.push_back(r);
   }
   return e;
 }
 
+fwd::KeySpan Session::resolve_knockout(const Knockout& k, int64_t n) const {
+  return ds::resolve_knockout(k, n, prompt_len_ > 0 ? prompt_len_ : n);
+}
+
+fwd::KeySpan resolve_knockout(const Knockout& k, int64_t n, int64_t prompt_len) {
+  const int64_t P = std::min<int64_t>(prompt_len, n);
+  constexpr int64_t kOpen = std::numeric_limits<int32_t>::max();
+  auto at = [n, P](int64_t a, int64_t b, const char* what) {
+    const bool open = (a < 0 && b == 0) || b == Knockout::kToEnd;
+    const int64_t lo = a < 0 ? P + a : a, hi = open ? kOpen : b < 0 ? P + b : b;
+    if (lo < 0 || lo >= n || (!open && hi > n) || lo >= hi)
+      throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" +
+                  (b == Knockout::kToEnd ? std::string() : std::to_string(b)) + " is outside the prompt's " +
+                  std::to_string(n) + " tokens");
+    return std::pair<int64_t, int64_t>{lo, hi};
+  };
+  const auto q = at(k.q0, k.q1, "query"), kk = at(k.k0, k.k1, "key");
+  return {q.first, q.second, kk.first, kk.second};
+}
+
 Knockout parse_knockout(const std::string& spec, int layers) {
-  // L:Q0:Q1,K0:K1 with L a layer, a range a-b or "all"; Q1 / K1 may be empty after a negative start (to the end).
-  auto bad = [&](const std::string& why) { return Error("--knockout " + spec + ": " + why + " (want L:Q0:Q1,K0:K1)"); };
+  // L:Q0:Q1,K0:K1 with L a layer, a range a-b or "all"; Q1 / K1 may be empty (to the end).
+  auto bad = [&](const std::string& why) { return Error("knockout " + spec + ": " + why + " (want L:Q0:Q1,K0:K1)"); };
   const size_t comma = spec.find(',');
   const size_t c1 = spec.find(':');
   if (comma == std::string::npos || c1 == std::string::npos || c1 > comma) throw bad("malformed");
@@ -471,6 +487,7 @@ Knockout parse_knockout(const std::string& spec, int layers) {
     if (c == std::string::npos) throw bad("a span is FROM:TO");
     a = num(t.substr(0, c), false);
     b = num(t.substr(c + 1), true);
+    if (c + 1 == t.size() && a >= 0) b = Knockout::kToEnd;  // "5:": from 5 to the end (a negative start: b = 0)
   };
   Knockout k;
   if (ls == "all") {
@@ -478,6 +495,7 @@ Knockout parse_knockout(const std::string& spec, int layers) {
   } else if (const size_t dash = ls.find('-'); dash != std::string::npos && dash > 0) {
     k.layer0 = int(num(ls.substr(0, dash), false));
     k.layer1 = int(num(ls.substr(dash + 1), false)) + 1;
+    if (k.layer1 <= k.layer0) throw bad("the layer range " + ls + " is reversed");
   } else {
     k.layer0 = int(num(ls, false));
     k.layer1 = k.layer0 + 1;
@@ -488,7 +506,9 @@ Knockout parse_knockout(const std::string& spec, int layers) {
 }
 
 std::string knockout_text(const Knockout& k) {
-  auto end = [](int64_t a, int64_t b) { return a < 0 && b == 0 ? std::string() : std::to_string(b); };
+  auto end = [](int64_t a, int64_t b) {
+    return (a < 0 && b == 0) || b == Knockout::kToEnd ? std::string() : std::to_string(b);
+  };
   const std::string l = k.layer1 - k.layer0 == 1 ? std::to_string(k.layer0)
                                                  : std::to_string(k.layer0) + "-" + std::to_string(k.layer1 - 1);
   return l + ":" + std::to_string(k.q0) + ":" + end(k.q0, k.q1) + "," + std::to_string(k.k0) + ":" + end(k.k0, k.k1);

@@ -3,6 +3,7 @@
 // worker thread.
 #pragma once
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,8 @@ struct HeadMix {
 // sequence", generated tokens included: "-1:" as the query span knocks out the last prompt token's view and that of
 // every token generated after it, as a full forward of the whole sequence would.
 struct Knockout {
+  // An end of a span from a start >= 0 to the end of the sequence ("5:"; a negative start takes an end of 0)
+  static constexpr int64_t kToEnd = std::numeric_limits<int64_t>::max();
   int layer0 = 0, layer1 = 0;
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
   bool operator==(const Knockout&) const = default;
@@ -59,6 +62,12 @@ struct Knockout {
 // "3:-1:,5:9" (layer 3, query the last position, keys 5..8), "all:...", "2-4:..." (layers 2, 3, 4): diffscope-run's
 // --knockout; throws ds::Error naming the problem.
 Knockout parse_knockout(const std::string& spec, int layers);
+// Its layers (with attention) and the shape of its spans against the model, as Session::add_knockout checks them;
+// throws ds::Error naming the problem.
+void check_knockout(const ModelConfig& c, const Knockout& k);
+// Its spans as positions of a sequence of n tokens whose prompt is the first prompt_len (negative positions count
+// from the prompt's end); throws ds::Error for a span outside it.
+fwd::KeySpan resolve_knockout(const Knockout& k, int64_t n, int64_t prompt_len);
 std::string knockout_text(const Knockout& k);
 
 struct GenerateOptions {
@@ -228,6 +237,10 @@ class Session {
   // Maps of a layer for the current result (cached until the next run).
   const LayerMaps& maps(int layer);
   std::string token_label(int position) const;
+
+  // A knockout's spans as positions of a sequence of n tokens (negative ones from the prompt's end); throws
+  // ds::Error for a span outside it.
+  fwd::KeySpan resolve_knockout(const Knockout& k, int64_t n) const;
 
  private:
   Session() = default;

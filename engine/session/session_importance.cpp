@@ -24,6 +24,7 @@ void check_head_importance(const Session& s, const HeadImportanceRequest& r) {
       throw Error("head importance: mode '" + m + "' is not known (modes: a1, a2, head, mean)");
     if ((m == "a1" || m == "a2") && !c.is_diff())
       throw Error("head importance: mode '" + m + "' needs differential heads (this model's have one map)");
+    if (std::count(r.modes.begin(), r.modes.end(), m) > 1) throw Error("head importance: mode '" + m + "' is given twice");
   }
   if (c.map_layers().empty()) throw Error("head importance: the model has no attention layer");
 }
@@ -112,8 +113,10 @@ std::vector<std::string> importance_modes(const ModelConfig& c) {
 
 std::string interventions_json(const Session& s) {
   nlohmann::json v = nlohmann::json::array();
-  for (const HeadScale& x : s.head_scales())
-    v.push_back({{"kind", "scale"}, {"layer", x.layer}, {"head", x.head}, {"factor", x.factor}});
+  for (const HeadScale& x : s.head_scales()) {
+    if (x.factor == 0.f) v.push_back({{"kind", "ablate"}, {"mode", "head"}, {"layer", x.layer}, {"head", x.head}});
+    else v.push_back({{"kind", "scale"}, {"layer", x.layer}, {"head", x.head}, {"factor", x.factor}});
+  }
   for (const auto& [l, h] : s.head_means()) v.push_back({{"kind", "ablate"}, {"mode", "mean"}, {"layer", l}, {"head", h}});
   for (const HeadMix& x : s.head_mixes()) {
     if (x.drop_a1) v.push_back({{"kind", "ablate"}, {"mode", "a1"}, {"layer", x.layer}, {"head", x.head}});
@@ -124,8 +127,8 @@ std::string interventions_json(const Session& s) {
     v.push_back({{"kind", "knockout"},
                  {"spec", knockout_text(k)},
                  {"layers", {k.layer0, k.layer1 - 1}},
-                 {"queries", {k.q0, k.q1}},
-                 {"keys", {k.k0, k.k1}}});
+                 {"queries", {k.q0, k.q1 == Knockout::kToEnd ? nlohmann::json() : nlohmann::json(k.q1)}},
+                 {"keys", {k.k0, k.k1 == Knockout::kToEnd ? nlohmann::json() : nlohmann::json(k.k1)}}});
   return v.dump();
 }
 
@@ -165,6 +168,7 @@ std::string head_importance_json(const HeadImportance& h) {
   nlohmann::json j{{"target", h.target},       {"target_text", h.target_text},
                    {"base_logp", h.base_logp}, {"layers", h.layers},
                    {"heads", h.heads},         {"complete", h.end == HeadImportance::End::Complete},
+                   {"done", h.done},           {"total", h.total},
                    {"modes", modes}};
   return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

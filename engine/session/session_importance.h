@@ -49,16 +49,18 @@ HeadImportance run_head_importance(Session& s, const HeadImportanceRequest& r, c
 std::vector<std::string> importance_modes(const ModelConfig& c);
 
 // The interventions in force (head scales, head mixes, knockouts) as a JSON array, one object per effect:
-// {"kind": "scale", "layer", "head", "factor"} (factor 0: the head ablated), {"kind": "ablate", "mode": "a1" | "a2",
-// "layer", "head"}, {"kind": "head_lambda", "layer", "head", "lambda"}, {"kind": "knockout", "spec", "layers": [first,
-// last], "queries": [q0, q1], "keys": [k0, k1]} (positions as given: below 0 from the end). diffscope-run's --json and
-// dump metadata, the GUI's state, the Python module's `interventions`.
+// {"kind": "ablate", "mode": "head" | "mean" | "a1" | "a2", "layer", "head"} ("head": its output scaled by 0; "a2":
+// its lambda 0, however set), {"kind": "scale", "layer", "head", "factor"} (factor not 0), {"kind": "head_lambda",
+// "layer", "head", "lambda"}, {"kind": "knockout", "spec", "layers": [first, last], "queries": [q0, q1], "keys": [k0,
+// k1]} (positions as given: below 0 from the end; an end of null: to the end). diffscope-run's --json and dump
+// metadata, diffscope-scan's report, the GUI's state, the Python module's `interventions`.
 std::string interventions_json(const Session& s);
 // The same as short lines for people ("3.1 output x 0 (ablated)", "2.0 A2 dropped", "knockout 3:-1:,5:9").
 std::vector<std::string> intervention_lines(const Session& s);
 
-// The JSON of diffscope-run --importance: {"target", "target_text", "base_logp", "layers", "complete",
-// "modes": {"head": [[delta per head] per layer]}} (NaN, never measured, as null).
+// The JSON of diffscope-run --importance: {"target", "target_text", "base_logp", "layers", "heads" (a layer's),
+// "complete", "done", "total" (ablations measured, to measure), "modes": {"head": [[delta per head] per layer]}}
+// (NaN, never measured, as null).
 std::string head_importance_json(const HeadImportance& h);
 
 }  // namespace ds

@@ -11,7 +11,7 @@
 namespace ds {
 
 namespace {
-// A1 - lambda A2 of every attention layer's heads at the last position, concatenated ([layers][heads][n]).
+// A1 - lambda A2 (each head's lambda) of every attention layer's heads at the last position, concatenated ([layers][heads][n]).
 std::vector<float> last_rows(Session& s) {
   const ModelConfig& c = s.config();
   const int64_t n = int64_t(s.ids().size());
@@ -19,8 +19,10 @@ std::vector<float> last_rows(Session& s) {
   for (int64_t l : c.map_layers()) {
     MapRows r;
     s.backend().map_rows(int(l), {n - 1}, r);
-    const float lam = c.is_diff() ? float(s.effective_lambda(int(l))) : 0.f;
-    for (size_t i = 0; i < r.a1.size(); ++i) out.push_back(r.a1[i] - (r.a2.empty() ? 0.f : lam * r.a2[i]));
+    for (size_t i = 0; i < r.a1.size(); ++i) {  // [heads][1][n]: each head's own lambda (Session::head_lambda)
+      const float lam = r.a2.empty() ? 0.f : float(s.head_lambda(int(l), int(i / size_t(n))));
+      out.push_back(r.a1[i] - (r.a2.empty() ? 0.f : lam * r.a2[i]));
+    }
   }
   return out;
 }
@@ -32,6 +34,7 @@ QuantizeReport quantize_report(Session& s, int bits) {
   const int keep = s.logit_bits();
   QuantizeReport q;
   q.bits = bits;
+  q.position = int64_t(s.ids().size()) - 1;
   try {
     s.set_logit_bits(0);
     s.run();
@@ -60,6 +63,7 @@ QuantizeReport quantize_report(Session& s, int bits) {
 
 std::string quantize_report_json(const QuantizeReport& q) {
   return nlohmann::json{{"bits", q.bits},
+                        {"position", q.position},
                         {"kl", q.kl},
                         {"max_diff_change", q.max_diff_change},
                         {"top_full", q.top_full},

@@ -13,6 +13,7 @@ namespace ds {
 
 struct QuantizeReport {
   int bits = 0;
+  int64_t position = 0;        // the sequence's last position (generated tokens included), where both are measured
   double kl = 0;               // KL(full || quantised) of the next token, nats
   double max_diff_change = 0;  // max |D_quantised - D_full| over the last position's rows
   int32_t top_full = -1, top_quantised = -1;
@@ -21,7 +22,7 @@ struct QuantizeReport {
 // Two runs (full precision, then `bits`), then the session's own setting again; throws ds::Error for bits outside
 // 2..16 or a session without a result.
 QuantizeReport quantize_report(Session& s, int bits);
-// {"bits", "kl", "max_diff_change", "top_full", "top_quantised"}
+// {"bits", "position", "kl", "max_diff_change", "top_full", "top_quantised"}
 std::string quantize_report_json(const QuantizeReport& q);
 
 }  // namespace ds

@@ -17,6 +17,7 @@
 #include "engine/core/error.h"
 #include "engine/core/input_limits.h"
 #include "engine/core/safe_write.h"
+#include "engine/session/session_importance.h"
 
 namespace ds::scan {
 
@@ -412,6 +413,17 @@ const PromptResult& Run::scan(const Prompt& p, const std::function<bool()>& canc
     ~Unprofiled() { s.set_profiled(was); }
   } unprofiled{s_, s_.profiled()};
   s_.set_profiled(false);
+  // The run's lambda scale and logit bits for the prompt; the session's own are back after it (a scan of a Python
+  // Session leaves the session's settings as it found them).
+  struct Settings {
+    Session& s;
+    double scale;
+    int bits;
+    ~Settings() {
+      s.set_lambda_scale(scale);
+      s.set_logit_bits(bits);
+    }
+  } settings{s_, s_.lambda_control().scale, s_.logit_bits()};
   s_.set_ids(ids);  // checks the vocabulary, the positions and the backend's memory
   s_.set_lambda_scale(opt_.lambda_scale);
   s_.set_logit_bits(opt_.logit_bits);
@@ -582,6 +594,7 @@ RunReport Run::report_for(const std::vector<PromptResult>& results) const {
   o.backend = s_.backend().name();
   o.lambda_scale = opt_.lambda_scale;
   o.logit_bits = opt_.logit_bits;
+  o.interventions = nlohmann::json::parse(interventions_json(s_));
   for (int l : layers_) o.layers.push_back(LayerReport{l, layer_kind_name(c.kind(l)), {}});
   o.totals = totals_of(results, layers_.size(), Run::heads(), opt_.outliers);
   finish_report(o);
@@ -606,6 +619,7 @@ nlohmann::json run_report_json(const RunReport& r, bool with_totals) {
   o["backend"] = r.backend;
   o["lambda_scale"] = r.lambda_scale;
   o["logit_bits"] = r.logit_bits;
+  o["interventions"] = r.interventions;
   o["prompts"] = r.prompts;
   o["tokens"] = r.tokens;
   o["with_target"] = r.with_target;
@@ -848,6 +862,7 @@ RunReport run_from(const Reader& rd, const nlohmann::json& j) {
   r.backend = rd.text(j, "backend");
   r.lambda_scale = rd.number(j, "lambda_scale");
   r.logit_bits = int(as_int(rd.at(j, "logit_bits"), rd.where + ": \"logit_bits\"", 0, 16));
+  if (j.contains("interventions")) r.interventions = rd.array(j, "interventions");
   for (const auto& l : rd.array(j, "layers"))
     r.layers.push_back(LayerReport{int(as_int(rd.at(l, "layer"), rd.where + ": a layer", 0, 1 << 20)), rd.text(l, "kind"), {}});
   const Reader pr = rd.in("per_prompt");
@@ -888,6 +903,7 @@ void check_same_run(const RunReport& a, const RunReport& b, const std::string& f
   if (a.differential != b.differential) differ("differential");
   if (a.lambda_scale != b.lambda_scale) differ("lambda_scale");
   if (a.logit_bits != b.logit_bits) differ("logit_bits");
+  if (a.interventions != b.interventions) differ("interventions");
   if (a.layers.size() != b.layers.size()) differ("layers");
   for (size_t i = 0; i < a.layers.size(); ++i)
     if (a.layers[i].layer != b.layers[i].layer) differ("layers");

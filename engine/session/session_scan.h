@@ -215,6 +215,8 @@ struct RunReport {
   bool differential = false;
   double lambda_scale = 1.0;
   int logit_bits = 0;                // RunOptions::logit_bits (0: full precision)
+  // The session's interventions in force (interventions_json: ablations, head lambdas, knockouts; [] for none)
+  nlohmann::json interventions = nlohmann::json::array();
   int64_t prompts = 0, tokens = 0, with_target = 0, correct = 0;
   double accuracy = 0;               // NaN without targets
   Fractions mean;                    // over layers, heads and prompts
@@ -248,7 +250,7 @@ Report make_report(const std::vector<const Run*>& runs, const std::vector<std::v
 // The report file's JSON:
 // {"tool": "diffscope-scan", "input": path, "complete": bool, "skipped": [{"line", "error"}], "elapsed_s",
 //  then the first run's keys:
-//    "label", "model", "architecture", "differential", "backend", "lambda_scale", "logit_bits",
+//    "label", "model", "architecture", "differential", "backend", "lambda_scale", "logit_bits", "interventions",
 //    "prompts": N, "tokens", "accuracy" (null without targets), "with_target", "correct",
 //    "mean": {fraction keys}  (over layers, heads and prompts),
 //    "layers": [{"layer": l, "kind": "attention", "heads": [{"head": j, <fraction keys>}]}],

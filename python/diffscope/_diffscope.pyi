@@ -1,5 +1,7 @@
 """diffscope's engine (native part). Use the package: import diffscope."""
 
+import numpy
+from numpy.typing import NDArray
 
 
 class Error(Exception):
@@ -81,7 +83,13 @@ class Rows:
     @property
     def diff(self) -> object:
         """
-        [layers, heads, positions, n] A1 - lambda_ * A2 per layer (a new array; a1 itself for a plain model)
+        [layers, heads, positions, n] A1 - head_lambda * A2 per head (a new array; a1 itself for a plain model)
+        """
+
+    @property
+    def head_lambda(self) -> NDArray[numpy.float32]:
+        """
+        [layers, heads] the lambda of each head's diff: the layer's, or the head's own (set_head_lambda; 0 with A2 dropped); 0 for plain models
         """
 
     @property
@@ -111,11 +119,17 @@ class Maps:
     @property
     def diff(self) -> object:
         """
-        [heads, n, n] A1 - lambda_ * A2 (a new array; a1 itself for a plain model)
+        [heads, n, n] A1 - head_lambda * A2 per head (a new array; a1 itself for a plain model)
         """
 
     @property
     def layer(self) -> int: ...
+
+    @property
+    def head_lambda(self) -> NDArray[numpy.float32]:
+        """
+        [heads] the lambda of each head's diff: the layer's, or the head's own (set_head_lambda; 0 with A2 dropped); 0 for plain models
+        """
 
     @property
     def differential(self) -> bool: ...

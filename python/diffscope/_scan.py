@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, Union
 
 from . import _diffscope as _native
 from ._diffscope import Error
-from ._session import Session, _float, _int, _str
+from ._session import Session, _bool, _float, _int, _str
 
 
 @dataclass
@@ -33,6 +33,7 @@ class RunReport:
     groups: dict = field(default_factory=dict)
     per_prompt: list = field(default_factory=list)
     outliers: Optional[dict] = None  # scan(outliers=True): diffscope-scan --outliers's "outliers"
+    interventions: list = field(default_factory=list)  # the session's interventions in force (Session.interventions)
 
     @classmethod
     def _from(cls, d: dict) -> "RunReport":
@@ -40,6 +41,7 @@ class RunReport:
         args["groups"] = d.get("groups", {})
         args["per_prompt"] = d.get("per_prompt", [])
         args["outliers"] = d.get("outliers")
+        args["interventions"] = d.get("interventions", [])
         return cls(**args)
 
     def to_records(self) -> list:
@@ -82,7 +84,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
          compare: Union[str, os.PathLike, Session, None] = None, lambda_scale: float = 1.0,
          compare_lambda_scale: Optional[float] = None, label: str = "", compare_label: str = "",
          max_answer_tokens: int = 32, max_prompts: Optional[int] = None, backend: str = "auto", threads: int = 0,
-         outliers: bool = False, logit_bits: int = 0,
+         outliers: bool = False, logit_bits: Optional[int] = 0,
          progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Scans prompts through a model as diffscope-scan does: per attention layer and head, how the last prompt
     token's attention row splits between the answer span, the sink and the rest, for A1, A2 and A1 - lambda*A2, and
@@ -99,6 +101,9 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     whichever replica is free and the report is the one a single backend gives (model and compare then are folders).
     """
     backend = _str(backend, "backend")
+    logit_bits = 0 if logit_bits is None else _int(logit_bits, "logit_bits")
+    if logit_bits != 0 and not 2 <= logit_bits <= 16:
+        raise Error(f"logit_bits: {logit_bits} bits is outside 2..16 (0 or None: full precision)")
     if "," in backend or backend == "cuda:all":
         return _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale, compare_lambda_scale,
                              compare_label, max_answer_tokens, max_prompts, outliers, logit_bits, progress)
@@ -107,7 +112,7 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     sc = _native._Scan(a._s, None if b is None else b._s, _str(label, "label"), _float(lambda_scale, "lambda_scale"),
                        None if compare_lambda_scale is None else _float(compare_lambda_scale, "compare_lambda_scale"),
                        _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"),
-                       bool(outliers), _int(logit_bits, "logit_bits"))
+                       _bool(outliers, "outliers"), _int(logit_bits, "logit_bits"))
     if max_prompts is not None and _int(max_prompts, "max_prompts") < 1:
         raise Error(f"max_prompts: {max_prompts} must be at least 1")
     if isinstance(prompts, (str, os.PathLike)):
@@ -171,7 +176,7 @@ def _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale
         os.fspath(model), "" if compare is None else os.fspath(compare), backend, _int(threads, "threads"),
         _str(label, "label"), _float(lambda_scale, "lambda_scale"),
         None if compare_lambda_scale is None else _float(compare_lambda_scale, "compare_lambda_scale"),
-        _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"), bool(outliers),
+        _str(compare_label, "compare_label"), _int(max_answer_tokens, "max_answer_tokens"), _bool(outliers, "outliers"),
         _int(logit_bits, "logit_bits"), source, lines, max_prompts, progress)
     if interrupted:
         warnings.warn(f"scan interrupted after {scanned} prompts: the report holds those (complete=False)", stacklevel=3)

@@ -106,9 +106,9 @@ class Session:
         if isinstance(gpu_mem_limit, str):
             limit = _native._parse_size(gpu_mem_limit, "gpu_mem_limit")
         elif gpu_mem_limit is not None:
-            limit = _int(gpu_mem_limit, "gpu_mem_limit")
+            limit = _int(gpu_mem_limit, "gpu_mem_limit", 62)
         self._s = _native._Session(os.fspath(path), backend, _int(threads, "threads"), limit,
-                                   _int(plan_tokens, "plan_tokens"))
+                                   _int(plan_tokens, "plan_tokens", 62))
         self.last_run_from: Optional[int] = None  # the first layer the last run() recomputed
         self._text: Optional[str] = None  # the last text prompt (token_range)
 
@@ -156,7 +156,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------------------ tokens
     def encode(self, text: str, add_special: bool = True) -> list:
-        return self._s.encode(_str(text, "text"), bool(add_special))
+        return self._s.encode(_str(text, "text"), _bool(add_special, "add_special"))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._s.decode(_ids(ids, "ids"))
@@ -177,7 +177,7 @@ class Session:
             else:
                 self._s.set_ids(_ids(prompt, "prompt"))
                 self._text = None
-        self.last_run_from = self._s.run(bool(all_logits))
+        self.last_run_from = self._s.run(_bool(all_logits, "all_logits"))
         bad = self._s.nonfinite_logits()
         if bad:
             raise Error(bad)
@@ -207,7 +207,7 @@ class Session:
         (what diffscope-scan does with a corpus line's "answer" span): e.g. the needle of a retrieval prompt."""
         if self._text is None:
             raise Error("token_range: the sequence did not come from a text prompt (run(text) first)")
-        begin, end = _int(begin, "begin"), _int(end, "end")
+        begin, end = _int(begin, "begin", 62), _int(end, "end", 62)
         if not 0 <= begin < end <= len(self._text):
             raise Error(f"token_range: [{begin}, {end}) is not a non-empty span of the prompt's {len(self._text)} "
                         "characters")
@@ -227,7 +227,7 @@ class Session:
 
     def logits(self, all_positions: bool = False) -> np.ndarray:
         """[vocab] logits of the last position, or [n, vocab] of every position (runs again if needed)."""
-        return self._s.logits(bool(all_positions))
+        return self._s.logits(_bool(all_positions, "all_positions"))
 
     def logprobs(self, all_positions: bool = False) -> np.ndarray:
         """log softmax of logits(): [vocab] for the last position (the engine's), or [n, vocab]."""
@@ -268,7 +268,9 @@ class Session:
         mode "head": the head's output zeroed (after its sub-layer norm and 1 - lambda_init, before o_proj); "a1": A1
         dropped (the head keeps -lambda A2 V, then its norm); "a2": A2 dropped (lambda 0 for this head); "mean": the
         head's output replaced by its mean over the prompt's positions (decoding steps keep the prompt's mean). Modes
-        on one head combine; restore_head() undoes them."""
+        on one head combine, each setting its own part ("head" the output's scale, as scale_head does; "a2" the
+        head's lambda, as set_head_lambda does: a later call on the same part replaces it); restore_head() undoes
+        them."""
         self._s.ablate(_int(layer, "layer"), _int(head, "head"), _str(mode, "mode"))
 
     def scale_head(self, layer: int, head: int, factor: Optional[float]) -> None:
@@ -285,11 +287,19 @@ class Session:
         """Removes every intervention on one head (its scale, dropped maps and own lambda)."""
         self._s.restore_head(_int(layer, "layer"), _int(head, "head"))
 
-    def knockout(self, layers, queries: Sequence[int], keys: Sequence[int]) -> None:
+    def knockout(self, layers, queries: Optional[Sequence[int]] = None, keys: Optional[Sequence[int]] = None) -> None:
         """Attention knockout from the next run() on: in `layers` (a layer, a (first, last) pair, or "all"), query
         positions [q0, q1) do not see keys [k0, k1) in either map. Positions below 0 count from the end of the prompt
-        (-1: its last token; an end of 0 after a negative start: to the end of the sequence, generated tokens
-        included), e.g. knockout("all", (-1, 0), (5, 9))."""
+        (-1: its last token); an end of None (or 0 after a negative start) reaches to the end of the sequence,
+        generated tokens included; e.g. knockout("all", (-1, None), (5, 9)), or diffscope-run's spec alone:
+        knockout("all:-1:,5:9"). A query left with no key attends to nothing (the head's output there is 0)."""
+        if isinstance(layers, str) and ":" in layers:
+            if queries is not None or keys is not None:
+                raise TypeError("knockout: a spec L:Q0:Q1,K0:K1 comes alone, without queries and keys")
+            self._s.knockout_spec(layers)
+            return
+        if queries is None or keys is None:
+            raise TypeError("knockout: give layers, queries and keys, or one spec L:Q0:Q1,K0:K1")
         if isinstance(layers, str):
             if layers != "all":
                 raise Error(f"knockout: layers {layers!r}: give a layer, a (first, last) pair or 'all'")
@@ -307,15 +317,16 @@ class Session:
     def head_importance(self, target: Optional[int] = None, modes: Optional[Sequence[str]] = None) -> dict:
         """Δ log p(target) at the last position when each view head of each attention layer is ablated, one at a
         time (each ablation re-runs only the layers from its own on), under the interventions already in force:
-        {"target", "target_text", "base_logp", "layers", "complete", "modes": {mode: [layers, heads] array}}.
-        modes: of "a2", "a1", "head" (default: every mode the model's heads have).
+        {"target", "target_text", "base_logp", "layers", "heads", "complete", "done", "total" (ablations measured,
+        to measure), "modes": {mode: [layers, heads] array}}, the keys of diffscope-run --importance.
+        modes: of "a2", "a1", "head", "mean" (default: a2, a1 and head where the heads are differential, else head).
         target: a token id (default: the greedy next token). Ctrl-C stops it: what was measured comes back with
         complete=False (NaN where not measured) and a warning."""
         if modes is None:
             modes = self._s.importance_modes()
         elif isinstance(modes, str):
             modes = (modes,)
-        r = self._s.head_importance(-1 if target is None else _int(target, "target"),
+        r = self._s.head_importance(-1 if target is None else _token(target, "target"),
                                     [_str(m, "modes") for m in modes])
         if not r["complete"]:
             import warnings
@@ -324,9 +335,10 @@ class Session:
 
     @property
     def interventions(self) -> list:
-        """The interventions in force (as diffscope-run --json records them): {"kind": "scale", "layer", "head",
-        "factor"} (factor 0: ablated), {"kind": "ablate", "mode": "a1" | "a2", "layer", "head"}, {"kind":
-        "head_lambda", "layer", "head", "lambda"}, {"kind": "knockout", "spec", "layers", "queries", "keys"}."""
+        """The interventions in force (as diffscope-run --json records them): {"kind": "ablate", "mode": "head" |
+        "mean" | "a1" | "a2", "layer", "head"} ("a2": the head's lambda 0, however set), {"kind": "scale", "layer",
+        "head", "factor"} (factor not 0), {"kind": "head_lambda", "layer", "head", "lambda"}, {"kind": "knockout",
+        "spec", "layers", "queries", "keys"} (an end of None: to the end)."""
         return json.loads(self._s.interventions_json())
 
     def clear_interventions(self) -> None:
@@ -341,9 +353,15 @@ class Session:
         {"target", "target_text", "layers": [{"layer", "positions": [{"position", "top": [{"id", "text", "prob"}],
         "target_prob", "target_rank"}]}]}, as diffscope-run --lens writes it. The last layer's is the model's logits.
         target: a token id (default: the greedy next token)."""
-        pos = [-1] if positions is None else [_int(p, "positions") for p in positions]
-        lay = [] if layers is None else [_int(l, "layers") for l in layers]
-        return json.loads(self._s.lens(pos, lay, _int(top_k, "top_k"), -1 if target is None else _int(target, "target")))
+        if isinstance(positions, (int, np.integer)):
+            positions = [int(positions)]
+        pos = [-1] if positions is None else _ids(positions, "positions", 64)
+        if not pos:
+            raise Error("lens: positions is empty (None: the last position)")
+        lay = [] if layers is None else _ids(layers, "layers", 32)
+        if layers is not None and not lay:
+            raise Error("lens: layers is empty (None: every layer)")
+        return json.loads(self._s.lens(pos, lay, _int(top_k, "top_k"), -1 if target is None else _token(target, "target")))
 
     @property
     def logit_bits(self) -> int:
@@ -370,15 +388,16 @@ class Session:
         "logit_median1", "logit_top2", "logit_median2"; logits=False skips them), and the same over all layers
         ("model"), as diffscope-run --outliers writes them. The logits are recomputed layer by layer: Ctrl-C
         stops them between layers (KeyboardInterrupt; the session is as it was)."""
-        return json.loads(self._s.outliers(bool(logits)))
+        return json.loads(self._s.outliers(_bool(logits, "logits")))
 
     # ------------------------------------------------------------------------------------------------ maps
     def maps(self, layer: int, *, device: bool = False, max_bytes: float = 1e9) -> Maps:
-        """A layer's full maps: .a1, .a2 [heads, n, n] (post-softmax) and .diff = a1 - lambda_ * a2.
+        """A layer's full maps: .a1, .a2 [heads, n, n] (post-softmax) and .diff = a1 - head_lambda * a2 (.head_lambda
+        [heads]: the layer's lambda .lambda_ unless the head has its own).
 
         O(n^2): refused above max_bytes (raise it, or ask view() / rows()). device=True: CUDA arrays (DLPack).
         """
-        return self._s.maps(_int(layer, "layer"), bool(device), _float(max_bytes, "max_bytes"))
+        return self._s.maps(_int(layer, "layer"), _bool(device, "device"), _float(max_bytes, "max_bytes"))
 
     def view(self, layer: int, head: int, grid: Sequence[int] = (256, 256), rect: Optional[Sequence[int]] = None,
              pool: str = "max", lambda_: Optional[float] = None, *, device: bool = False) -> View:
@@ -391,7 +410,7 @@ class Session:
         rows, cols = _grid(grid)
         q0, q1, k0, k1 = _rect(rect)
         return self._s.view(_int(layer, "layer"), _int(head, "head"), rows, cols, q0, q1, k0, k1, _str(pool, "pool"),
-                            None if lambda_ is None else _float(lambda_, "lambda_"), bool(device), False)
+                            None if lambda_ is None else _float(lambda_, "lambda_"), _bool(device, "device"), False)
 
     def mamba_view(self, layer: int, channel: int, grid: Sequence[int] = (256, 256),
                    rect: Optional[Sequence[int]] = None, pool: str = "max", *, device: bool = False) -> View:
@@ -400,21 +419,22 @@ class Session:
         rows, cols = _grid(grid)
         q0, q1, k0, k1 = _rect(rect)
         return self._s.view(_int(layer, "layer"), _int(channel, "channel"), rows, cols, q0, q1, k0, k1,
-                            _str(pool, "pool"), None, bool(device), True)
+                            _str(pool, "pool"), None, _bool(device, "device"), True)
 
     def mamba_row(self, layer: int, channel: int, position: int = -1) -> np.ndarray:
         """Row `position` of a Mamba channel's implicit attention, exact: [position + 1] keys."""
-        return self._s.mamba_row(_int(layer, "layer"), _int(channel, "channel"), _int(position, "position"))
+        return self._s.mamba_row(_int(layer, "layer"), _int(channel, "channel"), _int(position, "position", 62))
 
     def rows(self, positions: Union[int, Sequence[int]], layers: Optional[Sequence[int]] = None, *,
              device: bool = False) -> Rows:
         """Exact attention rows of query positions (negative: from the end, -1 = last) for every head:
-        .a1, .a2 [layers, heads, len(positions), n] (a2 None for a plain model), .diff = a1 - lambda_ * a2 with
-        .lambda_ [layers]; layers default to every layer with maps."""
+        .a1, .a2 [layers, heads, len(positions), n] (a2 None for a plain model), .diff = a1 - head_lambda * a2 with
+        .head_lambda [layers, heads] (each head's lambda: the layer's, .lambda_ [layers], unless the head has its
+        own); layers default to every layer with maps."""
         if isinstance(positions, (int, np.integer)):
             positions = [int(positions)]
         return self._s.rows(_ids(positions, "positions", 64), None if layers is None else _ids(layers, "layers", 64),
-                            bool(device))
+                            _bool(device, "device"))
 
     def stats(self, layers: Optional[Sequence[int]] = None, lambda_: Optional[float] = None) -> Stats:
         """Per layer and head: entropies, first-token mass, negative mass, extremes of D, max |logit| (the keys of
@@ -436,8 +456,8 @@ class Session:
         """Row `position` of every head split into the key span [a0, a1), the sink (key 0) and the rest, for A1, A2,
         D and |D| (engine/core/map_query.h RowMass): {"answer": [heads, 4], "sink": ..., "context": ...}, the 4 maps
         in the order a1, a2, diff, abs_diff."""
-        a0, a1 = (_int(x, "span") for x in span)
-        m = self._s.row_mass(_int(layer, "layer"), _int(position, "position"), a0, a1)
+        a0, a1 = (_int(x, "span", 62) for x in span)
+        m = self._s.row_mass(_int(layer, "layer"), _int(position, "position", 62), a0, a1)
         return {"answer": m[:, :, 0], "sink": m[:, :, 1], "context": m[:, :, 2]}
 
     # ------------------------------------------------------------------------------------------------ generation
@@ -446,8 +466,11 @@ class Session:
         """Generates after the prompt (dropping an earlier continuation), one Token (prob and logit NaN) per step,
         with the KV cache, under the lambdas in force. Stop by leaving the loop (or Ctrl-C between tokens): what was
         generated stays, in ids, maps and statistics. Greedy by default; the same seed gives the same sample."""
+        seed = _int(seed, "seed", 62)
+        if seed < 0:
+            raise Error(f"seed: {seed} must be >= 0")
         self._s.begin_generation(_int(max_new, "max_new"), _float(temperature, "temperature"), _int(top_k, "top_k"),
-                                 _float(top_p, "top_p"), _int(seed, "seed"), bool(stop_at_eos))
+                                 _float(top_p, "top_p"), seed, _bool(stop_at_eos, "stop_at_eos"))
         return self._generation()
 
     def _generation(self) -> Iterator[Token]:
@@ -489,7 +512,7 @@ class Session:
     def watch_max_abs_hidden(self, on: bool = True) -> None:
         """Turns on the paper's Table 5 reader (the largest |hidden state| of each layer's output over the
         sequence); the next run() starts at layer 0."""
-        self._s.set_watch_max_abs_hidden(bool(on))
+        self._s.set_watch_max_abs_hidden(_bool(on, "on"))
 
     def max_abs_hidden(self) -> np.ndarray:
         """[layers] from the reader (watch_max_abs_hidden), over the prompt and every generated position."""
@@ -531,13 +554,20 @@ def open(path: Union[str, os.PathLike], backend: str = "auto", threads: int = 0,
 # ---------------------------------------------------------------------------------------------------- arguments
 # Python types are checked here, with the argument's name, before anything reaches the engine.
 
-def _int(x, name: str) -> int:
+def _int(x, name: str, bits: int = 31) -> int:
+    """x as an int of the engine's: within +-2^bits (31: a C++ int; 62: positions, sizes, seeds)."""
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         raise TypeError(f"{name} must be an int, not {type(x).__name__}")
     x = int(x)
-    if not -(1 << 62) <= x < (1 << 62):
+    if not -(1 << bits) <= x < (1 << bits):
         raise Error(f"{name}: {x} is out of range")
     return x
+
+
+def _bool(x, name: str) -> bool:
+    if not isinstance(x, (bool, np.bool_)) and not (isinstance(x, (int, np.integer)) and x in (0, 1)):
+        raise TypeError(f"{name} must be a bool, not {type(x).__name__}")
+    return bool(x)
 
 
 def _float(x, name: str) -> float:
@@ -549,6 +579,13 @@ def _float(x, name: str) -> float:
     return x
 
 
+def _token(x, name: str) -> int:
+    x = _int(x, name)
+    if x < 0:
+        raise Error(f"{name}: {x} is not a token id (ids are >= 0; None: the greedy next token)")
+    return x
+
+
 def _str(x, name: str) -> str:
     if not isinstance(x, str):
         raise TypeError(f"{name} must be a str, not {type(x).__name__}")
@@ -556,9 +593,13 @@ def _str(x, name: str) -> str:
 
 
 def _span(x, name: str) -> tuple:
+    """A (start, end) pair; an end of None: to the end (the engine's 0 after a negative start, else its largest)."""
     if isinstance(x, (str, bytes)) or not hasattr(x, "__len__") or len(x) != 2:
         raise TypeError(f"{name} must be a (start, end) pair of ints")
-    return _int(x[0], name), _int(x[1], name)
+    start = _int(x[0], name, 62)
+    if x[1] is None:
+        return start, 0 if start < 0 else (1 << 63) - 1
+    return start, _int(x[1], name, 62)
 
 
 def _ids(x, name: str, bits: int = 32) -> list:
@@ -569,7 +610,7 @@ def _ids(x, name: str, bits: int = 32) -> list:
             raise TypeError(f"{name} must be a 1-D integer array, not {x.ndim}-D {x.dtype}")
         x = x.tolist()
     try:
-        out = [_int(v, name) for v in x]
+        out = [_int(v, name, 62) for v in x]
     except TypeError as e:
         if "not iterable" in str(e):
             raise TypeError(f"{name} must be a sequence of ints, not {type(x).__name__}") from None
@@ -600,7 +641,7 @@ def _rect(rect) -> tuple:
         if v is None:
             out.append(-1 if i % 2 else 0)
         else:
-            v = _int(v, "rect")
+            v = _int(v, "rect", 62)
             if v < 0 and i % 2 == 0:
                 raise Error(f"rect: start {v} is negative")
             out.append(v)

@@ -194,7 +194,8 @@ struct Rows {
   std::vector<int64_t> positions;
   int64_t heads = 0, n = 0;
   bool differential = false;
-  std::vector<float> lambdas;                 // [layers]: each layer's lambda (diff's)
+  std::vector<float> lambdas;                 // [layers]: each layer's lambda
+  std::vector<float> head_lambdas;            // [layers, heads]: the lambda of each head's diff (Session::head_lambda)
   std::vector<float> a1, a2;                  // [layers, heads, P, n]
   std::shared_ptr<ds::DeviceFloats> dev;  // device=True: a1 then a2
   std::vector<size_t> shape() const { return {layers.size(), size_t(heads), positions.size(), size_t(n)}; }
@@ -203,6 +204,7 @@ struct Rows {
 struct Maps {
   int layer = 0;
   float lambda = 0;
+  std::vector<float> head_lambdas;  // [heads]: the lambda of each head's diff (Session::head_lambda)
   bool differential = false;
   ds::LayerMaps m;
   std::shared_ptr<ds::DeviceFloats> dev;  // device=True: a1 then a2
@@ -546,13 +548,19 @@ NB_MODULE(_diffscope, m) {
         if (!r.differential) return result_array(self, r.dev, 0, r.a1.data(), r.shape());
         if (r.dev)
           throw ds::Error("rows: diff of device rows is not formed on the GPU; take a1 - lambda_ * a2 there (torch, cupy)");
-        return diff_array(r.a1, r.a2, r.lambdas, size_t(r.heads) * r.positions.size() * size_t(r.n), r.shape());
-      }, "[layers, heads, positions, n] A1 - lambda_ * A2 per layer (a new array; a1 itself for a plain model)")
+        return diff_array(r.a1, r.a2, r.head_lambdas, r.positions.size() * size_t(r.n), r.shape());
+      }, "[layers, heads, positions, n] A1 - head_lambda * A2 per head (a new array; a1 itself for a plain model)")
       .def_prop_ro("lambda_", [](const Rows& r) {
         std::vector<float> v = r.lambdas;
         const size_t L = v.size();
         return owned(std::move(v), {L});
-      }, "[layers] the lambda of each layer's diff (0 for plain models)", nb::rv_policy::automatic)
+      }, "[layers] each layer's lambda (0 for plain models)", nb::rv_policy::automatic)
+      .def_prop_ro("head_lambda", [](const Rows& r) {
+        std::vector<float> v = r.head_lambdas;
+        const size_t L = r.layers.size(), H = size_t(r.heads);
+        return owned(std::move(v), {L, H});
+      }, "[layers, heads] the lambda of each head's diff: the layer's, or the head's own (set_head_lambda; 0 with "
+         "A2 dropped); 0 for plain models", nb::rv_policy::automatic)
       .def_prop_ro("layers", [](const Rows& r) { return r.layers; })
       .def_prop_ro("positions", [](const Rows& r) { return r.positions; }, "resolved (negative ones counted from the end)")
       .def_prop_ro("differential", [](const Rows& r) { return r.differential; })
@@ -576,10 +584,16 @@ NB_MODULE(_diffscope, m) {
         if (!x.differential) return result_array(self, x.dev, 0, x.m.a1.data(), x.shape());
         if (x.dev)
           throw ds::Error("maps: diff of device maps is not formed on the GPU; take a1 - lambda_ * a2 there (torch, cupy)");
-        return diff_array(x.m.a1, x.m.a2, {x.lambda}, x.m.a1.size(), x.shape());
-      }, "[heads, n, n] A1 - lambda_ * A2 (a new array; a1 itself for a plain model)")
+        return diff_array(x.m.a1, x.m.a2, x.head_lambdas, size_t(x.m.n) * size_t(x.m.n), x.shape());
+      }, "[heads, n, n] A1 - head_lambda * A2 per head (a new array; a1 itself for a plain model)")
       .def_prop_ro("layer", [](const Maps& x) { return x.layer; })
       .def_prop_ro("lambda_", [](const Maps& x) { return x.lambda; }, "the layer's lambda in the run")
+      .def_prop_ro("head_lambda", [](const Maps& x) {
+        std::vector<float> v = x.head_lambdas;
+        const size_t H = v.size();
+        return owned(std::move(v), {H});
+      }, "[heads] the lambda of each head's diff: the layer's, or the head's own (set_head_lambda; 0 with A2 "
+         "dropped); 0 for plain models", nb::rv_policy::automatic)
       .def_prop_ro("differential", [](const Maps& x) { return x.differential; })
       .def_prop_ro("on_device", [](const Maps& x) { return bool(x.dev); })
       .def("_engine_address", [](const Maps& x, const std::string& which) -> uintptr_t {
@@ -724,6 +738,8 @@ NB_MODULE(_diffscope, m) {
           out->layer = int(layer);
           out->differential = c.is_diff();
           out->lambda = c.is_diff() ? float(s.effective_lambda(int(layer))) : 0.f;
+          for (int h = 0; h < int(c.view_heads()); ++h)
+            out->head_lambdas.push_back(c.is_diff() ? float(s.head_lambda(int(layer), h)) : 0.f);
           if (device) {
             need_cuda(s, "maps");
             const size_t per = size_t(c.view_heads()) * size_t(n) * size_t(n);
@@ -793,7 +809,11 @@ NB_MODULE(_diffscope, m) {
           out->heads = c.view_heads();
           out->n = n;
           out->differential = c.is_diff();
-          for (int64_t l : out->layers) out->lambdas.push_back(c.is_diff() ? float(s.effective_lambda(int(l))) : 0.f);
+          for (int64_t l : out->layers) {
+            out->lambdas.push_back(c.is_diff() ? float(s.effective_lambda(int(l))) : 0.f);
+            for (int64_t h = 0; h < out->heads; ++h)
+              out->head_lambdas.push_back(c.is_diff() ? float(s.head_lambda(int(l), int(h))) : 0.f);
+          }
           const size_t per = size_t(out->heads) * out->positions.size() * size_t(n);
           const size_t all = per * out->layers.size();
           if (double(all) * (c.is_diff() ? 8.0 : 4.0) > 8e9)
@@ -978,7 +998,9 @@ NB_MODULE(_diffscope, m) {
         d["base_logp"] = h.base_logp;
         d["layers"] = h.layers;
         d["complete"] = !interrupted;
+        d["heads"] = h.heads;
         d["done"] = h.done;
+        d["total"] = h.total;
         nb::dict m;
         for (size_t i = 0; i < h.modes.size(); ++i) {
           std::vector<double> flat;

@@ -80,7 +80,7 @@ def test_interventions_list_rerun_and_errors(demo):
     base = demo.logprobs().copy()
     demo.ablate(2, 1)
     demo.scale_head(4, 0, 0.5)
-    assert demo.interventions == [{"layer": 2, "head": 1, "kind": "scale", "factor": 0.0},
+    assert demo.interventions == [{"kind": "ablate", "mode": "head", "layer": 2, "head": 1},
                                   {"layer": 4, "head": 0, "kind": "scale", "factor": 0.5}]
     assert demo.stale_from == 2
     demo.run()
@@ -127,9 +127,9 @@ def test_cli_ablate_bit_for_bit(tmp_path):
     p = cli("--model", DEMO, "--prompt", PROMPT, "--backend", "cpu", "--threads", "2", "--ablate", "3.1",
             "--scale-head", "5.2=0.25", "--ablate", "1.0:head", "--top-k", "6", "--json")
     want = json.loads(p.stdout)
-    assert want["interventions"] == [{"layer": 3, "head": 1, "kind": "scale", "factor": 0.0},
+    assert want["interventions"] == [{"kind": "ablate", "mode": "head", "layer": 3, "head": 1},
                                      {"layer": 5, "head": 2, "kind": "scale", "factor": 0.25},
-                                     {"layer": 1, "head": 0, "kind": "scale", "factor": 0.0}]
+                                     {"kind": "ablate", "mode": "head", "layer": 1, "head": 0}]
     with diffscope.open(DEMO, backend="cpu", threads=2) as s:
         s.ablate(3, 1)
         s.scale_head(5, 2, 0.25)
@@ -325,10 +325,15 @@ def test_edit_errors(demo):
             f()
     with pytest.raises(TypeError, match="queries"):
         demo.knockout(0, 5, (0, 1))
-    demo.knockout(0, (0, 1), (0, 10 ** 6))  # accepted: a span is checked against the prompt when a run resolves it
-    with pytest.raises(diffscope.Error, match="outside the prompt"):
-        demo.run()
-    demo.clear_interventions()
+    with pytest.raises(diffscope.Error, match="outside the prompt's"):  # checked against the prompt there is
+        demo.knockout(0, (0, 1), (0, 10 ** 6))
+    assert demo.interventions == []
+    with diffscope.open(DEMO, backend="cpu", threads=2) as fresh:  # no prompt yet: checked when a run resolves it
+        fresh.knockout(0, (0, 1), (0, 10 ** 6))
+        with pytest.raises(diffscope.Error, match="outside the prompt's"):
+            fresh.run(PROMPT)
+        fresh.clear_interventions()
+        fresh.run()
     demo.run()
     with diffscope.open(TWIN, backend="cpu", threads=2) as t:
         with pytest.raises(diffscope.Error, match="not differential"):

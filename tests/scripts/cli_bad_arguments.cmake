@@ -43,7 +43,7 @@ expect_exit(3 "/dev/zero: is not a regular file" --model ${FIXTURE} --token-ids-
 execute_process(COMMAND mkfifo ${T}/fifo.txt ERROR_QUIET)
 expect_exit(3 "fifo.txt: is not a regular file" --model ${FIXTURE} --prompt-file ${T}/fifo.txt --backend cpu)
 expect_exit(3 "bad_ids.txt: 'x' is not an integer" --model ${FIXTURE} --token-ids-file ${T}/bad_ids.txt --backend cpu)
-expect_exit(2 "row position 9 is outside" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 9 --dump ${T}/r.safetensors)
+expect_exit(2 "position 9 is outside the sequence" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --rows 9 --dump ${T}/r.safetensors)
 expect_exit(2 "head 99 does not exist" --model ${FIXTURE} --token-ids-file ${T}/ids.txt --backend cpu --view 0.99 --dump ${T}/v.safetensors)
 # Checked before the forward, exit 2, and --stats not written (it used to be, before the late failure).
 file(REMOVE ${T}/late.json)
@@ -76,7 +76,7 @@ expect_exit(0 "\"generated\":\\[[0-9]+,[0-9]+,[0-9]+,[0-9]+\\].*\"stop_reason\":
             --token-ids 1,2,3 --backend cpu --generate 4 --temperature 0.8 --top-p 0.9 --sample-top-k 50 --seed 5 --json)
 expect_exit(0 "wrote .*g.safetensors" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 6
             --dump ${T}/g.safetensors)
-expect_exit(2 "row position 7 is outside" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
+expect_exit(2 "position 7 is outside the sequence" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --generate 4 --rows 7
             --dump ${T}/g.safetensors)
 # A full-map --dump that cannot fit in memory or on disk is refused before the forward, pointing to --rows / --view
 # (the fixture with room for 40000 positions: its maps would need ~80 GB).
@@ -98,3 +98,27 @@ expect_exit(2 "--sweep: expected LAYER,FROM,TO,STEPS" --model ${FIXTURE} --token
 expect_exit(2 "--sweep-head goes with --sweep" --model ${FIXTURE} --token-ids 1,2,3 --backend cpu --sweep-head 1)
 expect_exit(0 "\"sweep\":{\"heads\":\\[0,1,2,3\\],\"lambda\":[-0-9.e]+,\"layer\":1,\"points\":\\[{\"entropy_diff\"" --model ${FIXTURE}
             --token-ids 1,2,3 --backend cpu --sweep 1,0,1,4 --json)
+# Interventions: each refusal one line naming its flag once; two values for one part of a head refused; sub-options
+# without their parent refused; a knockout that cannot change anything accepted with a note.
+function(expect_once code needle)
+  execute_process(COMMAND ${RUN} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX MATCHALL "${needle}" hits "${err}${out}")
+  list(LENGTH hits count)
+  string(STRIP "${err}" line)
+  if(NOT rc EQUAL ${code} OR NOT count EQUAL 1 OR line MATCHES "\n")
+    message(FATAL_ERROR "diffscope-run ${ARGN}: exit ${rc} (expected ${code}), '${needle}' ${count} times (once):\n${out}${err}")
+  endif()
+endfunction()
+set(IDS --model ${FIXTURE} --token-ids 1,2,3,4,5 --backend cpu)
+expect_once(2 "--knockout 1:5:6" ${IDS} --knockout 1:5:6)
+expect_once(2 "--knockout 2-1:0:1,0:1: the layer range 2-1 is reversed" ${IDS} --knockout 2-1:0:1,0:1)
+expect_once(2 "--knockout 1:0:1,0:9: knockout key span 0:9 is outside the prompt's 5 tokens" ${IDS} --knockout 1:0:1,0:9)
+expect_once(0 "note: --knockout 1:0:2,3:5 changes nothing" ${IDS} --knockout 1:0:2,3:5)
+expect_once(0 "\"keys\":\\[1,null\\]" ${IDS} --knockout 1:-1:,1: --json)
+expect_once(2 "--head-lambda 1.1: head 1.1's lambda is already set by --ablate 1.1:a2" ${IDS} --ablate 1.1:a2 --head-lambda 1.1=0.3)
+expect_once(2 "--scale-head 1.1: head 1.1's output scale is already set by --ablate 1.1:head" ${IDS} --ablate 1.1 --scale-head 1.1=2)
+expect_once(0 "\"kind\":\"ablate\",\"layer\":1,\"mode\":\"head\"" ${IDS} --ablate 1.1 --scale-head 1.1=0 --json)
+expect_once(2 "--lens-positions, --lens-top-k and --lens-target go with --lens" ${IDS} --lens-top-k 3)
+expect_once(2 "--importance-target and --importance-modes go with --importance" ${IDS} --importance-modes a2)
+expect_once(2 "--importance-modes: 'a2' is given twice" ${IDS} --importance ${T}/i.json --importance-modes a2,a2)
+expect_once(2 "--ablate: layer 99999999999, head 1 is out of range" ${IDS} --ablate 99999999999.1)
