@@ -205,8 +205,8 @@ def case_lambda(r):
     rc3, s3, i3 = r.run("ablate", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--ablate", "1.1",
                         "--ablate", "2.0")
     assert_sane_run(rc3, s3, i3, 25)
-    check(s3["interventions"] == [{"layer": 1, "head": 1, "kind": "scale", "factor": 0.0},
-                                  {"layer": 2, "head": 0, "kind": "scale", "factor": 0.0}],
+    check(s3["interventions"] == [{"kind": "ablate", "mode": "head", "layer": 1, "head": 1},
+                                  {"kind": "ablate", "mode": "head", "layer": 2, "head": 0}],
           "interventions: %s" % s3.get("interventions"))
     cmd = [r.run_exe, "--backend", "cpu", "--model", r.fixture(), "--token-ids", IDS, "--ablate", "1.1", "--ablate",
            "2.0", "--top-k", str(len(s3["next_token"])), "--json"]
@@ -286,6 +286,12 @@ def case_lambda(r):
     check(s7["logit_bits"] == 4 and [t["id"] for t in s7["next_token"]] == [t["id"] for t in want] and
           all(abs(a["prob"] - b["prob"]) <= 1e-6 for a, b in zip(s7["next_token"], want)),
           "GUI next tokens at 4 bits %s differ from diffscope-run's %s" % (s7["next_token"], want))
+    # ... and its report against full precision (the lambda panel's "vs full precision" line) is diffscope-run's
+    gq, cq = s7.get("quantization"), json.loads(out.stdout)["quantization"]
+    check(gq is not None and gq["bits"] == 4 and gq["position"] == cq["position"] and
+          abs(gq["kl"] - cq["kl"]) <= 1e-6 + 1e-4 * cq["kl"] and
+          abs(gq["max_diff_change"] - cq["max_diff_change"]) <= 1e-5,
+          "GUI quantisation report %s differs from diffscope-run's %s" % (gq, cq))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),
@@ -864,6 +870,11 @@ def case_compare(r):
                 check(v is None or abs(v - side["fractions"][k]) < 1e-4,
                       "%s %s: diffscope-scan %s, the Compare panel %s" % (name, k, v, side["fractions"].get(k)))
         check(side["outliers"] == outl[name], "%s outliers differ from diffscope-run's" % name)
+        # the panel's table: sink, answer and rest of the shown map (A1 - lambda*A2, or A of a plain model)
+        m = "_diff" if name == "main" else "1"
+        tab = side["table"]
+        check(all(abs(tab[c] - side["fractions"][k + m]) < 1e-9 for c, k in
+                  (("sink", "sink"), ("answer", "answer"), ("rest", "context"))), "%s table %s" % (name, tab))
     check(set(cells["second"]) - {"head"} == set(c["second"]["fractions"]), "plain model keys %s" % sorted(c["second"]["fractions"]))
     px = region(img, st["panels"]["Compare"])
     check(len(set(px)) >= 40, "Compare panel nearly uniform (%d colours)" % len(set(px)))

@@ -36,6 +36,10 @@ bool overview_mode_needs_a2(OverviewMode m);  // not shown for Llama models
 // of one head's row in the row view, for the answer span [begin, end): what the corpus scan measured, recomputed
 // from the exact row (NaN where a map is absent or a denominator is zero).
 Fractions12 row_fractions(const RowMaps& rm, int head, int64_t begin, int64_t end);
+// The Compare panel's columns sink, answer, rest of map m (0: A1 or A, 1: A2, 2: A1 - lambda*A2) in those fractions.
+inline std::array<double, 3> sink_answer_rest(const Fractions12& f, int m) {
+  return {f[size_t(4 + m)], f[size_t(m)], f[size_t(8 + m)]};  // the parts answer, sink, context of session_scan.h
+}
 
 // Linked zoom, pan and hover of the three head maps, in token coordinates. The panel turns this into the visible
 // rectangle and asks the engine for it (Request::view); the last image stays on screen until the new one comes.

@@ -35,6 +35,7 @@ const char* cli_usage() {
          "  --ablate L.H[:MODE]    ablate head H of layer L from the start (repeatable; the head panel's boxes):\n"
          "                         MODE head (its output zeroed; the default), a1 or a2 (that map dropped), mean\n"
          "                         (its output replaced by its mean over positions)\n"
+         "  --head-lambda L.H=V    lambda V for head H of layer L alone (repeatable; the Lambda panel's own lambda)\n"
          "  --knockout L:Q0:Q1,K0:K1  queries [Q0, Q1) of layer L (a range A-B, or all) do not see keys [K0, K1)\n"
          "                         (repeatable; below 0 counts from the prompt's end; the Lambda panel's field)\n"
          "  --lens                 the logit lens at the Row panel's position (what each layer predicts there)\n"
@@ -212,10 +213,16 @@ CliOptions parse_cli(int argc, char** argv) {
       const long long b = parse_integer(need(i, a), a);
       if (b < 2 || b > 16) throw Error("--quantize-logits: " + std::to_string(b) + " bits is outside 2..16");
       o.quantize_bits = int(b);
-    } else if (a == "--ablate") {
+    } else if (a == "--ablate" || a == "--head-lambda") {
       std::string v = need(i, a);
-      std::string mode = "head";
-      if (const size_t colon = v.find(':'); colon != std::string::npos) {
+      std::string mode = a == "--ablate" ? "head" : "lambda";
+      float lambda = 0.f;
+      if (a == "--head-lambda") {
+        const size_t eq = v.find('=');
+        if (eq == std::string::npos) throw Error("--head-lambda takes LAYER.HEAD=VALUE, e.g. --head-lambda 3.1=0.5");
+        lambda = float(parse_number(v.substr(eq + 1), "--head-lambda value"));
+        v.resize(eq);
+      } else if (const size_t colon = v.find(':'); colon != std::string::npos) {
         mode = v.substr(colon + 1);
         if (mode != "head" && mode != "a1" && mode != "a2" && mode != "mean")
           throw Error("--ablate: mode '" + mode + "' is not known (L.H:a1, L.H:a2, L.H:head or L.H:mean)");
@@ -223,11 +230,11 @@ CliOptions parse_cli(int argc, char** argv) {
       }
       const size_t dot = v.find('.');
       if (dot == std::string::npos)
-        throw Error("--ablate takes LAYER.HEAD, e.g. --ablate 3.1");
-      const long long l = parse_integer(v.substr(0, dot), "--ablate layer"), h = parse_integer(v.substr(dot + 1), "--ablate head");
-      if (l < 0 || l > INT32_MAX || h < 0 || h > INT32_MAX)
-        throw Error("--ablate: layer and head must be >= 0");
-      o.ablate.push_back({int(l), int(h), mode});
+        throw Error(a + " takes LAYER.HEAD, e.g. " + a + " 3.1");
+      const long long l = parse_integer(v.substr(0, dot), a + " layer"), h = parse_integer(v.substr(dot + 1), a + " head");
+      if (l < 0 || h < 0) throw Error(a + ": layer and head must be >= 0");
+      if (l > INT32_MAX || h > INT32_MAX) throw Error(a + ": layer " + std::to_string(l) + ", head " + std::to_string(h) + " is out of range");
+      o.ablate.push_back({int(l), int(h), mode, lambda});
     } else if (a == "--regenerate-lambda-scale") {
       o.regenerate_scale = parse_number(need(i, a), a);
     } else if (a == "--scan") {

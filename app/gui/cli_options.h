@@ -35,9 +35,10 @@ struct CliOptions {
   bool max_abs_hidden = false;  // --max-abs-hidden: the Table 5 reader on from the start
   struct Ablation {
     int layer = 0, head = 0;
-    std::string mode = "head";  // head | a1 | a2
+    std::string mode = "head";  // head | a1 | a2 | mean | lambda (--head-lambda: the head's own lambda)
+    float lambda = 0.f;
   };
-  std::vector<Ablation> ablate;        // --ablate L.H[:MODE] (repeatable): heads ablated from the start
+  std::vector<Ablation> ablate;        // --ablate L.H[:MODE], --head-lambda L.H=V (repeatable), from the start
   std::vector<std::string> knockout;   // --knockout L:Q0:Q1,K0:K1 (repeatable; parsed against the model)
   bool lens = false;                   // --lens: the Row panel's logit lens on
   bool outliers = false;               // --outliers: the Profiler's activation outliers on

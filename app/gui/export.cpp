@@ -282,6 +282,8 @@ nlohmann::json session_json(const AppState& st) {
     j["lens"] = json::parse(lens_json(lv->lens));
   if (const auto& ov = st.snap->outliers; ov && ov->result_seq == r.seq)  // the Profiler's outliers (--outliers)
     j["outliers"] = json::parse(outliers_json(ov->o));
+  if (const auto& qv = st.snap->quant; qv && qv->result_seq == r.seq)  // the lambda panel's "vs full precision"
+    j["quantization"] = json::parse(quantize_report_json(qv->q));
   if (const auto& imp = st.snap->importance)  // the Overview's importance mode (--importance)
     j["importance"] = json::parse(head_importance_json(imp->h));
   if (!r.max_abs_hidden.empty())  // the Table 5 reader (Profiler panel, "max |h|"; --max-abs-hidden)

@@ -178,12 +178,13 @@ int main(int argc, char** argv) {
                            [&](const ds::HeadMix& m) { return m.layer == x.layer && m.head == x.head; });
     if (it == st.req.head_mixes.end()) it = st.req.head_mixes.insert(st.req.head_mixes.end(), ds::HeadMix{x.layer, x.head});
     if (x.mode == "a1") it->drop_a1 = true;
-    else it->lambda = 0.f;
+    else it->lambda = x.mode == "lambda" ? x.lambda : 0.f;
   }
   st.pending_knockouts = opt.knockout;  // parsed once the model's layers are known
   st.req.lens = opt.lens;
   st.req.outliers = st.focus_outliers = opt.outliers;
   st.req.logit_bits = opt.quantize_bits;
+  if (opt.quantize_bits > 0) st.req.quant_report_seq = 1;  // and against full precision, as diffscope-run reports
   if (opt.importance) {
     st.req.importance_seq = 1;
     st.ov_mode = OverviewMode::Importance;

@@ -76,8 +76,9 @@ void AppState::sync_compare() {
   want.head = std::clamp(c.head >= 0 ? c.head : head, 0, heads - 1);
   want.row = req.row;
   want.outliers = req.outliers;
+  want.logit_bits = req.logit_bits;  // the quantisation what-if for both (a model's own interventions stay its own)
   if (want.prompt_seq != c.req.prompt_seq || want.layer != c.req.layer || want.head != c.req.head ||
-      want.row != c.req.row || want.outliers != c.req.outliers) {
+      want.row != c.req.row || want.outliers != c.req.outliers || want.logit_bits != c.req.logit_bits) {
     c.req = std::move(want);
     c.worker->submit(c.req);
   }
@@ -160,10 +161,11 @@ void masses_table(const AppState& st, const Side (&sides)[2], std::optional<std:
         ImGui::TextUnformatted("A1");
       else
         ImGui::Text("A1-%s*A2", st.lam());
-      for (int part = 0; part < 3; ++part) {
+      const std::array<double, 3> cols = sink_answer_rest(f, map);
+      for (int col = 0; col < 3; ++col) {
         ImGui::TableNextColumn();
-        const double v = f[size_t(part * 4 + map)];
-        if (part == 0 && !ans)
+        const double v = cols[size_t(col)];
+        if (col == 1 && !ans)
           ImGui::TextDisabled("-");
         else if (std::isfinite(v))
           ImGui::Text("%.3f", v);
@@ -325,6 +327,9 @@ void draw_compare_panel(AppState& st) {
               c.req.head, tc.plot_b, folder_name(cs->model->dir)};
   if (sides[0].label == sides[1].label)
     sides[1].label += " (2)";
+  for (Side& sd : sides)  // a quantised result says so (both follow the lambda panel's menu)
+    if (sd.s && sd.s->result && sd.s->result->logit_bits > 0)
+      sd.label += ", " + std::to_string(sd.s->result->logit_bits) + "-bit logits";
   if (sides[0].rm && sides[0].rm->implicit)
     sides[0].rm = nullptr;  // a Mamba channel's implicit attention has no sink / answer / rest of a softmax row
   if (sides[1].rm && sides[1].rm->implicit)

@@ -4,8 +4,12 @@
 // against lambda, where lambda = 0 is plain softmax attention.
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "panels.h"
 #include "plot_draw.h"
@@ -59,6 +63,146 @@ static void sweep_plot(AppState& st, const Snapshot& s) {
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(tc.selection), "| current");
 }
 
+// What applies to every model with attention, whether or not it has a lambda: the interventions in force, the
+// quantisation what-if and attention knockout; for a differential model, the selected head's own lambda.
+static void edit_controls(AppState& st, const ModelInfo& m) {
+  // Interventions (the head panel's ablate / -A1 / -A2 boxes, knockouts typed here, --ablate / --knockout), as the
+  // engine lists them for the result on screen.
+  // The interventions asked for (the head panel's boxes, the head's own lambda below, knockouts typed here,
+  // --ablate / --head-lambda / --knockout), each with its button to take it back; the engine refuses a bad one once
+  // (an error) and runs the others.
+  std::vector<std::pair<std::string, std::function<void()>>> items;
+  auto head = [](int l, int h) { return std::to_string(l) + "." + std::to_string(h); };
+  char buf[96];
+  for (size_t i = 0; i < st.req.head_scales.size(); ++i) {
+    const HeadScale& x = st.req.head_scales[i];
+    std::snprintf(buf, sizeof buf, "%s %s", head(x.layer, x.head).c_str(), x.factor == 0.f ? "ablated" : "scaled");
+    items.push_back({buf, [&st, i] { st.req.head_scales.erase(st.req.head_scales.begin() + long(i)); }});
+  }
+  for (size_t i = 0; i < st.req.head_means.size(); ++i) {
+    const auto& x = st.req.head_means[i];
+    items.push_back({head(x.first, x.second) + " mean", [&st, i] { st.req.head_means.erase(st.req.head_means.begin() + long(i)); }});
+  }
+  for (size_t i = 0; i < st.req.head_mixes.size(); ++i) {
+    const HeadMix& x = st.req.head_mixes[i];
+    std::string what = head(x.layer, x.head);
+    if (x.drop_a1) what += " -A1";
+    if (x.lambda && *x.lambda == 0.f) what += " -A2";
+    else if (x.lambda) std::snprintf(buf, sizeof buf, " %s=%.3g", st.lam(), double(*x.lambda)), what += buf;
+    items.push_back({what, [&st, i] { st.req.head_mixes.erase(st.req.head_mixes.begin() + long(i)); }});
+  }
+  for (size_t i = 0; i < st.req.knockouts.size(); ++i)
+    items.push_back({"knockout " + knockout_text(st.req.knockouts[i]),
+                     [&st, i] { st.req.knockouts.erase(st.req.knockouts.begin() + long(i)); }});
+  if (!items.empty()) {
+    ImGui::TextUnformatted("interventions:");
+    std::function<void()> remove;
+    for (size_t i = 0; i < items.size(); ++i) {
+      ImGui::PushID(int(i));
+      const std::string label = items[i].first + "  x";
+      same_line_if_fits(button_w(label.c_str()));
+      if (ImGui::SmallButton(label.c_str())) remove = items[i].second;
+      item_tooltip("Take this intervention back (a re-run from its first layer)");
+      ImGui::PopID();
+    }
+    same_line_if_fits(button_w("restore all"));
+    if (ImGui::SmallButton("restore all")) {
+      remove = [&st] {
+        st.req.head_scales.clear();
+        st.req.head_mixes.clear();
+        st.req.head_means.clear();
+        st.req.knockouts.clear();
+      };
+    }
+    if (remove) {
+      remove();
+      st.submit_now();
+    }
+  }
+  {  // the quantisation what-if (the paper's Figure 8): full precision, then 16 down to 2 bits (the engine's range)
+    static const char* const names[] = {"full precision", "16 bits", "15 bits", "14 bits", "13 bits", "12 bits",
+                                        "11 bits",        "10 bits", "9 bits",  "8 bits",  "7 bits",  "6 bits",
+                                        "5 bits",         "4 bits",  "3 bits",  "2 bits"};
+    constexpr int kNames = int(sizeof names / sizeof names[0]);
+    int cur = st.req.logit_bits >= 2 && st.req.logit_bits <= 16 ? 17 - st.req.logit_bits : 0;
+    ImGui::SetNextItemWidth(130);
+    if (ImGui::Combo("attention logits", &cur, names, kNames)) {
+      st.req.logit_bits = cur == 0 ? 0 : 17 - cur;
+      st.submit_now();
+    }
+    item_tooltip("Fake-quantise every attention logit before the softmax (symmetric, absmax per query row and head;\n"
+                 "the paper's Figure 8): the maps, the predictions and the statistics become the quantised model's.");
+    const auto& res = st.snap->result;
+    if (st.req.logit_bits > 0 && res && res->logit_bits == st.req.logit_bits) {
+      const auto& qv = st.snap->quant;
+      same_line_if_fits(button_w("vs full precision"));
+      if (ImGui::SmallButton("vs full precision")) {
+        ++st.req.quant_report_seq;
+        st.submit_now();
+      }
+      item_tooltip("Runs the prompt at full precision and quantised again: the KL divergence of the next token's\n"
+                   "distribution from full precision's, and the largest change of A1 - lambda A2 over the last\n"
+                   "position's attention rows (diffscope-run --quantize-logits BITS).");
+      if (qv && qv->result_seq == res->seq && qv->q.bits == st.req.logit_bits)
+        ImGui::TextWrapped("%d bits against full precision: KL %.3g nats, max |change of %s| %.3g, top-1 %s%s",
+                           qv->q.bits, qv->q.kl, st.snap->model && st.snap->model->cfg.is_diff() ? "A1 - lambda A2" : "A1",
+                           qv->q.max_diff_change, qv->q.top_quantised == qv->q.top_full ? "the same" : "changed",
+                           qv->q.top_quantised == qv->q.top_full ? "" : (" (" + std::to_string(qv->q.top_full) + " -> " +
+                                                                         std::to_string(qv->q.top_quantised) + ")").c_str());
+    }
+  }
+  ImGui::SetNextItemWidth(160);
+  const bool enter = ImGui::InputTextWithHint("##ko", "L:Q0:Q1,K0:K1", st.knockout_input, sizeof st.knockout_input,
+                                              ImGuiInputTextFlags_EnterReturnsTrue);
+  ImGui::SameLine();
+  if ((ImGui::SmallButton("knock out") || enter) && st.knockout_input[0]) {
+    try {  // checked here against the model and the prompt on screen: a bad one stays in the field to be fixed
+      const Knockout k = parse_knockout(st.knockout_input, int(m.cfg.layers));
+      check_knockout(m.cfg, k);
+      if (const auto& res = st.snap->result) resolve_knockout(k, int64_t(res->ids.size()), res->prompt_len);
+      st.req.knockouts.push_back(k);
+      st.knockout_input[0] = 0;
+      st.submit_now();
+    } catch (const std::exception& e) {
+      st.show_error(e.what());
+    }
+  }
+  item_tooltip("Attention knockout: query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps.\n"
+               "L: a layer, a range A-B or all; below 0 counts from the prompt's end (-1: its last token; Q1 left\n"
+               "empty after it: to the end, generated tokens included). E.g. all:-1:,5:9 hides keys 5..8 from the\n"
+               "last prompt token and every generated one in every layer.");
+
+  if (m.cfg.is_diff() && m.cfg.has_maps(st.layer)) {  // the selected head's own lambda (--head-lambda L.H=V)
+    auto it = std::find_if(st.req.head_mixes.begin(), st.req.head_mixes.end(),
+                           [&](const HeadMix& x) { return x.layer == st.layer && x.head == st.head; });
+    bool own = it != st.req.head_mixes.end() && it->lambda.has_value();
+    const double layer_lambda = st.req.lambda.override_.size() > size_t(st.layer) && st.req.lambda.override_[size_t(st.layer)]
+                                    ? *st.req.lambda.override_[size_t(st.layer)]
+                                    : m.model_lambda[size_t(st.layer)] * st.req.lambda.scale;
+    float v = own ? *it->lambda : float(layer_lambda);
+    char label[48];
+    std::snprintf(label, sizeof label, "own %s of head %d.%d", st.lam(), st.layer, st.head);
+    if (ImGui::Checkbox(label, &own)) {
+      if (own && it == st.req.head_mixes.end()) it = st.req.head_mixes.insert(st.req.head_mixes.end(), HeadMix{st.layer, st.head});
+      if (it != st.req.head_mixes.end()) {
+        it->lambda = own ? std::optional<float>(v) : std::nullopt;
+        if (!it->drop_a1 && !it->lambda) st.req.head_mixes.erase(it);
+      }
+      st.submit_now();
+    }
+    item_tooltip("This head alone takes its own lambda (its difference map and its output); the other heads keep\n"
+                 "the layer's. 0 drops A2 (the head panel's -A2 box). diffscope-run --head-lambda L.H=V.");
+    if (own) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(-1);
+      if (ImGui::SliderFloat("##headlam", &v, -1.0f, 2.0f, "%.3f")) {
+        it->lambda = v;
+        st.submit_now();
+      }
+    }
+  }
+}
+
 static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   LambdaControl& lc = st.req.lambda;
   float scale = float(lc.scale);
@@ -76,54 +220,7 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
   ImGui::SameLine();
   if (ImGui::Button("x1"))
     st.set_lambda_scale(1.0);
-  // Interventions (the head panel's ablate / -A1 / -A2 boxes, knockouts typed here, --ablate / --knockout), as the
-  // engine lists them for the result on screen.
-  if (st.snap->result && !st.snap->result->intervention_lines.empty()) {
-    std::string list;
-    for (const std::string& x : st.snap->result->intervention_lines) list += (list.empty() ? "" : "; ") + x;
-    ImGui::TextWrapped("interventions: %s", list.c_str());
-    same_line_if_fits(button_w("restore all"));
-    if (ImGui::SmallButton("restore all")) {
-      st.req.head_scales.clear();
-      st.req.head_mixes.clear();
-      st.req.head_means.clear();
-      st.req.knockouts.clear();
-      st.submit_now();
-    }
-  }
-  {  // the quantisation what-if (the paper's Figure 8)
-    static const int bits[] = {0, 16, 8, 6, 4};
-    const char* names[] = {"full precision", "16 bits", "8 bits", "6 bits", "4 bits"};
-    int cur = 0;
-    for (int i = 0; i < 5; ++i)
-      if (bits[i] == st.req.logit_bits) cur = i;
-    ImGui::SetNextItemWidth(130);
-    if (ImGui::Combo("attention logits", &cur, names, 5)) {
-      st.req.logit_bits = bits[cur];
-      st.submit_now();
-    }
-    item_tooltip("Fake-quantise every attention logit before the softmax (symmetric, absmax per query row and head;\n"
-                 "the paper's Figure 8): the maps, the predictions and the statistics become the quantised model's.\n"
-                 "diffscope-run --quantize-logits BITS reports the KL from full precision.");
-  }
-  ImGui::SetNextItemWidth(160);
-  const bool enter = ImGui::InputTextWithHint("##ko", "L:Q0:Q1,K0:K1", st.knockout_input, sizeof st.knockout_input,
-                                              ImGuiInputTextFlags_EnterReturnsTrue);
-  ImGui::SameLine();
-  if ((ImGui::SmallButton("knock out") || enter) && st.knockout_input[0]) {
-    try {
-      st.req.knockouts.push_back(parse_knockout(st.knockout_input, int(m.cfg.layers)));
-      st.knockout_input[0] = 0;
-      st.submit_now();
-    } catch (const std::exception& e) {
-      st.show_error(e.what());
-    }
-  }
-  item_tooltip("Attention knockout: query positions [Q0, Q1) of layer L do not see keys [K0, K1), in both maps.\n"
-               "L: a layer, a range A-B or all; below 0 counts from the prompt's end (-1: its last token; Q1 left\n"
-               "empty after it: to the end, generated tokens included). E.g. all:-1:,5:9 hides keys 5..8 from the\n"
-               "last prompt token and every generated one in every layer.");
-
+  edit_controls(st, m);
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
   if (!ImGui::BeginTable("lam", 4, tf, ImVec2(0, table_h)))
     return;
@@ -182,10 +279,10 @@ void draw_lambda_panel(AppState& st) {
     return end_panel();
   }
   const ModelInfo& m = *s.model;
-  if (!m.cfg.is_diff()) {
-    empty_state((std::string("This is a ") + m.cfg.family() +
-                 " model: one softmax per head, no lambda. Open a differential checkpoint to compare.")
-                    .c_str());
+  if (!m.cfg.is_diff()) {  // no lambda; the interventions, quantisation and knockout apply all the same
+    ImGui::TextDisabled("%s", (std::string("This is a ") + m.cfg.family() +
+                               " model: one softmax per head, no lambda.").c_str());
+    edit_controls(st, m);
     return end_panel();
   }
   const ImVec2 avail = ImGui::GetContentRegionAvail();

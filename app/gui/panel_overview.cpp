@@ -240,12 +240,24 @@ void head_cell(AppState& st, const ModelConfig& cfg, const LayerSummary& ls, con
 void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
   const int heads_total = int(cfg.map_layers().size() * size_t(cfg.view_heads()));
   const Snapshot::Importance* imp = s.importance.get();
+  const std::vector<std::string> modes = importance_modes(cfg);  // head, and a2 / a1 for differential heads
+  std::vector<std::string> all = modes;
+  all.push_back("mean");
+  if (std::find(all.begin(), all.end(), st.req.importance_mode) == all.end()) st.req.importance_mode = "head";
+  ImGui::SetNextItemWidth(ImGui::CalcTextSize("head (zeroed)").x + ImGui::GetFrameHeight() + 12);
+  if (ImGui::BeginCombo("##impmode", st.req.importance_mode.c_str())) {
+    for (const std::string& m : all)
+      if (ImGui::Selectable(m.c_str(), m == st.req.importance_mode)) st.req.importance_mode = m;
+    ImGui::EndCombo();
+  }
+  item_tooltip("How each head is ablated: head (its output zeroed before o_proj), a2 (A2 dropped: lambda 0), a1 (A1\n"
+               "dropped), mean (its output replaced by its mean over positions). diffscope-run --importance-modes.");
+  ImGui::SameLine();
   if (ImGui::SmallButton(imp ? "recompute" : "compute")) {
     ++st.req.importance_seq;
     st.submit_now();
   }
-  item_tooltip("Ablate each head in turn (its output zeroed before o_proj), re-running from its layer: %d re-runs.",
-               heads_total);
+  item_tooltip("Ablate each head in turn in the chosen mode, re-running from its layer: %d re-runs.", heads_total);
   if (!imp) {
     empty_state(s.result ? "How much each head carries the prediction: press compute (one re-run per head)."
                          : "Run a prompt (Ctrl+Enter), then compute which heads the prediction depends on.");
@@ -253,8 +265,10 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
   }
   const HeadImportance& h = imp->h;
   const bool stale = !s.result || imp->result_seq != s.result->seq;
-  ImGui::TextDisabled("log p(%s) %.3f; %lld of %lld heads%s%s", token_label(h.target_text).c_str(), h.base_logp,
-                      (long long)h.done, (long long)h.total, h.end == HeadImportance::End::Complete ? "" : " (incomplete)",
+  const std::string mode = h.modes.empty() ? "" : h.modes[0];
+  ImGui::TextDisabled("change of log p(%s) (%.3f) when a head is ablated (%s); %lld of %lld heads%s%s",
+                      token_label(h.target_text).c_str(), h.base_logp, mode.c_str(), (long long)h.done,
+                      (long long)h.total, h.end == HeadImportance::End::Complete ? "" : " (incomplete)",
                       stale ? "; stale: the run changed since" : "");
   if (h.delta.empty())
     return;
@@ -291,9 +305,9 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
       const ImVec2 p0(o.x + left + j * cell + 1, o.y + top + li * cell + 1), p1(p0.x + cell - 2, p0.y + cell - 2);
       const double v = d[size_t(li)][size_t(j)];
       dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(Colormap::CoolWarm, sc.to_t(float(v))) : tc.masked);
-      if (cell >= 40 && std::isfinite(v)) {
-        char t[16];
-        std::snprintf(t, sizeof t, "%+.2f", v);
+      char t[16];
+      std::snprintf(t, sizeof t, "%+.2g", v);
+      if (std::isfinite(v) && ImGui::CalcTextSize(t).x <= cell - 6) {  // the value where it fits the cell
         dl->AddText(ImVec2((p0.x + p1.x - ImGui::CalcTextSize(t).x) * 0.5f, (p0.y + p1.y - lh) * 0.5f),
                     IM_COL32(0, 0, 0, 255), t);
       }
@@ -314,8 +328,9 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
       ImGui::PopID();
       if (ImGui::IsItemHovered()) {
         dl->AddRect(p0, p1, tc.cursor);
-        ImGui::SetTooltip("layer %d, head %d: log p(%s) %+.4f when ablated\nclick: open the head; shift-click: %s it",
-                          l, j, token_label(h.target_text).c_str(), v, st.ablated(l, j) ? "restore" : "ablate");
+        ImGui::SetTooltip("layer %d, head %d: log p(%s) changes by %+.4g when ablated (%s)\nclick: open the head; "
+                          "shift-click: %s it",
+                          l, j, token_label(h.target_text).c_str(), v, mode.c_str(), st.ablated(l, j) ? "restore" : "ablate");
       }
     }
   }

@@ -240,24 +240,58 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
   const Outliers& o = ov->o;
   ImGui::Text("model: |h| top %s (median %s)", fmt_value(o.hidden.s.top[0]).c_str(), fmt_value(o.hidden.s.median).c_str());
   if (o.logit1.s.count) {
-    ImGui::SameLine();
-    ImGui::Text("  |logit| top %s / %s", fmt_value(o.logit1.s.top[0]).c_str(),
-                o.differential ? fmt_value(o.logit2.s.top[0]).c_str() : "-");
+    if (o.differential)
+      ImGui::Text("       |logit| top: map 1 %s, map 2 %s", fmt_value(o.logit1.s.top[0]).c_str(),
+                  fmt_value(o.logit2.s.top[0]).c_str());
+    else
+      ImGui::Text("       |logit| top %s", fmt_value(o.logit1.s.top[0]).c_str());
   }
   const int L = int(o.layers.size());
-  std::vector<float> hid(static_cast<size_t>(L)), lg(static_cast<size_t>(L), 0.f);
+  std::vector<float> hid(size_t(L), 0.f), lg1(size_t(L), 0.f), lg2(size_t(L), 0.f);
   for (int l = 0; l < L; ++l) {
-    hid[size_t(l)] = o.layers[size_t(l)].hidden.s.top[0];
-    if (o.layers[size_t(l)].has_logits)
-      lg[size_t(l)] = std::max(o.layers[size_t(l)].logit1.s.top[0], o.differential ? o.layers[size_t(l)].logit2.s.top[0] : 0.f);
+    const LayerOutliers& lo = o.layers[size_t(l)];
+    hid[size_t(l)] = lo.hidden.s.top[0];
+    if (lo.has_logits) lg1[size_t(l)] = lo.logit1.s.top[0], lg2[size_t(l)] = o.differential ? lo.logit2.s.top[0] : 0.f;
   }
-  const float w = ImGui::GetContentRegionAvail().x, h = std::max(40.f, (ImGui::GetContentRegionAvail().y - 40) / 2);
-  auto bars = [&](const char* id, const std::vector<float>& v, const char* what) {
-    const float top = *std::max_element(v.begin(), v.end());
-    ImGui::PlotHistogram(id, v.data(), L, 0, what, 0.f, top * 1.1f, ImVec2(w, h));
+  const ThemeColors& tc = theme_colors();
+  const float w = ImGui::GetContentRegionAvail().x, h = std::max(48.f, (ImGui::GetContentRegionAvail().y - 8) / 2);
+  // Bars per layer (one series, or map 1 and map 2 side by side), the scale's top on the left, layer numbers below.
+  auto bars = [&](const char* id, const std::vector<const std::vector<float>*>& series, const char* what) {
+    const float lh = ImGui::GetTextLineHeight(), left = ImGui::CalcTextSize("0000.0").x + 6;
+    float top = 1e-12f;
+    for (const auto* v : series) top = std::max(top, *std::max_element(v->begin(), v->end()));
+    const ImVec2 p0 = ImGui::GetCursorScreenPos(), p1(p0.x + w, p0.y + h);
+    ImGui::InvisibleButton(id, ImVec2(w, h));
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const ImVec2 a(p0.x + left, p0.y + lh + 2), b(p1.x - 2, p1.y - lh - 2);  // the plot area
+    dl->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+    const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text), dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+    dl->AddText(ImVec2(p0.x, p0.y), text, what);
+    const std::string ymax = fmt_value(top * 1.1f);
+    dl->AddText(ImVec2(a.x - ImGui::CalcTextSize(ymax.c_str()).x - 4, a.y), dim, ymax.c_str());
+    dl->AddText(ImVec2(a.x - ImGui::CalcTextSize("0").x - 4, b.y - lh), dim, "0");
+    const float slot = (b.x - a.x) / float(std::max(L, 1)), bw = std::max(1.f, (slot - 2) / float(series.size()));
+    const ImU32 colors[2] = {tc.plot_a, tc.plot_b};
+    const int every = std::max(1, int(std::ceil(ImGui::CalcTextSize("000").x / std::max(slot, 1.f))));
+    for (int l = 0; l < L; ++l) {
+      for (size_t k = 0; k < series.size(); ++k) {
+        const float v = (*series[k])[size_t(l)], y = b.y - (b.y - a.y) * v / (top * 1.1f);
+        const float x0 = a.x + slot * float(l) + 1 + bw * float(k);
+        dl->AddRectFilled(ImVec2(x0, y), ImVec2(x0 + std::max(bw - 1, 1.f), b.y), colors[k]);
+      }
+      if (l % every == 0) {
+        const std::string t = std::to_string(o.layers[size_t(l)].layer);
+        dl->AddText(ImVec2(a.x + slot * (float(l) + 0.5f) - ImGui::CalcTextSize(t.c_str()).x / 2, b.y + 1), dim, t.c_str());
+      }
+    }
+    if (series.size() == 2) {  // the legend
+      const float lx = p1.x - ImGui::CalcTextSize("map 1   map 2").x - 8;
+      dl->AddText(ImVec2(lx, p0.y), colors[0], "map 1");
+      dl->AddText(ImVec2(lx + ImGui::CalcTextSize("map 1   ").x, p0.y), colors[1], "map 2");
+    }
     if (ImGui::IsItemHovered()) {
-      const float x = (ImGui::GetMousePos().x - ImGui::GetItemRectMin().x) / std::max(1.f, ImGui::GetItemRectSize().x);
-      const LayerOutliers& lo = o.layers[size_t(std::clamp(int(x * float(L)), 0, L - 1))];
+      const int l = std::clamp(int((ImGui::GetMousePos().x - a.x) / std::max(slot, 1.f)), 0, L - 1);
+      const LayerOutliers& lo = o.layers[size_t(l)];
       if (lo.has_logits)
         ImGui::SetTooltip("layer %d\n|h|: top %s, 10th %s, median %s\n|logit| map 1: top %s, median %s%s%s%s%s", lo.layer,
                           fmt_value(lo.hidden.s.top[0]).c_str(), fmt_value(lo.hidden.s.top[3]).c_str(),
@@ -271,8 +305,11 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
                           fmt_value(lo.hidden.s.median).c_str());
     }
   };
-  bars("##out_h", hid, "max |hidden| per layer");
-  if (o.logit1.s.count) bars("##out_l", lg, "max |attention logit| per layer");
+  bars("##out_h", {&hid}, "max |hidden state| per layer");
+  if (o.logit1.s.count) {
+    if (o.differential) bars("##out_l", {&lg1, &lg2}, "max |attention logit| per layer");
+    else bars("##out_l", {&lg1}, "max |attention logit| per layer");
+  }
 }
 
 void draw_profiler_panel(AppState& st) {

@@ -114,6 +114,9 @@ void lens_table(const Snapshot& s, int64_t q) {
   }
   const Lens& lens = lv->lens;
   ImGui::Text("logit lens at %lld   target \"%s\"", (long long)q, token_label(lens.target_text, 24).c_str());
+  item_tooltip("Each layer's output on the residual stream through the final norm and the LM head: its top token\n"
+               "at this position and the target's probability and rank. The target is the model's own next token\n"
+               "after the last position (diffscope-run --lens-target picks another). Hover a top token: its top 5.");
   const ImGuiTableFlags tf = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
   if (!ImGui::BeginTable("lens", 5, tf))
     return;
@@ -131,10 +134,19 @@ void lens_table(const Snapshot& s, int64_t q) {
     ImGui::Text("%d", l.layer);
     ImGui::TableNextColumn();
     ImGui::TextUnformatted(token_label(e.top.at(0).text, 16).c_str());
+    if (ImGui::IsItemHovered()) {
+      std::string t = "layer " + std::to_string(l.layer) + ", top " + std::to_string(e.top.size()) + ":";
+      char buf[32];
+      for (const auto& x : e.top) {
+        std::snprintf(buf, sizeof buf, "  %.4g", double(x.prob));
+        t += "\n\"" + token_label(x.text, 24) + "\"" + buf;
+      }
+      ImGui::SetTooltip("%s", t.c_str());
+    }
     ImGui::TableNextColumn();
-    ImGui::Text("%.3f", double(e.top.at(0).prob));
+    ImGui::Text("%.3g", double(e.top.at(0).prob));
     ImGui::TableNextColumn();
-    ImGui::Text("%.3f", double(e.target_prob));
+    ImGui::Text("%.3g", double(e.target_prob));
     ImGui::TableNextColumn();
     ImGui::Text("%lld", (long long)e.target_rank);
   }

@@ -57,7 +57,7 @@ void draw_status(AppState& st) {
   if (ImGui::BeginPopupModal("Error", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
     ImGui::PushTextWrapPos(ImGui::GetFontSize() * 40);
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(theme_colors().plot_b), "%s", st.error_line.c_str());
-    if (st.snap && st.snap->model)
+    if (st.snap && st.snap->model && st.snap->error_opening && st.snap->error_seq == st.seen_error_seq)
       ImGui::TextDisabled("The model loaded before (%s) stays open.", st.snap->model->dir.c_str());
     ImGui::PopTextWrapPos();
     ImGui::Spacing();

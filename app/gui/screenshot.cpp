@@ -106,7 +106,10 @@ static nlohmann::json compare_json(const AppState& st) {
     nlohmann::json fj = nlohmann::json::object();
     for (int i = 0; i < ds::scan::kNumFractions; ++i)
       if (std::isfinite(fr[size_t(i)]) && ds::scan::fraction_applies(i, rm.differential)) fj[ds::scan::kFractionKeys[i]] = fr[size_t(i)];
-    nlohmann::json o = {{"layer", rm.layer}, {"head", h}, {"q", rm.q}, {"fractions", fj}};
+    // the table's row of A1 - lambda*A2 (A of a plain model)
+    const std::array<double, 3> cols = sink_answer_rest(fr, rm.differential ? 2 : 0);
+    nlohmann::json o = {{"layer", rm.layer}, {"head", h}, {"q", rm.q}, {"fractions", fj},
+                        {"table", {{"sink", cols[0]}, {"answer", cols[1]}, {"rest", cols[2]}}}};
     if (s.outliers && s.outliers->result_seq == s.result->seq) o["outliers"] = nlohmann::json::parse(outliers_json(s.outliers->o));
     return o;
   };
@@ -137,6 +140,8 @@ bool ScreenshotDriver::ready(const AppState& st) const {
     return false;
   if (!s.result || s.result->model_seq != s.model->seq || !s.head)
     return false;
+  if (st.req.quant_report_seq > 0 && st.req.logit_bits > 0 && !s.quant)
+    return false;  // --quantize-logits: the report against full precision
   return st.head_tex.source == s.head;
 }
 

@@ -18,6 +18,7 @@
 #include "engine/session/session_importance.h"
 #include "engine/session/session_lens.h"
 #include "engine/session/session_outliers.h"
+#include "engine/session/session_quantize.h"
 #include "engine/session/session_scan.h"
 
 namespace ds::gui {
@@ -247,6 +248,7 @@ struct Snapshot {
   // The last error, one line; error_seq counts errors so the UI shows each once.
   std::string error;
   uint64_t error_seq = 0;
+  bool error_opening = false;  // the error is a model that could not be opened (the one before stays)
   std::shared_ptr<const ModelInfo> model;
   std::shared_ptr<const RunResult> result;
   std::shared_ptr<const HeadMaps> head;
@@ -272,6 +274,13 @@ struct Snapshot {
     Outliers o;
   };
   std::shared_ptr<const OutlierView> outliers;
+  // The quantised logits against full precision (Request::quant_report_seq; session_quantize.h) for the result of
+  // result_seq.
+  struct QuantView {
+    uint64_t result_seq = 0;
+    QuantizeReport q;
+  };
+  std::shared_ptr<const QuantView> quant;
   double outliers_fraction = -1;  // the outliers being computed for the current result: the fraction done (-1: none)
   std::shared_ptr<const Generation> gen;  // null until the first prompt ran
   std::shared_ptr<const ScanState> scan;  // the latest corpus scan (running or done); null before the first

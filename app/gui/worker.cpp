@@ -131,6 +131,7 @@ void Worker::publish_scan(std::shared_ptr<const ScanState> scan) {
 void Worker::report_error(const std::string& what) {
   publish([&](Snapshot& s) {
     s.error = what;
+    s.error_opening = false;
     ++s.error_seq;
   });
 }
@@ -224,8 +225,10 @@ void Worker::step(const Request& r) {
     } catch (const std::exception& e) {
       report_error(e.what());
     }
-    if (prompt_ok)
+    if (prompt_ok) {
       reset_generation();  // the session dropped its continuation with the old prompt
+      forget_refused();    // a span refused against the old prompt may fit this one
+    }
   }
   bool lambda_changed = false;
   try {
@@ -233,16 +236,37 @@ void Worker::step(const Request& r) {
   } catch (const std::exception& e) {
     report_error(e.what());
   }
-  try {  // head interventions re-run from their first changed layer, as a lambda does
-    lambda_changed = session_->set_head_scales(r.head_scales) || lambda_changed;
-  } catch (const std::exception& e) {
-    report_error(e.what());
-  }
-  try {
-    if (session_->config().is_diff()) lambda_changed = session_->set_head_mixes(r.head_mixes) || lambda_changed;
-  } catch (const std::exception& e) {
-    report_error(e.what());
-  }
+  // Head interventions re-run from their first changed layer, as a lambda does. A list the session refuses (a head
+  // or layer out of range from the command line, a span outside the prompt) is reported once; its valid entries
+  // stay in force.
+  auto apply = [&](const auto& want, auto& refused, auto&& set) {
+    using List = std::decay_t<decltype(want)>;
+    if (refused && *refused == want) return;
+    try {
+      lambda_changed = set(want) || lambda_changed;
+      refused.reset();
+    } catch (const std::exception& e) {
+      report_error(e.what());
+      refused = want;
+      List ok;
+      for (const auto& x : want) {
+        List t = ok;
+        t.push_back(x);
+        try {
+          set(t);
+          ok = std::move(t);
+        } catch (const std::exception&) {
+        }
+      }
+      try {
+        set(ok);
+      } catch (const std::exception&) {
+      }
+      lambda_changed = true;
+    }
+  };
+  apply(r.head_scales, refused_scales_, [&](const auto& v) { return session_->set_head_scales(v); });
+  apply(r.head_mixes, refused_mixes_, [&](const auto& v) { return session_->set_head_mixes(v); });
   if (r.logit_bits != session_->logit_bits()) {  // the quantisation what-if: every layer from the first again
     try {
       session_->set_logit_bits(r.logit_bits);
@@ -251,16 +275,8 @@ void Worker::step(const Request& r) {
       report_error(e.what());
     }
   }
-  try {
-    lambda_changed = session_->set_head_means(r.head_means) || lambda_changed;
-  } catch (const std::exception& e) {
-    report_error(e.what());
-  }
-  try {
-    lambda_changed = session_->set_knockouts(r.knockouts) || lambda_changed;
-  } catch (const std::exception& e) {
-    report_error(e.what());
-  }
+  apply(r.head_means, refused_means_, [&](const auto& v) { return session_->set_head_means(v); });
+  apply(r.knockouts, refused_knockouts_, [&](const auto& v) { return session_->set_knockouts(v); });
   bool reader_on = false;  // the Table 5 reader turned on: the next run covers every layer
   if (r.max_abs_hidden != session_->watching_max_abs_hidden()) {
     session_->set_watch_max_abs_hidden(r.max_abs_hidden);
@@ -336,6 +352,29 @@ void Worker::step(const Request& r) {
     traced("outliers", [&] { refresh_outliers(r); });
   if (r.importance_seq != applied_importance_ && !superseded())
     traced("importance", [&] { run_importance(r); });
+  if (r.quant_report_seq != applied_quant_report_ && !superseded())
+    traced("quantize", [&] { run_quant_report(r); });
+}
+
+// The quantised logits against full precision (session_quantize.h): a full-precision forward and the quantised one
+// again, asked for by the lambda panel's button (three forwards: not at every change of the bits).
+void Worker::run_quant_report(const Request& r) {
+  applied_quant_report_ = r.quant_report_seq;
+  if (session_->logit_bits() == 0) return;
+  auto v = std::make_shared<Snapshot::QuantView>();
+  v->result_seq = result_seq_;
+  try {
+    publish([](Snapshot& s) { s.running = true; });
+    v->q = quantize_report(*session_, session_->logit_bits());
+  } catch (const std::exception& e) {
+    publish([](Snapshot& s) { s.running = false; });
+    report_error(e.what());
+    return;
+  }
+  publish([&](Snapshot& s) {
+    s.quant = v;
+    s.running = false;
+  });
 }
 
 // The activation outliers of the result, once per result (session_outliers.h; the logits are recomputed twice,
@@ -404,7 +443,7 @@ void Worker::run_importance(const Request& r) {
   hooks.stop = [this] { return superseded(); };
   hooks.cancel = [this, &r] { return lambda_superseded(r); };
   try {
-    const HeadImportance done = run_head_importance(*session_, HeadImportanceRequest{}, hooks);
+    const HeadImportance done = run_head_importance(*session_, HeadImportanceRequest{-1, {r.importance_mode}}, hooks);
     auto imp = to_gui(done);
     publish([&](Snapshot& s) {
       s.importance = imp;
@@ -443,11 +482,13 @@ void Worker::open(const std::string& dir, int64_t plan_tokens) {
     publish([&](Snapshot& s) {
       s.loading = false;
       s.error = e.what();
+      s.error_opening = true;
       ++s.error_seq;
     });
     return;  // the previous model, if any, stays loaded and shown
   }
   session_ = std::move(fresh);
+  forget_refused();
   auto info = std::make_shared<ModelInfo>();
   info->seq = ++model_seq_;
   info->dir = session_->model_dir();

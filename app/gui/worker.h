@@ -53,6 +53,8 @@ struct Request {
   bool max_abs_hidden = false;  // the Table 5 reader: every layer's largest |hidden state| (RunResult::max_abs_hidden)
   int sweep_points = 17;
   uint64_t importance_seq = 0;  // bump to measure every head's importance (the Overview's importance mode)
+  std::string importance_mode = "head";  // ... ablating each head in this mode (head, a2, a1, mean)
+  uint64_t quant_report_seq = 0;  // bump to measure the quantised logits against full precision (the lambda panel)
   // Generation: the newest command (see GenCommand) and the options a Start or a first Step uses.
   uint64_t gen_seq = 0;
   GenCommand gen_cmd = GenCommand::None;
@@ -104,7 +106,8 @@ class Worker {
   void refresh_row(const Request& r);
   void run_sweep(const Request& r);
   void run_importance(const Request& r);
-  uint64_t applied_importance_ = 0;
+  void run_quant_report(const Request& r);
+  uint64_t applied_importance_ = 0, applied_quant_report_ = 0;
   void refresh_lens(const Request& r);
   void refresh_outliers(const Request& r);
   uint64_t outliers_seq_ = 0;  // the result whose outliers were published
@@ -138,6 +141,13 @@ class Worker {
   std::unique_ptr<Session> session_;
   uint64_t model_seq_ = 0, result_seq_ = 0;
   uint64_t applied_open_ = 0, applied_prompt_ = 0, applied_scan_ = 0;
+  // The interventions' lists of the last request the session refused (reported once; their valid entries stay in
+  // force), so that the same list is not tried and reported again at every step. Cleared when a list is accepted.
+  std::optional<std::vector<HeadScale>> refused_scales_;
+  std::optional<std::vector<HeadMix>> refused_mixes_;
+  std::optional<std::vector<std::pair<int, int>>> refused_means_;
+  std::optional<std::vector<Knockout>> refused_knockouts_;
+  void forget_refused() { refused_scales_.reset(), refused_mixes_.reset(), refused_means_.reset(), refused_knockouts_.reset(); }
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
   ViewRequest head_view_;
