@@ -209,6 +209,11 @@ void row_plot(AppState& st, const Side& sd, const std::vector<float>& v, std::op
   if (b.x - a.x > 20 && b.y - a.y > 10) {
     draw_row_frame(dl, a, b, count, lo, hi, ans ? ans->first : count, ans ? ans->second : count);
     draw_row_series(dl, a, b, v.data(), count, lo, hi, sd.color);
+    // the shared y range and the keys' ends, inside the frame
+    const std::string top = fmt_value(hi), bottom = fmt_value(lo), last = "key " + std::to_string(q);
+    dl->AddText(ImVec2(a.x + 2, a.y), tc.text_dim, top.c_str());
+    dl->AddText(ImVec2(a.x + 2, b.y - lh), tc.text_dim, (bottom + "   key 0").c_str());
+    dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(last.c_str()).x - 2, b.y - lh), tc.text_dim, last.c_str());
     const ImVec2 m = ImGui::GetIO().MousePos;
     if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
       const int64_t k = std::clamp<int64_t>(int64_t((m.x - a.x) / (b.x - a.x) * float(count)), 0, q);

@@ -224,22 +224,22 @@ void toolbar(AppState& st, const ModelInfo& m) {
                "When the visible map has more tokens than the panel has pixels, each cell pools a block of tokens:\n"
                "max shows the block's largest value (its largest magnitude for the difference), so a single strong\n"
                "key stays visible; mean shows the block's average (masked cells count as 0).");
-  ImGui::SameLine();
+  same_line_if_fits(checkbox_w("log"));
   ImGui::Checkbox("log", &st.settings.log_scale);
   item_tooltip("Log colour scale (Ctrl+L); symmetric log for the difference");
-  ImGui::SameLine();
+  same_line_if_fits(checkbox_w("hide first token"));
   ImGui::Checkbox("hide first token", &st.settings.hide_first);
   item_tooltip("Hide key 0, the attention sink, so the rest of the map gets the colour range (Ctrl+H)");
   if (m.cfg.is_diff() && !implicit) {
-    ImGui::SameLine();
+    same_line_if_fits(checkbox_w("link A1/A2 scale"));
     ImGui::Checkbox("link A1/A2 scale", &st.settings.link_scales);
   }
-  ImGui::SameLine();
+  same_line_if_fits(checkbox_w("robust range"));
   ImGui::Checkbox("robust range", &st.settings.robust_range);
   item_tooltip(
                "Colour range up to the 99.5th percentile of the visible cells (brighter cells clamp, marked on the\n"
                "colour bar); off: up to the largest cell. The cell of query 0 never sets the range (it is always 1).");
-  ImGui::SameLine();
+  same_line_if_fits(button_w("reset view"));
   if (ImGui::SmallButton("reset view"))
     st.view = HeadView{};
 }
