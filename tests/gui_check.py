@@ -292,6 +292,12 @@ def case_lambda(r):
           abs(gq["kl"] - cq["kl"]) <= 1e-6 + 1e-4 * cq["kl"] and
           abs(gq["max_diff_change"] - cq["max_diff_change"]) <= 1e-5,
           "GUI quantisation report %s differs from diffscope-run's %s" % (gq, cq))
+    # An intervention the model cannot take (--ablate of a layer it lacks): one line naming it, the valid one in force.
+    rc8, s8, _ = r.run("refused", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--ablate", "99.0",
+                       "--ablate", "1.1")
+    check(s8 is not None and s8["error_shown"] and "layer 99" in s8["error"] and "\n" not in s8["error"] and
+          s8["interventions"] == [{"kind": "ablate", "mode": "head", "layer": 1, "head": 1}],
+          "refused intervention: rc %d, %s" % (rc8, s8 and (s8["error"], s8["interventions"])))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.
     rc2, s2, _ = r.run("overflow", "--model", r.fixture(), "--ids", IDS, "--head", "0.1", "--lambda-scale", "1e300")
     check(s2 is not None and s2["error_shown"] and ("not finite" in s2["error"] or "finite number" in s2["error"]),

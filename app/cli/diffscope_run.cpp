@@ -214,7 +214,9 @@ void on_sigint(int) {
 
 int run(const Args& a) {
   if (!a.tokenize_jsonl.empty()) return tokenize_jsonl(a);
-  // Outputs that cannot be written, or would overwrite an input, are refused before any work.
+  // Outputs that cannot be written, or would overwrite an input (the prompt's files, a file of the model's folder),
+  // are refused before any work.
+  ds::protect_input_folder(a.model);
   const std::vector<std::string> inputs{a.prompt_file, a.token_ids_file};
   if (!a.dump.empty()) ds::check_writable_target(a.dump, "the dump", inputs);
   if (!a.stats.empty()) ds::check_writable_target(a.stats, "the statistics", inputs);
@@ -358,7 +360,7 @@ int run(const Args& a) {
       std::printf("\n        %zu tokens in %.1f ms (%.1f tokens/s), stop: %s\n", k, gen_ms,
                   gen_ms > 0 ? 1e3 * double(k) / gen_ms : 0.0, ds::stop_reason_name(s->stop_reason()));
     }
-    if (full_maps) s->run(true);  // every position's logits, for --dump
+    if (full_maps && !a.quantize_bits) s->run(true);  // every position's logits, for --dump (or after the report)
   }
   // --quantize-logits: at the sequence's last position (after the generated tokens, as the top tokens below):
   // full precision against the quantised run, which then runs again

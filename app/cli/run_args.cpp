@@ -131,7 +131,7 @@ Args parse_args(int argc, const char* const* argv) {
   std::optional<bool> pool_mean;
   std::optional<std::array<int64_t, 4>> rect;
   int sources = 0;  // --prompt, --prompt-file, --token-ids, --token-ids-file given
-  bool lens_given = false;  // --lens-positions
+  bool lens_given = false;  // --lens-positions, --lens-top-k or --lens-target
   auto value = [&](int& i) -> std::string {
     if (i + 1 >= argc) throw ArgError(std::string(argv[i]) + " needs a value");
     return argv[++i];
@@ -352,10 +352,12 @@ Args parse_args(int argc, const char* const* argv) {
         p = c + 1;
       }
     } else if (k == "--lens-top-k") {
+      lens_given = true;
       const long long t = parse_int(value(i), "--lens-top-k");
       if (t < 1 || t > 1000000) throw ArgError("--lens-top-k must be between 1 and 1000000");
       a.lens_top_k = int(t);
     } else if (k == "--lens-target") {
+      lens_given = true;
       const long long t = parse_int(value(i), "--lens-target");
       if (t < 0 || t > INT32_MAX) throw ArgError("--lens-target must be a token id >= 0");
       a.lens_target = int32_t(t);
@@ -400,7 +402,7 @@ Args parse_args(int argc, const char* const* argv) {
   }
   if ((a.view || !a.rows.empty()) && a.dump.empty()) throw ArgError("--rows and --view write into --dump FILE");
   if (a.sweep_head && !a.sweep) throw ArgError("--sweep-head goes with --sweep L,FROM,TO,STEPS");
-  if (a.lens.empty() && (lens_given || a.lens_top_k != 5 || a.lens_target >= 0))
+  if (a.lens.empty() && lens_given)
     throw ArgError("--lens-positions, --lens-top-k and --lens-target go with --lens FILE.json");
   if (a.importance.empty() && (a.importance_target >= 0 || !a.importance_modes.empty()))
     throw ArgError("--importance-target and --importance-modes go with --importance FILE.json");

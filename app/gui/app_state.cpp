@@ -523,6 +523,11 @@ void AppState::absorb_snapshot() {
   if (snap->error_seq != seen_error_seq) {
     seen_error_seq = snap->error_seq;
     show_error(snap->error);
+    refusal_line = snap->error_refusal ? snap->error : std::string();
+  }
+  if (!snap->refused && !refusal_line.empty()) {  // every refused intervention removed: its error is gone too
+    if (error_line == refusal_line) error_line.clear();
+    refusal_line.clear();
   }
   if (snap->model && snap->model->seq != seen_model_seq) {
     const ModelInfo& m = *snap->model;

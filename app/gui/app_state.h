@@ -181,6 +181,7 @@ struct AppState {
   bool focus_path = false;
   uint64_t seen_model_seq = 0, seen_error_seq = 0, seen_result_seq = 0;
   std::string error_line;  // shown in the banner and the modal
+  std::string refusal_line;  // error_line's text when it is about refused interventions (Snapshot::refused)
   bool open_error_modal = false;
   std::optional<double> pending_scale;  // --lambda-scale, applied to the first model
   std::vector<std::string> pending_knockouts;  // --knockout, parsed against the first model's layers

@@ -1,6 +1,7 @@
 // Argument parsing for the GUI. See cli_options.h.
 #include "cli_options.h"
 
+#include <filesystem>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -355,6 +356,9 @@ CliOptions parse_cli(int argc, char** argv) {
                 "--scan-stop-after, --scan-view and --scan-fraction need --scan FILE.jsonl");
   if (o.scan_view > 0 && !o.scan_compare)
     throw Error("--scan-view compare|difference needs --scan-compare X");
+  if (!o.scan_report.empty() && !o.scan_plot.empty() &&
+      std::filesystem::weakly_canonical(o.scan_report) == std::filesystem::weakly_canonical(o.scan_plot))
+    throw Error("--scan-report and --scan-plot name the same file " + o.scan_report);
   if (o.scan_stop_after && o.screenshot.empty())
     throw Error("--scan-stop-after needs --screenshot");
   if (!o.compare_answer.empty() && o.compare.empty())

@@ -201,7 +201,9 @@ void row_plot(AppState& st, const Side& sd, const std::vector<float>& v, std::op
   const int64_t q = rm.q, count = q + 1;
   const bool a2 = rm.differential && !rm.rows.a2.empty();
   const ImVec2 p0 = ImGui::GetCursorScreenPos();
-  const ImVec2 a(p0.x + 4, p0.y + lh + 2), b(p0.x + w - 4, p0.y + h - 2);
+  // the plot box, with the y range to its left and the keys' ends below it
+  const float left = ImGui::CalcTextSize("-0.000").x + 8;
+  const ImVec2 a(p0.x + left, p0.y + lh + 2), b(p0.x + w - 4, p0.y + h - lh - 2);
   char title[160];
   std::snprintf(title, sizeof title, "%s  L%d.H%d  %s%s%s", sd.label.c_str(), rm.layer, sd.head, a2 ? "A1 - " : "A",
                 a2 ? st.lam() : "", a2 ? "*A2" : "");
@@ -209,11 +211,12 @@ void row_plot(AppState& st, const Side& sd, const std::vector<float>& v, std::op
   if (b.x - a.x > 20 && b.y - a.y > 10) {
     draw_row_frame(dl, a, b, count, lo, hi, ans ? ans->first : count, ans ? ans->second : count);
     draw_row_series(dl, a, b, v.data(), count, lo, hi, sd.color);
-    // the shared y range and the keys' ends, inside the frame
+    // the shared y range left of the box, the keys' ends below it
     const std::string top = fmt_value(hi), bottom = fmt_value(lo), last = "key " + std::to_string(q);
-    dl->AddText(ImVec2(a.x + 2, a.y), tc.text_dim, top.c_str());
-    dl->AddText(ImVec2(a.x + 2, b.y - lh), tc.text_dim, (bottom + "   key 0").c_str());
-    dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(last.c_str()).x - 2, b.y - lh), tc.text_dim, last.c_str());
+    dl->AddText(ImVec2(a.x - ImGui::CalcTextSize(top.c_str()).x - 4, a.y), tc.text_dim, top.c_str());
+    dl->AddText(ImVec2(a.x - ImGui::CalcTextSize(bottom.c_str()).x - 4, b.y - lh), tc.text_dim, bottom.c_str());
+    dl->AddText(ImVec2(a.x, b.y + 1), tc.text_dim, "key 0");
+    dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(last.c_str()).x, b.y + 1), tc.text_dim, last.c_str());
     const ImVec2 m = ImGui::GetIO().MousePos;
     if (ImGui::IsWindowHovered() && m.x >= a.x && m.x < b.x && m.y >= a.y && m.y < b.y) {
       const int64_t k = std::clamp<int64_t>(int64_t((m.x - a.x) / (b.x - a.x) * float(count)), 0, q);

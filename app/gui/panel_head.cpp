@@ -183,7 +183,7 @@ void toolbar(AppState& st, const ModelInfo& m) {
     st.view = keep;
   }
   if (m.cfg.has_maps(st.layer)) {
-    ImGui::SameLine();
+    same_line_if_fits(checkbox_w("ablate"));
     bool ablate = st.ablated(st.layer, st.head);
     if (ImGui::Checkbox("ablate", &ablate))
       st.toggle_ablation(st.layer, st.head);
@@ -191,14 +191,14 @@ void toolbar(AppState& st, const ModelInfo& m) {
                  "Zero this head's output (after its sub-layer norm, before o_proj) from now on: the model re-runs\n"
                  "from this layer, and predictions, later layers' maps and generation show the effect. The Lambda\n"
                  "panel lists the heads ablated; untick to restore.");
-    ImGui::SameLine();
+    same_line_if_fits(checkbox_w("mean"));
     bool mean = st.mean_ablated(st.layer, st.head);
     if (ImGui::Checkbox("mean", &mean))
       st.toggle_mean(st.layer, st.head);
     item_tooltip("Replace this head's output by its mean over the prompt's positions (mean ablation)");
     if (m.cfg.is_diff()) {
       for (int map = 1; map <= 2; ++map) {
-        ImGui::SameLine();
+        same_line_if_fits(checkbox_w("-A1"));
         bool drop = st.map_dropped(st.layer, st.head, map);
         if (ImGui::Checkbox(map == 1 ? "-A1" : "-A2", &drop))
           st.toggle_map(st.layer, st.head, map);
@@ -208,13 +208,13 @@ void toolbar(AppState& st, const ModelInfo& m) {
     }
   }
   if (!implicit) {
-    ImGui::SameLine();
+    same_line_if_fits(90);
     ImGui::SetNextItemWidth(90);
     const char* cmaps[] = {"viridis", "magma"};
     ImGui::Combo("##cmap", &st.settings.seq_cmap, cmaps, 2);
     item_tooltip("Colour map of A1 and A2 (the difference uses a diverging map)");
   }
-  ImGui::SameLine();
+  same_line_if_fits(70);
   ImGui::SetNextItemWidth(70);
   int pool = st.settings.mean_pool ? 1 : 0;
   const char* pools[] = {"max", "mean"};

@@ -36,6 +36,9 @@ static void sweep_plot(AppState& st, const Snapshot& s) {
   const std::string tok = token_label(sw.token_text, 16);
   ImGui::TextWrapped("layer %d, head %d%s: log p(\"%s\") and entropy of |A1 - %s*A2|", sw.layer, sw.head,
                      sw.complete ? "" : " (running)", tok.c_str(), st.lam());
+  for (const HeadMix& x : st.req.head_mixes)  // a head with its own lambda does not follow the layer's
+    if (x.layer == sw.layer && x.lambda)
+      ImGui::TextDisabled("head %d keeps its own %s (%.3g) along the sweep", x.head, st.lam(), double(*x.lambda));
   // The entropy curve comes whole at once (no re-run); log p fills in point by point as the re-runs finish.
   std::vector<float> x, lp, ent, xlp;
   for (const auto& p : sw.points) {
@@ -71,17 +74,31 @@ static void edit_controls(AppState& st, const ModelInfo& m) {
   // The interventions asked for (the head panel's boxes, the head's own lambda below, knockouts typed here,
   // --ablate / --head-lambda / --knockout), each with its button to take it back; the engine refuses a bad one once
   // (an error) and runs the others.
-  std::vector<std::pair<std::string, std::function<void()>>> items;
+  struct Item {
+    std::string label;
+    std::function<void()> remove;
+    std::string refused;  // why the session did not take it ("": in force)
+  };
+  std::vector<Item> items;
+  const Snapshot::Refused* rf = st.snap->refused.get();
+  auto why = [](const auto& list, const auto& x) {  // the reason an entry was refused, or ""
+    for (const auto& [e, w] : list)
+      if (e == x) return w;
+    return std::string();
+  };
   auto head = [](int l, int h) { return std::to_string(l) + "." + std::to_string(h); };
   char buf[96];
   for (size_t i = 0; i < st.req.head_scales.size(); ++i) {
     const HeadScale& x = st.req.head_scales[i];
-    std::snprintf(buf, sizeof buf, "%s %s", head(x.layer, x.head).c_str(), x.factor == 0.f ? "ablated" : "scaled");
-    items.push_back({buf, [&st, i] { st.req.head_scales.erase(st.req.head_scales.begin() + long(i)); }});
+    if (x.factor == 0.f) std::snprintf(buf, sizeof buf, "%s ablated", head(x.layer, x.head).c_str());
+    else std::snprintf(buf, sizeof buf, "%s x%.3g", head(x.layer, x.head).c_str(), double(x.factor));
+    items.push_back({buf, [&st, i] { st.req.head_scales.erase(st.req.head_scales.begin() + long(i)); },
+                     rf ? why(rf->scales, x) : ""});
   }
   for (size_t i = 0; i < st.req.head_means.size(); ++i) {
     const auto& x = st.req.head_means[i];
-    items.push_back({head(x.first, x.second) + " mean", [&st, i] { st.req.head_means.erase(st.req.head_means.begin() + long(i)); }});
+    items.push_back({head(x.first, x.second) + " mean",
+                     [&st, i] { st.req.head_means.erase(st.req.head_means.begin() + long(i)); }, rf ? why(rf->means, x) : ""});
   }
   for (size_t i = 0; i < st.req.head_mixes.size(); ++i) {
     const HeadMix& x = st.req.head_mixes[i];
@@ -89,20 +106,28 @@ static void edit_controls(AppState& st, const ModelInfo& m) {
     if (x.drop_a1) what += " -A1";
     if (x.lambda && *x.lambda == 0.f) what += " -A2";
     else if (x.lambda) std::snprintf(buf, sizeof buf, " %s=%.3g", st.lam(), double(*x.lambda)), what += buf;
-    items.push_back({what, [&st, i] { st.req.head_mixes.erase(st.req.head_mixes.begin() + long(i)); }});
+    items.push_back({what, [&st, i] { st.req.head_mixes.erase(st.req.head_mixes.begin() + long(i)); },
+                     rf ? why(rf->mixes, x) : ""});
   }
   for (size_t i = 0; i < st.req.knockouts.size(); ++i)
     items.push_back({"knockout " + knockout_text(st.req.knockouts[i]),
-                     [&st, i] { st.req.knockouts.erase(st.req.knockouts.begin() + long(i)); }});
+                     [&st, i] { st.req.knockouts.erase(st.req.knockouts.begin() + long(i)); },
+                     rf ? why(rf->knockouts, st.req.knockouts[i]) : ""});
   if (!items.empty()) {
     ImGui::TextUnformatted("interventions:");
     std::function<void()> remove;
     for (size_t i = 0; i < items.size(); ++i) {
       ImGui::PushID(int(i));
-      const std::string label = items[i].first + "  x";
+      const bool refused = !items[i].refused.empty();
+      const std::string label = items[i].label + (refused ? " (not applied)  x" : "  x");
       same_line_if_fits(button_w(label.c_str()));
-      if (ImGui::SmallButton(label.c_str())) remove = items[i].second;
-      item_tooltip("Take this intervention back (a re-run from its first layer)");
+      if (refused) ImGui::PushStyleColor(ImGuiCol_Text, ImGui::ColorConvertU32ToFloat4(theme_colors().plot_b));
+      if (ImGui::SmallButton(label.c_str())) remove = items[i].remove;
+      if (refused) ImGui::PopStyleColor();
+      if (refused)
+        item_tooltip("Not applied: %s\nRemove it (the others stay in force)", items[i].refused.c_str());
+      else
+        item_tooltip("Take this intervention back (a re-run from its first layer)");
       ImGui::PopID();
     }
     same_line_if_fits(button_w("restore all"));
@@ -114,6 +139,8 @@ static void edit_controls(AppState& st, const ModelInfo& m) {
         st.req.knockouts.clear();
       };
     }
+    item_tooltip("Take every intervention back: ablations, dropped maps, heads' own lambdas and knockouts (the\n"
+                 "layers' lambdas and the quantisation stay as they are)");
     if (remove) {
       remove();
       st.submit_now();
@@ -143,12 +170,16 @@ static void edit_controls(AppState& st, const ModelInfo& m) {
       item_tooltip("Runs the prompt at full precision and quantised again: the KL divergence of the next token's\n"
                    "distribution from full precision's, and the largest change of A1 - lambda A2 over the last\n"
                    "position's attention rows (diffscope-run --quantize-logits BITS).");
-      if (qv && qv->result_seq == res->seq && qv->q.bits == st.req.logit_bits)
-        ImGui::TextWrapped("%d bits against full precision: KL %.3g nats, max |change of %s| %.3g, top-1 %s%s",
-                           qv->q.bits, qv->q.kl, st.snap->model && st.snap->model->cfg.is_diff() ? "A1 - lambda A2" : "A1",
-                           qv->q.max_diff_change, qv->q.top_quantised == qv->q.top_full ? "the same" : "changed",
-                           qv->q.top_quantised == qv->q.top_full ? "" : (" (" + std::to_string(qv->q.top_full) + " -> " +
-                                                                         std::to_string(qv->q.top_quantised) + ")").c_str());
+      if (qv && qv->result_seq == res->seq && qv->q.bits == st.req.logit_bits) {
+        const std::string map = m.cfg.is_diff() ? std::string("A1 - ") + st.lam() + "A2" : "A";
+        const std::string top = qv->q.top_quantised == qv->q.top_full
+                                    ? "the same"
+                                    : "changed (" + std::to_string(qv->q.top_full) + " -> " +
+                                          std::to_string(qv->q.top_quantised) + ")";
+        ImGui::TextWrapped("%d bits vs full precision: KL %s nats; largest change of %s: %s; top-1 %s", qv->q.bits,
+                           fmt_value(qv->q.kl).c_str(), map.c_str(), fmt_value(qv->q.max_diff_change).c_str(),
+                           top.c_str());
+      }
     }
   }
   ImGui::SetNextItemWidth(160);
@@ -175,7 +206,8 @@ static void edit_controls(AppState& st, const ModelInfo& m) {
   if (m.cfg.is_diff() && m.cfg.has_maps(st.layer)) {  // the selected head's own lambda (--head-lambda L.H=V)
     auto it = std::find_if(st.req.head_mixes.begin(), st.req.head_mixes.end(),
                            [&](const HeadMix& x) { return x.layer == st.layer && x.head == st.head; });
-    bool own = it != st.req.head_mixes.end() && it->lambda.has_value();
+    // (a lambda of 0 is the -A2 box's: the own lambda takes over from it when ticked)
+    bool own = it != st.req.head_mixes.end() && it->lambda.has_value() && *it->lambda != 0.f;
     const double layer_lambda = st.req.lambda.override_.size() > size_t(st.layer) && st.req.lambda.override_[size_t(st.layer)]
                                     ? *st.req.lambda.override_[size_t(st.layer)]
                                     : m.model_lambda[size_t(st.layer)] * st.req.lambda.scale;
@@ -214,6 +246,8 @@ static void lambda_controls(AppState& st, const ModelInfo& m, float table_h) {
                "0 turns every layer into plain softmax attention. Ctrl+click to type a value.");
   if (ImGui::Button("reset (Ctrl+R)"))
     st.reset_lambda();
+  item_tooltip("Every layer's lambda back to the checkpoint's (scale 1, no override); the interventions, heads' own\n"
+               "lambdas among them, stay: 'restore all' in their list takes them back");
   ImGui::SameLine();
   if (ImGui::Button("x0 = softmax"))
     st.set_lambda_scale(0.0);

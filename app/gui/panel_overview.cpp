@@ -247,7 +247,13 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
   ImGui::SetNextItemWidth(ImGui::CalcTextSize("head (zeroed)").x + ImGui::GetFrameHeight() + 12);
   if (ImGui::BeginCombo("##impmode", st.req.importance_mode.c_str())) {
     for (const std::string& m : all)
-      if (ImGui::Selectable(m.c_str(), m == st.req.importance_mode)) st.req.importance_mode = m;
+      if (ImGui::Selectable(m.c_str(), m == st.req.importance_mode) && m != st.req.importance_mode) {
+        st.req.importance_mode = m;
+        if (imp) {  // a map on screen follows the menu: measured again in the new mode
+          ++st.req.importance_seq;
+          st.submit_now();
+        }
+      }
     ImGui::EndCombo();
   }
   item_tooltip("How each head is ablated: head (its output zeroed before o_proj), a2 (A2 dropped: lambda 0), a1 (A1\n"
@@ -266,10 +272,12 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
   const HeadImportance& h = imp->h;
   const bool stale = !s.result || imp->result_seq != s.result->seq;
   const std::string mode = h.modes.empty() ? "" : h.modes[0];
-  ImGui::TextDisabled("change of log p(%s) (%.3f) when a head is ablated (%s); %lld of %lld heads%s%s",
-                      token_label(h.target_text).c_str(), h.base_logp, mode.c_str(), (long long)h.done,
-                      (long long)h.total, h.end == HeadImportance::End::Complete ? "" : " (incomplete)",
-                      stale ? "; stale: the run changed since" : "");
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("change of log p(%s) (%.3f) when a head is ablated (%s); %lld of %lld heads%s%s",
+                     token_label(h.target_text).c_str(), h.base_logp, mode.c_str(), (long long)h.done,
+                     (long long)h.total, h.end == HeadImportance::End::Complete ? "" : " (incomplete)",
+                     stale ? "; stale: the run changed since" : "");
+  ImGui::PopStyleColor();
   if (h.delta.empty())
     return;
   const auto& d = h.delta[0];
@@ -305,13 +313,23 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
       const ImVec2 p0(o.x + left + j * cell + 1, o.y + top + li * cell + 1), p1(p0.x + cell - 2, p0.y + cell - 2);
       const double v = d[size_t(li)][size_t(j)];
       dl->AddRectFilled(p0, p1, std::isfinite(v) ? colormap_rgba(Colormap::CoolWarm, sc.to_t(float(v))) : tc.masked);
-      char t[16];
-      std::snprintf(t, sizeof t, "%+.2g", v);
-      if (std::isfinite(v) && ImGui::CalcTextSize(t).x <= cell - 6) {  // the value where it fits the cell
+      // the value, as short as the cell needs (blank only where not even one digit fits)
+      char t[16] = "";
+      for (const char* f : {"%+.2g", "%.2g", "%.1g"}) {
+        std::snprintf(t, sizeof t, f, v);
+        if (ImGui::CalcTextSize(t).x <= cell - 6) break;
+        t[0] = 0;
+      }
+      if (std::isfinite(v) && t[0]) {
         dl->AddText(ImVec2((p0.x + p1.x - ImGui::CalcTextSize(t).x) * 0.5f, (p0.y + p1.y - lh) * 0.5f),
                     IM_COL32(0, 0, 0, 255), t);
       }
-      if (st.ablated(l, j)) {  // an ablation in force: crossed out
+      // an ablation in force in the mode shown: crossed out
+      const bool in_force = mode == "a2"   ? st.map_dropped(l, j, 2)
+                            : mode == "a1" ? st.map_dropped(l, j, 1)
+                            : mode == "mean" ? st.mean_ablated(l, j)
+                                             : st.ablated(l, j);
+      if (in_force) {
         dl->AddLine(p0, p1, tc.cursor, 2.0f);
         dl->AddLine(ImVec2(p0.x, p1.y), ImVec2(p1.x, p0.y), tc.cursor, 2.0f);
       }
@@ -320,9 +338,12 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
       ImGui::SetCursorScreenPos(p0);
       ImGui::PushID(li * 4096 + j);
       if (ImGui::InvisibleButton("imp", ImVec2(std::max(p1.x - p0.x, 1.0f), std::max(p1.y - p0.y, 1.0f)))) {
-        if (ImGui::GetIO().KeyShift)
-          st.toggle_ablation(l, j);
-        else
+        if (ImGui::GetIO().KeyShift) {  // the ablation of the mode shown
+          if (mode == "a2") st.toggle_map(l, j, 2);
+          else if (mode == "a1") st.toggle_map(l, j, 1);
+          else if (mode == "mean") st.toggle_mean(l, j);
+          else st.toggle_ablation(l, j);
+        } else
           st.select_head(l, j);
       }
       ImGui::PopID();
@@ -330,7 +351,7 @@ void draw_importance(AppState& st, const ModelConfig& cfg, const Snapshot& s) {
         dl->AddRect(p0, p1, tc.cursor);
         ImGui::SetTooltip("layer %d, head %d: log p(%s) changes by %+.4g when ablated (%s)\nclick: open the head; "
                           "shift-click: %s it",
-                          l, j, token_label(h.target_text).c_str(), v, mode.c_str(), st.ablated(l, j) ? "restore" : "ablate");
+                          l, j, token_label(h.target_text).c_str(), v, mode.c_str(), in_force ? "restore" : "ablate");
       }
     }
   }

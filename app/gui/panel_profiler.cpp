@@ -254,7 +254,11 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
     if (lo.has_logits) lg1[size_t(l)] = lo.logit1.s.top[0], lg2[size_t(l)] = o.differential ? lo.logit2.s.top[0] : 0.f;
   }
   const ThemeColors& tc = theme_colors();
-  const float w = ImGui::GetContentRegionAvail().x, h = std::max(48.f, (ImGui::GetContentRegionAvail().y - 8) / 2);
+  // Two plots one above the other, or side by side when the panel is short (the default layout's Profiler strip)
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const bool side = o.logit1.s.count && (avail.y - 8) / 2 < 90 && avail.x > 360;
+  const float w = side ? (avail.x - 8) / 2 : avail.x;
+  const float h = std::max(48.f, side ? avail.y - 4 : (avail.y - 8) / 2);
   // Bars per layer (one series, or map 1 and map 2 side by side), the scale's top on the left, layer numbers below.
   auto bars = [&](const char* id, const std::vector<const std::vector<float>*>& series, const char* what) {
     const float lh = ImGui::GetTextLineHeight(), left = ImGui::CalcTextSize("0000.0").x + 6;
@@ -269,7 +273,7 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
     dl->AddText(ImVec2(p0.x, p0.y), text, what);
     const std::string ymax = fmt_value(top * 1.1f);
     dl->AddText(ImVec2(a.x - ImGui::CalcTextSize(ymax.c_str()).x - 4, a.y), dim, ymax.c_str());
-    dl->AddText(ImVec2(a.x - ImGui::CalcTextSize("0").x - 4, b.y - lh), dim, "0");
+    if (b.y - a.y >= 2.5f * lh) dl->AddText(ImVec2(a.x - ImGui::CalcTextSize("0").x - 4, b.y - lh), dim, "0");
     const float slot = (b.x - a.x) / float(std::max(L, 1)), bw = std::max(1.f, (slot - 2) / float(series.size()));
     const ImU32 colors[2] = {tc.plot_a, tc.plot_b};
     const int every = std::max(1, int(std::ceil(ImGui::CalcTextSize("000").x / std::max(slot, 1.f))));
@@ -306,6 +310,7 @@ static void outliers_tab(AppState& st, const Snapshot& s) {
     }
   };
   bars("##out_h", {&hid}, "max |hidden state| per layer");
+  if (side) ImGui::SameLine(0, 8);
   if (o.logit1.s.count) {
     if (o.differential) bars("##out_l", {&lg1, &lg2}, "max |attention logit| per layer");
     else bars("##out_l", {&lg1}, "max |attention logit| per layer");

@@ -133,12 +133,14 @@ void lens_table(const Snapshot& s, int64_t q) {
     ImGui::TableNextColumn();
     ImGui::Text("%d", l.layer);
     ImGui::TableNextColumn();
-    ImGui::TextUnformatted(token_label(e.top.at(0).text, 16).c_str());
+    ImGui::PushID(int(l.layer));
+    ImGui::Selectable(token_label(e.top.at(0).text, 16).c_str(), false);  // (the whole cell takes the hover)
+    ImGui::PopID();
     if (ImGui::IsItemHovered()) {
       std::string t = "layer " + std::to_string(l.layer) + ", top " + std::to_string(e.top.size()) + ":";
       char buf[32];
       for (const auto& x : e.top) {
-        std::snprintf(buf, sizeof buf, "  %.4g", double(x.prob));
+        std::snprintf(buf, sizeof buf, "  %.3g", double(x.prob));
         t += "\n\"" + token_label(x.text, 24) + "\"" + buf;
       }
       ImGui::SetTooltip("%s", t.c_str());

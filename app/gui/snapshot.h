@@ -274,6 +274,17 @@ struct Snapshot {
     Outliers o;
   };
   std::shared_ptr<const OutlierView> outliers;
+  // The interventions of the request that the session refused, each with why (one line); the others are in force.
+  // The Lambda panel marks them in its list; empty when every one was taken.
+  struct Refused {
+    std::vector<std::pair<HeadScale, std::string>> scales;
+    std::vector<std::pair<HeadMix, std::string>> mixes;
+    std::vector<std::pair<std::pair<int, int>, std::string>> means;
+    std::vector<std::pair<Knockout, std::string>> knockouts;
+    bool empty() const { return scales.empty() && mixes.empty() && means.empty() && knockouts.empty(); }
+  };
+  std::shared_ptr<const Refused> refused;
+  bool error_refusal = false;  // the error is refused interventions (cleared from view once none is left)
   // The quantised logits against full precision (Request::quant_report_seq; session_quantize.h) for the result of
   // result_seq.
   struct QuantView {

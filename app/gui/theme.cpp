@@ -38,6 +38,7 @@ void apply_theme(bool dark) {
   st.FrameBorderSize = dark ? 0.0f : 1.0f;
   st.WindowTitleAlign = ImVec2(0.0f, 0.5f);
   ImVec4* c = st.Colors;
+  c[ImGuiCol_PopupBg].w = 1.0f;  // opaque drop-downs and tooltips (the text under a list showed through)
   if (dark) {
     c[ImGuiCol_WindowBg] = ImVec4(0.105f, 0.11f, 0.12f, 1.0f);
     c[ImGuiCol_ChildBg] = ImVec4(0.09f, 0.095f, 0.105f, 1.0f);

@@ -132,6 +132,7 @@ void Worker::report_error(const std::string& what) {
   publish([&](Snapshot& s) {
     s.error = what;
     s.error_opening = false;
+    s.error_refusal = false;
     ++s.error_seq;
   });
 }
@@ -217,6 +218,9 @@ void Worker::step(const Request& r) {
   if (r.prompt_seq != applied_prompt_ || restore) {
     applied_prompt_ = r.prompt_seq;
     try {
+      // The knockouts are checked against the new prompt below (a span it does not hold refused once, the prompt
+      // run without it), not by set_ids (which refuses a prompt that a knockout in force does not fit)
+      session_->set_knockouts({});
       if (r.use_ids)
         session_->set_ids(r.ids);
       else
@@ -225,10 +229,8 @@ void Worker::step(const Request& r) {
     } catch (const std::exception& e) {
       report_error(e.what());
     }
-    if (prompt_ok) {
+    if (prompt_ok)
       reset_generation();  // the session dropped its continuation with the old prompt
-      forget_refused();    // a span refused against the old prompt may fit this one
-    }
   }
   bool lambda_changed = false;
   try {
@@ -236,18 +238,29 @@ void Worker::step(const Request& r) {
   } catch (const std::exception& e) {
     report_error(e.what());
   }
-  // Head interventions re-run from their first changed layer, as a lambda does. A list the session refuses (a head
-  // or layer out of range from the command line, a span outside the prompt) is reported once; its valid entries
-  // stay in force.
-  auto apply = [&](const auto& want, auto& refused, auto&& set) {
+  // Head interventions re-run from their first changed layer, as a lambda does. A list the session refuses an entry
+  // of (a head or layer out of range from the command line, a span outside the prompt) has its valid entries put in
+  // force, and the refused ones are reported once, in one line, and published (the Lambda panel marks them).
+  std::vector<std::string> refusals;  // new this step
+  bool refused_changed = false;
+  auto apply = [&](const auto& want, auto& el, auto&& set) {
     using List = std::decay_t<decltype(want)>;
-    if (refused && *refused == want) return;
+    if (el.refused_want && *el.refused_want == want) {  // refused before: its valid entries (again, after a prompt)
+      try {
+        lambda_changed = set(el.applied) || lambda_changed;
+      } catch (const std::exception&) {
+      }
+      return;
+    }
     try {
       lambda_changed = set(want) || lambda_changed;
-      refused.reset();
-    } catch (const std::exception& e) {
-      report_error(e.what());
-      refused = want;
+      refused_changed |= !el.why.empty();
+      el.refused_want.reset();
+      el.why.clear();
+    } catch (const std::exception&) {
+      el.refused_want = want;
+      el.why.clear();
+      refused_changed = true;
       List ok;
       for (const auto& x : want) {
         List t = ok;
@@ -255,18 +268,21 @@ void Worker::step(const Request& r) {
         try {
           set(t);
           ok = std::move(t);
-        } catch (const std::exception&) {
+        } catch (const std::exception& e) {
+          el.why.push_back({x, e.what()});
+          refusals.push_back(e.what());
         }
       }
       try {
         set(ok);
       } catch (const std::exception&) {
       }
+      el.applied = std::move(ok);
       lambda_changed = true;
     }
   };
-  apply(r.head_scales, refused_scales_, [&](const auto& v) { return session_->set_head_scales(v); });
-  apply(r.head_mixes, refused_mixes_, [&](const auto& v) { return session_->set_head_mixes(v); });
+  apply(r.head_scales, scales_, [&](const auto& v) { return session_->set_head_scales(v); });
+  apply(r.head_mixes, mixes_, [&](const auto& v) { return session_->set_head_mixes(v); });
   if (r.logit_bits != session_->logit_bits()) {  // the quantisation what-if: every layer from the first again
     try {
       session_->set_logit_bits(r.logit_bits);
@@ -275,8 +291,32 @@ void Worker::step(const Request& r) {
       report_error(e.what());
     }
   }
-  apply(r.head_means, refused_means_, [&](const auto& v) { return session_->set_head_means(v); });
-  apply(r.knockouts, refused_knockouts_, [&](const auto& v) { return session_->set_knockouts(v); });
+  apply(r.head_means, means_, [&](const auto& v) { return session_->set_head_means(v); });
+  // (each against the sequence the next run resolves it for: a span the sequence does not hold is refused here,
+  // once for that length, not at every run)
+  const int64_t n_now = int64_t(session_->ids().size());
+  if (n_now != knockouts_n_) knockouts_.refused_want.reset(), knockouts_n_ = n_now;
+  apply(r.knockouts, knockouts_, [&](const auto& v) {
+    if (n_now > 0)
+      for (const Knockout& k : v) session_->resolve_knockout(k, n_now);
+    return session_->set_knockouts(v);
+  });
+  if (refused_changed) {
+    auto rf = std::make_shared<Snapshot::Refused>();
+    rf->scales = scales_.why, rf->mixes = mixes_.why, rf->means = means_.why, rf->knockouts = knockouts_.why;
+    publish([&](Snapshot& s) { s.refused = rf->empty() ? nullptr : rf; });
+  }
+  if (!refusals.empty()) {
+    std::string line = refusals.size() == 1 ? refusals[0]
+                                            : std::to_string(refusals.size()) + " interventions not applied: " + refusals[0];
+    for (size_t i = 1; i < refusals.size(); ++i) line += "; " + refusals[i];
+    publish([&](Snapshot& s) {
+      s.error = line;
+      s.error_opening = false;
+      s.error_refusal = true;
+      ++s.error_seq;
+    });
+  }
   bool reader_on = false;  // the Table 5 reader turned on: the next run covers every layer
   if (r.max_abs_hidden != session_->watching_max_abs_hidden()) {
     session_->set_watch_max_abs_hidden(r.max_abs_hidden);
@@ -483,12 +523,14 @@ void Worker::open(const std::string& dir, int64_t plan_tokens) {
       s.loading = false;
       s.error = e.what();
       s.error_opening = true;
+      s.error_refusal = false;
       ++s.error_seq;
     });
     return;  // the previous model, if any, stays loaded and shown
   }
   session_ = std::move(fresh);
   forget_refused();
+  applied_quant_report_ = 0;  // a report asked for (--quantize-logits) is the new model's too
   auto info = std::make_shared<ModelInfo>();
   info->seq = ++model_seq_;
   info->dir = session_->model_dir();
@@ -517,6 +559,8 @@ void Worker::open(const std::string& dir, int64_t plan_tokens) {
     s.overview = nullptr;
     s.row = nullptr;
     s.sweep = nullptr;
+    s.quant = nullptr;
+    s.refused = nullptr;
   });
 }
 

@@ -141,13 +141,21 @@ class Worker {
   std::unique_ptr<Session> session_;
   uint64_t model_seq_ = 0, result_seq_ = 0;
   uint64_t applied_open_ = 0, applied_prompt_ = 0, applied_scan_ = 0;
-  // The interventions' lists of the last request the session refused (reported once; their valid entries stay in
-  // force), so that the same list is not tried and reported again at every step. Cleared when a list is accepted.
-  std::optional<std::vector<HeadScale>> refused_scales_;
-  std::optional<std::vector<HeadMix>> refused_mixes_;
-  std::optional<std::vector<std::pair<int, int>>> refused_means_;
-  std::optional<std::vector<Knockout>> refused_knockouts_;
-  void forget_refused() { refused_scales_.reset(), refused_mixes_.reset(), refused_means_.reset(), refused_knockouts_.reset(); }
+  // Per kind of intervention: the request's list the session last refused an entry of (reported once, its valid
+  // entries in force; the same list is not tried again at every step) and each refused entry with why. A knockout's
+  // refusal holds for the sequence length it was checked against (knockouts_n_).
+  template <class T>
+  struct EditList {
+    std::optional<std::vector<T>> refused_want;
+    std::vector<T> applied;  // its entries the session took
+    std::vector<std::pair<T, std::string>> why;
+  };
+  EditList<HeadScale> scales_;
+  EditList<HeadMix> mixes_;
+  EditList<std::pair<int, int>> means_;
+  EditList<Knockout> knockouts_;
+  int64_t knockouts_n_ = -1;
+  void forget_refused() { scales_ = {}, mixes_ = {}, means_ = {}, knockouts_ = {}, knockouts_n_ = -1; }
   int head_layer_ = -1, head_head_ = -1;
   uint64_t head_result_ = 0;
   ViewRequest head_view_;

@@ -904,7 +904,7 @@ void write_plot_png(const Report& report, const std::string& path) {
   if (cairo_status_t st = cairo_surface_write_to_png_stream(surface.get(), append_png, &png);
       st != CAIRO_STATUS_SUCCESS)
     fail_file(path, std::string("cannot encode the plot as PNG: ") + cairo_status_to_string(st));
-  write_file_safely(path, png, "the plot");
+  write_file_safely(path, png, "the plot", {report.input});
 }
 
 }  // namespace ds::scan

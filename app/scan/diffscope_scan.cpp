@@ -8,7 +8,11 @@
 // model or input file, 130 interrupted (the partial report is written).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <cmath>
@@ -133,6 +137,12 @@ Args parse_args(int argc, char** argv) {
       continue;
     }
     if (f.rfind("--", 0) != 0) throw ArgError("unexpected argument '" + f + "' (options start with --)");
+    static const char* const kValued[] = {"--model", "--input", "--out", "--csv", "--plot", "--backend", "--label",
+                                          "--compare-model", "--compare-label", "--lambda-scale",
+                                          "--compare-lambda-scale", "--threads", "--max-prompts",
+                                          "--max-answer-tokens", "--gpu-mem-limit", "--shard", "--quantize-logits"};
+    if (std::find(std::begin(kValued), std::end(kValued), f) == std::end(kValued))
+      throw ArgError("unknown option " + f + " (see --help)");
     if (i + 1 >= argc) throw ArgError(f + " needs a value");
     const std::string v = argv[++i];
     if (f == "--model") a.model = v;
@@ -164,8 +174,12 @@ Args parse_args(int argc, char** argv) {
       a.shard = std::pair(int(si), int(sn));
     }
     else if (f == "--quantize-logits") {
-      a.logit_bits = parse_int(f, v, -1'000'000'000);
-      if (a.logit_bits < 2 || a.logit_bits > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
+      char* end = nullptr;
+      errno = 0;
+      const long b = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != 0 || errno != 0) throw ArgError("--quantize-logits: '" + v + "' is not a whole number of bits");
+      if (b < 2 || b > 16) throw ArgError("--quantize-logits: " + v + " bits is outside 2..16");
+      a.logit_bits = int(b);
     }
     else throw ArgError("unknown option " + f + " (see --help)");
   }
@@ -246,13 +260,24 @@ void print_summary(const ds::scan::Report& report) {
 }
 
 // --merge: the shard reports read (each a one-line error naming the file when it is not one), merged, written.
-int merge(const Args& a) {
+// Every output before any work: none may be an input, a directory or a device, nor two of them one file.
+void check_outputs(const Args& a, const std::vector<std::string>& inputs) {
   const std::vector<std::pair<std::string, std::string>> outs{{a.out, "the report"}, {a.csv, "the CSV"}, {a.plot, "the plot"}};
-  for (const auto& [path, what] : outs)
-    if (!path.empty()) ds::check_writable_target(path, what, a.merge);
+  for (const auto& [path, what] : outs) {
+    if (path.empty()) continue;
+    ds::check_writable_target(path, what, inputs);
+    for (const auto& [other, other_what] : outs)
+      if (&other != &path && !other.empty() && std::filesystem::weakly_canonical(other) == std::filesystem::weakly_canonical(path))
+        throw ds::Error(path + ": named for both " + what + " and " + other_what);
+  }
+}
+
+int merge(const Args& a) {
+  check_outputs(a, a.merge);  // (the paths; the model folders the shards name are known once they are read)
   std::vector<std::pair<std::string, ds::scan::Report>> shards;
   for (const std::string& f : a.merge) {
     std::error_code ec;
+    if (std::filesystem::is_directory(f, ec)) throw ds::Error(f + ": is a directory, not a shard report");
     if (!std::filesystem::is_regular_file(f, ec)) throw ds::Error(f + ": no such file");
     const auto size = std::filesystem::file_size(f, ec);
     if (ec || size > (size_t(2) << 30)) throw ds::Error(f + ": cannot be read, or larger than 2 GiB");
@@ -260,11 +285,18 @@ int merge(const Args& a) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw ds::Error(f + ": not JSON (" + std::string(e.what()).substr(0, 120) + ")");
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ds::Error(f + ": not JSON (a syntax error at byte " + std::to_string(e.byte) + "): not a shard report");
+    } catch (const nlohmann::json::exception&) {
+      throw ds::Error(f + ": not JSON: not a shard report");
     }
     shards.emplace_back(f, ds::scan::shard_report_from_json(j, f));
   }
+  for (const auto& [f, r] : shards) {  // no output over a file of the models the shards scanned
+    ds::protect_input_folder(r.run.model);
+    if (r.compare) ds::protect_input_folder(r.compare->model);
+  }
+  check_outputs(a, a.merge);
   const ds::scan::Report report = ds::scan::merge_shard_reports(shards);
   ds::scan::write_json_atomic(report, a.out);
   if (!a.csv.empty()) ds::scan::write_csv(report, a.csv);
@@ -277,15 +309,9 @@ int merge(const Args& a) {
 
 int scan(const Args& a) {
   const std::vector<ds::BackendChoice> backends = ds::parse_backend_list(a.backend);
-  // Every output before any work: none may be the corpus, a directory or a device, nor two of them one file.
-  const std::vector<std::pair<std::string, std::string>> outs{{a.out, "the report"}, {a.csv, "the CSV"}, {a.plot, "the plot"}};
-  for (const auto& [path, what] : outs) {
-    if (path.empty()) continue;
-    ds::check_writable_target(path, what, {a.input});
-    for (const auto& [other, other_what] : outs)
-      if (&other != &path && !other.empty() && std::filesystem::weakly_canonical(other) == std::filesystem::weakly_canonical(path))
-        throw ds::Error(path + ": named for both " + what + " and " + other_what);
-  }
+  ds::protect_input_folder(a.model);  // (a file of the model folders is never an output either)
+  if (!a.compare_model.empty()) ds::protect_input_folder(a.compare_model);
+  check_outputs(a, {a.input});
   ds::scan::Corpus corpus = ds::scan::read_corpus(a.input);
   bool cut = false;  // --max-prompts left prompts out: the report is not of the whole input (or slice)
   if (a.max_prompts > 0 && corpus.prompts.size() > size_t(a.max_prompts)) {

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <vector>
 
 #include "engine/core/error.h"
 
@@ -16,6 +18,25 @@ namespace ds {
 namespace fs = std::filesystem;
 
 namespace {
+
+// protect_input_folder's folders: (device, inode) and the path given, for messages.
+struct Protected {
+  dev_t dev;
+  ino_t ino;
+  std::string path;
+};
+std::mutex g_protected_mu;
+std::vector<Protected> g_protected;
+
+// The protected folder `file` lies in (by its folder's device and inode), or nullptr.
+const Protected* protected_folder_of(const std::string& file) {
+  const fs::path dir = fs::path(file).parent_path().empty() ? fs::path(".") : fs::path(file).parent_path();
+  struct stat sd {};
+  if (::stat(dir.c_str(), &sd) != 0) return nullptr;
+  for (const Protected& p : g_protected)
+    if (p.dev == sd.st_dev && p.ino == sd.st_ino) return &p;
+  return nullptr;
+}
 
 // The file a write to `path` replaces: path itself, or where its chain of symlinks ends.
 std::string resolve_target(const std::string& path) {
@@ -40,6 +61,12 @@ bool check_target(const std::string& path, const std::string& target, const std:
     if (exists && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
       fail_file(path, "is the input " + in + ": refusing to overwrite it with " + what);
   }
+  if (exists) {  // a file of an open model's folder (as named, or where its symlink points: a Hugging Face cache)
+    std::lock_guard lk(g_protected_mu);
+    const Protected* p = protected_folder_of(path);
+    if (!p) p = protected_folder_of(target);
+    if (p) fail_file(path, "is a file of the model folder " + p->path + ": refusing to overwrite it with " + what);
+  }
   const fs::path dir = fs::path(target).parent_path().empty() ? fs::path(".") : fs::path(target).parent_path();
   struct stat sd {};
   if (::stat(dir.c_str(), &sd) != 0 || !S_ISDIR(sd.st_mode))
@@ -50,6 +77,15 @@ bool check_target(const std::string& path, const std::string& target, const std:
 }
 
 }  // namespace
+
+void protect_input_folder(const std::string& dir) {
+  struct stat sd {};
+  if (::stat(dir.c_str(), &sd) != 0 || !S_ISDIR(sd.st_mode)) return;
+  std::lock_guard lk(g_protected_mu);
+  for (const Protected& p : g_protected)
+    if (p.dev == sd.st_dev && p.ino == sd.st_ino) return;
+  g_protected.push_back({sd.st_dev, sd.st_ino, dir});
+}
 
 void check_writable_target(const std::string& path, const std::string& what, const std::vector<std::string>& inputs) {
   struct stat st {};

@@ -3,7 +3,8 @@
 //     byte is written and flushed, so an interrupted or failed write (a full disk) leaves the previous file whole;
 //   - a target that is a symlink has its target replaced (the link stays a link);
 //   - a target that exists and is not a regular file (a directory, FIFO, device or socket) is refused, and so is a
-//     target that is one of the inputs (the corpus a scan reads, a prompt file), however it is spelled;
+//     target that is one of the inputs (the corpus a scan reads, a prompt file, a file of an open model's folder),
+//     however it is spelled;
 //   - an existing target keeps its mode (and its owner, where the process may set it);
 //   - every error (open, write, flush, rename) is a ds::Error naming the file.
 #pragma once
@@ -32,6 +33,11 @@ class SafeWriter {
   bool existed_ = false;
   unsigned mode_ = 0, uid_ = 0, gid_ = 0;
 };
+
+// Every file of this folder (a model's checkpoint folder, registered by Session::open) is an input of every write
+// from now on: an existing file there, however it is spelled (its path's folder or, for a symlink, its target's), is
+// refused as a target. New files may still be written there.
+void protect_input_folder(const std::string& dir);
 
 // SafeWriter in one call.
 void write_file_safely(const std::string& path, const std::string& content, const std::string& what,

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "engine/core/error.h"
+#include "engine/core/safe_write.h"
 
 namespace ds {
 
@@ -21,6 +22,7 @@ std::unique_ptr<Session> Session::open(const std::string& model_dir, const std::
                                        int64_t plan_tokens) {
   std::unique_ptr<Session> s(new Session());
   std::unique_ptr<Model> model = load_model(model_dir);  // validates everything first
+  protect_input_folder(model_dir);  // no tool writes over its files (safe_write.h)
   s->dir_ = model_dir;
   s->cfg_ = model->cfg;
   s->model_lambda_ = model->model_lambda;
@@ -73,6 +75,9 @@ void Session::set_ids(const std::vector<int32_t>& ids) {
   if (n > cap)
     throw Error("the prompt is " + std::to_string(n) + " tokens; the " + backend_->kind() +
                 " backend has memory for at most " + std::to_string(cap) + " with this model");
+  // The knockouts in force must fit it: a span it does not hold is refused here, with the prompt and result as they
+  // were (not at the next run, with the new tokens and the old result).
+  for (const Knockout& k : knockouts_) ds::resolve_knockout(k, n, n);
   ids_ = ids;
   prompt_len_ = n;
   gen_active_ = false;
@@ -258,7 +263,8 @@ void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
 
 void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
   check_head(cfg_, layer, head, "heads to ablate");
-  if (factor && !std::isfinite(*factor)) throw Error("a head's scale must be a finite number");
+  if (factor && !std::isfinite(*factor))
+    throw Error("a head's scale must be a finite number within the float range (|x| < 3.4e38)");
   auto it = std::find_if(head_scales_.begin(), head_scales_.end(),
                          [&](const HeadScale& x) { return x.layer == layer && x.head == head; });
   if (!factor && it == head_scales_.end()) return;
@@ -292,7 +298,8 @@ void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<floa
     throw Error("this model's heads are not differential: dropping A1 or A2 and a head's own lambda need two maps a "
                 "head; HINT: ablate the whole head (mode head)");
   check_head(cfg_, layer, head, lambda && *lambda != 0.f && !drop_a1 ? "heads with a lambda" : "heads to ablate");
-  if (lambda && !std::isfinite(*lambda)) throw Error("a head's lambda must be a finite number");
+  if (lambda && !std::isfinite(*lambda))
+    throw Error("a head's lambda must be a finite number within the float range (|x| < 3.4e38)");
   auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
                          [&](const HeadMix& x) { return x.layer == layer && x.head == head; });
   const bool none = !drop_a1 && !lambda;
@@ -328,7 +335,10 @@ bool Session::set_head_mixes(const std::vector<HeadMix>& want) {
 
 void check_knockout(const ModelConfig& c, const Knockout& k) {
   const int L = int(c.layers);
-  if (k.layer0 < 0 || k.layer1 > L || k.layer0 >= k.layer1)
+  if (k.layer0 >= 0 && k.layer1 <= L && k.layer0 >= k.layer1)
+    throw Error("knockout layers " + std::to_string(k.layer0) + ".." + std::to_string(k.layer1 - 1) +
+                ": the range is reversed");
+  if (k.layer0 < 0 || k.layer1 > L)
     throw Error("knockout layers " + std::to_string(k.layer0) + ".." + std::to_string(k.layer1 - 1) +
                 " are not layers of the model (0.." + std::to_string(L - 1) + ")");
   bool any = false;
@@ -347,8 +357,8 @@ void check_knockout(const ModelConfig& c, const Knockout& k) {
 }
 
 void Session::add_knockout(const Knockout& k) {
-  check_knockout(cfg_, k);
-  if (!ids_.empty()) resolve_knockout(k, int64_t(ids_.size()));  // a span outside the prompt: said now, not at run()
+  check_knockout(cfg_, k);  // its spans against the sequence when a run resolves them (diffscope-run and the GUI
+                            // check them against their prompt first: resolve_knockout)
   if (std::find(knockouts_.begin(), knockouts_.end(), k) != knockouts_.end()) return;
   knockouts_.push_back(k);
   writers_stale_from_ = std::min<int64_t>(writers_stale_from_, k.layer0);
@@ -356,17 +366,16 @@ void Session::add_knockout(const Knockout& k) {
 
 bool Session::set_knockouts(const std::vector<Knockout>& want) {
   if (want == knockouts_) return false;
-  int64_t first = 1 << 30;
-  for (const Knockout& k : knockouts_) first = std::min<int64_t>(first, k.layer0);
   const std::vector<Knockout> have = knockouts_;
   knockouts_.clear();
   try {
-    for (const Knockout& k : want) add_knockout(k);
+    for (const Knockout& k : want) add_knockout(k);  // (a repeated one is kept once)
   } catch (...) {
     knockouts_ = have;
     throw;
   }
-  writers_stale_from_ = std::min(writers_stale_from_, first);
+  if (knockouts_ == have) return false;
+  for (const Knockout& k : have) writers_stale_from_ = std::min<int64_t>(writers_stale_from_, k.layer0);
   return true;
 }
 
@@ -386,10 +395,11 @@ void Session::set_head_mean(int layer, int head, bool on) {
 
 bool Session::set_head_means(const std::vector<std::pair<int, int>>& want) {
   if (want == head_means_) return false;
-  for (const auto& m : std::vector<std::pair<int, int>>(head_means_))  // those no longer wanted, then the new ones
+  const std::vector<std::pair<int, int>> have = head_means_;
+  for (const auto& m : have)  // those no longer wanted, then the new ones (a repeated one is kept once)
     if (std::find(want.begin(), want.end(), m) == want.end()) set_head_mean(m.first, m.second, false);
   for (const auto& m : want) set_head_mean(m.first, m.second, true);
-  return true;
+  return head_means_ != have;
 }
 
 void Session::ablate(int layer, int head, const std::string& mode) {
@@ -489,15 +499,21 @@ Knockout parse_knockout(const std::string& spec, int layers) {
     b = num(t.substr(c + 1), true);
     if (c + 1 == t.size() && a >= 0) b = Knockout::kToEnd;  // "5:": from 5 to the end (a negative start: b = 0)
   };
+  auto layer = [&](const std::string& t) {  // (checked before the cast: 2^32 + 1 is not layer 1)
+    const int64_t v = num(t, false);
+    if (v < 0 || v >= layers)
+      throw bad("layer " + t + " is not a layer of the model (0.." + std::to_string(layers - 1) + ")");
+    return int(v);
+  };
   Knockout k;
   if (ls == "all") {
     k.layer0 = 0, k.layer1 = layers;
   } else if (const size_t dash = ls.find('-'); dash != std::string::npos && dash > 0) {
-    k.layer0 = int(num(ls.substr(0, dash), false));
-    k.layer1 = int(num(ls.substr(dash + 1), false)) + 1;
+    k.layer0 = layer(ls.substr(0, dash));
+    k.layer1 = layer(ls.substr(dash + 1)) + 1;
     if (k.layer1 <= k.layer0) throw bad("the layer range " + ls + " is reversed");
   } else {
-    k.layer0 = int(num(ls, false));
+    k.layer0 = layer(ls);
     k.layer1 = k.layer0 + 1;
   }
   span(qs, k.q0, k.q1);

@@ -123,12 +123,15 @@ std::string interventions_json(const Session& s) {
     if (x.lambda && *x.lambda == 0.f) v.push_back({{"kind", "ablate"}, {"mode", "a2"}, {"layer", x.layer}, {"head", x.head}});
     else if (x.lambda) v.push_back({{"kind", "head_lambda"}, {"layer", x.layer}, {"head", x.head}, {"lambda", *x.lambda}});
   }
+  auto end = [](int64_t a, int64_t b) {  // null: to the end of the sequence ("5:", "-1:")
+    return (a < 0 && b == 0) || b == Knockout::kToEnd ? nlohmann::json() : nlohmann::json(b);
+  };
   for (const Knockout& k : s.knockouts())
     v.push_back({{"kind", "knockout"},
                  {"spec", knockout_text(k)},
                  {"layers", {k.layer0, k.layer1 - 1}},
-                 {"queries", {k.q0, k.q1 == Knockout::kToEnd ? nlohmann::json() : nlohmann::json(k.q1)}},
-                 {"keys", {k.k0, k.k1 == Knockout::kToEnd ? nlohmann::json() : nlohmann::json(k.k1)}}});
+                 {"queries", {k.q0, end(k.q0, k.q1)}},
+                 {"keys", {k.k0, end(k.k0, k.k1)}}});
   return v.dump();
 }
 

@@ -722,7 +722,7 @@ nlohmann::json report_json(const Report& r) {
 
 void write_json_atomic(const Report& report, const std::string& path) {
   write_file_safely(path, report_json(report).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                    "the report");
+                    "the report", {report.input});  // never over the corpus it reports on
 }
 
 void write_csv(const Report& report, const std::string& path) {
@@ -751,7 +751,7 @@ void write_csv(const Report& report, const std::string& path) {
   };
   run_rows(report.run);
   if (report.compare) run_rows(*report.compare);
-  write_file_safely(path, s.str(), "the CSV");
+  write_file_safely(path, s.str(), "the CSV", {report.input});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -942,6 +942,26 @@ Report shard_report_from_json(const nlohmann::json& j, const std::string& file) 
                          rd.text(e, "error")});
   r.run = run_from(rd, j);
   if (j.contains("compare")) r.compare = run_from(rd.in("compare"), j["compare"]);
+  // What a shard's own scan writes: its lines in its slice, each once; no more right answers than targets, nor
+  // targets than prompts.
+  auto not_shard = [&](const std::string& why) { throw Error(file + ": " + why + ": not a shard's report as scanned"); };
+  auto in_slice = [&](int line) {
+    if ((line - 1) % count != index)
+      not_shard("line " + std::to_string(line) + " is not in the slice of shard " + std::to_string(index) + "/" +
+                std::to_string(count));
+  };
+  for (const LineError& e : r.skipped) in_slice(e.line);
+  for (const RunReport* run : {&r.run, r.compare ? &*r.compare : nullptr}) {
+    if (!run) continue;
+    std::vector<int> lines;
+    for (const PromptResult& p : run->per_prompt) in_slice(p.line), lines.push_back(p.line);
+    std::sort(lines.begin(), lines.end());
+    if (std::adjacent_find(lines.begin(), lines.end()) != lines.end()) not_shard("a line is listed twice");
+    const RunTotals& t = run->totals;
+    if (t.correct < 0 || t.correct > t.with_target || t.with_target > t.prompts)
+      not_shard("its totals count " + std::to_string(t.correct) + " right of " + std::to_string(t.with_target) +
+                " targets in " + std::to_string(t.prompts) + " prompts");
+  }
   return r;
 }
 

@@ -70,6 +70,16 @@ ReplicaScan::ReplicaScan(const ReplicaScanOptions& opt) {
           r->s1->set_ids(std::vector<int32_t>(16, 0));
           r->s1->run();
         }
+        if (opt.first_session) {  // the GUI's session: its lambda overrides and interventions on every replica
+          const Session& f = *opt.first_session;
+          for (int l = 0; l < f.config().layers; ++l)
+            if (f.lambda_control().override_.size() > size_t(l) && f.lambda_control().override_[size_t(l)])
+              r->s1->set_lambda_override(l, f.lambda_control().override_[size_t(l)]);
+          r->s1->set_head_scales(f.head_scales());
+          r->s1->set_head_mixes(f.head_mixes());
+          r->s1->set_head_means(f.head_means());
+          r->s1->set_knockouts(f.knockouts());
+        }
       }
       if (!opt.compare_model.empty())
         r->s2 = Session::open(opt.compare_model, r->backends, progress, cpu_threads, opt.mem_limit, opt.plan_tokens);

@@ -81,10 +81,10 @@ def _report(text: str) -> Report:
 
 
 def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLike, Iterable], *,
-         compare: Union[str, os.PathLike, Session, None] = None, lambda_scale: float = 1.0,
+         compare: Union[str, os.PathLike, Session, None] = None, lambda_scale: Optional[float] = None,
          compare_lambda_scale: Optional[float] = None, label: str = "", compare_label: str = "",
          max_answer_tokens: int = 32, max_prompts: Optional[int] = None, backend: str = "auto", threads: int = 0,
-         outliers: bool = False, logit_bits: Optional[int] = 0,
+         outliers: bool = False, logit_bits: Optional[int] = None,
          progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Scans prompts through a model as diffscope-scan does: per attention layer and head, how the last prompt
     token's attention row splits between the answer span, the sink and the rest, for A1, A2 and A1 - lambda*A2, and
@@ -96,14 +96,21 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
     and listed in report.skipped. Ctrl-C stops between prompts: the report of what was scanned comes back with
     complete=False (and a warning). progress(done, total) is called after each prompt. outliers=True adds each run's
     activation outliers over the prompts (report.run.outliers; Session.outliers's keys). logit_bits: the attention
-    logits fake-quantised to that many bits in every run (Session.set_logit_bits; accuracy under quantisation).
+    logits fake-quantised to that many bits in every run (Session.set_logit_bits; accuracy under quantisation; 0:
+    full precision). lambda_scale and logit_bits left None take a Session's own (1 and 0 for a folder); a Session's
+    interventions apply too and the report lists them; afterwards it has its settings back and the last prompt's
+    tokens.
     backend may be a list, one replica of the model each ("cuda:all", "cuda:0,1", "cpu,cpu"): the prompts go to
     whichever replica is free and the report is the one a single backend gives (model and compare then are folders).
     """
     backend = _str(backend, "backend")
-    logit_bits = 0 if logit_bits is None else _int(logit_bits, "logit_bits")
+    if logit_bits is None:
+        logit_bits = model.logit_bits if isinstance(model, Session) else 0
+    logit_bits = _int(logit_bits, "logit_bits")
     if logit_bits != 0 and not 2 <= logit_bits <= 16:
-        raise Error(f"logit_bits: {logit_bits} bits is outside 2..16 (0 or None: full precision)")
+        raise Error(f"logit_bits: {logit_bits} bits is outside 2..16 (0: full precision)")
+    if lambda_scale is None:
+        lambda_scale = model.lambda_scale if isinstance(model, Session) else 1.0
     if "," in backend or backend == "cuda:all":
         return _replica_scan(model, prompts, compare, backend, threads, label, lambda_scale, compare_lambda_scale,
                              compare_label, max_answer_tokens, max_prompts, outliers, logit_bits, progress)
@@ -139,6 +146,12 @@ def scan(model: Union[str, os.PathLike, Session], prompts: Union[str, os.PathLik
         complete = False
         warnings.warn(f"scan interrupted after {sc.scanned} prompts: the report holds those (complete=False)",
                       stacklevel=2)
+    finally:
+        # A Session's sequence is now the scan's last prompt (its lambda scale and logit bits are its own again):
+        # its last text prompt no longer names the tokens (token_range)
+        for s in (a, b):
+            if s is not None:
+                s._text = None
     if complete and sc.scanned == 0:
         raise Error(f"{source}: no prompt could be scanned ({done} tried; the first reason: "
                     f"{_first_reason(sc, source)})")

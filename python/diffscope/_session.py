@@ -307,7 +307,7 @@ class Session:
         elif isinstance(layers, (tuple, list)):
             if len(layers) != 2:
                 raise Error("knockout: layers is a layer, a (first, last) pair or 'all'")
-            l0, l1 = _int(layers[0], "layers"), _int(layers[1], "layers") + 1
+            l0, l1 = _int(layers[0], "layers"), _int(layers[1], "layers", 30) + 1
         else:
             l0 = _int(layers, "layers")
             l1 = l0 + 1
@@ -326,6 +326,8 @@ class Session:
             modes = self._s.importance_modes()
         elif isinstance(modes, str):
             modes = (modes,)
+        elif not hasattr(modes, "__iter__"):
+            raise TypeError(f"modes must be a mode or a list of modes (str), not {type(modes).__name__}")
         r = self._s.head_importance(-1 if target is None else _token(target, "target"),
                                     [_str(m, "modes") for m in modes])
         if not r["complete"]:
@@ -375,9 +377,10 @@ class Session:
         self._s.set_logit_bits(0 if bits is None else _int(bits, "bits"))
 
     def quantize_report(self, bits: int) -> dict:
-        """What quantising the logits to `bits` bits does to the current prompt: {"bits", "kl" (of the next token's
-        distribution from full precision's), "max_diff_change" (largest change of A1 - lambda A2 over the last
-        position's rows), "top_full", "top_quantised"}; the session's own setting is kept."""
+        """What quantising the logits to `bits` bits does to the current sequence, at its last position (generated
+        tokens included): {"bits", "position", "kl" (of the next token's distribution from full precision's),
+        "max_diff_change" (largest change of A1 - lambda A2, each head's lambda, over that position's rows),
+        "top_full", "top_quantised"}; the session's own setting is kept (diffscope-run --quantize-logits)."""
         return json.loads(self._s.quantize_report(_int(bits, "bits")))
 
     def outliers(self, logits: bool = True) -> dict:

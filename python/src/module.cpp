@@ -988,10 +988,13 @@ NB_MODULE(_diffscope, m) {
           ds::HeadImportanceHooks hooks;
           hooks.cancel = &PySession::cancel;
           hooks.stop = &PySession::cancel;
-          return ds::run_head_importance(s, {target, modes}, hooks);
+          ds::HeadImportance r = ds::run_head_importance(s, {target, modes}, hooks);
+          // The Ctrl-C that stopped it is taken here, inside call()'s scope (whose end hands an untaken one to
+          // Python as a KeyboardInterrupt): the partial result comes back, with a warning, not an exception.
+          if (r.end != ds::HeadImportance::End::Complete) InterruptScope::consume();
+          return r;
         });
         const bool interrupted = h.end != ds::HeadImportance::End::Complete;
-        if (interrupted) InterruptScope::consume();  // the partial result comes back (a warning), not an exception
         nb::dict d;
         d["target"] = h.target;
         d["target_text"] = h.target_text;

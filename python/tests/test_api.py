@@ -306,6 +306,38 @@ print("usable")
     assert "interrupted" in out and "usable" in out
 
 
+def test_keyboard_interrupt_returns_the_head_importance_measured_so_far():
+    """Ctrl-C during Session.head_importance(): what was measured comes back (complete=False, NaN where not measured)
+    with a warning, not a KeyboardInterrupt, as its docstring says (and the CLI's partial file). A child process."""
+    code = f"""
+import os, signal, threading, time, sys, warnings
+import numpy as np, diffscope
+s = diffscope.open({str(DEMO)!r}, backend="cpu", threads=2)
+ids = np.arange(100, 100 + 3000, dtype=np.int32) % 4000 + 10
+s.run(ids)
+t0 = time.time()
+s.head_importance(modes=["head"])  # (how long the whole takes here: the signal comes at a third of it)
+whole = time.time() - t0
+def kill():
+    time.sleep(whole / 3)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=kill).start()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    r = s.head_importance(modes=["head"])
+if r["complete"]:
+    print("finished before the signal")
+    sys.exit(3)
+d = r["modes"]["head"]
+assert 0 < r["done"] < r["total"] and np.isnan(d).sum() == r["total"] - r["done"], (r["done"], r["total"])
+assert any("interrupted" in str(x.message) for x in w)
+s.run()
+print("partial", r["done"], "of", r["total"])
+"""
+    out = _interrupted_child(code, "the head importance of 3000 tokens finished before the signal (a fast machine)")
+    assert "partial" in out
+
+
 def test_keyboard_interrupt_stops_a_run_and_leaves_the_session_usable(tmp_path):
     """Ctrl-C (SIGINT to this process) during a long forward: KeyboardInterrupt, then the same session runs again
     and gives what a fresh session gives. Run in a child process so that the signal reaches only it."""

@@ -1,5 +1,5 @@
 """One engine feature, the same answer on every road to it: a head's own lambda in rows, maps, the dump and the
-quantisation report; a scan of a Session leaves the session as it was and records its interventions; the quantisation
+quantisation report; a scan of a Session keeps its lambda scale and logit bits and records its interventions; the quantisation
 report at the sequence's end in the CLI as in Python; the importance keys of the CLI file and of the Python dict; and
 bad arguments from Python as one-line errors naming them."""
 import json
@@ -98,9 +98,13 @@ def test_scan_of_a_session_keeps_its_settings_and_records_its_interventions(tmp_
         s.knockout(1, (-1, 0), (0, 3))
         rep = diffscope.scan(s, corpus, logit_bits=4)
         assert s.logit_bits == 3 and s.lambda_scale == 0.5  # the session's own settings are back
-        assert rep.run.logit_bits == 4 and rep.run.lambda_scale == 1.0
+        assert rep.run.logit_bits == 4 and rep.run.lambda_scale == 0.5  # given; left None: the session's
         assert rep.run.interventions == s.interventions and len(rep.run.interventions) == 2
         assert rep.to_dict()["interventions"] == s.interventions
+        own = diffscope.scan(s, corpus)  # left None: the session's own settings
+        assert own.run.logit_bits == 3 and own.run.lambda_scale == 0.5
+        with pytest.raises(diffscope.Error, match="token_range"):  # its tokens are the scan's last prompt's now
+            s.token_range(0, 3)
         clean = diffscope.scan(DEMO, corpus, backend="cpu", threads=2)
         assert clean.run.interventions == [] and clean.to_dict()["interventions"] == []
         with pytest.raises(diffscope.Error, match="logit_bits: 1 bits is outside 2..16"):
@@ -130,7 +134,7 @@ def test_knockout_to_the_end_from_a_start(demo):
     a = demo.logprobs().copy()
     demo.clear_interventions()
     demo.knockout(1, (-1, None), (2, None))
-    assert demo.interventions[0]["keys"] == [2, None] and demo.interventions[0]["queries"] == [-1, 0]
+    assert demo.interventions[0]["keys"] == [2, None] and demo.interventions[0]["queries"] == [-1, None]
     demo.clear_interventions()
     demo.knockout(1, (-1, 0), (2, n))
     demo.run()
@@ -155,3 +159,17 @@ def test_python_arguments_are_checked(demo):
     with pytest.raises(TypeError, match="device must be a bool"):
         demo.rows([-1], device="yes")
     assert demo.lens(positions=5) == demo.lens(positions=[5])
+
+
+def test_a_prompt_a_knockout_does_not_fit_leaves_the_session_as_it_was():
+    with diffscope.open(DEMO, backend="cpu", threads=2) as s:
+        s.run("The cat sat on the mat and looked at the door")
+        s.knockout("all", (-1, None), (3, 5))
+        s.run()
+        n, top = s.n, s.top_k(1)[0].id
+        with pytest.raises(diffscope.Error, match="key span 3:5 is outside the prompt's"):
+            s.run("Hi")
+        assert s.n == n and s.top_k(1)[0].id == top and s.maps(0).a1.shape[-1] == n
+        s.clear_interventions()
+        s.run("Hi")
+        assert s.n < n

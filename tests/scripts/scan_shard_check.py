@@ -87,7 +87,19 @@ with open(os.path.join(work, "pickle.json"), "wb") as f:
     pickle.dump({"a": 1}, f)
 with open(os.path.join(work, "cut.json"), "w") as f:
     f.write(open(os.path.join(work, "s1.json")).read()[:-200])
-cases = [(["s0.json", "s2.json"], "shard 1 of 3 missing"), (["s0.json", "s1.json", "s1.json", "s2.json"], "also"),
+# Tampered shards: a line of another slice, a line twice, more right answers than targets.
+s1 = json.load(open(os.path.join(work, "s1.json")))
+def tampered(name, edit):
+    j = json.loads(json.dumps(s1))
+    edit(j)
+    json.dump(j, open(os.path.join(work, name), "w"))
+tampered("t_slice.json", lambda j: j["per_prompt"][0].update(line=j["per_prompt"][0]["line"] + 1))
+tampered("t_twice.json", lambda j: j["per_prompt"][1].update(line=j["per_prompt"][0]["line"]))
+tampered("t_correct.json", lambda j: j["totals"].update(correct=j["totals"]["with_target"] + 1))
+cases = [(["s0.json", "t_slice.json", "s2.json"], "is not in the slice of shard 1/3"),
+         (["s0.json", "t_twice.json", "s2.json"], "listed twice"),
+         (["s0.json", "t_correct.json", "s2.json"], "not a shard's report"),
+         (["s0.json", "s2.json"], "shard 1 of 3 missing"), (["s0.json", "s1.json", "s1.json", "s2.json"], "also"),
          (["s0.json", "other.json", "s2.json"], "other.json"), (["one.json"], "one.json"), (["pickle.json"], "pickle.json"),
          (["cut.json", "s0.json", "s2.json"], "cut.json"), (["nowhere.json"], "nowhere.json")]
 for files, needle in cases:
@@ -97,6 +109,20 @@ for files, needle in cases:
 check(not os.path.exists(os.path.join(work, "x.json")), "a failed merge wrote a report")
 p = run(["--merge", "s0.json", "s1.json", "s2.json", "--out", "s1.json"], 3)
 check("s1.json" in p.stderr, "the merge refuses to overwrite a shard: %r" % p.stderr)
+p = run(["--merge", "s0.json", "s1.json", "s2.json", "--out", "m.json", "--csv", "m.json"], 3)
+check("named for both" in p.stderr and not os.path.exists(os.path.join(work, "m.json")),
+      "the merge refuses one file for two outputs: %r" % p.stderr)
+# Nor over a file of the model folder the shards name (a stand-in folder: the shards' "model" edited to it).
+fake = os.path.join(work, "fake_model")
+os.makedirs(fake, exist_ok=True)
+open(os.path.join(fake, "config.json"), "w").write("{}")
+for k in range(N):
+    j = json.load(open(os.path.join(work, f"s{k}.json")))
+    j["model"] = fake
+    json.dump(j, open(os.path.join(work, f"f{k}.json"), "w"))
+p = run(["--merge"] + [f"f{k}.json" for k in range(N)] + ["--out", os.path.join(fake, "config.json")], 3)
+check("is a file of the model folder" in p.stderr and open(os.path.join(fake, "config.json")).read() == "{}",
+      "the merge refuses to write over the model's files: %r" % p.stderr)
 for bad in (["--merge", "s0.json"], ["--merge", "s0.json", "--model", diff_dir, "--out", "x.json"], ["--merge", "--out", "x.json"],
             common + ["--shard", "3/3", "--out", "x.json"], common + ["--shard", "1", "--out", "x.json"]):
     p = run(bad, 2)
