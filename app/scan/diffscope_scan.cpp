@@ -352,9 +352,17 @@ int scan(const Args& a) {
   const size_t total = corpus.prompts.size();
   ProgressBar bar(a.progress, total);
   const auto cancelled = [] { return g_interrupted.load(); };
+  // A shard's report names the input's and the models' content, which --merge matches (paths may differ by machine)
+  const std::string input_fp = a.shard ? ds::scan::file_fingerprint(a.input) : "";
+  const std::string model_fp = a.shard ? ds::scan::model_fingerprint(a.model) : "";
+  const std::string compare_fp = a.shard && !a.compare_model.empty() ? ds::scan::model_fingerprint(a.compare_model)
+                                                                     : model_fp;
   const auto report_now = [&](bool complete) {
     ds::scan::Report r = rs.report(a.input, skipped, complete, elapsed());
     r.shard = a.shard;
+    r.input_fingerprint = input_fp;
+    r.run.model_fingerprint = model_fp;
+    if (r.compare) r.compare->model_fingerprint = compare_fp;
     return r;
   };
   const auto write = [&](bool complete) { ds::scan::write_json_atomic(report_now(complete), a.out); };

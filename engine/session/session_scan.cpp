@@ -668,6 +668,7 @@ nlohmann::json run_report_json(const RunReport& r, bool with_totals) {
   }
   o["per_prompt"] = std::move(per);
   if (with_totals) o["totals"] = totals_json(r.totals);
+  if (with_totals && !r.model_fingerprint.empty()) o["model_fingerprint"] = r.model_fingerprint;
   return o;
 }
 
@@ -708,6 +709,57 @@ Report make_report(const std::vector<const Run*>& runs, const std::vector<std::v
   return r;
 }
 
+namespace {
+struct Fnv {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void add(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  }
+  std::string hex() const {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return buf;
+  }
+};
+void add_file(Fnv& f, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be read (its fingerprint)");
+  std::vector<char> buf(size_t(1) << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    f.add(buf.data(), size_t(in.gcount()));
+  }
+  if (in.bad()) throw Error(path + ": a read failed (its fingerprint)");
+}
+}  // namespace
+
+std::string file_fingerprint(const std::string& path) {
+  Fnv f;
+  add_file(f, path);
+  return f.hex();
+}
+
+std::string model_fingerprint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  Fnv f;
+  add_file(f, (fs::path(dir) / "config.json").string());
+  std::vector<std::pair<std::string, uintmax_t>> weights;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+      weights.push_back({name, fs::file_size(e.path(), ec)});
+  }
+  if (ec) throw Error(dir + ": cannot be listed (its fingerprint)");
+  std::sort(weights.begin(), weights.end());
+  for (const auto& [name, size] : weights) {
+    f.add(name.data(), name.size());
+    f.add(&size, sizeof size);
+  }
+  return f.hex();
+}
+
 nlohmann::json report_json(const Report& r) {
   nlohmann::json o{{"tool", "diffscope-scan"}, {"input", r.input}, {"complete", r.complete}, {"elapsed_s", r.elapsed_s}};
   nlohmann::json sk = nlohmann::json::array();
@@ -715,6 +767,7 @@ nlohmann::json report_json(const Report& r) {
   o["skipped"] = std::move(sk);
   const bool shard = r.shard.has_value();
   if (shard) o["shard"] = {{"index", r.shard->first}, {"count", r.shard->second}};
+  if (shard && !r.input_fingerprint.empty()) o["shard"]["input_fingerprint"] = r.input_fingerprint;
   o.update(run_report_json(r.run, shard));
   if (r.compare) o["compare"] = run_report_json(*r.compare, shard);
   return o;
@@ -886,6 +939,7 @@ RunReport run_from(const Reader& rd, const nlohmann::json& j) {
     r.per_prompt.push_back(std::move(x));
   }
   r.totals = totals_from(rd.in("totals"), rd.at(j, "totals"));
+  if (j.contains("model_fingerprint")) r.model_fingerprint = rd.text(j, "model_fingerprint");
   if (r.totals.heads.size() != r.layers.size()) throw Error(rd.where + ": totals for other layers than \"layers\"");
   if (r.totals.prompts != int64_t(r.per_prompt.size())) throw Error(rd.where + ": totals and per_prompt count other prompts");
   finish_report(r);
@@ -898,7 +952,11 @@ void check_same_run(const RunReport& a, const RunReport& b, const std::string& f
     throw Error(file + ": its " + which + " run has another \"" + key + "\" than the first shard's: not a shard of the same scan");
   };
   if (a.label != b.label) differ("label");
-  if (a.model != b.model) differ("model");
+  // The model: by its content where both shards know it (paths spelled differently on two machines are one model),
+  // else by its path
+  if (!a.model_fingerprint.empty() && !b.model_fingerprint.empty() ? a.model_fingerprint != b.model_fingerprint
+                                                                    : a.model != b.model)
+    differ("model");
   if (a.architecture != b.architecture) differ("architecture");
   if (a.differential != b.differential) differ("differential");
   if (a.lambda_scale != b.lambda_scale) differ("lambda_scale");
@@ -934,6 +992,7 @@ Report shard_report_from_json(const nlohmann::json& j, const std::string& file) 
   const int index = int(as_int(rd.at(sh, "index"), file + ": shard index", 0, count - 1));
   Report r;
   r.shard = std::pair(index, count);
+  if (sh.contains("input_fingerprint")) r.input_fingerprint = Reader{file + ": shard"}.text(sh, "input_fingerprint");
   r.input = rd.text(j, "input");
   r.complete = rd.flag(j, "complete");
   r.elapsed_s = rd.number(j, "elapsed_s");
@@ -978,7 +1037,13 @@ Report merge_shard_reports(const std::vector<std::pair<std::string, Report>>& sh
       throw Error(file + ": shard " + std::to_string(r.shard->first) + "/" + std::to_string(count) + " is also " +
                   seen[size_t(r.shard->first)]);
     seen[size_t(r.shard->first)] = file;
-    if (r.input != first.input) throw Error(file + ": a shard of " + r.input + ", but " + file0 + " is one of " + first.input);
+    if (!r.input_fingerprint.empty() && !first.input_fingerprint.empty()) {  // by content
+      if (r.input_fingerprint != first.input_fingerprint)
+        throw Error(file + ": a shard of " + r.input + ", whose content differs from that of " + file0 + "'s input " +
+                    first.input);
+    } else if (r.input != first.input) {
+      throw Error(file + ": a shard of " + r.input + ", but " + file0 + " is one of " + first.input);
+    }
     if (r.compare.has_value() != first.compare.has_value())
       throw Error(file + ": " + (r.compare ? "has" : "has no") + " compare run, unlike " + file0);
     check_same_run(first.run, r.run, file, "first");

@@ -224,6 +224,7 @@ struct RunReport {
   std::vector<std::pair<std::string, std::vector<GroupReport>>> groups;  // "length", "depth" where lines have them
   std::vector<PromptResult> per_prompt;  // in input order (their per-head fractions left out)
   std::optional<Outliers> outliers;      // RunOptions::outliers: merge_outliers over the prompts
+  std::string model_fingerprint;         // a shard's (model_fingerprint; "" where unknown)
   RunTotals totals;                      // what the numbers above were computed from (a shard's report keeps it)
 };
 // Fills prompts, tokens, accuracy, mean, the layers' heads, groups and outliers from r.totals (r.layers holds the
@@ -239,7 +240,16 @@ struct Report {
   // diffscope-scan --shard I/N: this report covers the I-th of N slices of the input (input lines l with
   // (l - 1) % N == I), and its JSON carries each run's totals so that --merge can make the whole input's report.
   std::optional<std::pair<int, int>> shard;
+  // A shard's: the input's content (file_fingerprint), so that --merge matches shards by what they scanned, not by
+  // how their paths were spelled ("" where unknown: the paths must then be equal)
+  std::string input_fingerprint;
 };
+
+// A file's content as 16 hex digits (FNV-1a, 64 bits: an identity check of corpora, not a security one); a model
+// folder's as the same over its config.json and the names and sizes of its weight files. Throws ds::Error naming
+// the path when it cannot be read.
+std::string file_fingerprint(const std::string& path);
+std::string model_fingerprint(const std::string& dir);
 
 // Throws ds::Error unless there are one or two runs.
 Report make_report(const std::vector<const Run*>& runs, const std::string& input, const std::vector<LineError>& skipped,

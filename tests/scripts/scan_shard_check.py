@@ -56,7 +56,8 @@ N = 3
 for i in range(N):
     run(common + ["--shard", f"{i}/{N}", "--out", f"s{i}.json"])
 shard0 = json.load(open(os.path.join(work, "s0.json")))
-check(shard0["shard"] == {"index": 0, "count": N} and "totals" in shard0 and "totals" in shard0["compare"], "shard keys")
+check({k: shard0["shard"][k] for k in ("index", "count")} == {"index": 0, "count": N} and
+      len(shard0["shard"]["input_fingerprint"]) == 16 and len(shard0["model_fingerprint"]) == 16 and "totals" in shard0 and "totals" in shard0["compare"], "shard keys")
 check([p["line"] for p in shard0["per_prompt"]] == [l for l in range(1, len(lines) + 1) if (l - 1) % N == 0 and l not in (4, 9)],
       "shard 0 holds lines %s" % [p["line"] for p in shard0["per_prompt"]])
 run(["--merge", "s2.json", "s0.json", "s1.json", "--out", "merged.json", "--csv", "merged.csv", "--plot", "merged.png"])
@@ -81,6 +82,27 @@ for ext in ("csv", "png"):
     a, b = (open(os.path.join(work, f"{n}.{ext}"), "rb").read() for n in ("one", "merged"))
     check(a == b, f"merged .{ext} differs from one run's")
 
+# Shards are matched by what they scanned: shard 1 of the same corpus and models named another way (absolute paths,
+# another spelling of the folders, as on another machine) merges into the same report; shard 1 of another file of
+# the same name (run from another folder) is refused.
+spelled = ["--backend", "cpu", "--model", os.path.relpath(diff_dir, work), "--compare-model", os.path.relpath(twin_dir, work),
+           "--input", corpus, "--outliers", "--no-progress"]
+run(spelled + ["--shard", f"1/{N}", "--out", "s1_spelled.json"])
+run(["--merge", "s0.json", "s1_spelled.json", "s2.json", "--out", "merged2.json"])
+merged2 = timeless(json.load(open(os.path.join(work, "merged2.json"))))
+for k in one:
+    if k != "input":
+        check(one[k] == merged2.get(k) or k == "model" or k == "compare" and
+              {a: b for a, b in one[k].items() if a != "model"} == {a: b for a, b in merged2[k].items() if a != "model"},
+              f"a shard named another way: the merged report differs in {k!r}")
+alt = os.path.join(work, "alt")
+os.makedirs(alt, exist_ok=True)
+with open(os.path.join(alt, "corpus.jsonl"), "w") as f:
+    f.write("\n".join(lines[:-1] + [json.dumps(line(3, 0))]) + "\n")  # one line differs
+p = subprocess.run([scan] + common + ["--shard", f"1/{N}", "--out", os.path.join(work, "s1_alt.json")],
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=alt)
+check(p.returncode == 0, f"the shard of the other corpus: {p.stderr}")
+
 # Wrong merges: one-line errors naming the file, exit 3 (bad arguments: 2).
 run(common + ["--lambda-scale", "0.5", "--shard", f"1/{N}", "--out", "other.json"])
 with open(os.path.join(work, "pickle.json"), "wb") as f:
@@ -96,7 +118,8 @@ def tampered(name, edit):
 tampered("t_slice.json", lambda j: j["per_prompt"][0].update(line=j["per_prompt"][0]["line"] + 1))
 tampered("t_twice.json", lambda j: j["per_prompt"][1].update(line=j["per_prompt"][0]["line"]))
 tampered("t_correct.json", lambda j: j["totals"].update(correct=j["totals"]["with_target"] + 1))
-cases = [(["s0.json", "t_slice.json", "s2.json"], "is not in the slice of shard 1/3"),
+cases = [(["s0.json", "s1_alt.json", "s2.json"], "whose content differs"),
+         (["s0.json", "t_slice.json", "s2.json"], "is not in the slice of shard 1/3"),
          (["s0.json", "t_twice.json", "s2.json"], "listed twice"),
          (["s0.json", "t_correct.json", "s2.json"], "not a shard's report"),
          (["s0.json", "s2.json"], "shard 1 of 3 missing"), (["s0.json", "s1.json", "s1.json", "s2.json"], "also"),
