@@ -259,6 +259,7 @@ void Worker::step(const Request& r) {
       el.why.clear();
     } catch (const std::exception&) {
       el.refused_want = want;
+      const auto before = std::move(el.why);
       el.why.clear();
       refused_changed = true;
       List ok;
@@ -270,9 +271,14 @@ void Worker::step(const Request& r) {
           ok = std::move(t);
         } catch (const std::exception& e) {
           el.why.push_back({x, e.what()});
-          refusals.push_back(e.what());
         }
       }
+      // said when the entries refused are others than before (a generation's growing length re-checks knockouts
+      // at every token: the same refusal is not said again)
+      bool same = before.size() == el.why.size();
+      for (size_t i = 0; same && i < before.size(); ++i) same = before[i].first == el.why[i].first;
+      if (!same)
+        for (const auto& w : el.why) refusals.push_back(w.second);
       try {
         set(ok);
       } catch (const std::exception&) {
