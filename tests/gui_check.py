@@ -295,7 +295,7 @@ def case_lambda(r):
     # An intervention the model cannot take (--ablate of a layer it lacks): one line naming it, the valid one in force.
     rc8, s8, _ = r.run("refused", "--model", r.fixture(), "--ids", IDS, "--head", "1.1", "--ablate", "99.0",
                        "--ablate", "1.1")
-    check(s8 is not None and s8["error_shown"] and "layer 99" in s8["error"] and "\n" not in s8["error"] and
+    check(s8 is not None and s8["error_shown"] and "--ablate 99.0: layer 99" in s8["error"] and "\n" not in s8["error"] and
           s8["interventions"] == [{"kind": "ablate", "mode": "head", "layer": 1, "head": 1}],
           "refused intervention: rc %d, %s" % (rc8, s8 and (s8["error"], s8["interventions"])))
     # A lambda so large that the model overflows: the window says so instead of showing a NaN top-k.

@@ -541,14 +541,43 @@ void AppState::absorb_snapshot() {
     req.lambda.override_.assign(size_t(m.cfg.layers), std::nullopt);
     if (!first_model)
       req.head_scales.clear(), req.head_mixes.clear(), req.head_means.clear(), req.knockouts.clear();  // another model's (--ablate: the first)
+    // The command line's interventions against this model: a bad one is dropped from the request with an error
+    // naming its flag (the others run)
+    std::vector<std::string> bad;
+    for (const PendingHeadEdit& x : pending_head_edits) {
+      try {
+        if (x.mode != "head" && x.mode != "mean" && !m.cfg.is_diff())
+          throw Error(std::string("this model's heads are not differential (one map a head): ") +
+                      (x.mode == "lambda" ? "no lambda of their own" : "no A1 or A2 to drop"));
+        check_view_head(m.cfg, x.layer, x.head, x.mode == "lambda" ? "heads with a lambda" : "heads to ablate");
+      } catch (const std::exception& e) {
+        bad.push_back(x.flag + ": " + e.what());
+        auto at = [&](const auto& v) { return v.layer == x.layer && v.head == x.head; };
+        if (x.mode == "head") std::erase_if(req.head_scales, at);
+        else if (x.mode == "mean") std::erase(req.head_means, std::pair<int, int>{x.layer, x.head});
+        else std::erase_if(req.head_mixes, at);
+      }
+    }
+    pending_head_edits.clear();
     for (const std::string& k : pending_knockouts) {
       try {
-        req.knockouts.push_back(parse_knockout(k, int(m.cfg.layers)));
+        const Knockout ko = parse_knockout(k, int(m.cfg.layers));
+        try {
+          check_knockout(m.cfg, ko);  // (its spans against the prompt: the worker, which has it)
+        } catch (const std::exception& e) {
+          throw Error("knockout " + k + ": " + e.what());
+        }
+        req.knockouts.push_back(ko);
       } catch (const std::exception& e) {
-        show_error(e.what());
+        bad.push_back("--" + std::string(e.what()));  // "knockout SPEC: ..."
       }
     }
     pending_knockouts.clear();
+    if (!bad.empty()) {
+      std::string line = bad[0];
+      for (size_t i = 1; i < bad.size(); ++i) line += "; " + bad[i];
+      show_error(line);
+    }
     if (pending_scale) {
       req.lambda.scale = *pending_scale;
       pending_scale.reset();

@@ -185,6 +185,14 @@ struct AppState {
   bool open_error_modal = false;
   std::optional<double> pending_scale;  // --lambda-scale, applied to the first model
   std::vector<std::string> pending_knockouts;  // --knockout, parsed against the first model's layers
+  // --ablate / --head-lambda as given (already in req), checked against the first model: a bad one leaves req with
+  // an error that names its flag
+  struct PendingHeadEdit {
+    std::string flag;  // "--ablate 3.1:a2"
+    int layer = 0, head = 0;
+    std::string mode;  // head | mean | a1 | a2 | lambda
+  };
+  std::vector<PendingHeadEdit> pending_head_edits;
   // --head, --row and --view as given, checked against the first model and prompt: out of range is said in the
   // banner (the view then shows the nearest thing there is), never silently clamped.
   std::optional<std::pair<int, int>> asked_head;

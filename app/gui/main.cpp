@@ -168,7 +168,12 @@ int main(int argc, char** argv) {
     st.generation.options.sampling.seed = *opt.seed;
   st.generation.options.stop_at_eos = !opt.ignore_eos;
   st.req.max_abs_hidden = st.focus_max_abs = opt.max_abs_hidden;
-  for (const auto& x : opt.ablate) {  // checked by the session against the model (a one-line error if bad)
+  for (const auto& x : opt.ablate) {  // checked against the model once it is open (app_state.cpp: absorb_snapshot)
+    const std::string head = std::to_string(x.layer) + "." + std::to_string(x.head);
+    const std::string flag = x.mode == "lambda" ? "--head-lambda " + head
+                             : x.mode == "head"   ? "--ablate " + head
+                                                  : "--ablate " + head + ":" + x.mode;
+    st.pending_head_edits.push_back({flag, x.layer, x.head, x.mode});
     if (x.mode == "head" || x.mode == "mean") {
       if (x.mode == "head") st.req.head_scales.push_back({x.layer, x.head, 0.f});
       else st.req.head_means.push_back({x.layer, x.head});

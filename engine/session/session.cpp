@@ -249,8 +249,7 @@ void Session::set_watch_max_abs_hidden(bool on) {
   rebuild_hooks();
 }
 
-namespace {
-void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
+void check_view_head(const ModelConfig& cfg, int layer, int head, const char* what) {
   if (layer < 0 || layer >= cfg.layers)
     throw Error("layer " + std::to_string(layer) + " does not exist (the model has " + std::to_string(cfg.layers) +
                 " layers)");
@@ -259,10 +258,9 @@ void check_head(const ModelConfig& cfg, int layer, int head, const char* what) {
     throw Error("head " + std::to_string(head) + " does not exist (layers have " + std::to_string(cfg.view_heads()) +
                 " view heads)");
 }
-}  // namespace
 
 void Session::set_head_scale(int layer, int head, std::optional<float> factor) {
-  check_head(cfg_, layer, head, "heads to ablate");
+  check_view_head(cfg_, layer, head, "heads to ablate");
   if (factor && !std::isfinite(*factor))
     throw Error("a head's scale must be a finite number within the float range (|x| < 3.4e38)");
   auto it = std::find_if(head_scales_.begin(), head_scales_.end(),
@@ -297,7 +295,8 @@ void Session::set_head_mix(int layer, int head, bool drop_a1, std::optional<floa
   if (!cfg_.is_diff())
     throw Error("this model's heads are not differential: dropping A1 or A2 and a head's own lambda need two maps a "
                 "head; HINT: ablate the whole head (mode head)");
-  check_head(cfg_, layer, head, lambda && *lambda != 0.f && !drop_a1 ? "heads with a lambda" : "heads to ablate");
+  check_view_head(cfg_, layer, head,
+                  lambda && *lambda != 0.f && !drop_a1 ? "heads with a lambda" : "heads to ablate");
   if (lambda && !std::isfinite(*lambda))
     throw Error("a head's lambda must be a finite number within the float range (|x| < 3.4e38)");
   auto it = std::find_if(head_mixes_.begin(), head_mixes_.end(),
@@ -380,7 +379,7 @@ bool Session::set_knockouts(const std::vector<Knockout>& want) {
 }
 
 void Session::set_head_mean(int layer, int head, bool on) {
-  check_head(cfg_, layer, head, "heads to ablate");
+  check_view_head(cfg_, layer, head, "heads to ablate");
   const std::pair<int, int> x{layer, head};
   const auto it = std::find(head_means_.begin(), head_means_.end(), x);
   if (on == (it != head_means_.end())) return;
@@ -460,10 +459,11 @@ fwd::KeySpan resolve_knockout(const Knockout& k, int64_t n, int64_t prompt_len) 
   auto at = [n, P](int64_t a, int64_t b, const char* what) {
     const bool open = (a < 0 && b == 0) || b == Knockout::kToEnd;
     const int64_t lo = a < 0 ? P + a : a, hi = open ? kOpen : b < 0 ? P + b : b;
-    if (lo < 0 || lo >= n || (!open && hi > n) || lo >= hi)
-      throw Error(std::string("knockout ") + what + " span " + std::to_string(a) + ":" +
-                  (b == Knockout::kToEnd ? std::string() : std::to_string(b)) + " is outside the prompt's " +
-                  std::to_string(n) + " tokens");
+    const std::string span = std::to_string(a) + ":" + (b == Knockout::kToEnd ? std::string() : std::to_string(b));
+    if (lo < 0 || lo >= n || (!open && hi > n))
+      throw Error(std::string("knockout ") + what + " span " + span + " is outside the prompt's " + std::to_string(n) +
+                  " tokens");
+    if (lo >= hi) throw Error(std::string("knockout ") + what + " span " + span + " is empty or reversed");
     return std::pair<int64_t, int64_t>{lo, hi};
   };
   const auto q = at(k.q0, k.q1, "query"), kk = at(k.k0, k.k1, "key");

@@ -62,6 +62,9 @@ struct Knockout {
 // "3:-1:,5:9" (layer 3, query the last position, keys 5..8), "all:...", "2-4:..." (layers 2, 3, 4): diffscope-run's
 // --knockout; throws ds::Error naming the problem.
 Knockout parse_knockout(const std::string& spec, int layers);
+// That view head `head` of attention layer `layer` exists (Session::ablate and the other head edits check it so);
+// throws ds::Error naming the problem, `what` the edit ("heads to ablate") for a layer without attention.
+void check_view_head(const ModelConfig& c, int layer, int head, const char* what);
 // Its layers (with attention) and the shape of its spans against the model, as Session::add_knockout checks them;
 // throws ds::Error naming the problem.
 void check_knockout(const ModelConfig& c, const Knockout& k);
